@@ -1,0 +1,108 @@
+"""The plain records one run produces: Candidate, ExitEvent, MemberTiming, Round and Result.
+
+Stdlib only: frozen dataclasses of str, int, float, bool and tuples, so that every view (app, CLI,
+trace file, benchmarks, evaluation) can consume them without torch. Knows nothing about models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Why a run ended (Round.stop_reason / Result.stop_reason).
+STOP_REASONS = ("final", "budget", "stop", "rounds", "empty")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    member: str  # who drafted it (the paper's j)
+    text: str  # the segment exactly as it would be appended to the answer
+    num_tokens: int  # length in the drafter's own tokenizer
+    final: bool  # ended at the drafter's end-of-turn token or a stop string
+    seconds: float  # wall time of this draft
+
+
+@dataclass(frozen=True)
+class ExitEvent:
+    member: str  # who left the drafting set
+    k: int  # the round after which it left
+    keep_probability: float  # p_i = softmax(Q / τ_k)_i when it left
+    threshold: float  # δ / |A_k|, the bar p_i fell under
+    reason: str  # one human sentence, shown in the app and the CLI
+
+
+@dataclass(frozen=True)
+class MemberTiming:
+    member: str
+    draft_s: float  # 0.0 when it did not draft this round
+    verify_s: float  # 0.0 when it did not verify this round
+    accept_s: float  # appending the chosen candidate to its state
+
+
+@dataclass(frozen=True)
+class Round:
+    k: int  # round number, from 1
+    members: tuple[str, ...]  # all N members, in ensemble order; weights align with this
+    active: tuple[str, ...]  # A_k: members that drafted this round, in ensemble order
+    verifiers: tuple[str, ...]  # members that scored this round (rows of the matrices)
+    candidates: tuple[Candidate, ...]  # [len(active)], same order as active
+    raw_scores: tuple[tuple[float, ...], ...]  # [verifiers][candidates]: z_ij
+    scores: tuple[tuple[float, ...], ...]  # same shape, each row normalized: ŝ_ij
+    aggregate: tuple[float, ...]  # [candidates]: y_j = Σ_i w_i ŝ_ij
+    chosen: int  # index into candidates: argmax y_j, ties to the lowest index
+    margin: float  # y_chosen minus the runner-up's y (0.0 with one candidate)
+    weights_before: tuple[float, ...]  # [members]: the w_i this round was judged with
+    weights_after: tuple[float, ...]  # [members]: after this round's feedback
+    rewards: tuple[float, ...]  # [candidates]: r_j of each drafter this round (0.0 with feedback off)
+    exits: tuple[ExitEvent, ...]  # members that left the drafting set after this round
+    timings: tuple[MemberTiming, ...]  # [members]: per-member, per-phase wall time
+    seconds: float  # wall time of the whole round
+    elapsed: float  # seconds since the run started, at the end of this round
+    text: str  # the whole answer after this round
+    stop_reason: str | None  # None while running, else one of STOP_REASONS
+
+    @property
+    def winner(self) -> Candidate:
+        return self.candidates[self.chosen]
+
+
+@dataclass(frozen=True)
+class Result:
+    answer: str
+    stop_reason: str  # one of STOP_REASONS
+    rounds: int
+    tokens: int  # Σ of the chosen candidates' num_tokens
+    draft_calls: int  # Σ_k |A_k|
+    verify_calls: int  # Σ_k |verifiers_k|
+    calls_saved_by_exit: int  # draft + verify calls that exited members did not make
+    first_segment_latency_s: float  # from the start of the run to the end of round 1
+    seconds: float  # whole run
+    wins: tuple[tuple[str, int], ...]  # (member, segments won), in ensemble order
+
+
+def summarize(rounds: Sequence[Round]) -> Result:
+    """The Result of a run, computed from its rounds (the last one carries the stop reason)."""
+    if not rounds:
+        raise ValueError("a run has at least one round")
+    last = rounds[-1]
+    n = len(last.members)
+    wins = {m: 0 for m in last.members}
+    for r in rounds:
+        wins[r.winner.member] += 1
+    return Result(
+        answer=last.text,
+        stop_reason=last.stop_reason or "running",
+        rounds=len(rounds),
+        tokens=sum(r.winner.num_tokens for r in rounds),
+        draft_calls=sum(len(r.active) for r in rounds),
+        verify_calls=sum(len(r.verifiers) for r in rounds),
+        calls_saved_by_exit=sum(2 * n - len(r.active) - len(r.verifiers) for r in rounds),
+        first_segment_latency_s=rounds[0].elapsed,
+        seconds=last.elapsed,
+        wins=tuple(wins.items()),
+    )
+
+
+def answer_spans(rounds: Sequence[Round]) -> list[tuple[str, str]]:
+    """The answer as (text, member) spans: one per round, the chosen candidate and its drafter."""
+    return [(r.winner.text, r.winner.member) for r in rounds]
