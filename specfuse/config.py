@@ -1,0 +1,132 @@
+"""EnsembleConfig: every setting of one run (segment length, budgets, sampling, scoring, feedback, exit).
+
+Validated once, in __post_init__, with ConfigError messages that name the setting and its range.
+Stdlib only; knows nothing about models.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+
+NORMALIZATIONS = ("zsoftmax", "minmax", "sum", "none")
+SCORE_MODES = ("logit", "logprob")
+PARALLEL_MODES = ("auto", "on", "off")
+MAX_SEGMENT_LEN = 256
+
+
+@dataclass(frozen=True)
+class EnsembleConfig:
+    """Settings of one ensemble run. Defaults follow SPEC.md; every switch is documented in the README."""
+
+    segment_len: int = 10  # L: at most this many new tokens per candidate (drafter's tokenizer)
+    max_new_tokens: int = 256  # answer budget, counted in the winning drafters' tokens
+    max_rounds: int | None = None  # optional round limit
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int = 0
+    score: str = "logit"  # "logit": mean raw logit (the paper); "logprob": mean log-probability
+    normalization: str = "zsoftmax"  # how each verifier's row is normalized (see feedback.normalize)
+    self_scores: bool = True  # False: a verifier's score of its own candidate is left out of y_j
+    feedback: bool = True  # online feedback: weights follow the rewards
+    learning_rate: float = 1.0  # α in η_k = α / (N √k)
+    exit: bool = True  # model exit (SpecFuse; our reconstruction, see feedback.exit_decisions)
+    exit_threshold: float = 0.5  # δ: a member exits when p_i < δ / |A_k|
+    exit_warmup: int = 3  # no exit before this many rounds have been played
+    exit_temperature: float = 0.25  # τ_0: base temperature of the keep-probabilities
+    exited_verify: bool = True  # exited members keep scoring (they stop drafting only)
+    stop_strings: tuple[str, ...] = field(default=())  # end the answer before any of these
+    parallel: str = "auto"  # draft/verify concurrently: "auto" = when members sit on several devices
+
+    def __post_init__(self) -> None:
+        _int_range("segment_len", self.segment_len, 1, MAX_SEGMENT_LEN)
+        _int_range("max_new_tokens", self.max_new_tokens, 1, 1_000_000)
+        if self.max_rounds is not None:
+            _int_range("max_rounds", self.max_rounds, 1, 1_000_000)
+        _real("temperature", self.temperature)
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be ≥ 0 (0 = greedy), got {self.temperature}")
+        _real("top_p", self.top_p)
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        _choice("score", self.score, SCORE_MODES)
+        _choice("normalization", self.normalization, NORMALIZATIONS)
+        _choice("parallel", self.parallel, PARALLEL_MODES)
+        _real("learning_rate", self.learning_rate)
+        if self.learning_rate < 0:
+            raise ConfigError(f"learning_rate must be ≥ 0, got {self.learning_rate}")
+        _real("exit_threshold", self.exit_threshold)
+        if not 0 <= self.exit_threshold <= 1:
+            raise ConfigError(f"exit_threshold (δ) must be in [0, 1], got {self.exit_threshold}")
+        _int_range("exit_warmup", self.exit_warmup, 0, 1_000_000)
+        _real("exit_temperature", self.exit_temperature)
+        if self.exit_temperature <= 0:
+            raise ConfigError(f"exit_temperature must be > 0, got {self.exit_temperature}")
+        if isinstance(self.stop_strings, str) or any(
+            not isinstance(s, str) or not s for s in self.stop_strings
+        ):
+            raise ConfigError("stop_strings must be a tuple of non-empty strings")
+        object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+
+    @property
+    def sampling(self) -> bool:
+        return self.temperature > 0
+
+    def member_settings(self, index: int) -> MemberSettings:
+        """What member number `index` needs to know: its own seed, so identical members differ."""
+        return MemberSettings(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed + index,
+            score=self.score,
+            stop_strings=self.stop_strings,
+            max_new_tokens=self.max_new_tokens,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready values (the trace stores this)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EnsembleConfig:
+        """Rebuild (and re-validate) a config stored by to_dict; unknown keys are an error."""
+        known = set(cls.__dataclass_fields__)
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
+        values = dict(data)
+        if "stop_strings" in values and isinstance(values["stop_strings"], list):
+            values["stop_strings"] = tuple(values["stop_strings"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class MemberSettings:
+    """The part of the config a member acts on while drafting and scoring one request."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    score: str = "logit"
+    stop_strings: tuple[str, ...] = ()
+    max_new_tokens: int = 256
+
+
+def _int_range(name: str, value: object, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigError(f"{name} must be an integer in {low}..{high}, got {value!r}")
+
+
+def _real(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number, got {value!r}")
+
+
+def _choice(name: str, value: object, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise ConfigError(f"{name} must be one of {', '.join(options)}; got {value!r}")

@@ -1,0 +1,266 @@
+"""The round loop: draft → verify → choose → feedback → accept → exit, yielding one Round per cycle.
+
+Knows nothing about tokenizers, tensors or devices: members hide them behind the Member protocol,
+and the arithmetic lives in feedback.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from . import feedback
+from .config import EnsembleConfig
+from .errors import ConfigError, MemberError, SpecfuseError
+from .members import Member
+from .records import Candidate, ExitEvent, MemberTiming, Result, Round, summarize
+from .segments import cut_at_stop
+
+log = logging.getLogger(__name__)
+
+MAX_PROMPT_CHARS = 100_000  # far beyond any small model's context; stops pasted files early
+
+T = TypeVar("T")
+
+
+class Ensemble:
+    """Several members answering one prompt together (SpecEM). Members are shared, runs are not."""
+
+    def __init__(self, members: Sequence[Member], config: EnsembleConfig | None = None) -> None:
+        if not members:
+            raise ConfigError("an ensemble needs at least one member")
+        names = [m.name for m in members]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"member names must be unique, got {', '.join(names)}")
+        self.members: tuple[Member, ...] = tuple(members)
+        self.config = config or EnsembleConfig()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.members)
+
+    def stream(self, prompt: str, config: EnsembleConfig | None = None) -> Iterator[Round]:
+        """Yield one Round per cycle; the last one has stop_reason set.
+
+        Stopping early is closing the generator: every state lives inside this call, so nothing
+        is left behind and the next call starts clean.
+        """
+        config = config or self.config
+        check_prompt(prompt)
+        names = self.names
+        by_name = dict(zip(names, self.members))
+        workers = _workers(self.members, config)
+        try:
+            settings = {m: config.member_settings(i) for i, m in enumerate(names)}
+            started = workers.map(lambda m: _call(m, "start", by_name[m].start, prompt, settings[m]), names)
+            states = dict(zip(names, started))
+            yield from self._rounds(by_name, states, config, workers)
+        finally:
+            workers.shutdown()
+
+    def run(self, prompt: str, config: EnsembleConfig | None = None) -> Result:
+        """The whole answer and its totals, for scripts: a consumer of stream()."""
+        return summarize(list(self.stream(prompt, config)))
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    def _rounds(
+        self, by_name: dict[str, Member], states: dict[str, Any], config: EnsembleConfig, workers: _Workers
+    ) -> Iterator[Round]:
+        names = self.names
+        n = len(names)
+        weights = feedback.uniform(n)
+        quality = dict.fromkeys(names, 0.0)
+        active = list(names)
+        exited: list[str] = []
+        answer, tokens = "", 0
+        began = time.perf_counter()
+        for k in itertools.count(1):
+            round_began = time.perf_counter()
+            verifiers = [m for m in names if m in active or (config.exited_verify and m in exited)]
+            budget = min(config.segment_len, config.max_new_tokens - tokens)
+
+            # 1. Draft: each active member continues its own context for at most L tokens.
+            drafted = workers.map(lambda m: _call(m, "draft", by_name[m].draft, states[m], budget), active)
+            candidates = tuple(drafted)
+            scorable = [c for c in candidates if c.text or c.final]
+
+            # 2. Verify: each verifier scores every candidate in one packed pass (raw z_ij).
+            verify_s = dict.fromkeys(names, 0.0)
+            if scorable:
+
+                def verify(m: str) -> list[float]:
+                    t = time.perf_counter()
+                    z = _call(m, "score", by_name[m].score, states[m], candidates)
+                    verify_s[m] = time.perf_counter() - t
+                    return z
+
+                raw = [list(row) for row in workers.map(verify, verifiers)]
+            else:  # every draft came back empty: nothing to choose from
+                raw = [[0.0] * len(candidates) for _ in verifiers]
+
+            # 3. Normalize each verifier's row, aggregate with the weights learned so far, choose.
+            scores = feedback.normalize(raw, config.normalization)
+            index = {m: i for i, m in enumerate(names)}
+            voting = [weights[index[v]] for v in verifiers]
+            y = feedback.aggregate(scores, voting, verifiers, active, config.self_scores)
+            eligible = [j for j, c in enumerate(candidates) if c in scorable] or list(range(len(candidates)))
+            chosen, margin = feedback.choose(y, eligible)  # an empty non-final draft never wins
+
+            # 4. Feedback *after* the choice, so round k is judged with weights from rounds < k.
+            # SpecEM: the reference updated the weights before using them in the same round.
+            r = feedback.rewards(scores, verifiers, active) if config.feedback else [0.0] * len(active)
+            after = weights
+            if config.feedback and len(active) > 1:
+                eta = feedback.learning_rate(config.learning_rate, n, k)
+                after = feedback.update_weights(weights, names, active, r, eta)
+
+            # 5. Append the winner; decide the stop.
+            winner = candidates[chosen]
+            stop_reason: str | None = None
+            cut = _stop_string_cut(answer, winner.text, config.stop_strings)
+            if cut is not None:
+                winner = replace(winner, text=winner.text[:cut], final=True)
+                candidates = candidates[:chosen] + (winner,) + candidates[chosen + 1 :]
+                stop_reason = "stop"
+            answer += winner.text
+            tokens += winner.num_tokens
+            if not scorable:
+                stop_reason = "empty"
+            elif stop_reason is None and winner.final:
+                stop_reason = "final"
+            elif stop_reason is None and tokens >= config.max_new_tokens:
+                stop_reason = "budget"
+            elif stop_reason is None and config.max_rounds is not None and k >= config.max_rounds:
+                stop_reason = "rounds"
+
+            # 6. Model exit: members whose candidates keep losing stop drafting.
+            for j, m in enumerate(active):
+                quality[m] += y[j]
+            exits: list[ExitEvent] = []
+            if config.exit and stop_reason is None:
+                for d in feedback.exit_decisions(
+                    quality, active, k, config.exit_threshold, config.exit_warmup, config.exit_temperature
+                ):
+                    exits.append(
+                        ExitEvent(
+                            member=d.member,
+                            k=k,
+                            keep_probability=d.keep_probability,
+                            threshold=d.threshold,
+                            reason=f"keep-probability {d.keep_probability:.3f} < δ/|A| = {d.threshold:.3f} "
+                            f"after {k} rounds (cumulative quality {quality[d.member]:.3f})",
+                        )
+                    )
+
+            # 7. Every member that plays on appends the winner's text to its own context.
+            accept_s = dict.fromkeys(names, 0.0)
+            if stop_reason is None:
+                leaving = {e.member for e in exits}
+                playing = [m for m in active if m not in leaving]
+                judging = [*exited, *leaving] if config.exited_verify else []
+                still = [m for m in names if m in playing or m in judging]
+
+                def accept(m: str) -> None:
+                    t = time.perf_counter()
+                    _call(m, "accept", by_name[m].accept, states[m], winner.text)
+                    accept_s[m] = time.perf_counter() - t
+
+                list(workers.map(accept, still))
+
+            draft_s = {c.member: c.seconds for c in candidates}
+            now = time.perf_counter()
+            yield Round(
+                k=k,
+                members=names,
+                active=tuple(active),
+                verifiers=tuple(verifiers),
+                candidates=candidates,
+                raw_scores=_freeze(raw),
+                scores=_freeze(scores),
+                aggregate=tuple(y),
+                chosen=chosen,
+                margin=margin,
+                weights_before=tuple(weights),
+                weights_after=tuple(after),
+                rewards=tuple(r),
+                exits=tuple(exits),
+                timings=tuple(
+                    MemberTiming(m, draft_s.get(m, 0.0), verify_s[m], accept_s[m]) for m in names
+                ),
+                seconds=now - round_began,
+                elapsed=now - began,
+                text=answer,
+                stop_reason=stop_reason,
+            )
+            if stop_reason is not None:
+                return
+            weights = after
+            for e in exits:
+                active.remove(e.member)
+                exited.append(e.member)
+
+
+def check_prompt(prompt: str) -> None:
+    """Refuse a prompt no member could answer: not text, empty, or absurdly long."""
+    if not isinstance(prompt, str):
+        raise ConfigError(f"the prompt must be text, got {type(prompt).__name__}")
+    if not prompt.strip():
+        raise ConfigError("the prompt is empty; type a question or an instruction")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ConfigError(f"the prompt has {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}")
+
+
+def _stop_string_cut(answer: str, text: str, stops: Sequence[str]) -> int | None:
+    """Where in `text` the answer must end because a stop string appears (it may begin in `answer`)."""
+    if not stops:
+        return None
+    reach = max(len(s) for s in stops) - 1
+    lead = answer[-reach:] if reach > 0 else ""
+    found = cut_at_stop(lead + text, stops)
+    return None if found is None else max(0, found - len(lead))
+
+
+def _freeze(matrix: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], ...]:
+    return tuple(tuple(float(v) for v in row) for row in matrix)
+
+
+def _call(name: str, phase: str, fn: Callable[..., T], *args: Any) -> T:
+    """Call a member; an unexpected failure is re-raised naming the member and the phase."""
+    try:
+        return fn(*args)
+    except SpecfuseError:
+        raise
+    except Exception as e:  # re-raised with the member's name, never swallowed
+        raise MemberError(f"{name}: {phase} failed: {type(e).__name__}: {e}") from e
+
+
+class _Workers:
+    """Runs one call per member, concurrently when members sit on several devices."""
+
+    def __init__(self, parallel: bool, size: int) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="specfuse") if parallel else None
+
+    def map(self, fn: Callable[[str], T], names: Sequence[str]) -> list[T]:
+        if self.pool is None or len(names) < 2:
+            return [fn(m) for m in names]
+        return list(self.pool.map(fn, names))
+
+    def shutdown(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+
+def _workers(members: Sequence[Member], config: EnsembleConfig) -> _Workers:
+    devices = {getattr(m, "device", "cpu") for m in members}
+    if config.parallel == "auto":
+        # On one device the members would only contend for the same cores or stream.
+        parallel = len(devices) > 1
+    else:
+        parallel = config.parallel == "on"
+    return _Workers(parallel, len(members))

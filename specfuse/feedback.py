@@ -1,0 +1,223 @@
+"""The method's arithmetic: row normalization, aggregation, choice, rewards, weight update, model exit.
+
+Pure functions on floats and lists (SPEC.md §3-6), stdlib only. Knows nothing about models or text.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+Matrix = Sequence[Sequence[float]]
+
+
+# ---------------------------------------------------------------------------------------------
+# §3 Normalize: each verifier's row over the candidates.
+
+
+def normalize_row(z: Sequence[float], method: str = "zsoftmax") -> list[float]:
+    """Normalize one verifier's raw scores z_i· over the candidates.
+
+    - "zsoftmax" (default): softmax of the row's z-scores, (z - mean) / std. Defined for any real
+      scores (negative ones included), sums to 1, and invariant to a verifier's scale *and* offset:
+      a model that emits logits twice as large, or all shifted by a constant, votes exactly the
+      same. A flat row (std 0) gives the uniform row: that verifier cannot tell the candidates apart.
+    - "minmax": (z - min) / (max - min), then divided by the row sum; same invariances, but the
+      worst candidate always gets 0 from every verifier.
+    - "sum": the paper's ŝ_ij = z_ij / Σ_j' z_ij'. Only meaningful when every z_ij > 0 (it inverts
+      the ranking for negative rows and explodes near a zero sum), so such rows are refused.
+    - "none": raw scores unchanged (not scale-invariant; for experiments).
+    """
+    values = [float(v) for v in z]
+    if not values:
+        return []
+    if any(not math.isfinite(v) for v in values):
+        raise ValueError(f"scores must be finite, got {values}")
+    n = len(values)
+    if method == "none":
+        return values
+    if method == "sum":
+        if any(v <= 0 for v in values):
+            raise ConfigError(
+                f"normalization 'sum' (the paper's z / Σz) needs positive scores, got "
+                f"{[round(v, 3) for v in values]}; use normalization 'zsoftmax' for raw logits"
+            )
+        total = sum(values)
+        return [v / total for v in values]
+    low, high = min(values), max(values)
+    if high - low <= 1e-12 * max(1.0, abs(high)):
+        return [1.0 / n] * n
+    if method == "minmax":
+        shifted = [(v - low) / (high - low) for v in values]
+        total = sum(shifted)
+        return [v / total for v in shifted]
+    if method == "zsoftmax":
+        mean = sum(values) / n
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / n)
+        return softmax([(v - mean) / std for v in values])
+    raise ConfigError(f"unknown normalization {method!r}")
+
+
+def normalize(z: Matrix, method: str = "zsoftmax") -> list[list[float]]:
+    """Normalize every row of a [verifiers][candidates] matrix."""
+    return [normalize_row(row, method) for row in z]
+
+
+def softmax(x: Sequence[float], temperature: float = 1.0) -> list[float]:
+    top = max(x)
+    e = [math.exp((v - top) / temperature) for v in x]
+    total = sum(e)
+    return [v / total for v in e]
+
+
+# ---------------------------------------------------------------------------------------------
+# §4 Aggregate and choose.
+
+
+def aggregate(
+    s: Matrix,
+    weights: Sequence[float],
+    verifiers: Sequence[str],
+    drafters: Sequence[str],
+    self_scores: bool = True,
+) -> list[float]:
+    """y_j = Σ_i w_i ŝ_ij over the verifiers (weights renormalized over those who vote on j).
+
+    With self_scores=False, verifier i's vote on its own candidate is left out, and the remaining
+    verifiers' weights are renormalized per column so that no candidate is handicapped. A column
+    left with no voter (a lone drafter judging only itself) falls back to all verifiers.
+    """
+    y = []
+    for j, drafter in enumerate(drafters):
+        voters = [i for i, v in enumerate(verifiers) if self_scores or v != drafter]
+        voters = voters or list(range(len(verifiers)))
+        total = sum(weights[i] for i in voters)
+        if total <= 0:  # all weight sits on excluded verifiers: count the voters equally
+            y.append(sum(s[i][j] for i in voters) / len(voters))
+        else:
+            y.append(sum(weights[i] * s[i][j] for i in voters) / total)
+    return y
+
+
+def choose(y: Sequence[float], eligible: Sequence[int] | None = None) -> tuple[int, float]:
+    """(index of the best candidate, margin over the runner-up). Ties go to the lowest index,
+    i.e. the member listed first in the ensemble: a stated, deterministic rule. Only `eligible`
+    indices (default: all) can win or be runner-up."""
+    pool = list(range(len(y))) if eligible is None else list(eligible)
+    best = max(pool, key=lambda j: (y[j], -j))
+    others = [y[j] for j in pool if j != best]
+    return best, (y[best] - max(others)) if others else 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# §5 Online feedback.
+
+
+def rewards(s: Matrix, verifiers: Sequence[str], drafters: Sequence[str]) -> list[float]:
+    """r_j for each candidate's drafter (SPEC.md §5, the paper's Eq. 9).
+
+    r_j = max(1, #{(v, m): v ≠ j's drafter, m ≠ j, ŝ_vj ≥ ŝ_vm}) / #comparisons.
+
+    Two-member case: with one other verifier and one other candidate, the reward would be the
+    floored count over a single comparison, always 1: no signal at all. We then let each drafter's
+    own vote count as well (2 comparisons, reward 0.5 or 1), and say so in the README.
+    """
+    n_c = len(drafters)
+    if n_c < 2:
+        return [0.0] * n_c
+    out = []
+    for j, drafter in enumerate(drafters):
+        judges = [v for v, name in enumerate(verifiers) if name != drafter]
+        if len(judges) < 2:  # degenerate: let the drafter's own row count too
+            judges = list(range(len(verifiers)))
+        wins = comparisons = 0
+        for v in judges:
+            for m in range(n_c):
+                if m != j:
+                    comparisons += 1
+                    wins += s[v][j] >= s[v][m]
+        out.append(max(1, wins) / comparisons if comparisons else 0.0)
+    return out
+
+
+def learning_rate(alpha: float, n: int, k: int) -> float:
+    """η_k = α / (N √k): smaller steps with more members and later rounds (the authors' Eq. 7)."""
+    return alpha / (n * math.sqrt(k))
+
+
+def update_weights(
+    weights: Sequence[float], members: Sequence[str], drafters: Sequence[str], r: Sequence[float], eta: float
+) -> list[float]:
+    """w_i ← w_i · exp(η r_i) for this round's drafters, renormalized over the drafters' mass.
+
+    Members that did not draft (exited) keep their weight: they earned no reward this round, and
+    renormalizing over all N would drain them for merely being absent.
+    """
+    w = list(weights)
+    index = {m: i for i, m in enumerate(members)}
+    idx = [index[d] for d in drafters]
+    mass = sum(w[i] for i in idx)
+    grown = {i: w[i] * math.exp(eta * rj) for i, rj in zip(idx, r)}
+    total = sum(grown.values())
+    if total > 0 and mass > 0:
+        for i, value in grown.items():
+            w[i] = value * mass / total
+    return w
+
+
+def uniform(n: int) -> list[float]:
+    return [1.0 / n] * n
+
+
+# ---------------------------------------------------------------------------------------------
+# §6 Model exit (SpecFuse; described in the paper, never released: this is our reconstruction).
+
+
+@dataclass(frozen=True)
+class ExitDecision:
+    member: str
+    keep_probability: float
+    threshold: float
+
+
+def exit_temperature(q: Sequence[float], base: float) -> float:
+    """τ_k = τ_0 · (1 + H), with H ∈ [0, 1] the normalized entropy of softmax(Q / τ_0).
+
+    While the cumulative qualities are still flat (H near 1) the temperature is doubled, which
+    flattens the keep-probabilities and holds exits back; once one member clearly trails, H falls
+    and τ_k returns toward τ_0.
+    """
+    if len(q) < 2:
+        return base
+    p = softmax(q, base)
+    entropy = -sum(v * math.log(v) for v in p if v > 0) / math.log(len(p))
+    return base * (1.0 + entropy)
+
+
+def exit_decisions(
+    quality: dict[str, float],
+    active: Sequence[str],
+    k: int,
+    threshold: float,
+    warmup: int,
+    base_temperature: float,
+) -> list[ExitDecision]:
+    """Members of A_k that leave after round k: p_i = softmax(Q / τ_k)_i < δ / |A_k|.
+
+    Q_i is member i's cumulative quality (the sum of its candidates' aggregate scores so far).
+    No exit before `warmup` rounds; never the current leader (highest Q, ties to the first);
+    never the last active member.
+    """
+    if k < warmup or len(active) < 2:
+        return []
+    q = [quality[m] for m in active]
+    tau = exit_temperature(q, base_temperature)
+    p = softmax(q, tau)
+    bar = threshold / len(active)
+    leader = max(range(len(active)), key=lambda i: (q[i], -i))
+    return [
+        ExitDecision(m, p[i], bar) for i, m in enumerate(active) if i != leader and p[i] < bar
+    ]

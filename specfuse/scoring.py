@@ -1,0 +1,145 @@
+"""Verify-in-line: pack every candidate into one forward pass on top of a verifier's cached prefix.
+
+Builds the packed input (blocks of tokens, restarted position ids, a float 4-D mask per attention
+kind) and reads scores off the final hidden states with only the rows of the output head that are
+needed. Knows nothing about texts, chat formats or the round loop: members.py hands it token ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+# A packed block is one candidate: an *anchor* (the last prefix token it builds on, recomputed at
+# its own position so that it yields the logit of the candidate's first token) followed by the
+# candidate's tokens. Usually the anchor is the last cached token; when the candidate re-tokenizes
+# the end of the answer (a merge across the boundary), the anchor sits earlier and the block carries
+# the re-tokenized tail. Either way one rule covers both, and no logit is kept from an earlier pass.
+
+
+@dataclass(frozen=True)
+class Block:
+    start: int  # absolute position of the anchor: the block sees cached positions [0, start)
+    tokens: tuple[int, ...]  # anchor first, then the tokens to score
+
+
+@dataclass(frozen=True)
+class Packed:
+    input_ids: torch.Tensor  # [1, Q], Q = Σ len(block.tokens)
+    position_ids: torch.Tensor  # [1, Q]: each block restarts at its own anchor position
+    offsets: tuple[int, ...]  # [blocks]: where each block begins inside the Q packed tokens
+    attention_mask: torch.Tensor | dict[str, torch.Tensor]  # [1, 1, Q, P + Q] float, 0 or finfo.min
+
+
+def pack(
+    blocks: Sequence[Block],
+    prefix_len: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    sliding_window: int | None = None,
+) -> Packed:
+    """Pack candidate blocks after a cache of `prefix_len` tokens.
+
+    A token of block b at position p may see cached keys at positions < b.start and the earlier
+    tokens of block b itself; never another block. With `sliding_window`, a second mask keyed
+    "sliding_attention" also hides keys more than window - 1 positions back (Gemma-style layers).
+    No row is ever fully masked: each token sees itself.
+    """
+    if not blocks:
+        raise ValueError("nothing to pack")
+    ids, pos, owner, offsets = [], [], [], []
+    for b, block in enumerate(blocks):
+        if not block.tokens or not 0 <= block.start < prefix_len + 1:
+            raise ValueError(f"bad block {b}: start {block.start}, {len(block.tokens)} tokens")
+        offsets.append(len(ids))
+        ids.extend(block.tokens)
+        pos.extend(range(block.start, block.start + len(block.tokens)))
+        owner.extend([b] * len(block.tokens))
+    q_pos = torch.tensor(pos, device=device)  # [Q]
+    q_owner = torch.tensor(owner, device=device)  # [Q]
+    q_start = torch.tensor([blocks[b].start for b in owner], device=device)  # [Q]
+    k_pos = torch.cat([torch.arange(prefix_len, device=device), q_pos])  # [K], K = P + Q
+    k_owner = torch.cat([torch.full((prefix_len,), -1, device=device), q_owner])  # [K]
+    k_index = torch.arange(prefix_len + len(ids), device=device)  # [K]
+    q_index = torch.arange(len(ids), device=device) + prefix_len  # [Q]
+    from_cache = (k_owner[None, :] == -1) & (k_pos[None, :] < q_start[:, None])  # [Q, K]
+    same_block = (k_owner[None, :] == q_owner[:, None]) & (k_index[None, :] <= q_index[:, None])
+    allowed = from_cache | same_block
+    mask = _float_mask(allowed, dtype)
+    if sliding_window is not None:
+        near = (q_pos[:, None] - k_pos[None, :]) < sliding_window
+        mask = {"full_attention": mask, "sliding_attention": _float_mask(allowed & near, dtype)}
+    return Packed(
+        input_ids=torch.tensor([ids], device=device),
+        position_ids=q_pos[None, :],
+        offsets=tuple(offsets),
+        attention_mask=mask,
+    )
+
+
+def _float_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # Float masks in the model's dtype: with eager attention a boolean mask is silently wrong.
+    zero = torch.zeros((), dtype=dtype, device=allowed.device)
+    blocked = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
+    return torch.where(allowed, zero, blocked)[None, None]  # [1, 1, Q, K]
+
+
+def sliding_window_of(config: object) -> int | None:
+    """The sliding window of a model whose layers mix full and sliding attention, else None."""
+    layer_types = getattr(config, "layer_types", None) or ()
+    window = getattr(config, "sliding_window", None)
+    return int(window) if window and "sliding_attention" in layer_types else None
+
+
+class OutputHead:
+    """The model's output head applied to chosen rows only, as the model itself would apply it.
+
+    Scoring needs one logit per candidate token, not a full vocabulary row for every position:
+    `token_logits` multiplies each hidden state by the single head row of its target token. The
+    post-processing of the head (Gemma's final soft-capping, Cohere's and Granite's scales) is
+    reproduced, and tested against the model's own logits.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        head = model.get_output_embeddings()
+        if head is None:
+            raise ValueError(f"{type(model).__name__} has no output embeddings")
+        self.weight = head.weight  # [V, H]
+        self.bias = getattr(head, "bias", None)  # [V] or None
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.softcap = getattr(config, "final_logit_softcapping", None)
+        self.scale = float(getattr(config, "logit_scale", 1.0) or 1.0)
+        self.divide = float(getattr(config, "logits_scaling", 1.0) or 1.0)
+
+    def _finish(self, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.float() * self.scale / self.divide
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits, float32: [..., H] → [..., V]."""
+        return self._finish(torch.nn.functional.linear(hidden, self.weight, self.bias))
+
+    def token_logits(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Raw logits of `targets` only: [T, H], [T] → [T], float32."""
+        rows = self.weight[targets]  # [T, H]
+        raw = (hidden * rows).sum(-1)
+        if self.bias is not None:
+            raw = raw + self.bias[targets]
+        return self._finish(raw)
+
+    def token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities of `targets`: [T, H], [T] → [T], float32 (needs full rows)."""
+        logp = torch.log_softmax(self.logits(hidden), dim=-1)
+        return logp.gather(-1, targets[:, None])[:, 0]
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -1,0 +1,60 @@
+"""Text rules for a candidate segment: word-boundary trimming, stop strings, UTF-8-safe endings.
+
+Pure functions on strings, stdlib only. Knows nothing about tokens: members.py decodes, these cut.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Sequence
+
+REPLACEMENT = "\ufffd"  # what a tokenizer's decode yields for an incomplete UTF-8 sequence
+
+
+def is_word_char(ch: str) -> bool:
+    """Letters, digits and `_`, but not ideographs or kana: CJK text has no spaces, so every one of
+    its characters ends a word (trimming never has to cut inside CJK)."""
+    if ch == "_":
+        return True
+    if not ch.isalnum():
+        return False
+    name = unicodedata.name(ch, "")
+    return not name.startswith(("CJK", "HIRAGANA", "KATAKANA", "HANGUL", "IDEOGRAPHIC"))
+
+
+def trim_to_word_boundary(text: str) -> str:
+    """Cut a non-final candidate back so that it does not end inside a word.
+
+    A draft that stopped at the token limit may end in a half word (`eggs_per_` of
+    `eggs_per_breakfast`). If the text ends in a word character, the trailing word and the
+    whitespace before it are cut off (the next round starts with " word", as tokenizers like it).
+    A text that is a single word is kept whole: trimming never leaves nothing. Every character
+    kept is kept exactly (no stripping, no replacement).
+    """
+    if not text or not is_word_char(text[-1]):
+        return text
+    cut = len(text)
+    while cut > 0 and is_word_char(text[cut - 1]):
+        cut -= 1
+    while cut > 0 and text[cut - 1].isspace():
+        cut -= 1
+    return text[:cut] if cut > 0 else text
+
+
+def cut_at_stop(text: str, stops: Sequence[str], start: int = 0) -> int | None:
+    """Index of the earliest stop string found at or after `start`, or None."""
+    found = [i for s in stops if (i := text.find(s, start)) >= 0]
+    return min(found) if found else None
+
+
+def strip_incomplete_tail(pieces: Sequence[str]) -> int:
+    """How many trailing decoded pieces to drop so the text does not end in a broken character.
+
+    `pieces[t]` is the decode of the first t+1 tokens. A byte-level tokenizer may split a
+    multi-byte character across tokens; until its last byte arrives the decode ends in U+FFFD.
+    Returns the number of tokens to keep (at least 1 when there is any token).
+    """
+    keep = len(pieces)
+    while keep > 1 and pieces[keep - 1].endswith(REPLACEMENT):
+        keep -= 1
+    return keep

@@ -1,0 +1,141 @@
+"""Shared fixtures: tiny random-weight models of three architectures with three tokenizers.
+
+Nothing here downloads anything: tokenizers are built in memory and models from configs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from specfuse.members import HFMember
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SPECIALS = ("<|eos|>", "<|user|>", "<|assistant|>", "<|system|>")
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    """No hub, and caches and temp files under tmp_path."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("SPECFUSE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs CUDA")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+def byte_bpe_tokenizer(merges: Sequence[tuple[str, str]] = ()) -> PreTrainedTokenizerFast:
+    """Byte-level BPE built in memory: 256 bytes, optional merges, a few specials."""
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    for special in SPECIALS:
+        vocab[special] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(merges)))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return _wrap(tok)
+
+
+def metaspace_tokenizer() -> PreTrainedTokenizerFast:
+    """SentencePiece-style: ▁ for spaces, byte fallback for anything else, and a decoder that
+    strips the leading space of a text (as Llama's does): decoding a slice alone loses it."""
+    vocab = {f"<0x{b:02X}>": b for b in range(256)}
+    for ch in "▁abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'_-=+()\n":
+        vocab.setdefault(ch, len(vocab))
+    merges = [("▁", "t"), ("▁t", "h"), ("e", "r"), ("▁", "a")]
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    for special in SPECIALS:
+        vocab[special] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, fuse_unk=False))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    return _wrap(tok)
+
+
+def _wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|eos|>", pad_token="<|eos|>")
+    hf.add_special_tokens({"additional_special_tokens": list(SPECIALS[1:])})
+    hf.chat_template = CHAT_TEMPLATE
+    return hf
+
+
+def tiny_model(arch: str, vocab_size: int, seed: int):
+    """2 layers, hidden 32: the sizes transformers' own model testers use."""
+    torch.manual_seed(seed)  # tests may seed globally; the library never does
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    elif arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    elif arch == "gemma3":
+        # A short sliding window, so that the packed mask's window is exercised on short texts.
+        config = Gemma3TextConfig(
+            **common,
+            head_dim=8,
+            sliding_window=6,
+            layer_types=["sliding_attention", "full_attention"],
+            final_logit_softcapping=30.0,
+        )
+        model = Gemma3ForCausalLM(config)
+    else:
+        raise ValueError(arch)
+    return model.float().eval()
+
+
+TOKENIZERS = {
+    "bytes": byte_bpe_tokenizer,
+    "merges": lambda: byte_bpe_tokenizer([("t", "h"), ("th", "e"), ("Ġ", "the"), ("Ġ", "a")]),
+    "metaspace": metaspace_tokenizer,
+}
+# Three architectures, three tokenizers: the text-level handoff between them is always exercised.
+TINY_SPECS = {"llama-bytes": ("llama", "bytes", 1), "qwen-merges": ("qwen2", "merges", 2), "gemma-meta": ("gemma3", "metaspace", 3)}
+
+
+def tiny_member(name: str, spec: str | None = None, **kwargs) -> HFMember:
+    arch, tok_name, seed = TINY_SPECS[spec or name]
+    tokenizer = TOKENIZERS[tok_name]()
+    model = tiny_model(arch, len(tokenizer), seed)
+    for config in (model.config, model.generation_config):  # the architectures' defaults name other ids
+        config.eos_token_id = config.pad_token_id = tokenizer.eos_token_id
+        config.bos_token_id = None
+    return HFMember(name, model, tokenizer, device="cpu", **kwargs)
+
+
+@pytest.fixture(scope="session")
+def tiny_members() -> list[HFMember]:
+    return [tiny_member(name) for name in TINY_SPECS]
