@@ -431,7 +431,9 @@ def load_member(
     report(0.9, f"{name_or_path}: loading")
     start = time.perf_counter()
     try:
-        model, tokenizer = _from_pretrained(source, torch_dtype, device_map, trust_remote_code, local_only, gguf_file)
+        model, tokenizer = _from_pretrained(
+            source, torch_dtype, device_map, trust_remote_code, local_only, gguf_file
+        )
     except OSError as e:  # includes ConnectionError and huggingface_hub's offline errors
         if isinstance(source, str):
             raise ModelLoadError(
@@ -477,7 +479,7 @@ def load_members(
     """
     devices = plan_devices(len(names), device) if device_map is None else [device] * len(names)
     members = []
-    for i, (name, dev) in enumerate(zip(names, devices)):
+    for i, (name, dev) in enumerate(zip(names, devices, strict=True)):
         def scaled(fraction: float, message: str, i: int = i) -> None:
             if progress is not None:
                 progress((i + fraction) / len(names), message)

@@ -195,7 +195,7 @@ class HFMember:
         return Candidate(
             member=self.name,
             text=text,
-            num_tokens=len(self.encode(state.answer + text)) - (len(state.ids) - state.prompt_len),
+            num_tokens=self._tokens_in(state.ids, new, text),
             final=final,
             seconds=time.perf_counter() - began,
         )
@@ -286,6 +286,13 @@ class HFMember:
         if extra:
             state.cache.crop(-extra)
         state.packed = None
+
+    def _tokens_in(self, ids: Sequence[int], new: Sequence[int], text: str) -> int:
+        """How many of the drafted tokens `new` make up `text` (a prefix of their decode)."""
+        count = len(new)
+        while count > 0 and len(self._decode_after(ids, new[:count])) > len(text):
+            count -= 1
+        return count
 
     def _forward(self, ids: Sequence[int], cache: DynamicCache) -> torch.Tensor:
         """Run `ids` after the cache; returns the final hidden states [len(ids), H]."""

@@ -1,0 +1,36 @@
+"""ScriptedMember: a fake of the right kind. It implements the Member protocol with scripted
+candidates and scores, for the cases a tiny model cannot produce on demand (ties, exits)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from specfuse.config import MemberSettings
+from specfuse.records import Candidate
+
+
+class ScriptedMember:
+    def __init__(self, name: str, drafts: Sequence[str | tuple[str, bool]], judge: Callable[[str], float]):
+        self.name = name
+        self.device = "cpu"
+        self.drafts = [d if isinstance(d, tuple) else (d, False) for d in drafts]
+        self.judge = judge  # text → raw score this member gives it
+        self.calls: list[tuple[str, object]] = []
+
+    def start(self, prompt: str, settings: MemberSettings) -> dict:
+        self.calls.append(("start", prompt))
+        return {"round": 0, "answer": ""}
+
+    def draft(self, state: dict, max_new_tokens: int) -> Candidate:
+        text, final = self.drafts[min(state["round"], len(self.drafts) - 1)]
+        self.calls.append(("draft", state["round"]))
+        return Candidate(self.name, text, max(1, len(text.split())), final, 0.0)
+
+    def score(self, state: dict, candidates: Sequence[Candidate]) -> list[float]:
+        self.calls.append(("score", state["round"]))
+        return [self.judge(c.text) for c in candidates]
+
+    def accept(self, state: dict, text: str) -> None:
+        self.calls.append(("accept", text))
+        state["answer"] += text
+        state["round"] += 1

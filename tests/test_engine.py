@@ -1,0 +1,156 @@
+"""The round loop end to end: on tiny real models and on scripted members."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tokenizers import pre_tokenizers
+
+from specfuse.config import EnsembleConfig
+from specfuse.engine import Ensemble
+from specfuse.errors import ConfigError, MemberError
+from specfuse.records import summarize
+
+from .conftest import tiny_member
+from .scripted import ScriptedMember
+
+
+def ascii_only(member):
+    """Give the output head a bias that rules out non-ASCII bytes: random weights otherwise emit
+    invalid UTF-8, which no text (and so no re-tokenization) can reproduce byte for byte."""
+    head = member.model.lm_head
+    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    biased.weight = head.weight
+    alphabet = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    with torch.no_grad():
+        biased.bias.fill_(0.0)
+        for token, index in alphabet.items():
+            text = member.tokenizer.convert_tokens_to_string([token])
+            if not (text.isascii() and text.isprintable()):
+                biased.bias[index] = -1e4
+    member.model.lm_head = biased
+    return type(member)(member.name, member.model, member.tokenizer, device="cpu")
+
+
+def test_a_one_member_ensemble_reproduces_its_greedy_decode():
+    member = ascii_only(tiny_member("llama-bytes"))  # one byte per token, ASCII only: ids never change
+    config = EnsembleConfig(segment_len=7, max_new_tokens=30)
+    result = Ensemble([member], config).run("Once upon a time")
+    ids = torch.tensor([member.prompt_ids("Once upon a time")])
+    out = member.model.generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=sorted(member.stop_token_ids))
+    greedy = member.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert result.answer and greedy.startswith(result.answer)
+    assert result.tokens >= 30 or result.stop_reason == "final"
+
+
+def test_the_answer_is_exactly_the_concatenation_of_the_chosen_candidates(tiny_members):
+    rounds = list(Ensemble(tiny_members, EnsembleConfig(max_new_tokens=40)).stream("Écris 猫 in code: x_1 ="))
+    assert rounds[-1].text == "".join(r.winner.text for r in rounds)
+    for r in rounds:
+        assert len(r.raw_scores) == len(r.verifiers) and all(len(row) == len(r.candidates) for row in r.scores)
+        assert sum(r.weights_after) == pytest.approx(1.0)
+        assert r.aggregate[r.chosen] == max(r.aggregate)
+    assert rounds[-1].stop_reason in ("final", "budget")
+    assert all(r.stop_reason is None for r in rounds[:-1])
+
+
+def test_same_seed_same_rounds_and_sampling_makes_duplicates_differ(tiny_members):
+    config = EnsembleConfig(temperature=0.9, top_p=0.95, seed=3, max_new_tokens=24)
+    first = Ensemble(tiny_members, config).run("Tell a story")
+    again = Ensemble(tiny_members, config).run("Tell a story")
+    other = Ensemble(tiny_members, EnsembleConfig(temperature=0.9, top_p=0.95, seed=4, max_new_tokens=24)).run(
+        "Tell a story"
+    )
+    assert first.answer == again.answer
+    assert first.answer != other.answer
+
+
+def test_identical_members_keep_the_weights_uniform():
+    same = lambda text: float(len(text))  # noqa: E731
+    members = [ScriptedMember(n, ["one ", "two ", ("three", True)], same) for n in "abc"]
+    rounds = list(Ensemble(members).stream("go"))
+    assert [r.chosen for r in rounds] == [0, 0, 0]  # ties go to the first member
+    for r in rounds:
+        assert r.weights_after == pytest.approx((1 / 3, 1 / 3, 1 / 3))
+    assert rounds[-1].text == "one two three" and rounds[-1].stop_reason == "final"
+
+
+def test_weights_move_toward_the_member_everyone_prefers_and_the_loser_exits():
+    prefers_b = lambda text: {"good ": 3.0, "fine ": 2.9}.get(text, 0.0)  # noqa: E731
+    members = [
+        ScriptedMember("a", ["fine "] * 20, prefers_b),
+        ScriptedMember("b", ["good "] * 20, prefers_b),
+        ScriptedMember("c", ["junk "] * 20, prefers_b),
+    ]
+    rounds = list(Ensemble(members, EnsembleConfig(max_rounds=10)).stream("go"))
+    last = rounds[-1]
+    assert last.weights_after[1] > last.weights_after[0] > last.weights_after[2]
+    exits = [e for r in rounds for e in r.exits]
+    assert exits[0].member == "c" and exits[0].k >= 3  # the worst leaves first, not during the warm-up
+    assert "b" not in {e.member for e in exits}  # the leader never leaves
+    after_exit = rounds[exits[0].k]  # the round after it left
+    assert "c" not in after_exit.active and "c" in after_exit.verifiers  # exited members still verify
+    result = summarize(rounds)
+    assert result.stop_reason == "rounds" and result.calls_saved_by_exit > 0
+    assert dict(result.wins)["b"] == 10
+
+
+def test_exited_members_stop_verifying_when_asked():
+    judge = lambda text: {"good ": 3.0, "fine ": 2.0}.get(text, 0.0)  # noqa: E731
+    members = [ScriptedMember(n, [t] * 20, judge) for n, t in zip("abc", ["fine ", "good ", "junk "])]
+    rounds = list(Ensemble(members, EnsembleConfig(max_rounds=8, exited_verify=False)).stream("go"))
+    k = next(e.k for r in rounds for e in r.exits)
+    assert all("c" not in r.verifiers for r in rounds[k:])
+    assert ("accept", "good ") not in members[2].calls[2 * k + 4 :]  # it stopped following the answer
+
+
+def test_feedback_off_keeps_weights_and_exit_off_keeps_everyone():
+    judge = lambda text: {"good ": 3.0}.get(text, 0.0)  # noqa: E731
+    members = [ScriptedMember(n, [t] * 20, judge) for n, t in zip("abc", ["fine ", "good ", "junk "])]
+    rounds = list(Ensemble(members, EnsembleConfig(max_rounds=8, feedback=False, exit=False)).stream("go"))
+    assert all(r.weights_after == pytest.approx((1 / 3,) * 3) and len(r.active) == 3 for r in rounds)
+
+
+def test_stop_strings_end_the_answer_before_them_even_across_segments():
+    judge = lambda text: 1.0  # noqa: E731
+    members = [ScriptedMember("a", ["The end\n", "Question: next"], judge)]
+    rounds = list(Ensemble(members, EnsembleConfig(stop_strings=("\nQuestion:",))).stream("go"))
+    assert rounds[-1].stop_reason == "stop" and rounds[-1].text == "The end\n"
+
+
+def test_parallel_drafting_gives_the_same_rounds_as_sequential(tiny_members):
+    seq = Ensemble(tiny_members, EnsembleConfig(max_new_tokens=20, parallel="off")).run("Hi")
+    par = Ensemble(tiny_members, EnsembleConfig(max_new_tokens=20, parallel="on")).run("Hi")
+    assert seq.answer == par.answer and seq.wins == par.wins
+
+
+@pytest.mark.parametrize("prompt", ["", "   \n", "x" * 100_001])
+def test_bad_prompts_are_refused(tiny_members, prompt):
+    with pytest.raises(ConfigError):
+        next(Ensemble(tiny_members).stream(prompt))
+
+
+def test_a_failing_member_is_named():
+    class Broken(ScriptedMember):
+        def score(self, state, candidates):
+            raise RuntimeError("out of memory")
+
+    members = [ScriptedMember("a", ["x "], lambda t: 1.0), Broken("b", ["y "], lambda t: 1.0)]
+    with pytest.raises(MemberError, match="b: score failed: RuntimeError: out of memory"):
+        list(Ensemble(members).stream("go"))
+
+
+def test_duplicate_names_and_empty_ensembles_are_refused():
+    with pytest.raises(ConfigError, match="unique"):
+        Ensemble([ScriptedMember("a", ["x"], len), ScriptedMember("a", ["y"], len)])
+    with pytest.raises(ConfigError, match="at least one"):
+        Ensemble([])
+
+
+def test_closing_the_stream_stops_the_run_and_the_next_run_works(tiny_members):
+    ensemble = Ensemble(tiny_members, EnsembleConfig(max_new_tokens=60))
+    stream = ensemble.stream("Hello")
+    first = next(stream)
+    stream.close()
+    assert first.k == 1 and first.stop_reason is None
+    assert ensemble.run("Hello").rounds >= 1

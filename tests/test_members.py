@@ -1,0 +1,97 @@
+"""HFMember on tiny models: drafting limits, UTF-8, stop strings, the cache's common-prefix rule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specfuse.config import MemberSettings
+from specfuse.errors import ConfigError, PromptTooLongError
+from specfuse.members import HFMember, Member
+from specfuse.prompts import PromptFormat
+
+from .conftest import TINY_SPECS, tiny_member
+
+
+def member_named(members, name):
+    return next(m for m in members if m.name == name)
+
+
+def test_hf_member_implements_the_protocol(tiny_members):
+    assert all(isinstance(m, Member) for m in tiny_members)
+
+
+@pytest.mark.parametrize("spec", list(TINY_SPECS))
+@pytest.mark.parametrize("limit", [1, 3, 10])
+def test_a_draft_stays_within_l_tokens_plus_utf8_grace(tiny_members, spec, limit):
+    member = member_named(tiny_members, spec)
+    state = member.start("Say something.", MemberSettings())
+    cached = state.cache.get_seq_length()
+    cand = member.draft(state, limit)
+    assert cand.num_tokens <= limit + 4
+    assert state.cache.get_seq_length() == cached  # the draft's keys are not left in the cache
+    cand.text.encode("utf-8")  # always valid text
+
+
+def test_greedy_draft_is_the_models_own_greedy_continuation(tiny_members):
+    member = member_named(tiny_members, "llama-bytes")  # one byte per token: no re-tokenization
+    state = member.start("Once upon a time", MemberSettings())
+    cand = member.draft(state, 12)
+    ids = torch.tensor([member.prompt_ids("Once upon a time")])
+    out = member.model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=sorted(member.stop_token_ids))
+    greedy = member.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert cand.text and greedy.startswith(cand.text)
+
+
+def test_accept_keeps_the_longest_common_prefix_and_feeds_only_the_rest(tiny_members):
+    member = member_named(tiny_members, "qwen-merges")
+    state = member.start("Hi", MemberSettings())
+    member.accept(state, "He said th")
+    before = list(state.ids)
+    member.accept(state, "e end")  # "Ġ" "th" + "e" re-tokenize as "Ġthe": two tokens replaced
+    assert state.ids == state.ids[: state.prompt_len] + member.encode("He said the end")
+    assert state.cache.get_seq_length() == len(state.ids)
+    common = next(i for i, (a, b) in enumerate(zip(before, state.ids)) if a != b)
+    assert common == len(before) - 2
+    fresh = member.start("Hi", MemberSettings())
+    member.accept(fresh, "He said the end")
+    assert torch.allclose(state.last_hidden, fresh.last_hidden, atol=1e-5)
+
+
+def test_same_seed_same_sampled_draft_and_another_seed_differs(tiny_members):
+    member = member_named(tiny_members, "gemma-meta")
+    drafts = [
+        member.draft(member.start("Sing", MemberSettings(temperature=1.0, top_p=0.9, seed=s)), 10).text
+        for s in (7, 7, 8)
+    ]
+    assert drafts[0] == drafts[1]
+    assert drafts[0] != drafts[2]
+
+
+def test_stop_string_ends_the_draft_as_final():
+    member = tiny_member("llama-bytes")
+    state = member.start("x", MemberSettings())
+    free = member.draft(state, 10).text
+    stop = free[2:4] if len(free) >= 4 else free
+    cand = member.draft(member.start("x", MemberSettings(stop_strings=(stop,))), 10)
+    assert cand.final and stop not in cand.text and free.startswith(cand.text)
+
+
+def test_completion_format_stop_strings_and_end_marker():
+    fmt = PromptFormat("completion", template="Q: {prompt}\nA:", stop_strings=("\nQ:",))
+    member = tiny_member("gemma-meta", prompt_format=fmt)
+    assert member.end_marker == tuple(member.encode("\nQ:"))
+    assert member.prompt_ids("hi") == list(member.tokenizer("Q: hi\nA:")["input_ids"])
+
+
+def test_chat_format_needs_a_chat_template():
+    member = tiny_member("llama-bytes")
+    member.tokenizer.chat_template = None
+    with pytest.raises(ConfigError, match="no chat template"):
+        HFMember("bare", member.model, member.tokenizer)
+
+
+def test_a_prompt_beyond_the_context_is_refused(tiny_members):
+    member = member_named(tiny_members, "llama-bytes")
+    with pytest.raises(PromptTooLongError, match="context of 512"):
+        member.start("word " * 200, MemberSettings(max_new_tokens=64))

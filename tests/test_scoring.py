@@ -1,0 +1,108 @@
+"""Verify-in-line: packed scores equal separate passes; the output head matches the model's own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specfuse.config import MemberSettings
+from specfuse.records import Candidate
+from specfuse.scoring import Block, OutputHead, common_prefix_len, pack
+
+from .conftest import TINY_SPECS, tiny_member
+
+PROMPT = "Write one line about the sea."
+ANSWER = "The sea is"  # accepted before scoring, so candidates build on a real answer
+TEXTS = [
+    (" blue and deep", False),
+    ("n't quiet", False),  # merges with the answer's last word in some tokenizers
+    (" 大海很深。", True),  # CJK, final: the verifier's end marker is scored as well
+    (" the theme", False),
+]
+
+
+def cand(text: str, final: bool) -> Candidate:
+    return Candidate("x", text, 1, final, 0.0)
+
+
+def separate_score(member, answer: str, text: str, final: bool, mode: str) -> float:
+    """Score one candidate with a plain full forward pass from scratch, no cache, no packing."""
+    prompt_ids = member.prompt_ids(PROMPT)
+    answer_ids = member.encode(answer)
+    full = member.encode(answer + text)
+    keep = len(prompt_ids) + common_prefix_len(full, answer_ids)
+    ids = prompt_ids + full + (list(member.end_marker) if final else [])
+    with torch.no_grad():
+        logits = member.model(input_ids=torch.tensor([ids])).logits[0].float()  # [T, V]
+    rows = logits[keep - 1 : len(ids) - 1]
+    if mode == "logprob":
+        rows = torch.log_softmax(rows, dim=-1)
+    targets = torch.tensor(ids[keep:])
+    return float(rows.gather(-1, targets[:, None]).mean())
+
+
+@pytest.mark.parametrize("spec", list(TINY_SPECS))
+@pytest.mark.parametrize("mode", ["logit", "logprob"])
+def test_packed_scores_equal_separate_passes(tiny_members, spec, mode):
+    member = next(m for m in tiny_members if m.name == spec)
+    state = member.start(PROMPT, MemberSettings(score=mode))
+    member.accept(state, ANSWER)
+    packed = member.score(state, [cand(t, f) for t, f in TEXTS])
+    separate = [separate_score(member, ANSWER, t, f, mode) for t, f in TEXTS]
+    assert packed == pytest.approx(separate, abs=1e-4)
+
+
+@pytest.mark.parametrize("spec", list(TINY_SPECS))
+def test_scores_after_cached_rounds_equal_a_fresh_state(tiny_members, spec):
+    member = next(m for m in tiny_members if m.name == spec)
+    settings = MemberSettings()
+    cached = member.start(PROMPT, settings)
+    answer = ""
+    for segment in ["The", " sea", " is", " wide,", " 很", "深", " and old"]:
+        member.score(cached, [cand(segment, False), cand(" x", False)])  # leaves a packed pass behind
+        member.accept(cached, segment)  # reuses the packed keys and values
+        answer += segment
+    fresh = member.start(PROMPT, settings)
+    member.accept(fresh, answer)
+    assert cached.ids == fresh.ids
+    texts = [cand(t, f) for t, f in TEXTS]
+    assert member.score(cached, texts) == pytest.approx(member.score(fresh, texts), abs=1e-4)
+
+
+@pytest.mark.parametrize("spec", list(TINY_SPECS))
+def test_output_head_matches_the_models_logits(tiny_members, spec):
+    member = next(m for m in tiny_members if m.name == spec)
+    ids = torch.tensor([member.encode("hello there, sea")])
+    with torch.no_grad():
+        logits = member.model(input_ids=ids).logits[0].float()
+        hidden = member.base(input_ids=ids).last_hidden_state[0]
+    head = OutputHead(member.model)
+    assert torch.allclose(head.logits(hidden), logits, atol=1e-4)
+    targets = ids[0]
+    assert torch.allclose(head.token_logits(hidden, targets), logits.gather(-1, targets[:, None])[:, 0], atol=1e-4)
+
+
+def test_pack_masks_other_blocks_and_restarts_positions():
+    packed = pack([Block(4, (1, 2, 3)), Block(2, (7, 8))], prefix_len=5, dtype=torch.float32, device="cpu")
+    assert packed.position_ids.tolist() == [[4, 5, 6, 2, 3]]
+    assert packed.offsets == (0, 3)
+    visible = (packed.attention_mask[0, 0] == 0).int().tolist()  # [Q, P + Q]
+    assert visible[0] == [1, 1, 1, 1, 0, 1, 0, 0, 0, 0]  # anchor: cache < 4, itself
+    assert visible[2] == [1, 1, 1, 1, 0, 1, 1, 1, 0, 0]  # last token of block 0
+    assert visible[3] == [1, 1, 0, 0, 0, 0, 0, 0, 1, 0]  # block 1 sees cache < 2 only
+    assert visible[4] == [1, 1, 0, 0, 0, 0, 0, 0, 1, 1]
+    assert all(any(row) for row in visible)  # never a fully masked row
+
+
+def test_pack_sliding_window_hides_far_keys():
+    packed = pack([Block(9, (1, 2))], prefix_len=10, dtype=torch.float32, device="cpu", sliding_window=3)
+    sliding = (packed.attention_mask["sliding_attention"][0, 0] == 0).int().tolist()
+    full = (packed.attention_mask["full_attention"][0, 0] == 0).int().tolist()
+    assert sum(full[1]) == 9 + 2  # cache 0..8, the anchor, itself
+    assert sliding[1] == [0] * 8 + [1, 0, 1, 1]  # position 10 sees 8 (cache), 9 (anchor), 10
+
+
+def test_float_mask_uses_the_models_dtype():
+    packed = pack([Block(0, (1,))], prefix_len=1, dtype=torch.bfloat16, device="cpu")
+    assert packed.attention_mask.dtype == torch.bfloat16
+    assert float(packed.attention_mask.min()) == float(torch.finfo(torch.bfloat16).min)
