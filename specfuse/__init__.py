@@ -1,0 +1,44 @@
+"""SpecFuse Studio: a training-free ensemble of causal LMs that answer together, segment by segment.
+
+The public API. `Ensemble.stream(prompt)` yields one `Round` per draft → verify → choose cycle;
+every view (app, CLI, trace, benchmark, evaluation) consumes that stream.
+"""
+
+from .config import EnsembleConfig, MemberSettings
+from .engine import Ensemble
+from .errors import (
+    ConfigError,
+    MemberError,
+    ModelLoadError,
+    PromptTooLongError,
+    SpecfuseError,
+    TraceError,
+    UnknownModelError,
+)
+from .records import Candidate, ExitEvent, MemberTiming, Result, Round, answer_spans, summarize
+from .trace import Trace, dump_trace, load_trace, parse_trace, save_trace
+
+__all__ = [
+    "Candidate",
+    "ConfigError",
+    "Ensemble",
+    "EnsembleConfig",
+    "ExitEvent",
+    "MemberError",
+    "MemberSettings",
+    "MemberTiming",
+    "ModelLoadError",
+    "PromptTooLongError",
+    "Result",
+    "Round",
+    "SpecfuseError",
+    "Trace",
+    "TraceError",
+    "UnknownModelError",
+    "answer_spans",
+    "dump_trace",
+    "load_trace",
+    "parse_trace",
+    "save_trace",
+    "summarize",
+]

@@ -18,7 +18,7 @@ from . import feedback
 from .config import EnsembleConfig
 from .errors import ConfigError, MemberError, SpecfuseError
 from .members import Member
-from .records import Candidate, ExitEvent, MemberTiming, Result, Round, summarize
+from .records import ExitEvent, MemberTiming, Result, Round, summarize
 from .segments import cut_at_stop
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class Ensemble:
         workers = _workers(self.members, config)
         try:
             settings = {m: config.member_settings(i) for i, m in enumerate(names)}
-            started = workers.map(lambda m: _call(m, "start", by_name[m].start, prompt, settings[m]), names)
+            started, _ = workers.each(names, "start", lambda m: by_name[m].start(prompt, settings[m]))
             states = dict(zip(names, started))
             yield from self._rounds(by_name, states, config, workers)
         finally:
@@ -86,21 +86,17 @@ class Ensemble:
             budget = min(config.segment_len, config.max_new_tokens - tokens)
 
             # 1. Draft: each active member continues its own context for at most L tokens.
-            drafted = workers.map(lambda m: _call(m, "draft", by_name[m].draft, states[m], budget), active)
+            drafted, _ = workers.each(active, "draft", lambda m, b=budget: by_name[m].draft(states[m], b))
             candidates = tuple(drafted)
             scorable = [c for c in candidates if c.text or c.final]
 
             # 2. Verify: each verifier scores every candidate in one packed pass (raw z_ij).
-            verify_s = dict.fromkeys(names, 0.0)
+            verify_s: dict[str, float] = {}
             if scorable:
-
-                def verify(m: str) -> list[float]:
-                    t = time.perf_counter()
-                    z = _call(m, "score", by_name[m].score, states[m], candidates)
-                    verify_s[m] = time.perf_counter() - t
-                    return z
-
-                raw = [list(row) for row in workers.map(verify, verifiers)]
+                rows, verify_s = workers.each(
+                    verifiers, "score", lambda m, c=candidates: by_name[m].score(states[m], c)
+                )
+                raw = [list(row) for row in rows]
             else:  # every draft came back empty: nothing to choose from
                 raw = [[0.0] * len(candidates) for _ in verifiers]
 
@@ -159,19 +155,15 @@ class Ensemble:
                     )
 
             # 7. Every member that plays on appends the winner's text to its own context.
-            accept_s = dict.fromkeys(names, 0.0)
+            accept_s: dict[str, float] = {}
             if stop_reason is None:
                 leaving = {e.member for e in exits}
                 playing = [m for m in active if m not in leaving]
                 judging = [*exited, *leaving] if config.exited_verify else []
                 still = [m for m in names if m in playing or m in judging]
-
-                def accept(m: str) -> None:
-                    t = time.perf_counter()
-                    _call(m, "accept", by_name[m].accept, states[m], winner.text)
-                    accept_s[m] = time.perf_counter() - t
-
-                list(workers.map(accept, still))
+                _, accept_s = workers.each(
+                    still, "accept", lambda m, t=winner.text: by_name[m].accept(states[m], t)
+                )
 
             draft_s = {c.member: c.seconds for c in candidates}
             now = time.perf_counter()
@@ -191,7 +183,8 @@ class Ensemble:
                 rewards=tuple(r),
                 exits=tuple(exits),
                 timings=tuple(
-                    MemberTiming(m, draft_s.get(m, 0.0), verify_s[m], accept_s[m]) for m in names
+                    MemberTiming(m, draft_s.get(m, 0.0), verify_s.get(m, 0.0), accept_s.get(m, 0.0))
+                    for m in names
                 ),
                 seconds=now - round_began,
                 elapsed=now - began,
@@ -230,26 +223,32 @@ def _freeze(matrix: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], ...]:
     return tuple(tuple(float(v) for v in row) for row in matrix)
 
 
-def _call(name: str, phase: str, fn: Callable[..., T], *args: Any) -> T:
-    """Call a member; an unexpected failure is re-raised naming the member and the phase."""
-    try:
-        return fn(*args)
-    except SpecfuseError:
-        raise
-    except Exception as e:  # re-raised with the member's name, never swallowed
-        raise MemberError(f"{name}: {phase} failed: {type(e).__name__}: {e}") from e
-
-
 class _Workers:
     """Runs one call per member, concurrently when members sit on several devices."""
 
     def __init__(self, parallel: bool, size: int) -> None:
         self.pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="specfuse") if parallel else None
 
-    def map(self, fn: Callable[[str], T], names: Sequence[str]) -> list[T]:
+    def each(
+        self, names: Sequence[str], phase: str, call: Callable[[str], T]
+    ) -> tuple[list[T], dict[str, float]]:
+        """call(m) for every member m, with its wall time. A failure is re-raised naming the member."""
+
+        def timed(m: str) -> tuple[T, float]:
+            began = time.perf_counter()
+            try:
+                out = call(m)
+            except SpecfuseError:
+                raise
+            except Exception as e:  # re-raised with the member's name, never swallowed
+                raise MemberError(f"{m}: {phase} failed: {type(e).__name__}: {e}") from e
+            return out, time.perf_counter() - began
+
         if self.pool is None or len(names) < 2:
-            return [fn(m) for m in names]
-        return list(self.pool.map(fn, names))
+            pairs = [timed(m) for m in names]
+        else:
+            pairs = list(self.pool.map(timed, names))
+        return [out for out, _ in pairs], {m: s for m, (_, s) in zip(names, pairs)}
 
     def shutdown(self) -> None:
         if self.pool is not None:
@@ -257,10 +256,9 @@ class _Workers:
 
 
 def _workers(members: Sequence[Member], config: EnsembleConfig) -> _Workers:
-    devices = {getattr(m, "device", "cpu") for m in members}
     if config.parallel == "auto":
         # On one device the members would only contend for the same cores or stream.
-        parallel = len(devices) > 1
+        parallel = len({getattr(m, "device", "cpu") for m in members}) > 1
     else:
         parallel = config.parallel == "on"
     return _Workers(parallel, len(members))

@@ -218,6 +218,4 @@ def exit_decisions(
     p = softmax(q, tau)
     bar = threshold / len(active)
     leader = max(range(len(active)), key=lambda i: (q[i], -i))
-    return [
-        ExitDecision(m, p[i], bar) for i, m in enumerate(active) if i != leader and p[i] < bar
-    ]
+    return [ExitDecision(m, p[i], bar) for i, m in enumerate(active) if i != leader and p[i] < bar]

@@ -84,6 +84,7 @@ class HFMember:
         *,
         prompt_format: PromptFormat = CHAT,
         device: str | None = None,
+        reuse_verified_kv: bool = True,
     ) -> None:
         if prompt_format.kind == "chat" and not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"{name}: the tokenizer has no chat template; use a completion prompt format")
@@ -100,6 +101,9 @@ class HFMember:
         self.max_positions = int(getattr(config, "max_position_embeddings", 0) or 1_000_000)
         self.stop_token_ids = frozenset(_stop_token_ids(model, tokenizer))
         self.end_marker = tuple(self._end_marker())
+        # Accept the chosen candidate by moving its keys and values from the verify pass into place
+        # (False: feed its tokens again, as the reference did; kept for the benchmark's comparison).
+        self.reuse_verified_kv = reuse_verified_kv
 
     def __repr__(self) -> str:
         return f"HFMember({self.name!r}, {type(self.model).__name__}, device={self.device!r})"
@@ -183,7 +187,11 @@ class HFMember:
             if cut is not None:
                 text, final = text[:cut], True
                 break
-            if len(new) == limit and text.endswith(REPLACEMENT) and limit < max_new_tokens + UTF8_GRACE_TOKENS:
+            if (
+                len(new) == limit
+                and text.endswith(REPLACEMENT)
+                and limit < max_new_tokens + UTF8_GRACE_TOKENS
+            ):
                 limit += 1  # finish the multi-byte character the last token began
             if len(new) < limit:
                 hidden = self._forward([token], state.cache)[-1]
@@ -227,7 +235,7 @@ class HFMember:
         )
         hidden = out.last_hidden_state[0]  # [Q, H]
         z, last_hidden = [], []
-        for block, offset, tail, text_ids in zip(blocks, packed.offsets, scored, text_tokens):
+        for offset, tail, text_ids in zip(packed.offsets, scored, text_tokens):
             rows = hidden[offset : offset + len(tail)]  # row t predicts tail[t]
             targets = torch.tensor(tail, device=rows.device)
             if state.settings.score == "logprob":
@@ -257,7 +265,7 @@ class HFMember:
         answer = state.answer + text
         target = state.ids[: state.prompt_len] + self.encode(answer)
         packed = state.packed
-        if packed is not None and text in packed.texts:
+        if self.reuse_verified_kv and packed is not None and text in packed.texts:
             b = packed.texts.index(text)
             start, tokens = packed.starts[b], packed.text_tokens[b]
             if list(target) == state.ids[: start + 1] + list(tokens):

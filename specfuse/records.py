@@ -91,7 +91,7 @@ def summarize(rounds: Sequence[Round]) -> Result:
         wins[r.winner.member] += 1
     return Result(
         answer=last.text,
-        stop_reason=last.stop_reason or "running",
+        stop_reason=last.stop_reason or "cancelled",  # the consumer stopped the stream
         rounds=len(rounds),
         tokens=sum(r.winner.num_tokens for r in rounds),
         draft_calls=sum(len(r.active) for r in rounds),

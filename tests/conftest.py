@@ -5,7 +5,6 @@ Nothing here downloads anything: tokenizers are built in memory and models from 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import pytest
@@ -123,7 +122,11 @@ TOKENIZERS = {
     "metaspace": metaspace_tokenizer,
 }
 # Three architectures, three tokenizers: the text-level handoff between them is always exercised.
-TINY_SPECS = {"llama-bytes": ("llama", "bytes", 1), "qwen-merges": ("qwen2", "merges", 2), "gemma-meta": ("gemma3", "metaspace", 3)}
+TINY_SPECS = {
+    "llama-bytes": ("llama", "bytes", 1),
+    "qwen-merges": ("qwen2", "merges", 2),
+    "gemma-meta": ("gemma3", "metaspace", 3),
+}
 
 
 def tiny_member(name: str, spec: str | None = None, **kwargs) -> HFMember:

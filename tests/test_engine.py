@@ -37,7 +37,9 @@ def test_a_one_member_ensemble_reproduces_its_greedy_decode():
     config = EnsembleConfig(segment_len=7, max_new_tokens=30)
     result = Ensemble([member], config).run("Once upon a time")
     ids = torch.tensor([member.prompt_ids("Once upon a time")])
-    out = member.model.generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=sorted(member.stop_token_ids))
+    out = member.model.generate(
+        ids, max_new_tokens=40, do_sample=False, eos_token_id=sorted(member.stop_token_ids)
+    )
     greedy = member.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert result.answer and greedy.startswith(result.answer)
     assert result.tokens >= 30 or result.stop_reason == "final"
@@ -47,7 +49,9 @@ def test_the_answer_is_exactly_the_concatenation_of_the_chosen_candidates(tiny_m
     rounds = list(Ensemble(tiny_members, EnsembleConfig(max_new_tokens=40)).stream("Écris 猫 in code: x_1 ="))
     assert rounds[-1].text == "".join(r.winner.text for r in rounds)
     for r in rounds:
-        assert len(r.raw_scores) == len(r.verifiers) and all(len(row) == len(r.candidates) for row in r.scores)
+        assert len(r.raw_scores) == len(r.verifiers) and all(
+            len(row) == len(r.candidates) for row in r.scores
+        )
         assert sum(r.weights_after) == pytest.approx(1.0)
         assert r.aggregate[r.chosen] == max(r.aggregate)
     assert rounds[-1].stop_reason in ("final", "budget")
@@ -58,9 +62,9 @@ def test_same_seed_same_rounds_and_sampling_makes_duplicates_differ(tiny_members
     config = EnsembleConfig(temperature=0.9, top_p=0.95, seed=3, max_new_tokens=24)
     first = Ensemble(tiny_members, config).run("Tell a story")
     again = Ensemble(tiny_members, config).run("Tell a story")
-    other = Ensemble(tiny_members, EnsembleConfig(temperature=0.9, top_p=0.95, seed=4, max_new_tokens=24)).run(
-        "Tell a story"
-    )
+    other = Ensemble(
+        tiny_members, EnsembleConfig(temperature=0.9, top_p=0.95, seed=4, max_new_tokens=24)
+    ).run("Tell a story")
     assert first.answer == again.answer
     assert first.answer != other.answer
 

@@ -55,7 +55,9 @@ def test_aggregate_weights_verifier_rows_and_can_leave_out_self_scores():
     verifiers = drafters = ["a", "b"]
     assert feedback.aggregate(s, [0.75, 0.25], verifiers, drafters) == pytest.approx([0.725, 0.275])
     # without self-scores each candidate is judged only by the other member
-    assert feedback.aggregate(s, [0.75, 0.25], verifiers, drafters, self_scores=False) == pytest.approx([0.2, 0.1])
+    assert feedback.aggregate(s, [0.75, 0.25], verifiers, drafters, self_scores=False) == pytest.approx(
+        [0.2, 0.1]
+    )
 
 
 def test_choose_breaks_ties_toward_the_first_member_and_reports_the_margin():
@@ -79,7 +81,11 @@ def test_two_member_rewards_use_both_rows_so_they_carry_a_signal():
 
 
 def test_learning_rate_shrinks_with_members_and_rounds():
-    assert feedback.learning_rate(1.0, 3, 1) > feedback.learning_rate(1.0, 3, 4) > feedback.learning_rate(1.0, 6, 4)
+    assert (
+        feedback.learning_rate(1.0, 3, 1)
+        > feedback.learning_rate(1.0, 3, 4)
+        > feedback.learning_rate(1.0, 6, 4)
+    )
     assert feedback.learning_rate(1.0, 2, 4) == pytest.approx(0.25)
 
 
@@ -100,8 +106,13 @@ def test_a_member_that_did_not_draft_keeps_its_weight():
 
 def test_no_exit_during_warmup_and_the_leader_never_exits():
     quality = {"a": 5.0, "b": 0.0, "c": 0.0}
-    assert feedback.exit_decisions(quality, ["a", "b", "c"], k=2, threshold=0.5, warmup=3, base_temperature=0.25) == []
-    gone = feedback.exit_decisions(quality, ["a", "b", "c"], k=5, threshold=0.5, warmup=3, base_temperature=0.25)
+    assert (
+        feedback.exit_decisions(quality, ["a", "b", "c"], k=2, threshold=0.5, warmup=3, base_temperature=0.25)
+        == []
+    )
+    gone = feedback.exit_decisions(
+        quality, ["a", "b", "c"], k=5, threshold=0.5, warmup=3, base_temperature=0.25
+    )
     assert {d.member for d in gone} == {"b", "c"}
     assert all(d.keep_probability < d.threshold for d in gone)
 
@@ -109,7 +120,9 @@ def test_no_exit_during_warmup_and_the_leader_never_exits():
 @given(st.lists(st.floats(-5, 5), min_size=1, max_size=5), st.floats(0, 1), st.floats(0.01, 2))
 def test_exit_never_empties_the_ensemble(qs, delta, tau):
     names = [f"m{i}" for i in range(len(qs))]
-    gone = feedback.exit_decisions(dict(zip(names, qs)), names, k=10, threshold=delta, warmup=0, base_temperature=tau)
+    gone = feedback.exit_decisions(
+        dict(zip(names, qs)), names, k=10, threshold=delta, warmup=0, base_temperature=tau
+    )
     assert len(gone) < len(names)
     leader = max(range(len(qs)), key=lambda i: (qs[i], -i))
     assert names[leader] not in {d.member for d in gone}

@@ -38,7 +38,9 @@ def test_greedy_draft_is_the_models_own_greedy_continuation(tiny_members):
     state = member.start("Once upon a time", MemberSettings())
     cand = member.draft(state, 12)
     ids = torch.tensor([member.prompt_ids("Once upon a time")])
-    out = member.model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=sorted(member.stop_token_ids))
+    out = member.model.generate(
+        ids, max_new_tokens=12, do_sample=False, eos_token_id=sorted(member.stop_token_ids)
+    )
     greedy = member.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert cand.text and greedy.startswith(cand.text)
 

@@ -9,7 +9,7 @@ from specfuse.config import MemberSettings
 from specfuse.records import Candidate
 from specfuse.scoring import Block, OutputHead, common_prefix_len, pack
 
-from .conftest import TINY_SPECS, tiny_member
+from .conftest import TINY_SPECS
 
 PROMPT = "Write one line about the sea."
 ANSWER = "The sea is"  # accepted before scoring, so candidates build on a real answer
@@ -79,7 +79,9 @@ def test_output_head_matches_the_models_logits(tiny_members, spec):
     head = OutputHead(member.model)
     assert torch.allclose(head.logits(hidden), logits, atol=1e-4)
     targets = ids[0]
-    assert torch.allclose(head.token_logits(hidden, targets), logits.gather(-1, targets[:, None])[:, 0], atol=1e-4)
+    assert torch.allclose(
+        head.token_logits(hidden, targets), logits.gather(-1, targets[:, None])[:, 0], atol=1e-4
+    )
 
 
 def test_pack_masks_other_blocks_and_restarts_positions():
