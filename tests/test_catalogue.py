@@ -42,8 +42,14 @@ def fake_entry(tmp_path: Path, parts: list[bytes], sha256: str | None = None) ->
         paths.append(p)
     digest = sha256 or hashlib.sha256(b"".join(parts)).hexdigest()
     return ModelEntry(
-        name="fake-model", packages=("fake-part==1.0",), gguf_name="fake.gguf", sha256=digest,
-        chunks=lambda: paths, prompt_format=CHAT, params="1", licence="test",
+        name="fake-model",
+        packages=("fake-part==1.0",),
+        gguf_name="fake.gguf",
+        sha256=digest,
+        chunks=lambda: paths,
+        prompt_format=CHAT,
+        params="1",
+        licence="test",
     )
 
 
@@ -168,8 +174,14 @@ def test_missing_package_names_the_pip_command(tmp_path, monkeypatch):
         raise ModuleNotFoundError("No module named 'fake_part1'", name="fake_part1")
 
     entry = ModelEntry(
-        name="fake-model", packages=("fake-part1==1.0",), gguf_name="f.gguf", sha256="0" * 64,
-        chunks=not_installed, prompt_format=CHAT, params="1", licence="test",
+        name="fake-model",
+        packages=("fake-part1==1.0",),
+        gguf_name="f.gguf",
+        sha256="0" * 64,
+        chunks=not_installed,
+        prompt_format=CHAT,
+        params="1",
+        licence="test",
     )
     monkeypatch.setitem(CATALOGUE, "fake-model", entry)
     with pytest.raises(ModelLoadError, match="fake_part1") as info:
@@ -265,8 +277,15 @@ def save_tiny_checkpoint(folder: Path, chat_template: str | None) -> None:
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>")
     if chat_template:
         hf.chat_template = chat_template
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, eos_token_id=0)
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        eos_token_id=0,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)
     hf.save_pretrained(folder)
