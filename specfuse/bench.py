@@ -1,0 +1,504 @@
+"""The performance benchmark: per-round cost, verify share, overhead over the members alone, latency, memory.
+
+Knows nothing about answer quality (that is eval.py) and never changes a member's weights or config
+beyond the one switch it compares (`reuse_verified_kv`). `python -m specfuse.bench --help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import EnsembleConfig
+from .engine import Ensemble
+from .errors import SpecfuseError
+from .records import Round
+
+log = logging.getLogger(__name__)
+
+# A prompt that keeps every default member writing well past 400 tokens.
+LONG_PROMPT = (
+    "Write a numbered list of 100 different animals. For each animal write one full sentence "
+    "about where it lives and what it eats. Do not stop before number 100."
+)
+TARGETS = {  # key → (bound, "le" = the figure must be ≤ the bound)
+    "round_time_ratio_late_early": 1.25,
+    "verify_share": 0.25,
+    "overhead_vs_single_sum": 1.3,
+    "first_segment_latency_ratio": 1.5,
+}
+EARLY, LATE = (2, 11), (31, 40)  # rounds compared by round_time_ratio_late_early (inclusive)
+
+
+@dataclass(frozen=True)
+class TimedRun:
+    """One ensemble run as the benchmark saw it: its rounds and the wall clock around stream()."""
+
+    rounds: tuple[Round, ...]
+    seconds: float  # from calling stream() (prompt prefill included) to the last round
+    first_segment_s: float  # from calling stream() to the first round
+
+
+# -- small measurements --------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    """The CPU's "model name" from /proc/cpuinfo (or platform.processor() elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident set size so far, in GB (ru_maxrss is KiB on Linux)."""
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kib * (1 if sys.platform != "darwin" else 1 / 1024) / 1024**2
+
+
+def timed_stream(ensemble: Ensemble, prompt: str, config: EnsembleConfig) -> TimedRun:
+    """Run the ensemble to the end, timing from the call (members' prefill included)."""
+    began = time.perf_counter()
+    first = math.nan
+    rounds: list[Round] = []
+    for rnd in ensemble.stream(prompt, config):
+        if not rounds:
+            first = time.perf_counter() - began
+        rounds.append(rnd)
+    return TimedRun(tuple(rounds), time.perf_counter() - began, first)
+
+
+def generate_alone(member: Any, prompt: str, max_new_tokens: int) -> tuple[int, float]:
+    """(new tokens, seconds) of the member alone: transformers' generate, greedy, with a KV cache.
+
+    The prompt is the member's own context (`member.prompt_ids`), as in the ensemble. The model's
+    generation defaults are replaced by a plain config so that no repetition penalty leaks in.
+    """
+    import torch
+    from transformers import GenerationConfig
+
+    ids = torch.tensor([member.prompt_ids(prompt)], device=member.device)
+    pad = member.tokenizer.pad_token_id
+    eos = sorted(member.stop_token_ids)
+    config = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,  # same length for every member: no early end-of-sequence
+        use_cache=True,
+        eos_token_id=eos,
+        pad_token_id=pad if pad is not None else eos[0],
+    )
+    began = time.perf_counter()
+    with torch.inference_mode():
+        out = member.model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config
+        )
+    return int(out.shape[1] - ids.shape[1]), time.perf_counter() - began
+
+
+def mean_round_seconds(rounds: Sequence[Round], first: int, last: int) -> float:
+    """Mean wall time of rounds first..last (k, inclusive) that exist; nan when none do."""
+    picked = [r.seconds for r in rounds if first <= r.k <= last]
+    return statistics.fmean(picked) if picked else math.nan
+
+
+def late_early_ranges(n_rounds: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The issue's rounds 2–11 and 31–40; for a shorter run, the last ten rounds (or halves) that exist."""
+    if n_rounds >= LATE[1]:
+        return EARLY, LATE
+    if n_rounds >= 2 * EARLY[1] - 1:
+        return EARLY, (n_rounds - 9, n_rounds)
+    half = max(1, (n_rounds - 1) // 2)  # a short run: its first and second halves, round 1 left out
+    return (2, 1 + half), (n_rounds - half + 1, n_rounds)
+
+
+def phase_shares(rounds: Sequence[Round]) -> dict[str, float]:
+    """Share of the summed round time spent drafting, verifying, accepting, and in the engine."""
+    total = sum(r.seconds for r in rounds) or math.nan
+    draft = sum(t.draft_s for r in rounds for t in r.timings)
+    verify = sum(t.verify_s for r in rounds for t in r.timings)
+    accept = sum(t.accept_s for r in rounds for t in r.timings)
+    return {
+        "draft_share": draft / total,
+        "verify_share": verify / total,
+        "accept_share": accept / total,
+        "engine_share": (total - draft - verify - accept) / total,
+    }
+
+
+def accept_ms_per_member(rounds: Sequence[Round], last_k: int | None = None) -> dict[str, float]:
+    """Mean accept time per round for each member, in ms (rounds that accepted: not the last)."""
+    out: dict[str, list[float]] = {}
+    for r in rounds:
+        if r.stop_reason is not None or (last_k is not None and r.k > last_k):
+            continue
+        for t in r.timings:
+            out.setdefault(t.member, []).append(t.accept_s * 1000)
+    return {m: statistics.fmean(v) for m, v in out.items() if v}
+
+
+def phase_ms_per_member(rounds: Sequence[Round]) -> dict[str, dict[str, float]]:
+    """Mean draft / verify / accept ms per round for each member."""
+    out: dict[str, dict[str, float]] = {}
+    for name in rounds[0].members:
+        rows = [t for r in rounds for t in r.timings if t.member == name]
+        out[name] = {
+            phase: 1000 * statistics.fmean(getattr(t, phase) for t in rows)
+            for phase in ("draft_s", "verify_s", "accept_s")
+        }
+    return out
+
+
+def tokens_of(rounds: Sequence[Round]) -> int:
+    return sum(r.winner.num_tokens for r in rounds)
+
+
+# -- memory of each model alone: one child process each -----------------------------------------------
+
+
+def rss_alone(names: Sequence[str], dtype: str) -> dict[str, float]:
+    """Peak RSS (GB) of a fresh process that imports the stack only ("baseline"), and of one that
+    loads each model alone and generates 32 tokens with it."""
+    out = {}
+    for name in ("baseline", *names):
+        cmd = [sys.executable, "-m", "specfuse.bench", "--rss-child", name, "--dtype", dtype]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=900)
+        if done.returncode != 0:
+            raise SpecfuseError(f"measuring {name} alone failed: {done.stderr.strip().splitlines()[-1:]}")
+        out[name] = float(json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_gb"])
+    return out
+
+
+def _rss_child(name: str, dtype: str) -> None:
+    from .catalogue import load_member
+
+    if name != "baseline":
+        member = load_member(name, dtype=dtype)
+        generate_alone(member, "Say hello.", 32)
+    print(json.dumps({"peak_rss_gb": peak_rss_gb()}))
+
+
+# -- the benchmark ---------------------------------------------------------------------------------------
+
+
+def run_bench(
+    members: Sequence[Any],
+    *,
+    prompt: str = LONG_PROMPT,
+    max_new_tokens: int = 440,
+    segment_len: int = 10,
+    off_rounds: int = 40,
+    repeats: int = 3,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Measure everything on `members` (HFMembers) in this process; returns the JSON-ready report.
+
+    Order: warm-up, each member alone (generate), the ensemble with verified keys/values reused,
+    the same prompt with reuse off for `off_rounds` rounds, and first-segment latencies (median of
+    `repeats`). Exit is off so that all N members draft every round: the per-round cost measured is
+    that of the full ensemble.
+    """
+    names = [m.name for m in members]
+    config = EnsembleConfig(
+        segment_len=segment_len, max_new_tokens=max_new_tokens, exit=False, stop_strings=()
+    )
+    steps = _Steps(6 + len(members), progress)
+
+    steps.next("warm-up")
+    for m in members:
+        generate_alone(m, prompt, 4)
+    Ensemble(members, config).run(prompt, EnsembleConfig(segment_len=segment_len, max_rounds=2, exit=False))
+
+    steps.next("ensemble, reuse on")
+    for m in members:
+        m.reuse_verified_kv = True
+    ensemble = Ensemble(members, config)
+    main = timed_stream(ensemble, prompt, config)
+    tokens = tokens_of(main.rounds)
+    log.info("ensemble: %d rounds, %d tokens, %.1f s", len(main.rounds), tokens, main.seconds)
+
+    singles: dict[str, dict[str, float]] = {}
+    for m in members:
+        steps.next(f"{m.name} alone")
+        n, seconds = generate_alone(m, prompt, tokens)
+        first = statistics.median(generate_alone(m, prompt, segment_len)[1] for _ in range(repeats))
+        singles[m.name] = {
+            "tokens": n,
+            "seconds": seconds,
+            "s_per_token": seconds / max(n, 1),
+            "tokens_per_s": n / seconds,
+            "first_segment_s": first,
+        }
+
+    steps.next("ensemble, reuse off")
+    for m in members:
+        m.reuse_verified_kv = False
+    try:
+        off_config = EnsembleConfig(
+            segment_len=segment_len,
+            max_new_tokens=max_new_tokens,
+            max_rounds=min(off_rounds, len(main.rounds)),
+            exit=False,
+            stop_strings=(),
+        )
+        off = timed_stream(ensemble, prompt, off_config)
+    finally:
+        for m in members:
+            m.reuse_verified_kv = True
+
+    steps.next("first-segment latency")
+    one_round = EnsembleConfig(segment_len=segment_len, max_rounds=1, exit=False, stop_strings=())
+    first_segment = statistics.median(
+        timed_stream(ensemble, prompt, one_round).first_segment_s for _ in range(repeats)
+    )
+    steps.close()
+
+    early, late = late_early_ranges(len(main.rounds))
+    shares = phase_shares(main.rounds)
+    seconds_per_token = main.seconds / max(tokens, 1)
+    single_sum = sum(s["s_per_token"] for s in singles.values())
+    slowest_first = max(s["first_segment_s"] for s in singles.values())
+    compared = len(off.rounds)
+    on_accept = accept_ms_per_member(main.rounds, last_k=compared)
+    off_accept = accept_ms_per_member(off.rounds)
+    import torch
+
+    report: dict[str, Any] = {
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "models": names,
+        "dtypes": {m.name: str(m.dtype).replace("torch.", "") for m in members},
+        "prompt": prompt,
+        "segment_len": segment_len,
+        "max_new_tokens": max_new_tokens,
+        "exit": False,
+        "rounds": len(main.rounds),
+        "answer_tokens": tokens,
+        "answer_chars": len(main.rounds[-1].text),
+        "stop_reason": main.rounds[-1].stop_reason,
+        "early_rounds": list(early),
+        "late_rounds": list(late),
+        "round_s_early": mean_round_seconds(main.rounds, *early),
+        "round_s_late": mean_round_seconds(main.rounds, *late),
+        "round_time_ratio_late_early": mean_round_seconds(main.rounds, *late)
+        / mean_round_seconds(main.rounds, *early),
+        **shares,
+        "phase_ms_per_member": phase_ms_per_member(main.rounds),
+        "ensemble_seconds": main.seconds,
+        "ensemble_s_per_token": seconds_per_token,
+        "ensemble_tokens_per_s": tokens / main.seconds,
+        "single": singles,
+        "single_sum_s_per_token": single_sum,
+        "overhead_vs_single_sum": seconds_per_token / single_sum,
+        "first_segment_latency_s": first_segment,
+        "first_segment_latency_s_in_long_run": main.first_segment_s,
+        "slowest_single_first_segment_s": slowest_first,
+        "first_segment_latency_ratio": first_segment / slowest_first,
+        "accept_cost": {
+            "rounds_compared": compared,
+            "reuse_on_ms": on_accept,
+            "reuse_off_ms": off_accept,
+            "reuse_on_share_of_round": sum(t.accept_s for r in main.rounds[:compared] for t in r.timings)
+            / sum(r.seconds for r in main.rounds[:compared]),
+            "reuse_off_share_of_round": sum(t.accept_s for r in off.rounds for t in r.timings)
+            / sum(r.seconds for r in off.rounds),
+            "reuse_off_same_text": off.rounds[-1].text == main.rounds[len(off.rounds) - 1].text,
+        },
+        "peak_rss_gb": peak_rss_gb(),
+    }
+    return report
+
+
+class _Steps:
+    """A tqdm bar on stderr over the benchmark's phases (silent when progress is off)."""
+
+    def __init__(self, total: int, progress: bool) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, desc="bench", file=sys.stderr, disable=not progress)
+        self.started = False
+
+    def next(self, what: str) -> None:
+        if self.started:
+            self.bar.update(1)
+        self.started = True
+        self.bar.set_description_str(f"bench: {what}")
+        log.info("bench: %s", what)
+
+    def close(self) -> None:
+        self.bar.update(1)
+        self.bar.close()
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def verdicts(report: dict[str, Any]) -> Iterator[tuple[str, float, float, bool]]:
+    """(key, measured, target, holds) for each figure the issue sets a target for."""
+    for key, bound in TARGETS.items():
+        value = float(report[key])
+        yield key, value, bound, math.isfinite(value) and value <= bound
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The results as a plain-text table: targets with PASS/MISS first, then the other figures."""
+    lines = [
+        f"CPU: {report['cpu_model']} ({report['cpu_count']} cores, {report['torch_threads']} torch threads)",
+        f"models: {', '.join(f'{m} ({d})' for m, d in report['dtypes'].items())}",
+        f"answer: {report['answer_tokens']} tokens in {report['rounds']} rounds "
+        f"(stop: {report['stop_reason']}), L = {report['segment_len']}, exit off",
+        "",
+        f"{'figure':34} {'measured':>10} {'target':>8}  verdict",
+    ]
+    for key, value, bound, holds in verdicts(report):
+        lines.append(f"{key:34} {value:10.3f} {'≤ ' + str(bound):>8}  {'PASS' if holds else 'MISS'}")
+    e, la = report["early_rounds"], report["late_rounds"]
+    acc = report["accept_cost"]
+    lines += [
+        "",
+        f"rounds {e[0]}–{e[1]} / {la[0]}–{la[1]}: "
+        f"{report['round_s_early']:.3f} s / {report['round_s_late']:.3f} s",
+        f"shares: draft {report['draft_share']:.3f} · verify {report['verify_share']:.3f} · "
+        f"accept {report['accept_share']:.3f} · engine {report['engine_share']:.3f}",
+        f"ensemble: {1000 * report['ensemble_s_per_token']:.1f} ms/token "
+        f"({report['ensemble_tokens_per_s']:.1f} tok/s); sum of singles "
+        f"{1000 * report['single_sum_s_per_token']:.1f} ms/token",
+    ]
+    for name, s in report["single"].items():
+        lines.append(
+            f"  {name:24} alone: {1000 * s['s_per_token']:6.1f} ms/token ({s['tokens_per_s']:.1f} tok/s), "
+            f"first {report['segment_len']} tokens {s['first_segment_s']:.3f} s"
+        )
+    lines += [
+        f"first segment: ensemble {report['first_segment_latency_s']:.3f} s, slowest single "
+        f"{report['slowest_single_first_segment_s']:.3f} s",
+        f"accept cost per round (ms, first {acc['rounds_compared']} rounds), reuse on → off:",
+    ]
+    for name, on in acc["reuse_on_ms"].items():
+        lines.append(f"  {name:24} {on:7.2f} → {acc['reuse_off_ms'].get(name, math.nan):7.2f}")
+    lines.append(
+        f"  share of round time: {acc['reuse_on_share_of_round']:.3f} → {acc['reuse_off_share_of_round']:.3f}"
+    )
+    rss = report.get("rss_alone_gb")
+    mem = f"peak RSS: {report['peak_rss_gb']:.2f} GB"
+    if rss:
+        mem += (
+            f"; alone: {', '.join(f'{k} {v:.2f}' for k, v in rss.items())} GB; sum of models alone "
+            f"{report['rss_sum_alone_gb']:.2f} GB "
+            f"(one shared baseline: {report['rss_sum_alone_one_baseline_gb']:.2f})"
+        )
+    lines.append(mem)
+    return "\n".join(lines)
+
+
+def parse_models(values: Sequence[str] | None) -> list[str]:
+    """Model names from --models (space- or comma-separated; default: the trio), checked before any
+    loading: a catalogue name or an existing checkpoint folder, since no hub is reachable."""
+    from .catalogue import CATALOGUE, DEFAULT_MEMBERS
+    from .errors import UnknownModelError
+
+    names = [n for arg in (values or DEFAULT_MEMBERS) for n in arg.split(",") if n]
+    for name in names:
+        if name not in CATALOGUE and not Path(name).expanduser().exists():
+            raise UnknownModelError(
+                f"Unknown model {name!r}; known: {', '.join(CATALOGUE)}, or a local checkpoint folder."
+            )
+    if len(set(names)) != len(names):
+        raise SpecfuseError(f"--models names a model twice: {', '.join(names)}")
+    return names
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m specfuse.bench",
+        description="Benchmark the ensemble against its members alone on one prompt (issue 4).",
+    )
+    parser.add_argument("--models", nargs="+", default=None, help="catalogue names (default: the trio)")
+    parser.add_argument("--quick", action="store_true", help="160 tokens instead of 440: a few minutes")
+    parser.add_argument("--json", type=Path, default=None, help="write the report here")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="answer budget (default 440)")
+    parser.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (default auto)")
+    parser.add_argument("--prompt", default=LONG_PROMPT, help="the prompt (default: a long numbered list)")
+    parser.add_argument("--no-rss", action="store_true", help="skip loading each model alone in a child")
+    parser.add_argument("--profile", type=Path, default=None, help="write a cProfile of the run here")
+    parser.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.rss_child is not None:
+        _rss_child(args.rss_child, args.dtype)
+        return 0
+
+    from .catalogue import load_member, tqdm_progress
+
+    tokens = args.max_new_tokens or (160 if args.quick else 440)
+    try:
+        names = parse_models(args.models)
+        members = [load_member(n, dtype=args.dtype, progress=tqdm_progress(f"loading {n}")) for n in names]
+        bench_kwargs = dict(
+            prompt=args.prompt,
+            max_new_tokens=tokens,
+            segment_len=args.segment_len,
+            repeats=2 if args.quick else 3,
+            progress=True,
+        )
+        if args.profile is not None:
+            import cProfile
+            import pstats
+
+            profiler = cProfile.Profile()
+            report = profiler.runcall(run_bench, members, **bench_kwargs)
+            profiler.dump_stats(args.profile)
+            with open(args.profile.with_suffix(".txt"), "w") as f:
+                pstats.Stats(profiler, stream=f).sort_stats("cumulative").print_stats(40)
+        else:
+            report = run_bench(members, **bench_kwargs)
+        if not args.no_rss:
+            alone = rss_alone(names, args.dtype)
+            report["rss_alone_gb"] = alone
+            report["rss_sum_alone_gb"] = sum(alone[n] for n in names)
+            report["rss_sum_alone_one_baseline_gb"] = (
+                report["rss_sum_alone_gb"] - (len(names) - 1) * alone["baseline"]
+            )
+    except SpecfuseError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    report["quick"] = args.quick
+    print(format_table(report))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1, allow_nan=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

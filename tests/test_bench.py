@@ -1,0 +1,68 @@
+"""The benchmark harness on tiny members: every reported figure exists and is finite; bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from specfuse import bench
+from specfuse.records import MemberTiming
+
+from .test_eval import hand_round
+
+
+def test_the_report_has_every_figure_the_issue_asks_for_and_all_are_finite(tiny_members):
+    report = bench.run_bench(tiny_members, max_new_tokens=40, off_rounds=3, repeats=1)
+    for key in (
+        "round_time_ratio_late_early",
+        "verify_share",
+        "overhead_vs_single_sum",
+        "first_segment_latency_s",
+        "slowest_single_first_segment_s",
+        "first_segment_latency_ratio",
+        "peak_rss_gb",
+        "ensemble_s_per_token",
+        "single_sum_s_per_token",
+    ):
+        assert math.isfinite(report[key]), key
+    assert report["cpu_model"] and set(report["dtypes"].values()) == {"float32"}
+    assert set(report["single"]) == {m.name for m in tiny_members}
+    accept = report["accept_cost"]
+    assert set(accept["reuse_on_ms"]) == set(accept["reuse_off_ms"]) == {m.name for m in tiny_members}
+    assert all(m.reuse_verified_kv for m in tiny_members)  # the switch is put back
+    json.dumps(report)  # JSON-ready
+    table = bench.format_table(report)
+    assert "verify_share" in table and ("PASS" in table or "MISS" in table)
+
+
+def test_late_and_early_rounds_are_the_issues_ranges_or_what_exists():
+    assert bench.late_early_ranges(60) == ((2, 11), (31, 40))
+    assert bench.late_early_ranges(25) == ((2, 11), (16, 25))
+    early, late = bench.late_early_ranges(9)
+    assert early == (2, 5) and late == (6, 9)
+
+
+def test_phase_shares_add_up_to_one():
+    rounds = [
+        hand_round(1, "a", timings=(MemberTiming("m", 0.5, 0.2, 0.1),), seconds=1.0),
+        hand_round(2, "b", timings=(MemberTiming("m", 0.4, 0.3, 0.0),), seconds=1.0),
+    ]
+    shares = bench.phase_shares(rounds)
+    assert shares["verify_share"] == pytest.approx(0.25)
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert bench.mean_round_seconds(rounds, 2, 11) == 1.0
+    assert math.isnan(bench.mean_round_seconds(rounds, 31, 40))
+
+
+def test_an_unknown_model_exits_2_with_one_line(capsys):
+    assert bench.main(["--models", "no-such-model", "--no-rss"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: Unknown model 'no-such-model'") and "\n" not in err
+
+
+def test_help_exits_0(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--help"])
+    assert e.value.code == 0 and "--quick" in capsys.readouterr().out
