@@ -67,7 +67,17 @@ def cpu_model() -> str:
 
 
 def peak_rss_gb() -> float:
-    """This process's peak resident set size so far, in GB (ru_maxrss is KiB on Linux)."""
+    """This process's peak resident set size so far, in GB.
+
+    From VmHWM in /proc/self/status: ru_maxrss would do, but Linux carries it across fork and exec,
+    so a child started by a big parent reports the parent's peak.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024**2  # kB
+    except OSError:
+        pass
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return kib * (1 if sys.platform != "darwin" else 1 / 1024) / 1024**2
 
@@ -116,6 +126,11 @@ def mean_round_seconds(rounds: Sequence[Round], first: int, last: int) -> float:
     """Mean wall time of rounds first..last (k, inclusive) that exist; nan when none do."""
     picked = [r.seconds for r in rounds if first <= r.k <= last]
     return statistics.fmean(picked) if picked else math.nan
+
+
+def _median_seconds(rounds: Sequence[Round], first: int, last: int) -> float:
+    picked = [r.seconds for r in rounds if first <= r.k <= last]
+    return statistics.median(picked) if picked else math.nan
 
 
 def late_early_ranges(n_rounds: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -205,6 +220,7 @@ def run_bench(
     segment_len: int = 10,
     off_rounds: int = 40,
     repeats: int = 3,
+    parallel: str = "off",
     progress: bool = False,
 ) -> dict[str, Any]:
     """Measure everything on `members` (HFMembers) in this process; returns the JSON-ready report.
@@ -216,7 +232,7 @@ def run_bench(
     """
     names = [m.name for m in members]
     config = EnsembleConfig(
-        segment_len=segment_len, max_new_tokens=max_new_tokens, exit=False, stop_strings=()
+        segment_len=segment_len, max_new_tokens=max_new_tokens, exit=False, stop_strings=(), parallel=parallel
     )
     steps = _Steps(6 + len(members), progress)
 
@@ -256,6 +272,7 @@ def run_bench(
             max_rounds=min(off_rounds, len(main.rounds)),
             exit=False,
             stop_strings=(),
+            parallel=parallel,
         )
         off = timed_stream(ensemble, prompt, off_config)
     finally:
@@ -263,7 +280,9 @@ def run_bench(
             m.reuse_verified_kv = True
 
     steps.next("first-segment latency")
-    one_round = EnsembleConfig(segment_len=segment_len, max_rounds=1, exit=False, stop_strings=())
+    one_round = EnsembleConfig(
+        segment_len=segment_len, max_rounds=1, exit=False, stop_strings=(), parallel=parallel
+    )
     first_segment = statistics.median(
         timed_stream(ensemble, prompt, one_round).first_segment_s for _ in range(repeats)
     )
@@ -291,6 +310,7 @@ def run_bench(
         "segment_len": segment_len,
         "max_new_tokens": max_new_tokens,
         "exit": False,
+        "parallel": parallel,
         "rounds": len(main.rounds),
         "answer_tokens": tokens,
         "answer_chars": len(main.rounds[-1].text),
@@ -301,6 +321,8 @@ def run_bench(
         "round_s_late": mean_round_seconds(main.rounds, *late),
         "round_time_ratio_late_early": mean_round_seconds(main.rounds, *late)
         / mean_round_seconds(main.rounds, *early),
+        "round_time_ratio_late_early_median": _median_seconds(main.rounds, *late)
+        / _median_seconds(main.rounds, *early),
         **shares,
         "phase_ms_per_member": phase_ms_per_member(main.rounds),
         "ensemble_seconds": main.seconds,
@@ -380,6 +402,8 @@ def format_table(report: dict[str, Any]) -> str:
     e, la = report["early_rounds"], report["late_rounds"]
     acc = report["accept_cost"]
     lines += [
+        f"(median-based round ratio: {report['round_time_ratio_late_early_median']:.3f}; "
+        f"parallel {report['parallel']})",
         "",
         f"rounds {e[0]}–{e[1]} / {la[0]}–{la[1]}: "
         f"{report['round_s_early']:.3f} s / {report['round_s_late']:.3f} s",
@@ -445,6 +469,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (default auto)")
     parser.add_argument("--prompt", default=LONG_PROMPT, help="the prompt (default: a long numbered list)")
+    parser.add_argument(
+        "--parallel",
+        choices=["off", "on", "auto"],
+        default="off",
+        help="draft/verify members concurrently in threads (default off: in turn)",
+    )
+    parser.add_argument("--off-rounds", type=int, default=12, help="rounds of the reuse-off run")
     parser.add_argument("--no-rss", action="store_true", help="skip loading each model alone in a child")
     parser.add_argument("--profile", type=Path, default=None, help="write a cProfile of the run here")
     parser.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)
@@ -469,6 +500,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_new_tokens=tokens,
             segment_len=args.segment_len,
             repeats=2 if args.quick else 3,
+            off_rounds=args.off_rounds,
+            parallel=args.parallel,
             progress=True,
         )
         if args.profile is not None:

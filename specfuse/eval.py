@@ -216,20 +216,24 @@ def evaluate(
         singles[m.name] = [_outcome(system, p, [run(system, ensemble, base, p)]) for p in problems]
         outcomes += singles[m.name]
     if k > 1:
+        # Problem by problem from here on, so that an interrupted run leaves whole problems: rerun
+        # with --limit set to the problems done and every trace loads.
         ensemble = Ensemble(members, base)
-        for system, switches in ENSEMBLE_SYSTEMS.items():
-            cfg = replace(base, **switches)
-            outcomes += [_outcome(system, p, [run(system, ensemble, cfg, p)]) for p in problems]
         best = best_single(singles, names)
-        member = members[names.index(best)]
-        system = f"sc{k}-{best}"
-        alone = Ensemble([member], base)
+        alone = Ensemble([members[names.index(best)]], base)
+        sc_system = f"sc{k}-{best}"
+        per_system: dict[str, list[Outcome]] = {s: [] for s in [*ENSEMBLE_SYSTEMS, sc_system]}
         for p in problems:
+            for system, switches in ENSEMBLE_SYSTEMS.items():
+                cfg = replace(base, **switches)
+                per_system[system].append(_outcome(system, p, [run(system, ensemble, cfg, p)]))
             samples = []
             for seed in range(k):
                 cfg = replace(base, temperature=SC_TEMPERATURE, top_p=SC_TOP_P, seed=seed)
-                samples.append(run(system, alone, cfg, p, f"-s{seed}"))
-            outcomes.append(_outcome(system, p, samples))
+                samples.append(run(sc_system, alone, cfg, p, f"-s{seed}"))
+            per_system[sc_system].append(_outcome(sc_system, p, samples))
+        for rows in per_system.values():
+            outcomes += rows
     bar.close()
     return outcomes
 
