@@ -36,7 +36,8 @@ class EnsembleConfig:
     exit: bool = True  # model exit (SpecFuse; our reconstruction, see feedback.exit_decisions)
     exit_threshold: float = 0.5  # δ: a member exits when p_i < δ / |A_k|
     exit_warmup: int = 3  # no exit before this many rounds have been played
-    exit_temperature: float = 0.25  # τ_0: base temperature of the keep-probabilities
+    exit_temperature: float = 1.0  # τ_0: base temperature of the keep-probabilities
+    exit_min_active: int = 2  # never fewer drafting members than this (an ensemble of one is no ensemble)
     exited_verify: bool = True  # exited members keep scoring (they stop drafting only)
     stop_strings: tuple[str, ...] = field(default=())  # end the answer before any of these
     parallel: str = "auto"  # draft/verify concurrently: "auto" = when members sit on several devices
@@ -64,6 +65,7 @@ class EnsembleConfig:
         if not 0 <= self.exit_threshold <= 1:
             raise ConfigError(f"exit_threshold (δ) must be in [0, 1], got {self.exit_threshold}")
         _int_range("exit_warmup", self.exit_warmup, 0, 1_000_000)
+        _int_range("exit_min_active", self.exit_min_active, 1, 1_000_000)
         _real("exit_temperature", self.exit_temperature)
         if self.exit_temperature <= 0:
             raise ConfigError(f"exit_temperature must be > 0, got {self.exit_temperature}")

