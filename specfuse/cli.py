@@ -10,13 +10,16 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from .config import MAX_SEGMENT_LEN, NORMALIZATIONS, PARALLEL_MODES, SCORE_MODES, EnsembleConfig
 from .engine import Ensemble, check_prompt
 from .errors import ConfigError, SpecfuseError
 from .records import Round
 from .trace import Trace, save_trace
+
+if TYPE_CHECKING:
+    from .members import HFMember
 
 HELP_WIDTH = 100  # fixed, so that the README's copy of --help does not depend on the terminal
 
@@ -32,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("prompt", nargs="?", help="the prompt; '-' reads it from stdin")
     add = parser.add_argument
     add("--models", default="smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b", help="comma-separated members")
-    add("--segment-len", type=int, default=10, metavar="L", help=f"tokens per candidate, 1..{MAX_SEGMENT_LEN}")
+    add(
+        "--segment-len", type=int, default=10, metavar="L", help=f"tokens per candidate, 1..{MAX_SEGMENT_LEN}"
+    )
     add("--max-new-tokens", type=int, default=256, metavar="N", help="answer budget in tokens")
     add("--max-rounds", type=int, default=None, metavar="K", help="stop after K rounds")
     add("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
@@ -53,7 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--device-map", default=None, help="accelerate device map for large models, e.g. auto")
     add("--dtype", default="auto", help="auto (per device), float32, bfloat16, float16")
     add("--parallel", choices=PARALLEL_MODES, default="auto", help="draft/verify members concurrently")
-    add("--cache-dir", default=None, help="converted-model cache (default $SPECFUSE_CACHE or ~/.cache/specfuse)")
+    add(
+        "--cache-dir",
+        default=None,
+        help="converted-model cache (default $SPECFUSE_CACHE or ~/.cache/specfuse)",
+    )
     add("--trust-remote-code", action="store_true", help="allow model code from checkpoints (off by default)")
     add("--trace", default=None, metavar="PATH", help="write the run as a JSON trace")
     add("--quiet", action="store_true", help="no progress on stderr")
@@ -111,7 +120,9 @@ def progress_line(r: Round) -> str:
     return line
 
 
-def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None
+) -> int:
     out, err = stdout or sys.stdout, stderr or sys.stderr
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -163,7 +174,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
-def _load(names: Sequence[str], args: argparse.Namespace, err: TextIO) -> list:
+def _load(names: Sequence[str], args: argparse.Namespace, err: TextIO) -> list[HFMember]:
     """Load each distinct model once; a repeated name becomes another member sharing its weights."""
     from . import catalogue
     from .members import HFMember
@@ -183,7 +194,8 @@ def _load(names: Sequence[str], args: argparse.Namespace, err: TextIO) -> list:
     if progress is not None:
         progress(1.0, "loaded")
     by_name = dict(zip(unique, loaded))
-    members, seen = [], {}
+    members: list[HFMember] = []
+    seen: dict[str, int] = {}
     for name in names:
         seen[name] = seen.get(name, 0) + 1
         base = by_name[name]

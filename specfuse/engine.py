@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from . import feedback
-from .config import EnsembleConfig
+from .config import EnsembleConfig, MemberSettings
 from .errors import ConfigError, MemberError, SpecfuseError
 from .members import Member
 from .records import ExitEvent, MemberTiming, Result, Round, summarize
@@ -52,16 +52,12 @@ class Ensemble:
         """
         config = config or self.config
         check_prompt(prompt)
-        names = self.names
-        by_name = dict(zip(names, self.members))
-        workers = _workers(self.members, config)
+        calls = _Calls(self.members, _parallel(self.members, config))
         try:
-            settings = {m: config.member_settings(i) for i, m in enumerate(names)}
-            started, _ = workers.each(names, "start", lambda m: by_name[m].start(prompt, settings[m]))
-            states = dict(zip(names, started))
-            yield from self._rounds(by_name, states, config, workers)
+            calls.start(prompt, [config.member_settings(i) for i in range(len(self.members))])
+            yield from self._rounds(calls, config)
         finally:
-            workers.shutdown()
+            calls.shutdown()
 
     def run(self, prompt: str, config: EnsembleConfig | None = None) -> Result:
         """The whole answer and its totals, for scripts: a consumer of stream()."""
@@ -69,9 +65,7 @@ class Ensemble:
 
     # -- the loop ------------------------------------------------------------------------------------
 
-    def _rounds(
-        self, by_name: dict[str, Member], states: dict[str, Any], config: EnsembleConfig, workers: _Workers
-    ) -> Iterator[Round]:
+    def _rounds(self, calls: _Calls, config: EnsembleConfig) -> Iterator[Round]:
         names = self.names
         n = len(names)
         weights = feedback.uniform(n)
@@ -86,16 +80,14 @@ class Ensemble:
             budget = min(config.segment_len, config.max_new_tokens - tokens)
 
             # 1. Draft: each active member continues its own context for at most L tokens.
-            drafted, _ = workers.each(active, "draft", lambda m, b=budget: by_name[m].draft(states[m], b))
+            drafted, _ = calls.each(active, "draft", budget)
             candidates = tuple(drafted)
             scorable = [c for c in candidates if c.text or c.final]
 
             # 2. Verify: each verifier scores every candidate in one packed pass (raw z_ij).
             verify_s: dict[str, float] = {}
             if scorable:
-                rows, verify_s = workers.each(
-                    verifiers, "score", lambda m, c=candidates: by_name[m].score(states[m], c)
-                )
+                rows, verify_s = calls.each(verifiers, "score", candidates)
                 raw = [list(row) for row in rows]
             else:  # every draft came back empty: nothing to choose from
                 raw = [[0.0] * len(candidates) for _ in verifiers]
@@ -167,9 +159,7 @@ class Ensemble:
                 playing = [m for m in active if m not in leaving]
                 judging = [*exited, *leaving] if config.exited_verify else []
                 still = [m for m in names if m in playing or m in judging]
-                _, accept_s = workers.each(
-                    still, "accept", lambda m, t=winner.text: by_name[m].accept(states[m], t)
-                )
+                _, accept_s = calls.each(still, "accept", winner.text)
 
             draft_s = {c.member: c.seconds for c in candidates}
             now = time.perf_counter()
@@ -229,17 +219,27 @@ def _freeze(matrix: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], ...]:
     return tuple(tuple(float(v) for v in row) for row in matrix)
 
 
-class _Workers:
-    """Runs one call per member, concurrently when members sit on several devices."""
+class _Calls:
+    """Calls one Member method on several members with their states: timed, concurrently when they
+    sit on several devices, and re-raising a failure with the member's name and the phase."""
 
-    def __init__(self, parallel: bool, size: int) -> None:
-        self.pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="specfuse") if parallel else None
+    def __init__(self, members: Sequence[Member], parallel: bool) -> None:
+        self.members = {m.name: m for m in members}
+        self.states: dict[str, Any] = {}
+        self.pool = ThreadPoolExecutor(len(members), thread_name_prefix="specfuse") if parallel else None
 
-    def each(
-        self, names: Sequence[str], phase: str, call: Callable[[str], T]
-    ) -> tuple[list[T], dict[str, float]]:
-        """call(m) for every member m, with its wall time. A failure is re-raised naming the member."""
+    def start(self, prompt: str, settings: Sequence[MemberSettings]) -> None:
+        names = list(self.members)
+        by_name = dict(zip(names, settings))
+        started = self._map(names, "start", lambda m: self.members[m].start(prompt, by_name[m]))
+        self.states = {m: state for m, (state, _) in zip(names, started)}
 
+    def each(self, names: Sequence[str], phase: str, *args: Any) -> tuple[list[Any], dict[str, float]]:
+        """member.<phase>(state, *args) for every member named, with its wall time in seconds."""
+        pairs = self._map(names, phase, lambda m: getattr(self.members[m], phase)(self.states[m], *args))
+        return [out for out, _ in pairs], {m: seconds for m, (_, seconds) in zip(names, pairs)}
+
+    def _map(self, names: Sequence[str], phase: str, call: Callable[[str], T]) -> list[tuple[T, float]]:
         def timed(m: str) -> tuple[T, float]:
             began = time.perf_counter()
             try:
@@ -251,20 +251,16 @@ class _Workers:
             return out, time.perf_counter() - began
 
         if self.pool is None or len(names) < 2:
-            pairs = [timed(m) for m in names]
-        else:
-            pairs = list(self.pool.map(timed, names))
-        return [out for out, _ in pairs], {m: s for m, (_, s) in zip(names, pairs)}
+            return [timed(m) for m in names]
+        return list(self.pool.map(timed, names))
 
     def shutdown(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=True)
 
 
-def _workers(members: Sequence[Member], config: EnsembleConfig) -> _Workers:
+def _parallel(members: Sequence[Member], config: EnsembleConfig) -> bool:
     if config.parallel == "auto":
         # On one device the members would only contend for the same cores or stream.
-        parallel = len({getattr(m, "device", "cpu") for m in members}) > 1
-    else:
-        parallel = config.parallel == "on"
-    return _Workers(parallel, len(members))
+        return len({getattr(m, "device", "cpu") for m in members}) > 1
+    return config.parallel == "on"

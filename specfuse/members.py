@@ -95,7 +95,7 @@ class HFMember:
         self.device = device or str(model.get_input_embeddings().weight.device)
         self.base = model.base_model  # the decoder without its output head
         self.head = OutputHead(model)
-        self.dtype = model.get_input_embeddings().weight.dtype
+        self.dtype: torch.dtype = next(model.get_input_embeddings().parameters()).dtype
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.sliding_window = sliding_window_of(config)
         self.max_positions = int(getattr(config, "max_position_embeddings", 0) or 1_000_000)
@@ -141,11 +141,14 @@ class HFMember:
         start of a text), so the last committed tokens are decoded with it and their text removed.
         """
         tail = list(ids[-2:])
-        before = self.tokenizer.decode(tail, skip_special_tokens=True)
-        both = self.tokenizer.decode(tail + list(new), skip_special_tokens=True)
+        before = self.decode(tail)
+        both = self.decode(tail + list(new))
         if tail and both.startswith(before) and not before.endswith(REPLACEMENT):
             return both[len(before) :]
-        return self.tokenizer.decode(list(new), skip_special_tokens=True)
+        return self.decode(new)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
     # -- the Member protocol -------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -49,7 +50,10 @@ def pack(
     """
     if not blocks:
         raise ValueError("nothing to pack")
-    ids, pos, owner, offsets = [], [], [], []
+    ids: list[int] = []
+    pos: list[int] = []
+    owner: list[int] = []
+    offsets: list[int] = []
     for b, block in enumerate(blocks):
         if not block.tokens or not 0 <= block.start < prefix_len + 1:
             raise ValueError(f"bad block {b}: start {block.start}, {len(block.tokens)} tokens")
@@ -67,10 +71,11 @@ def pack(
     from_cache = (k_owner[None, :] == -1) & (k_pos[None, :] < q_start[:, None])  # [Q, K]
     same_block = (k_owner[None, :] == q_owner[:, None]) & (k_index[None, :] <= q_index[:, None])
     allowed = from_cache | same_block
-    mask = _float_mask(allowed, dtype)
+    full = _float_mask(allowed, dtype)
+    mask: torch.Tensor | dict[str, torch.Tensor] = full
     if sliding_window is not None:
         near = (q_pos[:, None] - k_pos[None, :]) < sliding_window
-        mask = {"full_attention": mask, "sliding_attention": _float_mask(allowed & near, dtype)}
+        mask = {"full_attention": full, "sliding_attention": _float_mask(allowed & near, dtype)}
     return Packed(
         input_ids=torch.tensor([ids], device=device),
         position_ids=q_pos[None, :],
@@ -102,14 +107,14 @@ class OutputHead:
     reproduced, and tested against the model's own logits.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: Any) -> None:
         head = model.get_output_embeddings()
         if head is None:
             raise ValueError(f"{type(model).__name__} has no output embeddings")
-        self.weight = head.weight  # [V, H]
-        self.bias = getattr(head, "bias", None)  # [V] or None
+        self.weight: torch.Tensor = head.weight  # [V, H]
+        self.bias: torch.Tensor | None = getattr(head, "bias", None)  # [V] or None
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        self.softcap = getattr(config, "final_logit_softcapping", None)
+        self.softcap: float | None = getattr(config, "final_logit_softcapping", None)
         self.scale = float(getattr(config, "logit_scale", 1.0) or 1.0)
         self.divide = float(getattr(config, "logits_scaling", 1.0) or 1.0)
 

@@ -15,13 +15,13 @@ from .scripted import ScriptedMember
 
 @pytest.fixture
 def trace():
-    judge = lambda text: {"good ": 3.0, "<b>bold</b> ": 2.0}.get(text, 0.0)  # noqa: E731
+    judge = lambda text: {"good ": 3.0, "<b>bold</b> ": 2.0, "猫。": 4.0}.get(text, 0.0)  # noqa: E731
     members = [
-        ScriptedMember("a", ["<b>bold</b> "] * 6, judge),
-        ScriptedMember("b", ["good "] * 5 + [("猫。", True)], judge),
-        ScriptedMember("c", ["junk "] * 6, judge),
+        ScriptedMember("a", ["<b>bold</b> "] * 9, judge),
+        ScriptedMember("b", ["good "] * 7 + [("猫。", True)], judge),
+        ScriptedMember("c", ["junk "] * 9, judge),
     ]
-    config = EnsembleConfig(max_rounds=8, stop_strings=("STOP",))
+    config = EnsembleConfig(max_rounds=12, stop_strings=("STOP",))
     rounds = tuple(Ensemble(members, config).stream("prompt ✓"))
     return Trace("prompt ✓", ("a", "b", "c"), config, rounds)
 
