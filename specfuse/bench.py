@@ -325,6 +325,8 @@ def run_bench(
         / _median_seconds(main.rounds, *early),
         **shares,
         "phase_ms_per_member": phase_ms_per_member(main.rounds),
+        "round_seconds": [round(r.seconds, 4) for r in main.rounds],
+        "round_tokens": [r.winner.num_tokens for r in main.rounds],
         "ensemble_seconds": main.seconds,
         "ensemble_s_per_token": seconds_per_token,
         "ensemble_tokens_per_s": tokens / main.seconds,
