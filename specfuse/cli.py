@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--exit-warmup", type=int, default=3, metavar="K", help="no exit before K rounds")
     add("--exit-min-active", type=int, default=2, metavar="M", help="never fewer drafting members than M")
     add("--exited-no-verify", action="store_true", help="exited members stop scoring too")
+    add("--no-echo-guard", action="store_true", help="let a candidate that only repeats the prompt win")
     add("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     add("--device", default="cpu", help="cpu, cuda, cuda:K, auto (one model per GPU), per-gpu")
     add("--device-map", default=None, help="accelerate device map for large models, e.g. auto")
@@ -89,6 +90,7 @@ def config_from_args(args: argparse.Namespace) -> EnsembleConfig:
         exit_warmup=args.exit_warmup,
         exit_min_active=args.exit_min_active,
         exited_verify=not args.exited_no_verify,
+        echo_guard=not args.no_echo_guard,
         stop_strings=tuple(args.stop),
         parallel=args.parallel,
     )
@@ -176,9 +178,12 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _load(names: Sequence[str], args: argparse.Namespace, err: TextIO) -> list[HFMember]:
     """Load each distinct model once; a repeated name becomes another member sharing its weights."""
+    from transformers.utils import logging as hf_logging
+
     from . import catalogue
     from .members import HFMember
 
+    hf_logging.disable_progress_bar()  # one bar of ours, not one per model and per step
     unique = list(dict.fromkeys(names))
     progress = None if args.quiet else catalogue.tqdm_progress("loading")
     loaded = catalogue.load_members(

@@ -39,6 +39,7 @@ class EnsembleConfig:
     exit_temperature: float = 1.0  # τ_0: base temperature of the keep-probabilities
     exit_min_active: int = 2  # never fewer drafting members than this (an ensemble of one is no ensemble)
     exited_verify: bool = True  # exited members keep scoring (they stop drafting only)
+    echo_guard: bool = True  # a candidate that leaves the answer a mere copy of the prompt cannot win
     stop_strings: tuple[str, ...] = field(default=())  # end the answer before any of these
     parallel: str = "auto"  # draft/verify concurrently: "auto" = when members sit on several devices
 

@@ -19,7 +19,7 @@ from .config import EnsembleConfig, MemberSettings
 from .errors import ConfigError, MemberError, SpecfuseError
 from .members import Member
 from .records import ExitEvent, MemberTiming, Result, Round, summarize
-from .segments import cut_at_stop
+from .segments import cut_at_stop, echoes_prompt
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class Ensemble:
         calls = _Calls(self.members, _parallel(self.members, config))
         try:
             calls.start(prompt, [config.member_settings(i) for i in range(len(self.members))])
-            yield from self._rounds(calls, config)
+            yield from self._rounds(calls, config, prompt)
         finally:
             calls.shutdown()
 
@@ -65,7 +65,7 @@ class Ensemble:
 
     # -- the loop ------------------------------------------------------------------------------------
 
-    def _rounds(self, calls: _Calls, config: EnsembleConfig) -> Iterator[Round]:
+    def _rounds(self, calls: _Calls, config: EnsembleConfig, prompt: str) -> Iterator[Round]:
         names = self.names
         n = len(names)
         weights = feedback.uniform(n)
@@ -97,8 +97,16 @@ class Ensemble:
             index = {m: i for i, m in enumerate(names)}
             voting = [weights[index[v]] for v in verifiers]
             y = feedback.aggregate(scores, voting, verifiers, active, config.self_scores)
-            eligible = [j for j, c in enumerate(candidates) if c in scorable] or list(range(len(candidates)))
-            chosen, margin = feedback.choose(y, eligible)  # an empty non-final draft never wins
+            # An empty non-final draft never wins; nor, with the echo guard, a candidate that would
+            # leave the answer a verbatim piece of the prompt (unless every candidate would).
+            eligible = [c in scorable for c in candidates]
+            if config.echo_guard:
+                fresh = [
+                    ok and not echoes_prompt(prompt, answer, c.text) for ok, c in zip(eligible, candidates)
+                ]
+                eligible = fresh if any(fresh) else eligible
+            pool = [j for j, ok in enumerate(eligible) if ok] or list(range(len(candidates)))
+            chosen, margin = feedback.choose(y, pool)
 
             # 4. Feedback *after* the choice, so round k is judged with weights from rounds < k.
             # SpecEM: the reference updated the weights before using them in the same round.
@@ -186,6 +194,7 @@ class Ensemble:
                 elapsed=now - began,
                 text=answer,
                 stop_reason=stop_reason,
+                eligible=tuple(eligible),
             )
             if stop_reason is not None:
                 return

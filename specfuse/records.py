@@ -60,6 +60,8 @@ class Round:
     elapsed: float  # seconds since the run started, at the end of this round
     text: str  # the whole answer after this round
     stop_reason: str | None  # None while running, else one of STOP_REASONS
+    eligible: tuple[bool, ...] = ()  # [candidates]: could be chosen (empty drafts and prompt echoes
+    # cannot); () in hand-built records means all
 
     @property
     def winner(self) -> Candidate:

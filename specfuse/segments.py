@@ -58,3 +58,16 @@ def strip_incomplete_tail(pieces: Sequence[str]) -> int:
     while keep > 1 and pieces[keep - 1].endswith(REPLACEMENT):
         keep -= 1
     return keep
+
+
+ECHO_MIN_CHARS = 16
+
+
+def echoes_prompt(prompt: str, answer: str, text: str, min_chars: int = ECHO_MIN_CHARS) -> bool:
+    """Whether appending `text` would leave an answer that is only a verbatim piece of the prompt.
+
+    Small models often open by repeating the question, and every verifier finds copied text easy
+    to predict, so a pure echo scores high and, once chosen, pulls the others into copying too.
+    """
+    whole = (answer + text).strip()
+    return len(whole) >= min_chars and whole in prompt

@@ -236,4 +236,14 @@ def _round(obj: Any, i: int, members: Sequence[str]) -> Round:
         elapsed=float(_typed(obj, "elapsed", NUMBER, where)),
         text=_typed(obj, "text", str, where),
         stop_reason=stop,
+        eligible=_eligible(obj, where, c),
     )
+
+
+def _eligible(obj: dict[str, Any], where: str, count: int) -> tuple[bool, ...]:
+    values = obj.get("eligible", [])
+    if not isinstance(values, list) or not all(isinstance(v, bool) for v in values):
+        raise TraceError(f"{where}.eligible: expected a list of booleans")
+    if values and len(values) != count:
+        raise TraceError(f"{where}.eligible: expected {count} values, got {len(values)}")
+    return tuple(values)

@@ -35,7 +35,9 @@ def test_streams_the_answer_and_writes_its_trace(tiny_checkpoints, tmp_path):
 
 def test_the_same_model_twice_shares_its_weights_when_sampling(tiny_checkpoints, tmp_path):
     path = tiny_checkpoints[0]
-    code, out, err = run_cli("--models", f"{path},{path}", "--temperature", "0.8", "--max-new-tokens", "12", "Hi")
+    code, out, err = run_cli(
+        "--models", f"{path},{path}", "--temperature", "0.8", "--max-new-tokens", "12", "Hi"
+    )
     assert code == 0, err
 
 
@@ -73,10 +75,14 @@ def test_help_documents_every_flag():
 
 
 def test_readme_shows_the_current_help():
-    result = subprocess.run([sys.executable, "tools/readme_help.py"], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "tools/readme_help.py"], cwd=ROOT, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
 
 
 def test_python_dash_m_runs_the_cli():
-    result = subprocess.run([sys.executable, "-m", "specfuse", "--help"], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "specfuse", "--help"], cwd=ROOT, capture_output=True, text=True
+    )
     assert result.returncode == 0 and "usage: specfuse" in result.stdout

@@ -53,7 +53,7 @@ def test_the_answer_is_exactly_the_concatenation_of_the_chosen_candidates(tiny_m
             len(row) == len(r.candidates) for row in r.scores
         )
         assert sum(r.weights_after) == pytest.approx(1.0)
-        assert r.aggregate[r.chosen] == max(r.aggregate)
+        assert r.aggregate[r.chosen] == max(y for y, ok in zip(r.aggregate, r.eligible) if ok)
     assert rounds[-1].stop_reason in ("final", "budget")
     assert all(r.stop_reason is None for r in rounds[:-1])
 
@@ -158,3 +158,19 @@ def test_closing_the_stream_stops_the_run_and_the_next_run_works(tiny_members):
     stream.close()
     assert first.k == 1 and first.stop_reason is None
     assert ensemble.run("Hello").rounds >= 1
+
+
+def test_the_echo_guard_keeps_a_copy_of_the_prompt_from_winning():
+    """Small models open by repeating the question and every verifier scores the copy highest;
+    once chosen, the others copy too. The guard makes a pure echo ineligible (SPEC: our addition)."""
+    prompt = "Janet's ducks lay 16 eggs per day. How many eggs in a week?"
+    loves_copies = lambda text: 5.0 if text in prompt else 1.0  # noqa: E731
+    members = [
+        ScriptedMember("echo", ["Janet's ducks lay 16 eggs", " per day."], loves_copies),
+        ScriptedMember("solver", ["16 × 7 = 112", (" eggs.", True)], loves_copies),
+    ]
+    guarded = list(Ensemble(members).stream(prompt))
+    assert guarded[0].winner.member == "solver" and guarded[0].eligible == (False, True)
+    assert guarded[0].aggregate[0] > guarded[0].aggregate[1]  # the copy did score higher
+    unguarded = list(Ensemble(members, EnsembleConfig(echo_guard=False, max_rounds=1)).stream(prompt))
+    assert unguarded[0].winner.member == "echo"

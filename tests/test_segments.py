@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specfuse.segments import cut_at_stop, is_word_char, trim_to_word_boundary
+from specfuse.segments import cut_at_stop, echoes_prompt, is_word_char, trim_to_word_boundary
 
 
 def test_trimming_drops_a_half_word_and_the_space_before_it():
@@ -50,3 +50,11 @@ def test_concatenated_trimmed_segments_keep_every_character(parts):
 def test_cut_at_stop_finds_the_earliest_stop():
     assert cut_at_stop("a\nQuestion: b", ["Question:", "\nQ"]) == 1
     assert cut_at_stop("abc", ["x"]) is None
+
+
+def test_an_echo_is_a_verbatim_piece_of_the_prompt_and_long_enough():
+    prompt = "Janet's ducks lay 16 eggs per day."
+    assert echoes_prompt(prompt, "", "Janet's ducks lay 16")
+    assert echoes_prompt(prompt, "Janet's ducks", " lay 16 eggs")
+    assert not echoes_prompt(prompt, "", "Janet's")  # too short to call a copy
+    assert not echoes_prompt(prompt, "She has ", "16 eggs per day.")  # a quote inside a real answer
