@@ -1,0 +1,323 @@
+"""The app: pure views on hand-built rounds, then its API with gradio_client against a launched server."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import plotly.io as pio
+import pytest
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
+
+import app
+from specfuse import Ensemble, EnsembleConfig, ModelLoadError, Trace, dump_trace, load_trace
+
+from .conftest import TINY_SPECS, tiny_member
+from .scripted import ScriptedMember
+
+XSS_SCRIPT = "<script>alert(1)</script> "
+XSS_IMG = "<img src=x onerror=alert(1)> "
+ANSWER, STATUS, CANDIDATES, MATRIX, WEIGHTS, EXITS, SUMMARY, SLIDER, SEGMENT, DOWNLOAD, COMPARE = range(11)
+
+
+def prefers(favourite: str):
+    return lambda text: 3.0 if text == favourite else 1.0
+
+
+def scripted_rounds(max_rounds: int = 6, **config):
+    """Three scripted members: b always wins, c always loses (and exits once allowed)."""
+    members = [
+        ScriptedMember("a", ["fine "] * 50, prefers("good ")),
+        ScriptedMember("b", ["good "] * 50, prefers("good ")),
+        ScriptedMember("c", ["junk "] * 50, prefers("good ")),
+    ]
+    cfg = EnsembleConfig(max_rounds=max_rounds, exit_warmup=2, **config)
+    return Trace("go", ("a", "b", "c"), cfg, tuple(Ensemble(members, cfg).stream("go")))
+
+
+# ---- pure views ---------------------------------------------------------------------------------
+
+
+def test_answer_spans_cover_the_answer_exactly():
+    trace = scripted_rounds()
+    spans = app.answer_value(trace.rounds)
+    assert "".join(text for text, _ in spans) == trace.rounds[-1].text
+    assert {member for _, member in spans} == {"b"}
+
+
+def test_the_heatmap_has_a_fixed_scale_and_marks_the_chosen_column():
+    rnd = scripted_rounds().rounds[0]
+    fig = app.heatmap_figure(rnd)
+    heat = fig.data[0]
+    assert (heat.zmin, heat.zmax) == (0.0, 1.0)
+    assert list(heat.y) == list(rnd.verifiers) and heat.x[rnd.chosen].endswith("✓")
+    box = fig.layout.shapes[0]
+    assert box.x0 < rnd.chosen < box.x1
+    raw = app.heatmap_figure(rnd, normalized=False).data[0]
+    assert raw.zmin is None and raw.z[0][0] == rnd.raw_scores[0][0]
+    assert fig.layout.uirevision == "matrix"
+
+
+def test_the_weights_chart_has_a_line_per_member_and_a_marker_per_exit():
+    trace = scripted_rounds(max_rounds=8)
+    fig = app.weights_figure(trace.rounds)
+    lines = [t for t in fig.data if t.name != "exit"]
+    assert [t.name for t in lines] == ["a", "b", "c"]
+    assert list(lines[0].x) == list(range(len(trace.rounds) + 1))
+    exits = [t for t in fig.data if t.name == "exit"]
+    assert exits and list(exits[0].text) == [e.member for r in trace.rounds for e in r.exits]
+
+
+def test_empty_views_are_valid_components_values():
+    assert app.heatmap_figure(None).data == ()
+    assert app.weights_figure([]).data == ()
+    assert list(app.candidates_value(None).columns) == app.report.CANDIDATE_COLUMNS
+    assert "Run" in app.status_markdown([])
+
+
+def test_model_text_is_escaped_wherever_it_becomes_html():
+    members = [ScriptedMember("x", [XSS_SCRIPT] * 3, len), ScriptedMember("y", [XSS_IMG] * 3, len)]
+    rounds = list(Ensemble(members, EnsembleConfig(max_rounds=2)).stream("go"))
+    for markup in (
+        app.compare_html([("ensemble", rounds[-1].text), ("<b>x</b> alone", XSS_IMG)]),
+        app.segment_html(rounds, 0),
+        app.status_markdown(rounds, XSS_SCRIPT),
+    ):
+        assert "<script" not in markup and "<img" not in markup and "<b>x" not in markup
+    assert "&lt;script&gt;" in app.compare_html([("e", XSS_SCRIPT)])
+    # Tables and spans carry the text as text: the components render it, never parse it.
+    assert app.candidates_value(rounds[0])["text"].tolist() == [XSS_SCRIPT, XSS_IMG]
+
+
+def test_panels_at_round_k_show_that_round_and_the_weights_up_to_it():
+    trace = scripted_rounds(max_rounds=6)
+    answer, status, candidates, matrix, weights, exits, summary = app.panels(trace, 3)
+    assert "**Round 3**" in status
+    assert matrix.layout.title.text.startswith("round 3")
+    assert max(weights.data[0].x) == 3
+    assert summary["segments won"].sum() == 3
+    assert "".join(span["token"] for span in answer.value) == trace.rounds[2].text
+
+
+def test_make_config_refuses_fractional_whole_numbers():
+    with pytest.raises(app.ConfigError, match="segment length"):
+        app.make_config(2.5, 10, 0, 1, 0, True, 1, True, 0.5, 3, True, "logit", "zsoftmax")
+
+
+def test_the_shared_loader_loads_each_member_once_across_threads():
+    calls = []
+
+    def load(name, **kwargs):
+        calls.append(name)
+        time.sleep(0.05)
+        return ScriptedMember(name, ["a "], len)
+
+    loader = app.SharedLoader(load)
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda _: loader("m", "cpu", lambda f, s: None), range(8)))
+    assert calls == ["m"] and all(m is got[0] for m in got)
+
+
+# ---- the API, against a launched app -------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+TINY = list(TINY_SPECS)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    members = {name: tiny_member(name) for name in TINY}
+    members["xss-script"] = ScriptedMember("xss-script", [XSS_SCRIPT] * 100, prefers(XSS_SCRIPT))
+    members["xss-img"] = ScriptedMember("xss-img", [XSS_IMG] * 100, prefers(XSS_SCRIPT))
+    members["loop-a"] = ScriptedMember("loop-a", ["a "] * 2000, len)
+    members["loop-b"] = ScriptedMember("loop-b", ["b "] * 2000, len)
+
+    def loader(name, device, progress):
+        progress(0.5, f"{name}: loading")
+        if name == "broken":
+            raise ModelLoadError("broken: the checkpoint is corrupt; reinstall it")
+        return members[name]
+
+    # One server for the module, so one Gradio cache folder for it: the per-test one would move.
+    cache = tmp_path_factory.mktemp("gradio")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GRADIO_TEMP_DIR", str(cache))
+        demo = app.build_demo(
+            loader, choices=[*members, "broken"], default_models=TINY[:2], concurrency_limit=2
+        )
+        _, url, _ = app.serve(demo, port=free_port(), concurrency=2, prevent_thread_lock=True)
+    try:
+        yield url, members, tmp_path_factory.mktemp("downloads"), cache
+    finally:
+        demo.close()
+
+
+@pytest.fixture
+def client(served, monkeypatch):
+    url, _, downloads, cache = served
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
+    return Client(url, verbose=False, download_files=str(downloads))
+
+
+def submit(client, members, prompt, **settings):
+    values = dict(segment_len=4, max_new_tokens=24, device="cpu") | settings
+    return client.submit(members=members, prompt=prompt, **values, api_name="/run")
+
+
+def figure(output):
+    return pio.from_json(output["plot"])
+
+
+def test_a_run_streams_one_update_per_round_with_that_rounds_panels(client):
+    job = submit(client, TINY, "Hello there")
+    job.result(timeout=60)
+    outputs = job.outputs()
+    last_round = int(outputs[-1][SLIDER]["value"])
+    assert last_round >= 3
+    by_round = {int(o[SLIDER]["value"]): o for o in outputs if isinstance(o[SLIDER], dict)}
+    assert set(by_round) >= set(range(1, last_round + 1))
+    for k, out in by_round.items():
+        assert f"**Round {k}**" in out[STATUS]
+        assert len(out[CANDIDATES]["data"]) >= 1
+        assert sum(row[-1] == "✓" for row in out[CANDIDATES]["data"]) == 1
+        assert figure(out[MATRIX]).layout.title.text.startswith(f"round {k}:")
+        assert max(figure(out[WEIGHTS]).data[0].x) == k
+    trace = load_trace(outputs[-1][DOWNLOAD])
+    assert len(trace.rounds) == last_round and trace.members == tuple(TINY)
+    assert "".join(span["token"] for span in outputs[-1][ANSWER]["value"]) == trace.rounds[-1].text
+
+
+def test_two_clients_at_once_each_get_their_own_answer(served, client):
+    url, members, downloads, _ = served
+    prompts = ["The cat sat", "Numbers: 1, 2,"]
+    clients = [Client(url, verbose=False, download_files=str(downloads)) for _ in prompts]
+    jobs = [submit(c, TINY, p) for c, p in zip(clients, prompts)]
+    answers = ["".join(s["token"] for s in job.result(timeout=90)[ANSWER]["value"]) for job in jobs]
+    config = EnsembleConfig(segment_len=4, max_new_tokens=24)
+    expected = [Ensemble([members[n] for n in TINY], config).run(p).answer for p in prompts]
+    assert answers == expected and answers[0] != answers[1]
+
+
+def test_replay_shows_a_past_round_from_the_session_trace(client):
+    final = client.predict(members=TINY[:2], prompt="Again", max_new_tokens=24, device="cpu", api_name="/run")
+    n = int(final[SLIDER]["value"])
+    assert n >= 2
+    replay = client.predict(k=1, view_name=app.RAW, api_name="/replay")
+    assert "**Round 1**" in replay[STATUS] and figure(replay[MATRIX]).layout.title.text.startswith("round 1")
+    assert max(figure(replay[WEIGHTS]).data[0].x) == 1
+
+
+def test_stop_ends_the_run_keeps_what_was_produced_and_the_next_run_works(served, client):
+    _, members, _, _ = served
+    job = submit(client, ["loop-a", "loop-b"], "go", max_new_tokens=1024)
+    deadline = time.time() + 30
+    while len(job.outputs()) < 3 and time.time() < deadline:
+        time.sleep(0.05)
+    assert len(job.outputs()) >= 3
+    job.cancel()
+    time.sleep(0.5)
+    calls = len(members["loop-a"].calls)
+    time.sleep(1.0)
+    assert len(members["loop-a"].calls) - calls <= 3  # at most the round in flight: draft, score, accept
+    assert not job.done() or len(job.outputs()) < 1024
+    status, path = client.predict(api_name="/stop")
+    kept = load_trace(path)
+    assert "stopped by the user" in status and len(kept.rounds) >= 3
+    assert kept.rounds[-1].stop_reason is None  # cut short, not finished
+    out = submit(client, TINY[:2], "Again").result(timeout=60)
+    assert out[ANSWER]["value"]
+
+
+@pytest.mark.parametrize(
+    ("members", "prompt", "settings", "message"),
+    [
+        (TINY, "   ", {}, "prompt is empty"),
+        (TINY[:1], "Hi", {}, "two or more"),
+        ([TINY[0], "nope"], "Hi", {}, "nope"),
+        (TINY, "Hi", {"seed": -1}, "seed must be a non-negative integer"),
+        (TINY, "Hi", {"top_p": 0.0}, "less than minimum value 0.05"),
+        (TINY, "Hi", {"normalization": "sum"}, "needs positive scores"),
+        (["broken", TINY[0]], "Hi", {}, "checkpoint is corrupt"),
+    ],
+)
+def test_bad_inputs_get_a_clear_message(client, members, prompt, settings, message):
+    with pytest.raises(AppError, match=message):
+        submit(client, members, prompt, **settings).result(timeout=60)
+
+
+def test_bad_inputs_leave_the_app_usable(client):
+    with pytest.raises(AppError):
+        submit(client, ["broken", TINY[0]], "Hi").result(timeout=60)
+    assert submit(client, TINY[:2], "Hi", max_new_tokens=8).result(timeout=60)[ANSWER]["value"]
+
+
+def test_a_trace_round_trips_through_download_and_upload(client, tmp_path):
+    final = submit(client, TINY, "Hello there", max_new_tokens=12).result(timeout=60)
+    fresh = Client(client.src, verbose=False, download_files=str(tmp_path))
+    loaded = fresh.predict(
+        path=handle_file(final[DOWNLOAD]), view_name=app.NORMALIZED, api_name="/load_trace"
+    )
+    assert loaded[ANSWER]["value"] == final[ANSWER]["value"]
+    assert "replayed from a trace" in loaded[STATUS]
+    assert loaded[CANDIDATES] == final[CANDIDATES]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("not json at all", "not a JSON document"),
+        (json.dumps({"schema": "something.else"}), "not a specfuse trace"),
+        (json.dumps({"schema": "specfuse.trace", "version": 99}), "version"),
+    ],
+)
+def test_a_malformed_trace_upload_gets_a_clear_message(client, tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(AppError, match=message):
+        client.predict(path=handle_file(str(path)), view_name=app.NORMALIZED, api_name="/load_trace")
+
+
+def test_an_oversized_trace_is_refused_before_parsing(client, tmp_path, monkeypatch):
+    monkeypatch.setattr(app, "MAX_TRACE_BYTES", 1000)
+    trace = scripted_rounds()
+    path = tmp_path / "big.json"
+    path.write_text(dump_trace(trace))
+    with pytest.raises(AppError, match="the limit is 1,000"):
+        client.predict(path=handle_file(str(path)), view_name=app.NORMALIZED, api_name="/load_trace")
+
+
+def test_candidates_with_html_come_back_as_plain_text(client):
+    out = submit(client, ["xss-script", "xss-img"], "go", max_new_tokens=6, compare=True).result(timeout=60)
+    texts = {row[1] for row in out[CANDIDATES]["data"]}
+    assert texts == {XSS_SCRIPT, XSS_IMG}
+    assert out[ANSWER]["value"][0]["token"] == XSS_SCRIPT
+    assert "<script" not in out[COMPARE] and "<img" not in out[COMPARE] and "&lt;script&gt;" in out[COMPARE]
+
+
+def test_compare_shows_each_member_alone_beside_the_ensemble(client, served):
+    _, members, _, _ = served
+    out = submit(client, TINY[:2], "Side by side", max_new_tokens=12, compare=True).result(timeout=60)
+    config = EnsembleConfig(segment_len=4, max_new_tokens=12)
+    alone = Ensemble([members[TINY[0]]], config).run("Side by side").answer
+    assert "ensemble" in out[COMPARE] and f"{TINY[0]} alone" in out[COMPARE]
+    assert app.html.escape(alone) in out[COMPARE]
+    assert load_trace(out[DOWNLOAD]).members == tuple(TINY[:2])
+
+
+def test_the_page_is_served_without_ssr_and_without_run_history(served):
+    import httpx
+
+    url = served[0]
+    config = httpx.get(url.rstrip("/") + "/config", timeout=10).json()
+    assert config.get("run_history") is False
+    assert threading.active_count() >= 1
