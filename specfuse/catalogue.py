@@ -249,7 +249,7 @@ def _convert(entry: ModelEntry, gguf: Path, out: Path, progress: Progress) -> No
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
     )
     # The GGUF quantizer marks the model as quantized, and save_pretrained refuses (MODELS.md).
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     progress(0.75, f"{entry.name}: saving safetensors")
