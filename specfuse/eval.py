@@ -31,7 +31,9 @@ log = logging.getLogger(__name__)
 
 INSTRUCTION = 'Solve the problem step by step. End your reply with "The answer is N." where N is a number.'
 SC_TEMPERATURE, SC_TOP_P = 0.7, 0.95
-ENSEMBLE_SYSTEMS = {  # system name → the switches that differ from the full ensemble
+ENSEMBLE_SYSTEMS: dict[
+    str, dict[str, Any]
+] = {  # system name → the switches that differ from the full ensemble
     "ensemble": {},
     "ensemble-no-feedback": {"feedback": False},
     "ensemble-no-exit": {"exit": False},
@@ -271,7 +273,7 @@ def summary_rows(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
 
 def failure_cases(outcomes: Sequence[Outcome], ensemble: str = "ensemble") -> dict[str, Any]:
     """Problems where the ensemble was wrong and its best member right, and the reverse."""
-    singles = {}
+    singles: dict[str, list[Outcome]] = {}
     for o in outcomes:
         if o.system.startswith("single-"):
             singles.setdefault(o.system.removeprefix("single-"), []).append(o)
