@@ -424,7 +424,7 @@ def build_demo(
                         list(NORMALIZATIONS), value=d.normalization, label="Normalization"
                     )
                     device_box = gr.Dropdown(list(DEVICES), value=device, label="Device")
-                with gr.Accordion("Replay a trace", open=False):
+                with gr.Accordion("Replay a trace", open=False, elem_id="replay"):
                     upload = gr.File(label="Upload a trace (.json)", file_types=[".json"], elem_id="upload")
                 download = gr.DownloadButton("Download trace", value=None, elem_id="download")
             with gr.Column(scale=3):
