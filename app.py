@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import html
 import os
+import shlex
+import sys
 import tempfile
 import threading
 import time
@@ -327,10 +329,16 @@ class SharedLoader:
     """
 
     def __init__(
-        self, load: Callable[..., Member] | None = None, *, allow_paths: bool = False, dtype: str = "auto"
+        self,
+        load: Callable[..., Member] | None = None,
+        *,
+        allow_paths: bool = False,
+        trusted: Sequence[str] = (),
+        dtype: str = "auto",
     ) -> None:
         self.load = load  # None: specfuse.catalogue.load_member, imported on first use (it brings torch)
         self.allow_paths = allow_paths
+        self.trusted = frozenset(trusted)  # paths or hub ids the operator named on the command line
         self.dtype = dtype
         self._members: dict[tuple[str, str], Member] = {}
         self._lock = threading.Lock()
@@ -343,8 +351,9 @@ class SharedLoader:
                     from specfuse.catalogue import load_member
 
                     self.load = load_member
+                allow = self.allow_paths or name in self.trusted
                 self._members[key] = self.load(
-                    name, device=device, dtype=self.dtype, allow_paths=self.allow_paths, progress=progress
+                    name, device=device, dtype=self.dtype, allow_paths=allow, progress=progress
                 )
             return self._members[key]
 
@@ -443,7 +452,7 @@ def build_demo(
                     candidates = gr.Dataframe(
                         label="Candidates of the round",
                         headers=report.CANDIDATE_COLUMNS,
-                        datatype=["str", "str", "number", "bool", "number", "number", "str"],
+                        datatype=["str", "str", "number", "bool", "bool", "number", "number", "str"],
                         interactive=False,
                         wrap=True,
                         elem_id="candidates",
@@ -689,6 +698,21 @@ def serve(
     )
 
 
+def space_arguments() -> list[str] | None:
+    """On a Hugging Face Space (started as plain `python app.py`): the arguments in spaces_config.yaml.
+
+    SPECFUSE_APP_ARGS overrides them anywhere; None elsewhere, so argparse reads the command line.
+    """
+    if "SPECFUSE_APP_ARGS" in os.environ:
+        return shlex.split(os.environ["SPECFUSE_APP_ARGS"])
+    config = Path(__file__).resolve().parent / "spaces_config.yaml"
+    if not os.environ.get("SPACE_ID") or not config.exists():
+        return None
+    import yaml  # a Gradio dependency
+
+    return shlex.split(str(yaml.safe_load(config.read_text(encoding="utf-8")).get("app_args", "")))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from specfuse.catalogue import CATALOGUE, DEFAULT_MEMBERS, plan_devices
 
@@ -708,9 +732,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--queue-size", type=int, default=16, help="requests waiting at most")
     parser.add_argument("--concurrency", type=int, default=1, help="runs at once (the members are shared)")
     parser.add_argument("--run-history", action="store_true", help="keep Gradio's per-browser run history")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(space_arguments() if argv is None and len(sys.argv) == 1 else argv)
 
-    loader = SharedLoader(allow_paths=args.allow_paths, dtype=args.dtype)
+    loader = SharedLoader(allow_paths=args.allow_paths, trusted=args.models, dtype=args.dtype)
     choices = list(dict.fromkeys([*CATALOGUE, *args.models]))
     if args.preload:
         from specfuse.catalogue import tqdm_progress

@@ -14,7 +14,7 @@ import pandas as pd
 
 from .records import Round, summarize
 
-CANDIDATE_COLUMNS = ["member", "text", "tokens", "final", "score", "reward", "chosen"]
+CANDIDATE_COLUMNS = ["member", "text", "tokens", "final", "eligible", "score", "reward", "chosen"]
 SUMMARY_COLUMNS = [
     "member",
     "segments won",
@@ -64,13 +64,18 @@ def status(rounds: Sequence[Round]) -> Status:
 
 
 def candidates_table(rnd: Round) -> pd.DataFrame:
-    """One row per candidate of one round: drafter, text, tokens, aggregate score y_j, reward, chosen."""
+    """One row per candidate of one round: drafter, text, tokens, aggregate score y_j, reward, chosen.
+
+    "eligible" is False for a candidate the engine would not choose (an empty draft, a prompt echo).
+    """
+    eligible = rnd.eligible or (True,) * len(rnd.candidates)  # () in hand-built records means all
     rows = [
         {
             "member": c.member,
             "text": c.text,
             "tokens": c.num_tokens,
             "final": c.final,
+            "eligible": eligible[j],
             "score": rnd.aggregate[j],
             "reward": rnd.rewards[j],
             "chosen": CHOSEN_MARK if j == rnd.chosen else "",

@@ -122,6 +122,30 @@ def test_the_shared_loader_loads_each_member_once_across_threads():
     assert calls == ["m"] and all(m is got[0] for m in got)
 
 
+def test_operator_named_hub_ids_load_without_allowing_user_paths():
+    seen = {}
+
+    def load(name, **kwargs):
+        seen[name] = kwargs["allow_paths"]
+        return ScriptedMember(name, ["a "], len)
+
+    loader = app.SharedLoader(load, trusted=["org/model"])
+    loader("org/model", "cpu", lambda f, s: None)
+    loader("smollm2-135m", "cpu", lambda f, s: None)
+    assert seen == {"org/model": True, "smollm2-135m": False}
+
+
+def test_a_space_reads_its_start_arguments_from_spaces_config(monkeypatch):
+    monkeypatch.delenv("SPECFUSE_APP_ARGS", raising=False)
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    assert app.space_arguments() is None
+    monkeypatch.setenv("SPACE_ID", "someone/specfuse-studio")
+    args = app.space_arguments()
+    assert args[:2] == ["--host", "0.0.0.0"] and "--models" in args and "--allow-paths" not in args
+    monkeypatch.setenv("SPECFUSE_APP_ARGS", "--port 9000")
+    assert app.space_arguments() == ["--port", "9000"]
+
+
 # ---- the API, against a launched app -------------------------------------------------------------
 
 

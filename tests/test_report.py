@@ -84,6 +84,12 @@ def test_candidates_table_marks_exactly_the_chosen_candidate():
     assert list(table.columns) == CANDIDATE_COLUMNS
     assert list(table["chosen"]) == ["", CHOSEN_MARK]
     assert list(table["score"]) == [0.4, 0.6] and list(table["text"]) == ["a1 ", "b1 "]
+    assert list(table["eligible"]) == [True, True]  # () in a hand-built record means all
+
+
+def test_candidates_table_shows_which_candidates_could_not_win():
+    rnd = Round(**{**hand_round(1, 1).__dict__, "eligible": (False, True)})
+    assert list(candidates_table(rnd)["eligible"]) == [False, True]
 
 
 def test_score_matrix_is_verifier_by_candidate_raw_or_normalized():

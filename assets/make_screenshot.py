@@ -1,0 +1,98 @@
+"""Take the README screenshot (assets/screenshot.png) and the example trace (assets/example-trace.json).
+
+A real run: the catalogue's default members, loaded through specfuse.catalogue.load_member, answer
+the GSM8K example in the app, driven by Playwright in Debian's chromium. On a shared 2-core machine
+wrap it so it does not overlap other heavy jobs:
+
+    flock /tmp/specfuse-heavy.lock .venv/bin/python assets/make_screenshot.py [--max-new-tokens 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import app  # noqa: E402
+from specfuse import load_trace  # noqa: E402
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    from playwright.sync_api import sync_playwright
+
+    from specfuse.catalogue import CATALOGUE, DEFAULT_MEMBERS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--example", type=int, default=3, help="which example prompt (3 = GSM8K)")
+    parser.add_argument("--out", type=Path, default=ROOT / "assets")
+    parser.add_argument("--timeout-min", type=float, default=30)
+    args = parser.parse_args()
+
+    demo = app.build_demo(
+        app.SharedLoader(),
+        choices=list(CATALOGUE),
+        default_models=DEFAULT_MEMBERS,
+        device="cpu",
+        defaults={"max_new_tokens": args.max_new_tokens},
+    )
+    _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
+    began = time.perf_counter()
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS, headless=True
+            )
+            page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+            page.set_default_timeout(args.timeout_min * 60_000)
+            page.goto(url)
+            page.wait_for_selector("#prompt textarea")
+            prompt = app.EXAMPLES[args.example][0]
+            page.fill("#prompt textarea", prompt)
+            page.click("#run")
+            page.wait_for_function("document.querySelector('#status').innerText.includes('stopped:')")
+            print(page.inner_text("#status"))
+            # Inspect the last segment, as a reader would: all panels stay on the last round.
+            tokens = page.locator("#answer .token")
+            tokens.nth(tokens.count() - 1).click()
+            page.wait_for_function("document.querySelector('#segment').innerText.includes('round')")
+            page.wait_for_selector("#matrix .js-plotly-plot .hm")
+            page.wait_for_timeout(1000)
+            page.screenshot(path=str(args.out / "screenshot.png"), full_page=True)
+            with page.expect_download() as download:
+                page.click("#download")
+            saved = args.out / "example-trace.json.part"
+            download.value.save_as(saved)
+            trace = load_trace(saved)  # validate before it replaces the old one
+            shutil.move(saved, args.out / "example-trace.json")
+            browser.close()
+    finally:
+        demo.close()
+    print(f"{len(trace.rounds)} rounds, {time.perf_counter() - began:.0f} s: {trace.rounds[-1].text!r}")
+
+
+if __name__ == "__main__":
+    main()
