@@ -165,7 +165,8 @@ class HFMember:
             )
         generator = None
         if settings.temperature > 0:
-            generator = torch.Generator(device=self.device).manual_seed(settings.seed)
+            # Sampling happens where the output head is (with a device map, not always self.device).
+            generator = torch.Generator(device=self.head.weight.device).manual_seed(settings.seed)
         cache = DynamicCache()
         hidden = self._forward(ids, cache)
         return HFState(settings, len(ids), ids, "", cache, hidden[-1], generator)

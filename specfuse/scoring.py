@@ -125,11 +125,13 @@ class OutputHead:
         return logits
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Full-vocabulary logits, float32: [..., H] → [..., V]."""
+        """Full-vocabulary logits, float32: [..., H] → [..., V], on the head's device."""
+        hidden = hidden.to(self.weight.device)  # an accelerate device map may put the head elsewhere
         return self._finish(torch.nn.functional.linear(hidden, self.weight, self.bias))
 
     def token_logits(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Raw logits of `targets` only: [T, H], [T] → [T], float32."""
+        hidden, targets = hidden.to(self.weight.device), targets.to(self.weight.device)
         rows = self.weight[targets]  # [T, H]
         raw = (hidden * rows).sum(-1)
         if self.bias is not None:
@@ -139,7 +141,7 @@ class OutputHead:
     def token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Log-probabilities of `targets`: [T, H], [T] → [T], float32 (needs full rows)."""
         logp = torch.log_softmax(self.logits(hidden), dim=-1)
-        return logp.gather(-1, targets[:, None])[:, 0]
+        return logp.gather(-1, targets.to(logp.device)[:, None])[:, 0]
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:

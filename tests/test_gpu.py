@@ -1,0 +1,47 @@
+"""CUDA paths: skipped here (no GPU on the project's machines); run them where torch sees a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specfuse import EnsembleConfig
+from specfuse.config import MemberSettings
+from specfuse.engine import Ensemble
+from specfuse.members import HFMember
+from specfuse.records import Candidate
+
+from .conftest import TINY_SPECS, tiny_member
+
+pytestmark = pytest.mark.gpu
+
+
+def on(device: str, name: str) -> HFMember:
+    cpu = tiny_member(name)
+    return HFMember(name, cpu.model.to(device), cpu.tokenizer, device=device)
+
+
+@pytest.mark.parametrize("spec", list(TINY_SPECS))
+def test_packed_scores_on_the_gpu_equal_the_cpus(spec):
+    cands = [Candidate("x", t, 1, f, 0.0) for t, f in [(" blue sea", False), (" 大海。", True)]]
+    scores = []
+    for device in ("cpu", "cuda"):
+        member = on(device, spec)
+        state = member.start("Describe the sea.", MemberSettings())
+        member.accept(state, "The sea is")
+        scores.append(member.score(state, cands))
+    assert scores[1] == pytest.approx(scores[0], abs=1e-3)
+
+
+def test_one_member_per_gpu_drafts_concurrently_and_matches_sequential():
+    devices = [f"cuda:{i % torch.cuda.device_count()}" for i in range(3)]
+    members = [on(d, name) for d, name in zip(devices, TINY_SPECS)]
+    seq = Ensemble(members, EnsembleConfig(max_new_tokens=24, parallel="off")).run("Hi")
+    par = Ensemble(members, EnsembleConfig(max_new_tokens=24, parallel="on")).run("Hi")
+    assert seq.answer == par.answer
+
+
+def test_sampling_on_the_gpu_is_reproducible():
+    member = on("cuda", "gemma-meta")
+    config = EnsembleConfig(temperature=1.0, top_p=0.9, seed=5, max_new_tokens=16)
+    assert Ensemble([member], config).run("Sing").answer == Ensemble([member], config).run("Sing").answer
