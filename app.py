@@ -628,7 +628,7 @@ def build_demo(
             concurrency_limit=concurrency_limit,
             concurrency_id="run",
         )
-        prompt.submit(
+        submit_event = prompt.submit(
             run,
             [models, prompt, *settings, device_box, compare, view],
             [trace_state, *shown, round_slider, segment, download, compared],
@@ -636,7 +636,9 @@ def build_demo(
             concurrency_limit=concurrency_limit,
             concurrency_id="run",
         )
-        stop_button.click(stop, [trace_state], [status, download], cancels=[run_event], api_name="stop")
+        stop_button.click(
+            stop, [trace_state], [status, download], cancels=[run_event, submit_event], api_name="stop"
+        )
         round_slider.release(replay, [trace_state, round_slider, view], shown, api_name="replay")
         view.change(replay, [trace_state, round_slider, view], shown, api_visibility="private")
         answer.select(
@@ -717,7 +719,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     from specfuse.catalogue import CATALOGUE, DEFAULT_MEMBERS, plan_devices
 
     parser = argparse.ArgumentParser(prog="app.py", description="SpecFuse Studio: the Gradio app.")
-    parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
+    parser.add_argument(
+        "--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), help="address to bind"
+    )
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
     parser.add_argument("--share", action="store_true", help="open a public gradio.live link")
     parser.add_argument(
@@ -726,7 +730,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--models", nargs="+", default=list(DEFAULT_MEMBERS), help="the members selected at start"
     )
-    parser.add_argument("--device", default="auto", choices=DEVICES)
+    parser.add_argument(
+        "--device", default="auto", choices=DEVICES, help="where members load (auto: GPUs if any)"
+    )
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     parser.add_argument("--preload", action="store_true", help="load the default members before serving")
     parser.add_argument("--queue-size", type=int, default=16, help="requests waiting at most")
