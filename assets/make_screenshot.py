@@ -5,6 +5,9 @@ the GSM8K example in the app, driven by Playwright in Debian's chromium. On a sh
 wrap it so it does not overlap other heavy jobs:
 
     flock /tmp/specfuse-heavy.lock .venv/bin/python assets/make_screenshot.py [--max-new-tokens 48]
+
+With --from-trace PATH it replays a trace of a real run (from `specfuse --trace` or the app's
+download) through the app's upload instead, which loads no model and takes seconds.
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ def main() -> None:
     parser.add_argument("--example", type=int, default=3, help="which example prompt (3 = GSM8K)")
     parser.add_argument("--out", type=Path, default=ROOT / "assets")
     parser.add_argument("--timeout-min", type=float, default=30)
+    parser.add_argument(
+        "--from-trace", type=Path, help="replay this trace of a real run instead of running (loads no model)"
+    )
     args = parser.parse_args()
 
     demo = app.build_demo(
@@ -70,10 +76,15 @@ def main() -> None:
             page.set_default_timeout(args.timeout_min * 60_000)
             page.goto(url)
             page.wait_for_selector("#prompt textarea")
-            prompt = app.EXAMPLES[args.example][0]
-            page.fill("#prompt textarea", prompt)
-            page.click("#run")
-            page.wait_for_function("document.querySelector('#status').innerText.includes('stopped:')")
+            if args.from_trace:
+                page.locator("#replay button").first.click()  # open the accordion
+                page.locator("#upload input[type=file]").set_input_files(str(args.from_trace))
+                page.wait_for_function("document.querySelector('#status').innerText.includes('replayed')")
+                page.fill("#prompt textarea", load_trace(args.from_trace).prompt)
+            else:
+                page.fill("#prompt textarea", app.EXAMPLES[args.example][0])
+                page.click("#run")
+                page.wait_for_function("document.querySelector('#status').innerText.includes('stopped:')")
             print(page.inner_text("#status"))
             # Inspect the last segment, as a reader would: all panels stay on the last round.
             tokens = page.locator("#answer .token")
