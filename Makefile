@@ -25,7 +25,7 @@ demo: install
 
 # Debian's chromium for the real-browser test (no browser download); skipped where apt is unusable.
 browser:
-	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q chromium; } \
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q chromium fonts-wqy-zenhei; } \
 		|| echo "chromium could not be installed: the browser test will be skipped"
 
 lint: install

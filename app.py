@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 import pandas as pd
@@ -39,8 +39,10 @@ from specfuse import (
 )
 from specfuse.config import NORMALIZATIONS, SCORE_MODES
 from specfuse.engine import check_prompt
-from specfuse.members import Member
 from specfuse.trace import MAX_TRACE_BYTES
+
+if TYPE_CHECKING:  # members.py brings torch; the app needs it only once models load
+    from specfuse.members import Member
 
 try:  # On a Hugging Face ZeroGPU Space this grants a GPU per call; elsewhere it changes nothing.
     import spaces
@@ -53,7 +55,7 @@ except ImportError:
 
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-Loader = Callable[[str, str, Callable[[float, str], None]], Member]  # (name, device, progress) → member
+Loader = Callable[[str, str, Callable[[float, str], None]], "Member"]  # (name, device, progress) → member
 DevicePlan = Callable[[int, str], list[str]]  # (members, device setting) → one device each
 
 # One colour per member, in ensemble order (Plotly's default qualitative palette).

@@ -12,14 +12,16 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import feedback
 from .config import EnsembleConfig, MemberSettings
 from .errors import ConfigError, MemberError, SpecfuseError
-from .members import Member
 from .records import ExitEvent, MemberTiming, Result, Round, summarize
 from .segments import cut_at_stop, echoes_prompt
+
+if TYPE_CHECKING:  # members.py imports torch; the engine itself never needs it
+    from .members import Member
 
 log = logging.getLogger(__name__)
 
