@@ -32,14 +32,17 @@ def main(path: str) -> None:
     print(
         f"\n{result.rounds} rounds, {result.tokens} tokens, stop: {result.stop_reason}; "
         f"wins: {', '.join(f'{m} {n}' for m, n in result.wins)}; "
-        f"first segment after {result.first_segment_latency_s:.2f} s; calls saved by exit: {result.calls_saved_by_exit}.\n"
+        f"first segment after {result.first_segment_latency_s:.2f} s; "
+        f"calls saved by exit: {result.calls_saved_by_exit}.\n"
     )
     print("| per round (median) | draft | verify | accept | whole round |")
     print("|---|---|---|---|---|")
     med = statistics.median
     print(f"| seconds | {med(draft):.3f} | {med(verify):.3f} | {med(accept):.4f} | {med(total):.3f} |")
-    print(f"| share | {med(draft) / med(total):.0%} | {med(verify) / med(total):.0%} | "
-          f"{med(accept) / med(total):.1%} | 100% |")
+    print(
+        f"| share | {med(draft) / med(total):.0%} | {med(verify) / med(total):.0%} | "
+        f"{med(accept) / med(total):.1%} | 100% |"
+    )
 
 
 if __name__ == "__main__":
