@@ -322,9 +322,9 @@ def write_reports(
 
     report_dir.mkdir(parents=True, exist_ok=True)
     table = pd.DataFrame(summary_rows(outcomes))
-    stem = report_dir / f"eval-{mix}"
-    table.to_csv(stem.with_suffix(".csv"), index=False)
-    stem.with_suffix(".md").write_text(markdown_table(table.to_dict(orient="records")))
+    stem = report_dir / f"eval-{mix}"  # model names hold dots: never with_suffix on this stem
+    table.to_csv(_with(stem, ".csv"), index=False)
+    _with(stem, ".md").write_text(markdown_table(table.to_dict(orient="records")))
     cases = failure_cases(outcomes)
     gold = {p.id: p.gold for p in problems}
     document = {
@@ -334,9 +334,13 @@ def write_reports(
         "failure_cases": cases,
         "outcomes": [{**o.__dict__, "gold": gold[o.problem]} for o in outcomes],
     }
-    stem.with_suffix(".json").write_text(json.dumps(document, indent=1) + "\n")
+    _with(stem, ".json").write_text(json.dumps(document, indent=1) + "\n")
     document["chart"] = _chart(table, stem, mix, len(problems), png)
     return document
+
+
+def _with(stem: Path, suffix: str) -> Path:
+    return stem.with_name(stem.name + suffix)
 
 
 def _chart(table: Any, stem: Path, mix: str, n: int, png: bool) -> dict[str, str | None]:
@@ -362,13 +366,13 @@ def _chart(table: Any, stem: Path, mix: str, n: int, png: bool) -> dict[str, str
         width=900,
         height=500,
     )
-    html = stem.with_suffix(".html")
+    html = _with(stem, ".html")
     figure.write_html(html, include_plotlyjs="cdn")
     done: dict[str, str | None] = {"html": str(html), "png": None, "png_error": None}
     if png:
         try:
-            figure.write_image(stem.with_suffix(".png"))
-            done["png"] = str(stem.with_suffix(".png"))
+            figure.write_image(_with(stem, ".png"))
+            done["png"] = str(_with(stem, ".png"))
         except Exception as e:  # kaleido missing or no Chrome: the HTML still stands
             done["png_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             log.warning("PNG export failed (%s); the HTML chart is at %s", done["png_error"], html)

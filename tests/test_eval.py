@@ -101,7 +101,7 @@ def test_every_system_runs_once_and_a_second_run_loads_the_traces(tiny_members, 
     again = ev.evaluate(tiny_members, problems, runs, config=config)
     assert again == first
 
-    document = ev.write_reports(again, problems, tmp_path / "report", "tiny", png=False)
+    document = ev.write_reports(again, problems, tmp_path / "report", "tiny-0.5b", png=False)
     rows = {r["system"]: r for r in document["summary"]}
     assert (
         rows["ensemble"]["problems"] == 2 and 0 <= rows["ensemble"]["ci_low"] <= rows["ensemble"]["ci_high"]
@@ -109,7 +109,7 @@ def test_every_system_runs_once_and_a_second_run_loads_the_traces(tiny_members, 
     assert rows["single-llama-bytes"]["models_drafting_per_round"] == 1.0
     assert 1.0 <= rows["ensemble"]["models_drafting_per_round"] <= 3.0
     for suffix in (".csv", ".md", ".json", ".html"):
-        assert (tmp_path / "report" / f"eval-tiny{suffix}").is_file()
+        assert (tmp_path / "report" / f"eval-tiny-0.5b{suffix}").is_file()  # a dot in a name survives
 
 
 def outcome(system, problem, correct, trace="t.json"):
