@@ -70,6 +70,7 @@ class Ensemble:
     def _rounds(self, calls: _Calls, config: EnsembleConfig, prompt: str) -> Iterator[Round]:
         names = self.names
         n = len(names)
+        index = {m: i for i, m in enumerate(names)}
         weights = feedback.uniform(n)
         quality = dict.fromkeys(names, 0.0)
         active = list(names)
@@ -96,7 +97,6 @@ class Ensemble:
 
             # 3. Normalize each verifier's row, aggregate with the weights learned so far, choose.
             scores = feedback.normalize(raw, config.normalization)
-            index = {m: i for i, m in enumerate(names)}
             voting = [weights[index[v]] for v in verifiers]
             y = feedback.aggregate(scores, voting, verifiers, active, config.self_scores)
             # An empty non-final draft never wins; nor, with the echo guard, a candidate that would
