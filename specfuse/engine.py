@@ -85,7 +85,8 @@ class Ensemble:
             # 1. Draft: each active member continues its own context for at most L tokens.
             drafted, _ = calls.each(active, "draft", budget)
             candidates = tuple(drafted)
-            scorable = [c for c in candidates if c.text or c.final]
+            drafted_text = [bool(c.text or c.final) for c in candidates]  # an empty non-final draft: nothing
+            scorable = any(drafted_text)
 
             # 2. Verify: each verifier scores every candidate in one packed pass (raw z_ij).
             verify_s: dict[str, float] = {}
@@ -101,7 +102,7 @@ class Ensemble:
             y = feedback.aggregate(scores, voting, verifiers, active, config.self_scores)
             # An empty non-final draft never wins; nor, with the echo guard, a candidate that would
             # leave the answer a verbatim piece of the prompt (unless every candidate would).
-            eligible = [c in scorable for c in candidates]
+            eligible = list(drafted_text)
             if config.echo_guard:
                 fresh = [
                     ok and not echoes_prompt(prompt, answer, c.text) for ok, c in zip(eligible, candidates)
