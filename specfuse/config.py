@@ -18,30 +18,74 @@ PARALLEL_MODES = ("auto", "on", "off")
 MAX_SEGMENT_LEN = 256
 
 
+def setting(
+    default: Any,
+    help: str,
+    *,
+    choices: tuple[str, ...] | None = None,
+    low: float | None = None,
+    high: float | None = None,
+    group: str = "run",
+) -> Any:
+    """One EnsembleConfig field with its documentation: the single source for the CLI and the app.
+
+    `dataclasses.fields(EnsembleConfig)[i].metadata` holds help (one line), choices (for a string
+    setting), low/high (the bounds __post_init__ enforces, for sliders and the CLI's help) and group
+    (where the app places it: run, sampling, scoring, feedback, exit, devices).
+    """
+    meta = {"help": help, "choices": choices, "low": low, "high": high, "group": group}
+    if isinstance(default, (list, tuple, dict, set)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 @dataclass(frozen=True)
 class EnsembleConfig:
     """Settings of one ensemble run. Defaults follow SPEC.md; every switch is documented in the README."""
 
-    segment_len: int = 10  # L: at most this many new tokens per candidate (drafter's tokenizer)
-    max_new_tokens: int = 256  # answer budget, counted in the winning drafters' tokens
-    max_rounds: int | None = None  # optional round limit
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0
-    seed: int = 0
-    score: str = "logit"  # "logit": mean raw logit (the paper); "logprob": mean log-probability
-    normalization: str = "zsoftmax"  # how each verifier's row is normalized (see feedback.normalize)
-    self_scores: bool = True  # False: a verifier's score of its own candidate is left out of y_j
-    feedback: bool = True  # online feedback: weights follow the rewards
-    learning_rate: float = 1.0  # α in η_k = α / (N √k)
-    exit: bool = True  # model exit (SpecFuse; our reconstruction, see feedback.exit_decisions)
-    exit_threshold: float = 0.5  # δ: a member exits when p_i < δ / |A_k|
-    exit_warmup: int = 3  # no exit before this many rounds have been played
-    exit_temperature: float = 1.0  # τ_0: base temperature of the keep-probabilities
-    exit_min_active: int = 2  # never fewer drafting members than this (an ensemble of one is no ensemble)
-    exited_verify: bool = True  # exited members keep scoring (they stop drafting only)
-    echo_guard: bool = True  # a candidate that leaves the answer a mere copy of the prompt cannot win
-    stop_strings: tuple[str, ...] = field(default=())  # end the answer before any of these
-    parallel: str = "auto"  # draft/verify concurrently: "auto" = when members sit on several devices
+    segment_len: int = setting(
+        10, "L: tokens per candidate, in the drafter's own tokenizer", low=1, high=MAX_SEGMENT_LEN
+    )
+    max_new_tokens: int = setting(256, "answer budget, counted in the winning drafters' tokens", low=1)
+    max_rounds: int | None = setting(None, "stop after this many rounds (none: no round limit)", low=1)
+    temperature: float = setting(0.0, "sampling temperature; 0 = greedy", low=0.0, group="sampling")
+    top_p: float = setting(1.0, "nucleus sampling mass, in (0, 1]", low=0.0, high=1.0, group="sampling")
+    seed: int = setting(0, "sampling seed; member i uses seed + i", low=0, group="sampling")
+    score: str = setting(
+        "logit",
+        "raw score z_ij: mean raw logit (the paper) or mean log-probability",
+        choices=SCORE_MODES,
+        group="scoring",
+    )
+    normalization: str = setting(
+        "zsoftmax",
+        "how each verifier's row is normalized over the candidates",
+        choices=NORMALIZATIONS,
+        group="scoring",
+    )
+    self_scores: bool = setting(True, "count each verifier's score of its own candidate", group="scoring")
+    feedback: bool = setting(True, "online feedback: weights follow the rewards", group="feedback")
+    learning_rate: float = setting(1.0, "α in η_k = α / (N √k)", low=0.0, group="feedback")
+    exit: bool = setting(True, "model exit: members whose candidates keep losing stop drafting", group="exit")
+    exit_threshold: float = setting(
+        0.5, "δ: a member exits when its keep-probability p_i < δ / |A_k|", low=0.0, high=1.0, group="exit"
+    )
+    exit_warmup: int = setting(3, "no exit before this many rounds have been played", low=0, group="exit")
+    exit_temperature: float = setting(
+        1.0, "τ_0: base temperature of the keep-probabilities", low=0.0, group="exit"
+    )
+    exit_min_active: int = setting(2, "never fewer drafting members than this", low=1, group="exit")
+    exited_verify: bool = setting(True, "exited members keep scoring (they stop drafting only)", group="exit")
+    echo_guard: bool = setting(
+        True, "a candidate that leaves the answer a mere copy of the prompt cannot win", group="scoring"
+    )
+    stop_strings: tuple[str, ...] = setting((), "end the answer before any of these strings")
+    parallel: str = setting(
+        "auto",
+        "draft/verify members concurrently (auto: when they sit on several devices)",
+        choices=PARALLEL_MODES,
+        group="devices",
+    )
 
     def __post_init__(self) -> None:
         _int_range("segment_len", self.segment_len, 1, MAX_SEGMENT_LEN)

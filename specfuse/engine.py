@@ -61,6 +61,19 @@ class Ensemble:
         finally:
             calls.shutdown()
 
+    def stream_many(
+        self, prompts: Sequence[str], config: EnsembleConfig | Sequence[EnsembleConfig] | None = None
+    ) -> Iterator[tuple[int, Round]]:
+        """Answer several prompts; yield (prompt index, Round) as rounds finish.
+
+        `config` is one config for all prompts or one per prompt. Each prompt's rounds are exactly
+        those stream() would yield for it alone.
+        """
+        configs = _per_prompt(config or self.config, len(prompts))
+        for i, (prompt, cfg) in enumerate(zip(prompts, configs)):
+            for rnd in self.stream(prompt, cfg):
+                yield i, rnd
+
     def run(self, prompt: str, config: EnsembleConfig | None = None) -> Result:
         """The whole answer and its totals, for scripts: a consumer of stream()."""
         return summarize(list(self.stream(prompt, config)))
@@ -205,6 +218,15 @@ class Ensemble:
             for e in exits:
                 active.remove(e.member)
                 exited.append(e.member)
+
+
+def _per_prompt(config: EnsembleConfig | Sequence[EnsembleConfig], n: int) -> list[EnsembleConfig]:
+    if isinstance(config, EnsembleConfig):
+        return [config] * n
+    configs = list(config)
+    if len(configs) != n:
+        raise ConfigError(f"{n} prompts but {len(configs)} configs; give one config or one per prompt")
+    return configs
 
 
 def check_prompt(prompt: str) -> None:

@@ -23,6 +23,31 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class TokenScores:
+    """One verifier's token-level evidence on one candidate: the values behind z_ij.
+
+    `tokens` is the candidate as *this verifier* tokenized it in context (decoded piece by piece),
+    followed by the verifier's end marker when the candidate is final; z_ij is the mean of
+    `logits` (score "logit") or of `logprobs` (score "logprob") over them.
+    """
+
+    tokens: tuple[str, ...]
+    logits: tuple[float, ...]  # raw logit of each token
+    logprobs: tuple[float, ...]  # log-probability of each token (same length)
+
+
+@dataclass(frozen=True)
+class Branch:
+    """Where a branched run leaves its parent: round k was forced to `text` instead of the parent's
+    winner; rounds < k are the parent's."""
+
+    parent: str  # the parent trace's id
+    k: int  # the round that was forced
+    text: str  # the forced segment
+    origin: str  # the member whose candidate was forced, or "you" for a typed segment
+
+
+@dataclass(frozen=True)
 class ExitEvent:
     member: str  # who left the drafting set
     k: int  # the round after which it left
@@ -62,6 +87,7 @@ class Round:
     stop_reason: str | None  # None while running, else one of STOP_REASONS
     eligible: tuple[bool, ...] = ()  # [candidates]: could be chosen (empty drafts and prompt echoes
     # cannot); () in hand-built records means all
+    token_scores: tuple[tuple[TokenScores, ...], ...] = ()  # [verifiers][candidates]; () when not kept
 
     @property
     def winner(self) -> Candidate:
