@@ -13,6 +13,8 @@ from typing import Any
 from .errors import ConfigError
 
 NORMALIZATIONS = ("zsoftmax", "minmax", "sum", "none")
+AGGREGATIONS = ("mean", "median", "filtered")  # feedback.aggregate
+PRIORS = ("uniform", "prompt")
 SCORE_MODES = ("logit", "logprob")
 PARALLEL_MODES = ("auto", "on", "off")
 MAX_SEGMENT_LEN = 256
@@ -64,6 +66,39 @@ class EnsembleConfig:
         group="scoring",
     )
     self_scores: bool = setting(True, "count each verifier's score of its own candidate", group="scoring")
+    aggregation: str = setting(
+        "mean",
+        "how the verifiers' scores of a candidate combine: weighted mean (the paper), weighted median, "
+        "or filtered (votes far from the median dropped, SweetSpan-style)",
+        choices=AGGREGATIONS,
+        group="scoring",
+    )
+    outlier_gap: float = setting(
+        0.25,
+        "filtered aggregation: drop votes farther than this from the median",
+        low=0.0,
+        high=1.0,
+        group="scoring",
+    )
+    repeat_penalty: float = setting(
+        0.0,
+        "subtract this × the share of a candidate's word 3-grams already in the answer (loops)",
+        low=0.0,
+        high=10.0,
+        group="scoring",
+    )
+    prior: str = setting(
+        "uniform",
+        "starting weights: uniform 1/N (the paper) or from each member's surprise at the prompt",
+        choices=PRIORS,
+        group="feedback",
+    )
+    prior_temperature: float = setting(
+        0.1, "prompt prior: w ∝ exp(−nats per byte / T)", low=0.0, group="feedback"
+    )
+    weighted_rewards: bool = setting(
+        False, "rewards count each verifier's comparisons with its weight", group="feedback"
+    )
     feedback: bool = setting(True, "online feedback: weights follow the rewards", group="feedback")
     learning_rate: float = setting(1.0, "α in η_k = α / (N √k)", low=0.0, group="feedback")
     exit: bool = setting(True, "model exit: members whose candidates keep losing stop drafting", group="exit")
@@ -103,6 +138,17 @@ class EnsembleConfig:
         _choice("score", self.score, SCORE_MODES)
         _choice("normalization", self.normalization, NORMALIZATIONS)
         _choice("parallel", self.parallel, PARALLEL_MODES)
+        _choice("aggregation", self.aggregation, AGGREGATIONS)
+        _choice("prior", self.prior, PRIORS)
+        _real("outlier_gap", self.outlier_gap)
+        if not 0 <= self.outlier_gap <= 1:
+            raise ConfigError(f"outlier_gap must be in [0, 1], got {self.outlier_gap}")
+        _real("repeat_penalty", self.repeat_penalty)
+        if not 0 <= self.repeat_penalty <= 10:
+            raise ConfigError(f"repeat_penalty must be in [0, 10], got {self.repeat_penalty}")
+        _real("prior_temperature", self.prior_temperature)
+        if self.prior_temperature <= 0:
+            raise ConfigError(f"prior_temperature must be > 0, got {self.prior_temperature}")
         _real("learning_rate", self.learning_rate)
         if self.learning_rate < 0:
             raise ConfigError(f"learning_rate must be ≥ 0, got {self.learning_rate}")
@@ -133,6 +179,7 @@ class EnsembleConfig:
             score=self.score,
             stop_strings=self.stop_strings,
             max_new_tokens=self.max_new_tokens,
+            measure_prompt=self.prior == "prompt",
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -162,6 +209,7 @@ class MemberSettings:
     score: str = "logit"
     stop_strings: tuple[str, ...] = ()
     max_new_tokens: int = 256
+    measure_prompt: bool = False  # start() also measures the member's surprise at the prompt
 
 
 def _int_range(name: str, value: object, low: int, high: int) -> None:
