@@ -76,18 +76,25 @@ class Ensemble:
             yield rnd
 
     def stream_many(
-        self, prompts: Sequence[str], config: EnsembleConfig | Sequence[EnsembleConfig] | None = None
+        self,
+        prompts: Sequence[str],
+        config: EnsembleConfig | Sequence[EnsembleConfig] | None = None,
+        *,
+        batch_size: int | None = None,
     ) -> Iterator[tuple[int, Round]]:
         """Answer several prompts in lockstep; yield (prompt index, Round) as rounds finish.
 
         `config` is one config for all prompts or one per prompt (a study runs its variants side by
         side). A member asked for several prompts at once batches them when it can (HFMember does);
         each prompt's rounds are those stream() yields for it alone (exactly in fp32 greedy, up to
-        batched arithmetic's rounding otherwise). Finished prompts drop out of the batch.
+        batched arithmetic's rounding otherwise). At most `batch_size` prompts (default: all) are
+        under way at once: a finished prompt drops out and the next waiting one takes its place.
         """
         configs = _per_prompt(config or self.config, len(prompts))
+        if batch_size is not None and batch_size < 1:
+            raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
         runs = [_Run(p, c, self.names) for p, c in zip(prompts, configs)]
-        yield from self._lockstep(runs)
+        yield from self._lockstep(runs, batch_size or max(1, len(runs)))
 
     def run(self, prompt: str, config: EnsembleConfig | None = None) -> Result:
         """The whole answer and its totals, for scripts: a consumer of stream()."""
@@ -95,19 +102,26 @@ class Ensemble:
 
     # -- the loop ------------------------------------------------------------------------------------
 
-    def _lockstep(self, runs: list[_Run]) -> Iterator[tuple[int, Round]]:
+    def _lockstep(self, runs: list[_Run], batch_size: int = 1) -> Iterator[tuple[int, Round]]:
         for run in runs:
             check_prompt(run.prompt)
         calls = _Calls(self.members, _parallel(self.members, runs[0].config if runs else self.config))
+        waiting = list(range(len(runs)))
+        live: list[int] = []
         try:
-            calls.start(runs)
-            for run in runs:
-                run.resume(calls)
-            live = list(range(len(runs)))
-            while live:
+            while waiting or live:
+                joining, waiting = waiting[: batch_size - len(live)], waiting[batch_size - len(live) :]
+                if joining:
+                    calls.start([runs[i] for i in joining])
+                    for i in joining:
+                        runs[i].resume(calls)
+                    live += joining
                 rounds = self._round([runs[i] for i in live], calls)
                 yield from zip(live, rounds)
                 live = [i for i in live if not runs[i].done]
+                for i in range(len(runs)):
+                    if runs[i].done:
+                        runs[i].states.clear()  # a finished run's caches go now, not at the end
         finally:
             calls.shutdown()
 

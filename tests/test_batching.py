@@ -55,7 +55,10 @@ def test_each_prompt_may_run_its_own_config_in_one_batch(tiny_members):
 
 
 def test_a_finished_prompt_drops_out_and_the_others_go_on(tiny_members):
-    configs = [EnsembleConfig(segment_len=4, max_new_tokens=4), EnsembleConfig(segment_len=4, max_new_tokens=24)]
+    configs = [
+        EnsembleConfig(segment_len=4, max_new_tokens=4),
+        EnsembleConfig(segment_len=4, max_new_tokens=24),
+    ]
     seen = [0, 0]
     for i, _ in Ensemble(tiny_members).stream_many(PROMPTS[:2], configs):
         seen[i] += 1
@@ -77,6 +80,18 @@ def test_token_scores_are_the_evidence_behind_each_raw_score(tiny_members):
                 assert len(detail.tokens) == len(detail.logits) >= 1
                 assert detail.logprobs == ()  # logit scoring never pays for full vocabulary rows
                 assert z == pytest.approx(sum(detail.logits) / len(detail.logits), abs=1e-5)
-    logprob = list(Ensemble(tiny_members, EnsembleConfig(max_new_tokens=12, score="logprob")).stream(PROMPTS[1]))
+    logprob = list(
+        Ensemble(tiny_members, EnsembleConfig(max_new_tokens=12, score="logprob")).stream(PROMPTS[1])
+    )
     detail = logprob[0].token_scores[0][0]
     assert len(detail.logprobs) == len(detail.logits) and all(v <= 0 for v in detail.logprobs)
+
+
+def test_a_rolling_batch_gives_the_same_answers(tiny_members):
+    config = EnsembleConfig(segment_len=5, max_new_tokens=20)
+    ensemble = Ensemble(tiny_members, config)
+    got: dict[int, list] = {}
+    for i, rnd in ensemble.stream_many(PROMPTS, batch_size=2):
+        got.setdefault(i, []).append(rnd)
+    for i, prompt in enumerate(PROMPTS):
+        same_rounds(list(ensemble.stream(prompt)), got[i])

@@ -37,7 +37,9 @@ def prompt(run):
 def test_branching_with_the_original_winner_reproduces_the_run(tiny_members, original, prompt):
     k = 3
     branch = list(
-        Ensemble(tiny_members, CONFIG).stream(prompt, start=original[: k - 1], forced=original[k - 1].winner.text)
+        Ensemble(tiny_members, CONFIG).stream(
+            prompt, start=original[: k - 1], forced=original[k - 1].winner.text
+        )
     )
     same_rounds(original[k - 1 :], branch)
 
