@@ -93,6 +93,12 @@ class EnsembleConfig:
         choices=PRIORS,
         group="feedback",
     )
+    initial_weights: tuple[float, ...] = setting(
+        (),
+        "starting weights, one per member in ensemble order (normalized; empty: the prior rule): "
+        "say how far you trust each member before the first round",
+        group="feedback",
+    )
     prior_temperature: float = setting(
         0.1, "prompt prior: w ∝ exp(−nats per byte / T)", low=0.0, group="feedback"
     )
@@ -146,6 +152,15 @@ class EnsembleConfig:
         _real("repeat_penalty", self.repeat_penalty)
         if not 0 <= self.repeat_penalty <= 10:
             raise ConfigError(f"repeat_penalty must be in [0, 10], got {self.repeat_penalty}")
+        weights = tuple(self.initial_weights)
+        if any(
+            isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0
+            for w in weights
+        ) or (weights and sum(weights) <= 0):
+            raise ConfigError(
+                f"initial_weights must be non-negative numbers with a positive sum, got {weights!r}"
+            )
+        object.__setattr__(self, "initial_weights", tuple(float(w) for w in weights))
         _real("prior_temperature", self.prior_temperature)
         if self.prior_temperature <= 0:
             raise ConfigError(f"prior_temperature must be > 0, got {self.prior_temperature}")
@@ -194,8 +209,9 @@ class EnsembleConfig:
         if unknown:
             raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
         values = dict(data)
-        if "stop_strings" in values and isinstance(values["stop_strings"], list):
-            values["stop_strings"] = tuple(values["stop_strings"])
+        for key in ("stop_strings", "initial_weights"):
+            if key in values and isinstance(values[key], list):
+                values[key] = tuple(values[key])
         return cls(**values)
 
 

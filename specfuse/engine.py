@@ -197,9 +197,18 @@ class _Run:
         """Set the run's starting point: round 1, or the round after a branch's `start` rounds."""
         n = len(self.names)
         self.began = time.perf_counter()
-        prior = [calls.surprise(m, self) for m in self.names] if self.config.prior == "prompt" else []
-        self.weights = feedback.prior_weights(prior, self.config.prior_temperature) if prior else []
-        self.weights = self.weights or feedback.uniform(n)
+        given = self.config.initial_weights
+        if given and len(given) != n:
+            raise ConfigError(
+                f"initial_weights has {len(given)} values for {n} members ({', '.join(self.names)})"
+            )
+        if given:
+            self.weights = [w / sum(given) for w in given]
+        elif self.config.prior == "prompt":
+            surprise = [calls.surprise(m, self) for m in self.names]
+            self.weights = feedback.prior_weights(surprise, self.config.prior_temperature)
+        else:
+            self.weights = feedback.uniform(n)
         self.quality = dict.fromkeys(self.names, 0.0)
         self.active = list(self.names)
         if not self.start:

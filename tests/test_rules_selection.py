@@ -149,3 +149,14 @@ def test_the_prompt_prior_measures_surprise_in_nats_per_byte(tiny_members):
     # A random-weight model over 256+ byte tokens: about ln(V) nats for each one-byte token.
     assert surprise is not None and 0.5 * math.log(260) < surprise < 2 * math.log(300)
     assert member.prompt_surprise(member.start("Count", MemberSettings())) is None
+
+
+def test_initial_weights_set_the_first_round_and_must_fit_the_members(tiny_members):
+    config = EnsembleConfig(segment_len=4, max_new_tokens=8, initial_weights=(1, 1, 2))
+    first = next(Ensemble(tiny_members, config).stream("Hi"))
+    assert first.weights_before == pytest.approx((0.25, 0.25, 0.5))
+    with pytest.raises(ConfigError, match="2 values for 3 members"):
+        next(Ensemble(tiny_members, EnsembleConfig(initial_weights=(1, 1))).stream("Hi"))
+    with pytest.raises(ConfigError, match="non-negative"):
+        EnsembleConfig(initial_weights=(1, -1))
+    assert EnsembleConfig.from_dict(config.to_dict()) == config
