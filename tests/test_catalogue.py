@@ -253,15 +253,23 @@ def test_interrupted_conversion_leaves_no_marker(tmp_path, monkeypatch, failure)
     assert ensure_cached(entry, cache) == cache / entry.name
 
 
-def test_progress_reaches_one(tmp_path, monkeypatch):
+def test_progress_reaches_one(tmp_path, monkeypatch, capsys):
     entry = fake_entry(tmp_path, [b"a", b"b"])
     monkeypatch.setattr(catalogue, "_convert", fake_convert)
     seen: list[float] = []
     ensure_cached(entry, tmp_path / "cache", lambda f, m: seen.append(f))
-    assert seen == sorted(seen) and seen[0] >= 0.0
+    assert seen == sorted(seen) and seen[0] >= 0.0 and seen[-1] < 1.0  # a step of a member's load
+    for name in ("one", "two"):
+        save_tiny_checkpoint(tmp_path / name, None)
+    seen.clear()
+    catalogue.load_members(
+        [str(tmp_path / "one"), str(tmp_path / "two")], progress=lambda f, m: seen.append(f)
+    )
+    assert seen == sorted(seen) and seen[-1] == 1.0 and 0.5 in seen  # the first of two is half the way
     bar = tqdm_progress("test")
     for f in (0.0, 0.5, 1.0):
         bar(f, f"step {f}")
+    assert "100%" in capsys.readouterr().err
 
 
 # ---- a local checkpoint folder -------------------------------------------------------------------
