@@ -4,6 +4,8 @@ The public API. `Ensemble.stream(prompt)` yields one `Round` per draft → verif
 every view (app, CLI, trace, benchmark, evaluation) consumes that stream.
 """
 
+__version__ = "0.2.0"  # pyproject.toml reads it; CHANGELOG.md says what changed
+
 from .config import EnsembleConfig, MemberSettings
 from .engine import Ensemble
 from .errors import (
@@ -19,6 +21,7 @@ from .records import Candidate, ExitEvent, MemberTiming, Result, Round, answer_s
 from .trace import Trace, dump_trace, load_trace, parse_trace, save_trace
 
 __all__ = [
+    "__version__",
     "Candidate",
     "ConfigError",
     "Ensemble",
