@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from specfuse import EnsembleConfig, Trace, TraceError, dump_trace, load_trace, parse_trace, save_trace
+from specfuse import trace as trace_module
 from specfuse.engine import Ensemble
 from specfuse.records import ROUND_STOP_REASONS, STOP_REASONS, Branch, TokenScores, summarize
 from specfuse.trace import MAX_TRACE_BYTES, VERSION
@@ -175,6 +176,32 @@ def test_oversized_and_missing_files_are_refused(tmp_path):
         parse_trace(" " * (MAX_TRACE_BYTES + 1))
     with pytest.raises(TraceError, match="cannot read"):
         load_trace(tmp_path / "missing.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class Later:
+    """A record as someone might add one later: the reader handles its types without a change."""
+
+    pairs: tuple[tuple[str, int], ...]
+    maybe: float | None
+    inner: TokenScores | None = None
+    flag: bool = False
+
+
+def test_the_reader_follows_the_records_types_not_a_list_of_names():
+    read = lambda obj: trace_module._value(obj, Later, "x", VERSION)  # noqa: E731
+    assert read({"pairs": [["a", 1]], "maybe": None}) == Later((("a", 1),), None)
+    nested = {"pairs": [], "maybe": 2, "inner": {"tokens": ["t"], "logits": [1], "logprobs": [-1]}}
+    assert read(nested) == Later((), 2.0, TokenScores(("t",), (1.0,), (-1.0,)))
+    for bad, message in [
+        ({"pairs": [["a", "1"]], "maybe": None}, r"x.pairs\[0\]\[1\]: expected int, got str"),
+        ({"pairs": [["a"]], "maybe": None}, r"x.pairs\[0\]: expected 2 items, got 1"),
+        ({"pairs": [], "maybe": "2"}, "x.maybe: expected a number, got str"),
+        ({"pairs": [], "maybe": None, "inner": {"tokens": []}}, "x.inner: missing 'logits'"),
+        ({"pairs": []}, "x: missing 'maybe'"),
+    ]:
+        with pytest.raises(TraceError, match=message):
+            read(bad)
 
 
 def test_stop_reasons_list_every_reason_the_engine_and_summarize_produce():
