@@ -19,7 +19,6 @@ NORMALIZATIONS = ("zsoftmax", "minmax", "sum", "none")
 SCORE_MODES = ("logit", "logprob")
 PARALLEL_MODES = ("auto", "on", "off")
 MAX_SEGMENT_LEN = 256
-MAX_INT = 1_000_000  # the bound of an integer setting that names no `high`
 
 
 def setting(
@@ -145,6 +144,20 @@ class MemberSettings:
     max_new_tokens: int = 256
 
 
+def _within(value: float, low: float | None, high: float | None) -> bool:
+    return (low is None or value >= low) and (high is None or value <= high)
+
+
+def _integer_range(low: float | None, high: float | None) -> str:
+    if low is not None and high is not None:
+        return f"an integer in {low:g}..{high:g}"
+    if low == 0:
+        return "a non-negative integer"
+    if low is not None:
+        return f"an integer ≥ {low:g}"
+    return "an integer" if high is None else f"an integer ≤ {high:g}"
+
+
 @functools.cache
 def _hints() -> dict[str, Any]:
     return typing.get_type_hints(EnsembleConfig)
@@ -170,10 +183,8 @@ def _check_field(name: str, value: Any, hint: Any, meta: Mapping[str, Any]) -> A
         if not isinstance(value, bool):
             raise ConfigError(f"{name} must be true or false, got {value!r}")
     elif hint is int:
-        top = MAX_INT if high is None else int(high)
-        bottom = -MAX_INT if low is None else int(low)
-        if not isinstance(value, int) or isinstance(value, bool) or not bottom <= value <= top:
-            raise ConfigError(f"{name} must be an integer in {bottom}..{top}, got {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or not _within(value, low, high):
+            raise ConfigError(f"{name} must be {_integer_range(low, high)}, got {value!r}")
     elif hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ConfigError(f"{name} must be a finite number, got {value!r}")

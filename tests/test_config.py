@@ -167,3 +167,10 @@ def test_to_dict_and_from_dict_round_trip_through_json():
     assert EnsembleConfig(stop_strings=["a"]).stop_strings == ("a",)  # lists become tuples
     with pytest.raises(ConfigError, match="unknown config keys: bogus"):
         EnsembleConfig.from_dict({**EnsembleConfig().to_dict(), "bogus": 1})
+
+
+def test_an_integer_without_an_upper_bound_takes_any_size():
+    """Seeds such as 1234567890 are common; a setting with no `high` has no hidden cap."""
+    assert EnsembleConfig(seed=2**40).seed == 2**40
+    with pytest.raises(ConfigError, match="seed must be a non-negative integer, got -1"):
+        EnsembleConfig(seed=-1)
