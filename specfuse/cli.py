@@ -138,12 +138,13 @@ def config_from_args(args: argparse.Namespace) -> EnsembleConfig:
 
     Built from the fields, never listed by hand: a new setting() field arrives here by itself.
     """
+    hints = typing.get_type_hints(EnsembleConfig)
     values = {}
     for f in dataclasses.fields(EnsembleConfig):
         value = getattr(args, f.name)
         if isinstance(value, list):
             value = tuple(value)
-        if value is not None or _scalar(typing.get_type_hints(EnsembleConfig)[f.name])[1]:
+        if value is not None or _scalar(hints[f.name])[1]:
             values[f.name] = value  # an unrepeated repeatable flag (None) keeps the field's default
     return EnsembleConfig(**values)
 
@@ -225,7 +226,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         trace = dataclasses.replace(trace, rounds=tuple(rounds))
         if args.trace and rounds:
             try:
-                save_trace(trace, args.trace)
+                save_trace(trace, Path(args.trace).expanduser())
             except OSError as e:
                 raise SpecfuseError(f"could not write the trace to {args.trace!r}: {e.strerror or e}") from e
     out.write("\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specfuse import EnsembleConfig, load_trace
+from specfuse import ConfigError, EnsembleConfig, load_trace
 from specfuse.cli import _load, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,6 +84,8 @@ def test_invalid_utf8_on_stdin_exits_2_before_loading(monkeypatch):
     from specfuse.cli import read_prompt
 
     assert read_prompt("-") == "café ✓"
+    with pytest.raises(ConfigError, match="not valid UTF-8"):
+        read_prompt("caf\udce9")  # undecodable argv bytes, as Python hands them over
 
 
 def test_a_loading_error_starts_on_its_own_line_after_the_progress_bar(tiny_checkpoints, tmp_path, capsys):
