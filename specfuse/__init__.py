@@ -17,11 +17,22 @@ from .errors import (
     TraceError,
     UnknownModelError,
 )
-from .records import Candidate, ExitEvent, MemberTiming, Result, Round, answer_spans, summarize
+from .records import (
+    Branch,
+    Candidate,
+    ExitEvent,
+    MemberTiming,
+    Result,
+    Round,
+    TokenScores,
+    answer_spans,
+    summarize,
+)
 from .trace import Trace, dump_trace, load_trace, parse_trace, save_trace
 
 __all__ = [
     "__version__",
+    "Branch",
     "Candidate",
     "ConfigError",
     "Ensemble",
@@ -35,6 +46,7 @@ __all__ = [
     "Result",
     "Round",
     "SpecfuseError",
+    "TokenScores",
     "Trace",
     "TraceError",
     "UnknownModelError",
