@@ -6,8 +6,11 @@ Stdlib only; knows nothing about models.
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import asdict, dataclass, field
+import typing
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .errors import ConfigError
@@ -129,57 +132,26 @@ class EnsembleConfig:
     )
 
     def __post_init__(self) -> None:
-        _int_range("segment_len", self.segment_len, 1, MAX_SEGMENT_LEN)
-        _int_range("max_new_tokens", self.max_new_tokens, 1, 1_000_000)
-        if self.max_rounds is not None:
-            _int_range("max_rounds", self.max_rounds, 1, 1_000_000)
-        _real("temperature", self.temperature)
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be ≥ 0 (0 = greedy), got {self.temperature}")
-        _real("top_p", self.top_p)
-        if not 0 < self.top_p <= 1:
+        # Types, choices and bounds come from each field's setting(); a new field is checked for free.
+        for f in fields(self):
+            value = _check_field(f.name, getattr(self, f.name), _hints()[f.name], f.metadata)
+            object.__setattr__(self, f.name, value)
+        # Bounds a setting() cannot say: open intervals and non-empty items.
+        if self.top_p <= 0:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
-        _choice("score", self.score, SCORE_MODES)
-        _choice("normalization", self.normalization, NORMALIZATIONS)
-        _choice("parallel", self.parallel, PARALLEL_MODES)
-        _choice("aggregation", self.aggregation, AGGREGATIONS)
-        _choice("prior", self.prior, PRIORS)
-        _real("outlier_gap", self.outlier_gap)
-        if not 0 <= self.outlier_gap <= 1:
-            raise ConfigError(f"outlier_gap must be in [0, 1], got {self.outlier_gap}")
-        _real("repeat_penalty", self.repeat_penalty)
-        if not 0 <= self.repeat_penalty <= 10:
-            raise ConfigError(f"repeat_penalty must be in [0, 10], got {self.repeat_penalty}")
-        weights = tuple(self.initial_weights)
-        if any(
-            isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0
-            for w in weights
-        ) or (weights and sum(weights) <= 0):
-            raise ConfigError(
-                f"initial_weights must be non-negative numbers with a positive sum, got {weights!r}"
-            )
-        object.__setattr__(self, "initial_weights", tuple(float(w) for w in weights))
-        _real("prior_temperature", self.prior_temperature)
         if self.prior_temperature <= 0:
             raise ConfigError(f"prior_temperature must be > 0, got {self.prior_temperature}")
-        _real("learning_rate", self.learning_rate)
-        if self.learning_rate < 0:
-            raise ConfigError(f"learning_rate must be ≥ 0, got {self.learning_rate}")
-        _real("exit_threshold", self.exit_threshold)
-        if not 0 <= self.exit_threshold <= 1:
-            raise ConfigError(f"exit_threshold (δ) must be in [0, 1], got {self.exit_threshold}")
-        _int_range("exit_warmup", self.exit_warmup, 0, 1_000_000)
-        _int_range("exit_min_active", self.exit_min_active, 1, 1_000_000)
-        _real("exit_temperature", self.exit_temperature)
+        if any(w < 0 for w in self.initial_weights) or (
+            self.initial_weights and sum(self.initial_weights) <= 0
+        ):
+            raise ConfigError(
+                "initial_weights must be non-negative numbers with a positive sum, "
+                f"got {self.initial_weights!r}"
+            )
         if self.exit_temperature <= 0:
             raise ConfigError(f"exit_temperature must be > 0, got {self.exit_temperature}")
-        if isinstance(self.stop_strings, str) or any(
-            not isinstance(s, str) or not s for s in self.stop_strings
-        ):
+        if not all(self.stop_strings):
             raise ConfigError("stop_strings must be a tuple of non-empty strings")
-        object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
 
     @property
     def sampling(self) -> bool:
@@ -208,11 +180,7 @@ class EnsembleConfig:
         unknown = set(data) - known
         if unknown:
             raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
-        values = dict(data)
-        for key in ("stop_strings", "initial_weights"):
-            if key in values and isinstance(values[key], list):
-                values[key] = tuple(values[key])
-        return cls(**values)
+        return cls(**data)  # __post_init__ turns JSON lists back into tuples
 
 
 @dataclass(frozen=True)
@@ -228,16 +196,63 @@ class MemberSettings:
     measure_prompt: bool = False  # start() also measures the member's surprise at the prompt
 
 
-def _int_range(name: str, value: object, low: int, high: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ConfigError(f"{name} must be an integer in {low}..{high}, got {value!r}")
+def _within(value: float, low: float | None, high: float | None) -> bool:
+    return (low is None or value >= low) and (high is None or value <= high)
 
 
-def _real(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{name} must be a finite number, got {value!r}")
+def _integer_range(low: float | None, high: float | None) -> str:
+    if low is not None and high is not None:
+        return f"an integer in {low:g}..{high:g}"
+    if low == 0:
+        return "a non-negative integer"
+    if low is not None:
+        return f"an integer ≥ {low:g}"
+    return "an integer" if high is None else f"an integer ≤ {high:g}"
 
 
-def _choice(name: str, value: object, options: tuple[str, ...]) -> None:
-    if value not in options:
-        raise ConfigError(f"{name} must be one of {', '.join(options)}; got {value!r}")
+@functools.cache
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(EnsembleConfig)
+
+
+def _check_field(name: str, value: Any, hint: Any, meta: Mapping[str, Any]) -> Any:
+    """`value` checked against the field's type hint and its setting() metadata; tuples normalized."""
+    args = typing.get_args(hint)
+    if type(None) in args:  # X | None
+        if value is None:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        kind = typing.get_args(hint)[0]
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name} must be a tuple of {kind.__name__}, got {value!r}")
+        if kind is float and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value
+        ):
+            return tuple(float(v) for v in value)
+        if not all(isinstance(v, kind) for v in value):
+            raise ConfigError(f"{name} must be a tuple of {kind.__name__}, got {value!r}")
+        return tuple(value)
+    low, high, choices = meta.get("low"), meta.get("high"), meta.get("choices")
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be true or false, got {value!r}")
+    elif hint is int:
+        if not isinstance(value, int) or isinstance(value, bool) or not _within(value, low, high):
+            raise ConfigError(f"{name} must be {_integer_range(low, high)}, got {value!r}")
+    elif hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number, got {value!r}")
+        if low is not None and high is not None and not low <= value <= high:
+            raise ConfigError(f"{name} must be in [{low:g}, {high:g}], got {value}")
+        if low is not None and value < low:
+            raise ConfigError(f"{name} must be ≥ {low:g}, got {value}")
+        if high is not None and value > high:
+            raise ConfigError(f"{name} must be ≤ {high:g}, got {value}")
+        value = float(value)
+    elif hint is str and not isinstance(value, str):
+        raise ConfigError(f"{name} must be text, got {value!r}")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+    return value

@@ -30,7 +30,8 @@ def test_a_draft_stays_within_l_tokens_plus_utf8_grace(tiny_members, spec, limit
     cand = member.draft(state, limit)
     assert cand.num_tokens <= limit + 4
     assert state.cache.get_seq_length() == cached  # the draft's keys are not left in the cache
-    cand.text.encode("utf-8")  # always valid text
+    surrogates = [ch for ch in cand.text if 0xD800 <= ord(ch) <= 0xDFFF]
+    assert not surrogates  # always text that encodes as UTF-8 (no half-decoded bytes)
 
 
 def test_greedy_draft_is_the_models_own_greedy_continuation(tiny_members):
