@@ -61,7 +61,7 @@ def argv_for(field: dataclasses.Field, value) -> list[str]:
     if isinstance(value, bool):
         return [next(f for f in flags if f.startswith("--no-") == (not value))]
     if isinstance(value, tuple):
-        return [x for item in value for x in (flags[0], item)]
+        return [x for item in value for x in (flags[0], str(item))]
     return [flags[0], str(value)]
 
 

@@ -128,7 +128,7 @@ def first(d):
         ),
         (
             lambda d: first(d)["token_scores"][1][2].update(logits=[1.0]),
-            r"token_scores\[1\]\[2\]: tokens, logits and logprobs differ in length",
+            r"token_scores\[1\]\[2\]: tokens, logits and logprobs \(when kept\) differ in length",
         ),
         (lambda d: first(d)["token_scores"].pop(), r"rounds\[0\].token_scores: expected 3 rows, got 2"),
         (lambda d: first(d)["weights_after"].append(1e999), "not a finite number|expected 3 values"),
