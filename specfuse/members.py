@@ -72,6 +72,10 @@ class HFState:
     generator: torch.Generator | None
     packed: _PackedPass | None = field(default=None)
     surprise: float | None = None  # nats per byte of the prompt's own text (settings.measure_prompt)
+    # Greedy drafts trimmed back to a word boundary: (the ids the draft continued, its kept tokens,
+    # the tokens trimmed away). If the kept text wins, the next greedy draft begins with exactly the
+    # trimmed tokens, so they are taken over instead of decoded again.
+    trimmed: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
 class HFMember:
@@ -86,6 +90,7 @@ class HFMember:
         prompt_format: PromptFormat = CHAT,
         device: str | None = None,
         reuse_verified_kv: bool = True,
+        reuse_trimmed: bool = True,
     ) -> None:
         if prompt_format.kind == "chat" and not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"{name}: the tokenizer has no chat template; use a completion prompt format")
@@ -105,6 +110,9 @@ class HFMember:
         # Accept the chosen candidate by moving its keys and values from the verify pass into place
         # (False: feed its tokens again, as the reference did; kept for the benchmark's comparison).
         self.reuse_verified_kv = reuse_verified_kv
+        # Take over the tokens a won-but-trimmed greedy draft decoded past its word boundary, instead
+        # of decoding them again (False: redraft them, for the benchmark's comparison and the tests).
+        self.reuse_trimmed = reuse_trimmed
 
     def __repr__(self) -> str:
         return f"HFMember({self.name!r}, {type(self.model).__name__}, device={self.device!r})"
@@ -201,6 +209,14 @@ class HFMember:
         live = [limit > 0 for limit in limits]
         hidden = torch.stack([s.last_hidden for s in states])  # [B, H]
         step = 0
+        if rows == 1 and live[0]:  # batch rows would need a ragged catch-up pass: single requests only
+            taken = self._take_over_trimmed(states[0], limits[0])
+            if taken:
+                new[0], step = list(taken), len(taken)
+                texts[0] = self._decode_after(states[0].ids, new[0])
+                hidden = self._forward(taken, states[0].cache)[-1][None]
+                live[0] = len(taken) < limits[0]
+        reused = step
         while any(live):
             logits = self.head.logits(hidden)  # [B, V] float32
             feed = [self.tokenizer.pad_token_id or 0] * rows
@@ -243,8 +259,19 @@ class HFMember:
             # (random weights do), not a character still arriving: it stays, as the text U+FFFD.
             text = texts[b] if finals[b] else trim_to_word_boundary(texts[b])
             count = self._tokens_in(state.ids, new[b], text)
-            out.append(Candidate(self.name, text, count, finals[b], seconds))
+            state.trimmed = None
+            if self.reuse_trimmed and state.settings.temperature <= 0 and count < len(new[b]):
+                state.trimmed = (tuple(state.ids) + tuple(new[b][:count]), tuple(new[b][count:]))
+            out.append(Candidate(self.name, text, count, finals[b], seconds, reused if rows == 1 else 0))
         return out
+
+    def _take_over_trimmed(self, state: HFState, limit: int) -> tuple[int, ...]:
+        """The tokens the last greedy draft trimmed away, when its kept text is now the answer's end:
+        greedy decoding from the same context would produce exactly them again."""
+        trimmed, state.trimmed = state.trimmed, None
+        if trimmed is None or tuple(state.ids) != trimmed[0]:
+            return ()
+        return trimmed[1][:limit]
 
     def score(self, state: HFState, candidates: Sequence[Candidate]) -> list[float]:
         """Raw scores z_i· of all candidates in one forward pass (verify-in-line)."""

@@ -23,6 +23,7 @@ class Candidate:
     num_tokens: int  # length in the drafter's own tokenizer
     final: bool  # ended at the drafter's end-of-turn token or a stop string
     seconds: float  # wall time of this draft
+    reused_tokens: int = 0  # tokens taken over from this drafter's previous, trimmed draft (not decoded)
 
 
 @dataclass(frozen=True)
