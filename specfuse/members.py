@@ -8,27 +8,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from transformers import DynamicCache
 
+from . import drafting
 from .config import MemberSettings
 from .errors import ConfigError, PromptTooLongError
 from .prompts import CHAT, PromptFormat
 from .records import Candidate
 from .scoring import Block, OutputHead, common_prefix_len, pack, sliding_window_of
-from .segments import REPLACEMENT, cut_at_stop, trim_to_word_boundary
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
-
-# A draft that ends inside a multi-byte character may run this many tokens past L to finish it.
-UTF8_GRACE_TOKENS = 4
 
 
 @runtime_checkable
@@ -111,44 +108,20 @@ class HFMember:
     # -- tokens ------------------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return drafting.encode(self.tokenizer, text)
 
     def prompt_ids(self, prompt: str) -> list[int]:
         """The member's own context for `prompt`: its chat template, or its completion format."""
-        fmt = self.prompt_format
-        if fmt.kind == "chat":
-            text = self.tokenizer.apply_chat_template(
-                fmt.messages(prompt), tokenize=False, add_generation_prompt=True
-            )
-            return self.encode(str(text))  # the template writes its own special tokens
-        return list(self.tokenizer(fmt.completion(prompt), add_special_tokens=True)["input_ids"])
+        return drafting.prompt_ids(self.tokenizer, self.prompt_format, prompt)
 
     def _end_marker(self) -> list[int]:
-        """What this member would emit after a finished answer: its end-of-turn token (chat), or
-        its first stop string (completion). Appended to a final candidate when scoring it, so a
-        verifier also judges whether the answer should end there."""
-        if self.prompt_format.kind == "completion" and self.prompt_format.stop_strings:
-            return self.encode(self.prompt_format.stop_strings[0])
-        eos = self.tokenizer.eos_token_id
-        if eos is None and self.stop_token_ids:
-            eos = min(self.stop_token_ids)
-        return [eos] if eos is not None else []
+        return drafting.end_marker(self.tokenizer, self.prompt_format, self.stop_token_ids)
 
     def _decode_after(self, ids: Sequence[int], new: Sequence[int]) -> str:
-        """The text that `new` adds after `ids`, decoded in context.
-
-        Decoding a slice alone can drop a leading space (SentencePiece decoders strip it at the
-        start of a text), so the last committed tokens are decoded with it and their text removed.
-        """
-        tail = list(ids[-2:])
-        before = self.decode(tail)
-        both = self.decode(tail + list(new))
-        if tail and both.startswith(before) and not before.endswith(REPLACEMENT):
-            return both[len(before) :]
-        return self.decode(new)
+        return drafting.decode_after(self.decode, ids, new)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+        return drafting.decode(self.tokenizer, ids)
 
     # -- the Member protocol -------------------------------------------------------------------------
 
@@ -175,35 +148,24 @@ class HFMember:
     def draft(self, state: HFState, max_new_tokens: int) -> Candidate:
         began = time.perf_counter()
         self._drop_packed(state)
-        settings = state.settings
-        stops = (*self.prompt_format.stop_strings, *settings.stop_strings)
-        new: list[int] = []
-        hidden, text, final = state.last_hidden, "", False
-        limit = max_new_tokens
-        while len(new) < limit:
-            token = self._next_token(hidden, state)
-            if token in self.stop_token_ids:
-                final = True
-                break
-            new.append(token)
-            text = self._decode_after(state.ids, new)
-            cut = cut_at_stop(text, stops)
-            if cut is not None:
-                text, final = text[:cut], True
-                break
-            if (
-                len(new) == limit
-                and text.endswith(REPLACEMENT)
-                and limit < max_new_tokens + UTF8_GRACE_TOKENS
-            ):
-                limit += 1  # finish the multi-byte character the last token began
-            if len(new) < limit:
+        stops = (*self.prompt_format.stop_strings, *state.settings.stop_strings)
+
+        def tokens() -> Iterator[int]:  # lazy: each token is computed only when the cut asks for it
+            hidden = state.last_hidden
+            while True:
+                token = self._next_token(hidden, state)
+                yield token
                 hidden = self._forward([token], state.cache)[-1]
+
+        new, text, final = drafting.cut_draft(
+            tokens(),
+            max_new_tokens,
+            decode=self.decode,
+            ids=state.ids,
+            stop_ids=self.stop_token_ids,
+            stops=stops,
+        )
         state.cache.crop(len(state.ids) - state.cache.get_seq_length())
-        # Past the grace tokens a trailing U+FFFD is an invalid byte the model really emitted (random
-        # weights do), not a character still arriving: it stays, as the valid text U+FFFD.
-        if not final:
-            text = trim_to_word_boundary(text)
         return Candidate(
             member=self.name,
             text=text,
@@ -216,15 +178,11 @@ class HFMember:
     def score(self, state: HFState, candidates: Sequence[Candidate]) -> list[float]:
         """Raw scores z_i· of all candidates in one forward pass (verify-in-line)."""
         self._drop_packed(state)
-        answer_ids = state.ids[state.prompt_len :]
         blocks, text_tokens, scored = [], [], []
         for cand in candidates:
-            full = self.encode(state.answer + cand.text)
-            keep = state.prompt_len + common_prefix_len(full, answer_ids)
-            tokens = full[keep - state.prompt_len :]  # the candidate as this verifier reads it in context
-            tail = tokens + (list(self.end_marker) if cand.final else [])
-            if not tail:  # an empty non-final candidate has nothing to score
-                tail = list(self.end_marker)[:1] or [state.ids[-1]]
+            keep, tokens, tail = drafting.scored_tokens(
+                self.encode, state.ids, state.prompt_len, state.answer, cand.text, cand.final, self.end_marker
+            )
             blocks.append(Block(start=keep - 1, tokens=(state.ids[keep - 1], *tail)))
             text_tokens.append(tuple(tokens))
             scored.append(tail)
@@ -300,11 +258,7 @@ class HFMember:
         state.packed = None
 
     def _tokens_in(self, ids: Sequence[int], new: Sequence[int], text: str) -> int:
-        """How many of the drafted tokens `new` make up `text` (a prefix of their decode)."""
-        count = len(new)
-        while count > 0 and len(self._decode_after(ids, new[:count])) > len(text):
-            count -= 1
-        return count
+        return drafting.tokens_in(self.decode, ids, new, text)
 
     def _forward(self, ids: Sequence[int], cache: DynamicCache) -> torch.Tensor:
         """Run `ids` after the cache; returns the final hidden states [len(ids), H]."""
@@ -327,21 +281,6 @@ class HFMember:
 
 
 def _stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
-    """End-of-sequence and end-of-turn tokens, from the model's own tokenizer and generation config.
-
-    Any special token ends a draft too: a chat model that emits a role or turn marker has finished
-    its turn (SpecEM: the reference hard-coded stop tokens per model family).
-    """
-    ids: set[int] = set()
+    """End-of-sequence and end-of-turn tokens, from the model's own tokenizer and generation config."""
     gen = getattr(model, "generation_config", None)
-    for source in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
-        if isinstance(source, int):
-            ids.add(source)
-        elif source:
-            ids.update(int(t) for t in source)
-    ids.update(int(t) for t in tokenizer.all_special_ids)
-    for special in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>"):
-        token = tokenizer.convert_tokens_to_ids(special)
-        if isinstance(token, int) and tokenizer.convert_ids_to_tokens(token) == special:
-            ids.add(token)
-    return ids
+    return drafting.stop_token_ids(tokenizer, getattr(gen, "eos_token_id", None))
