@@ -130,8 +130,12 @@ class StubServer:
         for ids, start in zip(prompts, starts):
             n = params.get("max_new_tokens", 128)
             stops = set(params.get("stop_token_ids", [])) | {self.eos}
-            new, stopped = self.generate(ids, n, stops, params.get("temperature", 0), params.get("sampling_seed", 0))
-            finish = {"type": "stop", "matched": new[-1] if new else self.eos} if stopped else {"type": "length"}
+            new, stopped = self.generate(
+                ids, n, stops, params.get("temperature", 0), params.get("sampling_seed", 0)
+            )
+            finish = (
+                {"type": "stop", "matched": new[-1] if new else self.eos} if stopped else {"type": "length"}
+            )
             meta = {"finish_reason": finish, "prompt_tokens": len(ids), "completion_tokens": len(new)}
             if p.get("return_logprob"):
                 values = self.scored(ids, start + 1)
@@ -146,7 +150,9 @@ class StubServer:
         choices = []
         for i, ids in enumerate(prompts):
             stops = set(p.get("stop_token_ids", [])) | {self.eos}
-            new, stopped = self.generate(ids, p["max_tokens"], stops, p.get("temperature", 0), p.get("seed", 0))
+            new, stopped = self.generate(
+                ids, p["max_tokens"], stops, p.get("temperature", 0), p.get("seed", 0)
+            )
             choice = {
                 "index": i,
                 "text": self.tokenizer.decode(new),
