@@ -9,6 +9,7 @@ remote member scores with score="logprob" only. Stdlib HTTP; knows nothing about
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import math
@@ -134,7 +135,7 @@ class Http:
                 f"{self.where()} did not answer {path} within {self.timeout:g} s; is it overloaded? "
                 "Raise the spec's ?timeout= or check the server"
             ) from e
-        except (urllib.error.URLError, OSError) as e:
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
             reason = getattr(e, "reason", e)
             if isinstance(reason, TimeoutError):
                 raise MemberError(f"{self.where()} did not answer {path} within {self.timeout:g} s") from e
@@ -387,6 +388,11 @@ class RemoteState:
     answer: str
     drafts: int = 0  # drafts made so far: each sampled draft gets its own seed
     token_logprobs: list[list[float]] = field(default_factory=list)  # last score(): [candidates][tokens]
+
+
+def supported_scores(member: object) -> tuple[str, ...]:
+    """The score settings a member supports: served members have log-probs only."""
+    return tuple(getattr(member, "scores", ("logit", "logprob")))
 
 
 class RemoteMember:
