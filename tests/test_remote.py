@@ -241,3 +241,33 @@ def test_load_member_reaches_a_server_with_a_tokenizer_folder(tiny_checkpoints):
         )
     finally:
         stub.stop()
+
+
+def test_the_cli_takes_a_server_spec_among_its_models(tiny_checkpoints):
+    import io
+
+    from specfuse.cli import main
+    from specfuse.members import HFMember
+
+    folder, other = tiny_checkpoints
+    base = load_member(folder, dtype="float32")
+    assert isinstance(base, HFMember)
+    stub = StubServer("sglang", base)
+    try:
+        spec = f"sglang:{stub.url}#served?tokenizer={folder}"
+        out, err = io.StringIO(), io.StringIO()
+        argv = ["--models", f"{spec},{other}", "--max-new-tokens", "12", "--quiet", "Hi"]
+        assert main(argv, stdout=out, stderr=err) == 2  # raw logits asked of a server
+        assert "served: served by sglang" in err.getvalue() and "--score logprob" in err.getvalue()
+        assert main(["--score", "logprob", *argv], stdout=out, stderr=err) == 0
+    finally:
+        stub.stop()
+
+
+def test_served_members_support_log_probs_only(local):
+    from specfuse.remote import supported_scores
+
+    stub, remote = served("vllm", local["llama-bytes"])
+    stub.stop()
+    assert supported_scores(remote) == ("logprob",)
+    assert supported_scores(local["llama-bytes"]) == ("logit", "logprob")
