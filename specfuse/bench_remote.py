@@ -101,20 +101,37 @@ def _run(members: Sequence[Any], prompt: str, max_new_tokens: int, parallel: str
     }
 
 
-def run(names: Sequence[str], prompt: str, max_new_tokens: int, threads: int, dtype: str) -> dict[str, Any]:
-    """Both setups on one prompt: in-process members, then one llama-server per member."""
+def run(
+    names: Sequence[str],
+    prompt: str,
+    max_new_tokens: int,
+    threads: int,
+    dtype: str,
+    servers: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Both setups on one prompt: in-process members, then one llama-server per member.
+
+    With `servers` (specs of running servers), those are benchmarked instead, against the models
+    their `?tokenizer=` names loaded in-process.
+    """
     from contextlib import ExitStack
 
     from .catalogue import load_member
+    from .remote import parse_server_spec
 
+    if servers:
+        names = [parse_server_spec(s).tokenizer for s in servers]
     local = [load_member(n, dtype=dtype) for n in names]
     report: dict[str, Any] = {"models": list(names), "prompt": prompt, "max_new_tokens": max_new_tokens}
     report["in_process"] = _run(local, prompt, max_new_tokens, "off")
     del local
     with ExitStack() as stack:
-        urls = [stack.enter_context(llama_server(gguf_of(n), threads=threads)) for n in names]
-        served = [load_member(f"llama-server:{u}#{n}?tokenizer={n}") for n, u in zip(names, urls)]
+        if not servers:
+            urls = [stack.enter_context(llama_server(gguf_of(n), threads=threads)) for n in names]
+            servers = [f"llama-server:{u}#{n}?tokenizer={n}" for n, u in zip(names, urls)]
+        served = [load_member(spec) for spec in servers]
         report["llama_server"] = _run(served, prompt, max_new_tokens, "auto")
+        report["servers"] = list(servers)
     report["load_average"] = os.getloadavg()
     return report
 
@@ -123,7 +140,7 @@ def format_report(report: dict[str, Any]) -> str:
     a, b = report["in_process"], report["llama_server"]
     lines = [
         f"models: {', '.join(report['models'])} | {report['max_new_tokens']} tokens | score: logprob",
-        f"{'':<16}{'in-process':>12}{'llama-server':>14}{'ratio':>8}",
+        f"{'':<16}{'in-process':>12}{'served':>14}{'ratio':>8}",
     ]
     for key, label in (("tokens_per_s", "tokens/s"), ("first_segment_s", "first segment s")):
         ratio = b[key] / a[key] if a[key] else float("nan")
@@ -144,11 +161,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=120)
     parser.add_argument("--threads", type=int, default=1, help="llama-server threads per process (-t)")
     parser.add_argument("--dtype", default="auto", help="in-process dtype (default auto)")
+    parser.add_argument(
+        "--servers", nargs="+", default=(), metavar="SPEC", help="running servers to measure instead"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        report = run(args.models, args.prompt, args.max_new_tokens, args.threads, args.dtype)
+        report = run(args.models, args.prompt, args.max_new_tokens, args.threads, args.dtype, args.servers)
     except SpecfuseError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
