@@ -271,3 +271,20 @@ def test_served_members_support_log_probs_only(local):
     stub.stop()
     assert supported_scores(remote) == ("logprob",)
     assert supported_scores(local["llama-bytes"]) == ("logit", "logprob")
+
+
+def test_the_app_lets_only_the_operators_servers_through():
+    """A browser user of an app started with --allow-paths could otherwise make it reach any URL."""
+    import app
+
+    seen = {}
+
+    def load(name, **kwargs):
+        seen[name] = kwargs["allow_servers"]
+        return object()
+
+    operator = "vllm:http://10.0.0.5:8000#big"
+    loader = app.SharedLoader(load, allow_paths=True, trusted=[operator])
+    for name in (operator, "vllm:http://169.254.169.254:80#typed"):
+        loader(name, "cpu", lambda fraction, message: None)
+    assert seen == {operator: True, "vllm:http://169.254.169.254:80#typed": False}
