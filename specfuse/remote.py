@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -28,6 +28,7 @@ from .drafting import UTF8_GRACE_TOKENS
 from .errors import ConfigError, MemberError, PromptTooLongError, SpecfuseError
 from .prompts import CHAT, PromptFormat
 from .records import Candidate
+from .segments import REPLACEMENT
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -160,8 +161,14 @@ class Adapter:
 
     engine = ""
 
-    def __init__(self, http: Http, model: str | None) -> None:
-        self.http, self.model = http, model
+    def __init__(
+        self,
+        http: Http,
+        model: str | None,
+        stop_ids: frozenset[int] = frozenset(),
+        decode: Callable[[Sequence[int]], str] | None = None,
+    ) -> None:
+        self.http, self.model, self.stop_ids, self.decode = http, model, stop_ids, decode
 
     def connect(self) -> int | None:
         """Check the server is up; returns its context length when it says."""
@@ -342,33 +349,71 @@ class LlamaServer(Adapter):
     ) -> list[list[float]]:
         rows = []
         for context, tail in zip(contexts, tails):
-            grammar = "root ::= " + " ".join(f"<[{t}]>" for t in tail)
-            out = self._complete(
-                {
-                    "prompt": list(context),
-                    "n_predict": len(tail),
-                    "grammar": grammar,
-                    "n_probs": 1,
-                    "temperature": 0,
-                }
-            )
-            got = [int(t) for t in out["tokens"]]
-            if got != list(tail)[: len(got)] or not got:
-                raise self.http.malformed(
-                    "/completion", f"the grammar was not followed: {got} for {list(tail)}"
-                )
-            # llama-server leaves out the entry of a token that ends inside a UTF-8 character: such
-            # tokens are skipped (their mean is over the others); a text token never ends one in ASCII.
-            by_position, entries = [], iter(out["completion_probabilities"])
-            entry = next(entries, None)
-            for token in tail:
-                if entry is not None and int(entry["id"]) == token:
-                    by_position.append(float(entry["logprob"]))
-                    entry = next(entries, None)
-            if not by_position:
-                raise self.http.malformed("/completion", "no completion_probabilities")
-            rows.append(by_position)
+            # llama.cpp can neither force nor report a token that splits a UTF-8 character (a byte
+            # token): those are left out of the candidate's mean, each run of whole tokens is forced
+            # in one request on top of the cached context.
+            values: list[float] = []
+            start = 0
+            while start < len(tail):
+                whole = self._whole(tail[start])
+                end = start + 1
+                while end < len(tail) and self._whole(tail[end]) == whole:
+                    end += 1
+                if whole:
+                    values += self._forced([*context, *tail[:start]], list(tail[start:end]))
+                start = end
+            if not values:  # only byte tokens: let the model spell the text its own way
+                values = self._spelled(context, tail)
+            rows.append(values)
         return rows
+
+    def _whole(self, token: int) -> bool:
+        return self.decode is None or REPLACEMENT not in self.decode([token])
+
+    def _forced(self, prompt: list[int], tokens: list[int]) -> list[float]:
+        """Log-probs of `tokens` after `prompt`, forced by a grammar of token ids."""
+        forced = list(tokens)
+        while forced and forced[-1] in self.stop_ids:
+            forced.pop()
+        # A grammar cannot hold an end-of-generation token: once it is complete only those may
+        # follow, and logit_bias leaves just ours. The log-probs are the model's own (before both).
+        payload: dict[str, Any] = {
+            "prompt": prompt,
+            "n_predict": len(tokens),
+            "grammar": "root ::= " + (" ".join(f"<[{t}]>" for t in forced) or '""'),
+            "n_probs": 1,
+            "temperature": 0,
+        }
+        if len(forced) < len(tokens):
+            payload["logit_bias"] = [[t, False] for t in sorted(self.stop_ids) if t != tokens[len(forced)]]
+        out = self._complete(payload)
+        got = [int(t) for t in out["tokens"]]
+        if got != tokens[: len(got)] or not got:
+            raise self.http.malformed("/completion", f"the grammar was not followed: {got} for {tokens}")
+        values, entries = [], iter(out["completion_probabilities"])
+        entry = next(entries, None)
+        for token in tokens:
+            if entry is not None and int(entry["id"]) == token:
+                values.append(float(entry["logprob"]))
+                entry = next(entries, None)
+        return values
+
+    def _spelled(self, context: Sequence[int], tail: Sequence[int]) -> list[float]:
+        text = self.decode(list(tail)) if self.decode is not None else ""
+        literal = json.dumps(text, ensure_ascii=False)  # GBNF string literals escape as JSON does
+        out = self._complete(
+            {
+                "prompt": list(context),
+                "n_predict": 4 * len(tail) + 4,
+                "grammar": f"root ::= {literal}",
+                "n_probs": 1,
+                "temperature": 0,
+            }
+        )
+        values = [float(e["logprob"]) for e in out["completion_probabilities"]]
+        if not values:
+            raise self.http.malformed("/completion", "no completion_probabilities")
+        return values
 
 
 ADAPTERS: dict[str, type[Adapter]] = {a.engine: a for a in (SGLang, VLLM, LlamaServer)}
@@ -423,8 +468,8 @@ class RemoteMember:
         self.tokenizer = tokenizer
         self.prompt_format = prompt_format
         self.http = Http(name, engine, self.url, timeout)
-        self.adapter = ADAPTERS[engine](self.http, model)
         self.stop_token_ids = frozenset(drafting.stop_token_ids(tokenizer, generation_eos))
+        self.adapter = ADAPTERS[engine](self.http, model, self.stop_token_ids, self.decode)
         self.end_marker = tuple(drafting.end_marker(tokenizer, prompt_format, self.stop_token_ids))
         self.max_positions: int | None = None
         self.connected = False

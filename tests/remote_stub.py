@@ -53,6 +53,9 @@ class StubServer:
                     except LookupError as e:
                         self.send_error(404, str(e))
                         return
+                    except RuntimeError as e:
+                        self.send_error(500, str(e))
+                        return
                     body = json.dumps(out).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -172,13 +175,13 @@ class StubServer:
 
     def llama(self, p: dict):
         ids, n = p["prompt"], p["n_predict"]
-        if "grammar" in p:  # only the token-id grammar RemoteMember sends: root ::= <[a]> <[b]> ...
+        if "grammar" in p:  # only the grammars RemoteMember sends: root ::= <[a]> <[b]> ... or ""
             forced = [int(t) for t in re.findall(r"<\[(\d+)\]>", p["grammar"])]
-            new = []
-            for token in forced[:n]:
-                new.append(token)
-                if token == self.eos:
-                    break
+            if self.eos in forced:  # as llama.cpp: an end-of-generation token breaks the grammar
+                raise RuntimeError("Unexpected empty grammar stack")
+            new = forced[:n]
+            if len(new) < n:  # the grammar is complete: only end-of-generation may follow
+                new.append(self.eos)
             stopped = bool(new) and new[-1] == self.eos
         else:
             new, stopped = self.generate(ids, n, {self.eos}, p.get("temperature", 0.8), p.get("seed", 0))
