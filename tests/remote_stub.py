@@ -176,9 +176,14 @@ class StubServer:
     def llama(self, p: dict):
         ids, n = p["prompt"], p["n_predict"]
         if "grammar" in p:  # only the grammars RemoteMember sends: root ::= <[a]> <[b]> ... or ""
-            forced = [int(t) for t in re.findall(r"<\[(\d+)\]>", p["grammar"])]
-            if self.eos in forced:  # as llama.cpp: an end-of-generation token breaks the grammar
-                raise RuntimeError("Unexpected empty grammar stack")
+            literal = p["grammar"].removeprefix("root ::= ")
+            if literal.startswith('"') and literal != '""':  # a string: the stub spells it canonically
+                forced = self.tokenize(json.loads(literal))
+            else:
+                forced = [int(t) for t in re.findall(r"<\[(\d+)\]>", p["grammar"])]
+                # As llama.cpp: an end-of-generation or a byte token breaks a grammar of token ids.
+                if self.eos in forced or any("\ufffd" in self.tokenizer.decode([t]) for t in forced):
+                    raise RuntimeError(f"Unexpected empty grammar stack: {forced}")
             new = forced[:n]
             if len(new) < n:  # the grammar is complete: only end-of-generation may follow
                 new.append(self.eos)
