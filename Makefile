@@ -29,7 +29,7 @@ browser:
 		|| echo "chromium could not be installed: the browser test will be skipped"
 
 # llama.cpp's llama-server for the real served-member test and bench-remote: built once from the
-# llama-cpp-python sdist (6-25 min on 2 cores) and cached in $(LLAMA_SERVER_DIR), never committed.
+# llama-cpp-python sdist (28 min measured on 2 busy cores) and cached in $(LLAMA_SERVER_DIR), never committed.
 LLAMA_SERVER_DIR ?= $(HOME)/.cache/specfuse/llama-server
 llama-server: install
 	@LLAMA_SERVER_DIR=$(LLAMA_SERVER_DIR) nice -n 19 tools/build_llama_server.sh $(PY) \
