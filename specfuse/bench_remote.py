@@ -91,7 +91,11 @@ def _run(members: Sequence[Any], prompt: str, max_new_tokens: int, parallel: str
     from .engine import Ensemble
 
     config = EnsembleConfig(score="logprob", max_new_tokens=max_new_tokens, parallel=parallel)
-    result = Ensemble(members, config).run(prompt)
+    ensemble = Ensemble(members, config)
+    ensemble.run(
+        "Say hello.", EnsembleConfig(score="logprob", max_new_tokens=10, parallel=parallel)
+    )  # warm-up
+    result = ensemble.run(prompt)
     return {
         "tokens": result.tokens,
         "rounds": result.rounds,
