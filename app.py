@@ -355,7 +355,12 @@ class SharedLoader:
                     self.load = load_member
                 allow = self.allow_paths or name in self.trusted
                 self._members[key] = self.load(
-                    name, device=device, dtype=self.dtype, allow_paths=allow, progress=progress
+                    name,
+                    device=device,
+                    dtype=self.dtype,
+                    allow_paths=allow,
+                    allow_servers=name in self.trusted,  # server specs: the operator's only, never typed
+                    progress=progress,
                 )
             return self._members[key]
 
@@ -740,10 +745,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--queue-size", type=int, default=16, help="requests waiting at most")
     parser.add_argument("--concurrency", type=int, default=1, help="runs at once (the members are shared)")
     parser.add_argument("--run-history", action="store_true", help="keep Gradio's per-browser run history")
+    parser.add_argument(
+        "--server",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="offer a served member, ENGINE:URL#NAME[?tokenizer=...] (repeatable; docs/remote.md)",
+    )
     args = parser.parse_args(space_arguments() if argv is None and len(sys.argv) == 1 else argv)
 
-    loader = SharedLoader(allow_paths=args.allow_paths, trusted=args.models, dtype=args.dtype)
-    choices = list(dict.fromkeys([*CATALOGUE, *args.models]))
+    loader = SharedLoader(
+        allow_paths=args.allow_paths, trusted=[*args.models, *args.server], dtype=args.dtype
+    )
+    choices = list(dict.fromkeys([*CATALOGUE, *args.models, *args.server]))
     if args.preload:
         from specfuse.catalogue import tqdm_progress
 

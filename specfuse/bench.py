@@ -450,14 +450,15 @@ def format_table(report: dict[str, Any]) -> str:
 def parse_models(values: Sequence[str] | None) -> list[str]:
     """Model names from --models (space- or comma-separated; default: the trio), checked before any
     loading: a catalogue name or an existing checkpoint folder, since no hub is reachable."""
-    from .catalogue import CATALOGUE, DEFAULT_MEMBERS
+    from .catalogue import CATALOGUE, DEFAULT_MEMBERS, check_member_name
     from .errors import UnknownModelError
 
     names = [n for arg in (values or DEFAULT_MEMBERS) for n in arg.split(",") if n]
     for name in names:
-        if name not in CATALOGUE and not Path(name).expanduser().exists():
+        if check_member_name(name).kind == "hub":
             raise UnknownModelError(
-                f"Unknown model {name!r}; known: {', '.join(CATALOGUE)}, or a local checkpoint folder."
+                f"Unknown model {name!r}; known: {', '.join(CATALOGUE)}, a local checkpoint folder "
+                "or a server spec (docs/remote.md)."
             )
     if len(set(names)) != len(names):
         raise SpecfuseError(f"--models names a model twice: {', '.join(names)}")

@@ -27,7 +27,7 @@ from specfuse.errors import ConfigError, ModelLoadError, SpecfuseError, UnknownM
 from specfuse.prompts import CHAT, QA_COMPLETION, PromptFormat
 
 if TYPE_CHECKING:
-    from specfuse.members import HFMember
+    from specfuse.members import HFMember, Member
 
 log = logging.getLogger(__name__)
 
@@ -519,6 +519,170 @@ def _from_pretrained(
     return model, tokenizer
 
 
+@dataclass(frozen=True)
+class LoadRequest:
+    """How to load one member: what load_member was asked, for every loader alike."""
+
+    name: str
+    device: str
+    dtype: str
+    device_map: str | dict[str, Any] | None
+    cache_dir: str | os.PathLike[str] | None
+    trust_remote_code: bool
+    progress: Progress
+
+
+@dataclass(frozen=True)
+class Loader:
+    """One way to name a member. The first loader whose `matches` accepts a name loads it."""
+
+    kind: str  # "catalogue", "server", "folder", "gguf", "hub"
+    matches: Callable[[str], bool]
+    trust: str  # who may use it: "anyone", "paths" (the operator's own files and hub ids), "servers"
+    load: Callable[[LoadRequest], Member]
+
+
+def _is_dir(name: str) -> bool:
+    return Path(name).expanduser().is_dir()
+
+
+def _is_gguf(name: str) -> bool:
+    path = Path(name).expanduser()
+    return path.is_file() and path.suffix == ".gguf"
+
+
+def _is_hub_id(name: str) -> bool:
+    return bool(_HUB_ID.match(name)) and not Path(name).expanduser().exists()
+
+
+def _is_server(name: str) -> bool:
+    from specfuse.remote import is_server_spec
+
+    return is_server_spec(name)
+
+
+def _load_catalogue(req: LoadRequest) -> HFMember:
+    entry = CATALOGUE[req.name]
+    return _load_hf(req, ensure_cached(entry, req.cache_dir, req.progress), None, True, entry.prompt_format)
+
+
+def _load_folder(req: LoadRequest) -> HFMember:
+    return _load_hf(req, Path(req.name).expanduser(), None, True, None)
+
+
+def _load_gguf(req: LoadRequest) -> HFMember:
+    path = Path(req.name).expanduser()  # de-quantized at every load: slow, uncached
+    return _load_hf(req, path.parent, path.name, True, None)
+
+
+def _load_hub(req: LoadRequest) -> HFMember:
+    return _load_hf(req, req.name, None, _offline(), None)
+
+
+def _load_server(req: LoadRequest) -> Member:
+    """A member served by SGLang, vLLM or llama-server: only its tokenizer loads here."""
+    from specfuse.remote import RemoteMember, parse_server_spec
+
+    spec = parse_server_spec(req.name)
+    req.progress(0.5, f"{spec.name}: loading the tokenizer ({spec.tokenizer})")
+    tokenizer, prompt_format, eos = load_tokenizer(spec.tokenizer, req.cache_dir, req.progress)
+    member = RemoteMember(
+        spec.name,
+        spec.engine,
+        spec.url,
+        tokenizer,
+        prompt_format=prompt_format,
+        timeout=spec.timeout,
+        model=spec.model,
+        generation_eos=eos,
+    )
+    req.progress(0.9, f"{spec.name}: reaching {spec.url}")
+    member.connect()
+    req.progress(1.0, f"{spec.name}: ready at {spec.url}")
+    return member
+
+
+def load_tokenizer(
+    source: str, cache_dir: str | os.PathLike[str] | None = None, progress: Progress = _noop
+) -> tuple[Any, PromptFormat, Any]:
+    """A model's tokenizer without its weights: (tokenizer, prompt format, generation eos ids).
+
+    `source`: a catalogue name (its converted folder when cached, else its GGUF file), a local
+    folder, a .gguf file, or a hub id.
+    """
+    from transformers import AutoTokenizer, GenerationConfig
+
+    entry = CATALOGUE.get(source)
+    gguf_file = None
+    if entry is not None:
+        folder = cached_folder(entry, cache_dir)
+        if folder is None:
+            gguf = assemble_gguf(entry, cache_root(cache_dir) / "gguf", progress)
+            folder, gguf_file = gguf.parent, gguf.name
+        where: str | Path = folder
+    elif _is_dir(source):
+        where = Path(source).expanduser()
+    elif _is_gguf(source):
+        path = Path(source).expanduser()
+        where, gguf_file = path.parent, path.name
+    elif _is_hub_id(source):
+        where = source
+    else:
+        raise UnknownModelError(
+            f"Unknown tokenizer {source!r} for a served member; give a catalogue name "
+            f"({', '.join(CATALOGUE)}), a local folder, a .gguf file or a hub id with ?tokenizer="
+        )
+    kwargs: dict[str, Any] = {"local_files_only": _offline() if isinstance(where, str) else True}
+    if gguf_file is not None:
+        kwargs["gguf_file"] = gguf_file
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"Could not load the tokenizer {source!r}: {e}") from e
+    try:
+        eos = GenerationConfig.from_pretrained(where, **kwargs).eos_token_id
+    except (OSError, ValueError, KeyError, TypeError):
+        eos = None  # no generation config: the tokenizer's own end tokens are used
+    if entry is not None:
+        prompt_format = entry.prompt_format
+    else:
+        prompt_format = CHAT if getattr(tokenizer, "chat_template", None) else QA_COMPLETION
+    return tokenizer, prompt_format, eos
+
+
+# The order matters: a server spec holds slashes, a hub id looks like a relative path.
+LOADERS: tuple[Loader, ...] = (
+    Loader("catalogue", lambda name: name in CATALOGUE, "anyone", _load_catalogue),
+    Loader("server", _is_server, "servers", _load_server),
+    Loader("folder", _is_dir, "paths", _load_folder),
+    Loader("gguf", _is_gguf, "paths", _load_gguf),
+    Loader("hub", _is_hub_id, "paths", _load_hub),
+)
+
+
+def check_member_name(name: str, *, allow_paths: bool = True, allow_servers: bool | None = None) -> Loader:
+    """The loader for `name`, or the error that says why it cannot be a member.
+
+    The one place member names are checked, for the CLI, the app, the benchmark and the evaluation.
+    `allow_servers` (default: as `allow_paths`) admits server specs; the app allows them only for
+    the specs the operator gave at start, so that a browser user can never make it reach a URL.
+    """
+    allow_servers = allow_paths if allow_servers is None else allow_servers
+    allowed = {"anyone": True, "paths": allow_paths, "servers": allow_servers}
+    for loader in LOADERS:
+        if loader.matches(name):
+            if allowed[loader.trust]:
+                return loader
+            if loader.kind == "server":
+                raise UnknownModelError(
+                    f"Unknown model {name!r}: only the operator names servers (with start-up flags)."
+                )
+            raise _unknown(name, allow_paths=False)
+    if allow_paths and (os.sep in name or name.startswith((".", "~"))):
+        raise ModelLoadError(f"No checkpoint folder at {name!r}; give an existing folder.")
+    raise _unknown(name, allow_paths=allow_paths)
+
+
 def load_member(
     name_or_path: str,
     *,
@@ -527,44 +691,44 @@ def load_member(
     device_map: str | dict[str, Any] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     allow_paths: bool = True,
+    allow_servers: bool | None = None,
     trust_remote_code: bool = False,
     progress: Progress | None = None,
-) -> HFMember:
-    """Load a catalogue model, a local checkpoint folder (or .gguf file), or a hub id as a member.
+) -> Member:
+    """Load a catalogue model, a local checkpoint folder (or .gguf file), a hub id or a server spec
+    (`ENGINE:URL#NAME?tokenizer=...`, see remote.py) as a member.
 
     `device` is one torch device ("cpu", "cuda", "cuda:1", "auto"); `device_map` ("auto" or a
     dict) instead lets accelerate spread one model over several GPUs. Catalogue models are cached
     as safetensors under `cache_dir` (default $SPECFUSE_CACHE or ~/.cache/specfuse).
     """
-    report = progress or _noop
-    if device_map is None:
-        device = plan_devices(1, device)[0]
-        torch_dtype = resolve_dtype(dtype, device)
-    else:
-        torch_dtype = resolve_dtype(dtype, "cuda" if _gpu_count() else "cpu")
-    entry = CATALOGUE.get(name_or_path)
-    gguf_file = None
-    local_only = True
-    if entry is not None:
-        source: str | Path = ensure_cached(entry, cache_dir, report)
-    elif not allow_paths:
-        raise _unknown(name_or_path, allow_paths=False)
-    elif (path := Path(name_or_path).expanduser()).is_dir():
-        source = path
-    elif path.is_file() and path.suffix == ".gguf":
-        source, gguf_file = path.parent, path.name  # de-quantized at every load: slow, uncached
-    elif _HUB_ID.match(name_or_path) and not path.exists():
-        source, local_only = name_or_path, _offline()
-    elif os.sep in name_or_path or name_or_path.startswith((".", "~")):
-        raise ModelLoadError(f"No checkpoint folder at {name_or_path!r}; give an existing folder.")
-    else:
-        raise _unknown(name_or_path, allow_paths=True)
+    loader = check_member_name(name_or_path, allow_paths=allow_paths, allow_servers=allow_servers)
+    request = LoadRequest(
+        name_or_path, device, dtype, device_map, cache_dir, trust_remote_code, progress or _noop
+    )
+    return loader.load(request)
 
+
+def _load_hf(
+    req: LoadRequest,
+    source: str | Path,
+    gguf_file: str | None,
+    local_only: bool,
+    prompt_format: PromptFormat | None,
+) -> HFMember:
+    """Load a transformers model from `source` (a folder, a GGUF file's folder or a hub id)."""
+    device = req.device
+    if req.device_map is None:
+        device = plan_devices(1, device)[0]
+        torch_dtype = resolve_dtype(req.dtype, device)
+    else:
+        torch_dtype = resolve_dtype(req.dtype, "cuda" if _gpu_count() else "cpu")
+    name_or_path, report = req.name, req.progress
     report(0.9, f"{name_or_path}: loading")
     start = time.perf_counter()
     try:
         model, tokenizer = _from_pretrained(
-            source, torch_dtype, device_map, trust_remote_code, local_only, gguf_file
+            source, torch_dtype, req.device_map, req.trust_remote_code, local_only, gguf_file
         )
     except OSError as e:  # includes ConnectionError and huggingface_hub's offline errors
         if isinstance(source, str):
@@ -573,12 +737,10 @@ def load_member(
     except (ValueError, KeyError, ImportError) as e:
         raise ModelLoadError(f"Could not load {name_or_path!r}: {e}") from e
     model.eval()
-    if device_map is None:
+    if req.device_map is None:
         model.to(device)
     member_device = str(model.get_input_embeddings().weight.device)
-    if entry is not None:
-        prompt_format = entry.prompt_format
-    else:
+    if prompt_format is None:
         prompt_format = CHAT if getattr(tokenizer, "chat_template", None) else QA_COMPLETION
     log.info(
         "%s: loaded %s (%s) on %s in %.1f s",
@@ -606,7 +768,7 @@ def load_members(
     allow_paths: bool = True,
     trust_remote_code: bool = False,
     progress: Progress | None = None,
-) -> list[HFMember]:
+) -> list[Member]:
     """Load each of `names` on the devices plan_devices(len(names), device) gives, in order.
 
     Duplicate names load twice; whether that is allowed is the caller's decision.

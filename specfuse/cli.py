@@ -24,7 +24,7 @@ from .records import Round
 from .trace import Trace, save_trace
 
 if TYPE_CHECKING:
-    from .members import HFMember
+    from .members import Member
 
 HELP_WIDTH = 100  # fixed, so that the README's copy of --help does not depend on the terminal
 
@@ -276,7 +276,7 @@ def check_writable(path: str) -> None:
         raise ConfigError(f"--trace {path!r}: no permission to write there; choose another path")
 
 
-def _load(names: Sequence[str], args: argparse.Namespace, err: TextIO) -> list[HFMember]:
+def _load(names: Sequence[str], args: argparse.Namespace, err: TextIO) -> list[Member]:
     """Load each distinct model once; a repeated name becomes another member sharing its weights."""
     from transformers.utils import logging as hf_logging
 
@@ -298,13 +298,15 @@ def _load(names: Sequence[str], args: argparse.Namespace, err: TextIO) -> list[H
         )
         progress(1.0, "loaded")
     by_name = dict(zip(unique, loaded))
-    members: list[HFMember] = []
+    members: list[Member] = []
     seen: dict[str, int] = {}
     for name in names:
         seen[name] = seen.get(name, 0) + 1
         base = by_name[name]
         if seen[name] == 1:
             members.append(base)
+        elif not isinstance(base, HFMember):  # a served member: its server holds the weights
+            raise ConfigError(f"{name} is served by an inference server; list it once")
         else:
             members.append(
                 HFMember(

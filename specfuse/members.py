@@ -15,20 +15,17 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 from transformers import DynamicCache
 
+from . import drafting
 from .config import MemberSettings
 from .errors import ConfigError, PromptTooLongError
 from .prompts import CHAT, PromptFormat
 from .records import Candidate, TokenScores
 from .scoring import Block, OutputHead, common_prefix_len, float_mask, pack_rows, sliding_window_of
-from .segments import REPLACEMENT, cut_at_stop, trim_to_word_boundary
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
-
-# A draft that ends inside a multi-byte character may run this many tokens past L to finish it.
-UTF8_GRACE_TOKENS = 4
 
 
 @runtime_checkable
@@ -120,44 +117,20 @@ class HFMember:
     # -- tokens ------------------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return drafting.encode(self.tokenizer, text)
 
     def prompt_ids(self, prompt: str) -> list[int]:
         """The member's own context for `prompt`: its chat template, or its completion format."""
-        fmt = self.prompt_format
-        if fmt.kind == "chat":
-            text = self.tokenizer.apply_chat_template(
-                fmt.messages(prompt), tokenize=False, add_generation_prompt=True
-            )
-            return self.encode(str(text))  # the template writes its own special tokens
-        return list(self.tokenizer(fmt.completion(prompt), add_special_tokens=True)["input_ids"])
+        return drafting.prompt_ids(self.tokenizer, self.prompt_format, prompt)
 
     def _end_marker(self) -> list[int]:
-        """What this member would emit after a finished answer: its end-of-turn token (chat), or
-        its first stop string (completion). Appended to a final candidate when scoring it, so a
-        verifier also judges whether the answer should end there."""
-        if self.prompt_format.kind == "completion" and self.prompt_format.stop_strings:
-            return self.encode(self.prompt_format.stop_strings[0])
-        eos = self.tokenizer.eos_token_id
-        if eos is None and self.stop_token_ids:
-            eos = min(self.stop_token_ids)
-        return [eos] if eos is not None else []
+        return drafting.end_marker(self.tokenizer, self.prompt_format, self.stop_token_ids)
 
     def _decode_after(self, ids: Sequence[int], new: Sequence[int]) -> str:
-        """The text that `new` adds after `ids`, decoded in context.
-
-        Decoding a slice alone can drop a leading space (SentencePiece decoders strip it at the
-        start of a text), so the last committed tokens are decoded with it and their text removed.
-        """
-        tail = list(ids[-2:])
-        before = self.decode(tail)
-        both = self.decode(tail + list(new))
-        if tail and both.startswith(before) and not before.endswith(REPLACEMENT):
-            return both[len(before) :]
-        return self.decode(new)
+        return drafting.decode_after(self.decode, ids, new)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+        return drafting.decode(self.tokenizer, ids)
 
     # -- the Member protocol -------------------------------------------------------------------------
 
@@ -203,49 +176,34 @@ class HFMember:
             self._drop_packed(state)
         rows = len(states)
         cache, pads = self._stacked_cache(states)
-        new: list[list[int]] = [[] for _ in states]
-        texts, finals = [""] * rows, [False] * rows
-        limits = [max(0, b) for b in budgets]
-        live = [limit > 0 for limit in limits]
+        cuts = [
+            drafting.DraftCut(
+                budget,
+                decode=self.decode,
+                ids=state.ids,
+                stop_ids=self.stop_token_ids,
+                stops=(*self.prompt_format.stop_strings, *state.settings.stop_strings),
+            )
+            for state, budget in zip(states, budgets)
+        ]
         hidden = torch.stack([s.last_hidden for s in states])  # [B, H]
-        step = 0
-        if rows == 1 and live[0]:  # batch rows would need a ragged catch-up pass: single requests only
-            taken = self._take_over_trimmed(states[0], limits[0])
+        step = reused = 0
+        if rows == 1 and cuts[0].wants_more:  # batch rows would need a ragged catch-up pass
+            taken = self._take_over_trimmed(states[0], cuts[0].limit)
+            for token in taken:
+                cuts[0].push(token)
             if taken:
-                new[0], step = list(taken), len(taken)
-                texts[0] = self._decode_after(states[0].ids, new[0])
+                step = reused = len(taken)
                 hidden = self._forward(taken, states[0].cache)[-1][None]
-                live[0] = len(taken) < limits[0]
-        reused = step
-        while any(live):
+        while any(c.wants_more for c in cuts):
             logits = self.head.logits(hidden)  # [B, V] float32
-            feed = [self.tokenizer.pad_token_id or 0] * rows
-            for b, state in enumerate(states):
-                if not live[b]:
-                    continue
-                token = self._pick(logits[b], state)
-                if token in self.stop_token_ids:
-                    finals[b], live[b] = True, False
-                    continue
-                new[b].append(token)
-                text = self._decode_after(state.ids, new[b])
-                stops = (*self.prompt_format.stop_strings, *state.settings.stop_strings)
-                cut = cut_at_stop(text, stops)
-                if cut is not None:
-                    texts[b], finals[b], live[b] = text[:cut], True, False
-                    continue
-                texts[b] = text
-                if (
-                    len(new[b]) == limits[b]
-                    and text.endswith(REPLACEMENT)
-                    and limits[b] < budgets[b] + UTF8_GRACE_TOKENS
-                ):
-                    limits[b] += 1  # finish the multi-byte character the last token began
-                if len(new[b]) < limits[b]:
-                    feed[b] = token
-                else:
-                    live[b] = False
-            if not any(live):
+            feed = [self.tokenizer.pad_token_id or 0] * rows  # placeholders for finished rows
+            for b, (state, cut) in enumerate(zip(states, cuts)):
+                if cut.wants_more:
+                    token = self._pick(logits[b], state)
+                    if cut.push(token):
+                        feed[b] = token
+            if not any(c.wants_more for c in cuts):
                 break
             positions = [len(s.ids) + step for s in states]
             hidden = self._step(feed, positions, pads, cache)
@@ -254,15 +212,13 @@ class HFMember:
             states[0].cache.crop(len(states[0].ids) - states[0].cache.get_seq_length())
         seconds = (time.perf_counter() - began) / rows
         out = []
-        for b, state in enumerate(states):
-            # Past the grace tokens a trailing U+FFFD is an invalid byte the model really emitted
-            # (random weights do), not a character still arriving: it stays, as the text U+FFFD.
-            text = texts[b] if finals[b] else trim_to_word_boundary(texts[b])
-            count = self._tokens_in(state.ids, new[b], text)
+        for state, cut in zip(states, cuts):
+            new, text, final = cut.result()
+            count = self._tokens_in(state.ids, new, text)
             state.trimmed = None
-            if self.reuse_trimmed and state.settings.temperature <= 0 and count < len(new[b]):
-                state.trimmed = (tuple(state.ids) + tuple(new[b][:count]), tuple(new[b][count:]))
-            out.append(Candidate(self.name, text, count, finals[b], seconds, reused if rows == 1 else 0))
+            if self.reuse_trimmed and state.settings.temperature <= 0 and count < len(new):
+                state.trimmed = (tuple(state.ids) + tuple(new[:count]), tuple(new[count:]))
+            out.append(Candidate(self.name, text, count, final, seconds, reused))
         return out
 
     def _take_over_trimmed(self, state: HFState, limit: int) -> tuple[int, ...]:
@@ -343,15 +299,11 @@ class HFMember:
         self, state: HFState, candidates: Sequence[Candidate]
     ) -> list[tuple[Block, list[int], list[int]]]:
         """(packed block, scored tokens, the candidate's own tokens) for each candidate in context."""
-        answer_ids = state.ids[state.prompt_len :]
         out = []
         for cand in candidates:
-            full = self.encode(state.answer + cand.text)
-            keep = state.prompt_len + common_prefix_len(full, answer_ids)
-            tokens = full[keep - state.prompt_len :]  # the candidate as this verifier reads it in context
-            tail = tokens + (list(self.end_marker) if cand.final else [])
-            if not tail:  # an empty non-final candidate has nothing to score
-                tail = list(self.end_marker)[:1] or [state.ids[-1]]
+            keep, tokens, tail = drafting.scored_tokens(
+                self.encode, state.ids, state.prompt_len, state.answer, cand.text, cand.final, self.end_marker
+            )
             out.append((Block(start=keep - 1, tokens=(state.ids[keep - 1], *tail)), tail, tokens))
         return out
 
@@ -398,10 +350,7 @@ class HFMember:
 
     def _tokens_in(self, ids: Sequence[int], new: Sequence[int], text: str) -> int:
         """How many of the drafted tokens `new` make up `text` (a prefix of their decode)."""
-        count = len(new)
-        while count > 0 and len(self._decode_after(ids, new[:count])) > len(text):
-            count -= 1
-        return count
+        return drafting.tokens_in(self.decode, ids, new, text)
 
     def _forward(self, ids: Sequence[int], cache: DynamicCache) -> torch.Tensor:
         """Run `ids` after the cache; returns the final hidden states [len(ids), H]."""
@@ -512,21 +461,6 @@ class HFMember:
 
 
 def _stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
-    """End-of-sequence and end-of-turn tokens, from the model's own tokenizer and generation config.
-
-    Any special token ends a draft too: a chat model that emits a role or turn marker has finished
-    its turn (SpecEM: the reference hard-coded stop tokens per model family).
-    """
-    ids: set[int] = set()
+    """End-of-sequence and end-of-turn tokens, from the tokenizer and the model's generation config."""
     gen = getattr(model, "generation_config", None)
-    for source in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
-        if isinstance(source, int):
-            ids.add(source)
-        elif source:
-            ids.update(int(t) for t in source)
-    ids.update(int(t) for t in tokenizer.all_special_ids)
-    for special in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>"):
-        token = tokenizer.convert_tokens_to_ids(special)
-        if isinstance(token, int) and tokenizer.convert_ids_to_tokens(token) == special:
-            ids.add(token)
-    return ids
+    return drafting.stop_token_ids(tokenizer, getattr(gen, "eos_token_id", None))

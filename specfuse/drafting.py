@@ -1,0 +1,193 @@
+"""Token-level rules every member shares, wherever its model runs: the context, the draft's cut, the
+stop and end-marker tokens, and which tokens a verifier scores for a candidate.
+
+Pure functions over token ids, a tokenizer and callables: no model, no network. HFMember
+(members.py) and RemoteMember (remote.py) both draft and score through them, so a model behaves the
+same in-process and behind an inference server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .prompts import PromptFormat
+from .scoring import common_prefix_len
+from .segments import REPLACEMENT, cut_at_stop, trim_to_word_boundary
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# A draft that ends inside a multi-byte character may run this many tokens past L to finish it.
+UTF8_GRACE_TOKENS = 4
+
+Decode = Callable[[Sequence[int]], str]
+
+
+def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def decode(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> str:
+    return str(tokenizer.decode(list(ids), skip_special_tokens=True))
+
+
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, fmt: PromptFormat, prompt: str) -> list[int]:
+    """A member's own context for `prompt`: its chat template, or its completion format."""
+    if fmt.kind == "chat":
+        text = tokenizer.apply_chat_template(fmt.messages(prompt), tokenize=False, add_generation_prompt=True)
+        return encode(tokenizer, str(text))  # the template writes its own special tokens
+    return list(tokenizer(fmt.completion(prompt), add_special_tokens=True)["input_ids"])
+
+
+def end_marker(tokenizer: PreTrainedTokenizerBase, fmt: PromptFormat, stop_ids: Iterable[int]) -> list[int]:
+    """What a member would emit after a finished answer: its end-of-turn token (chat), or its first
+    stop string (completion). Appended to a final candidate when scoring it, so a verifier also
+    judges whether the answer should end there."""
+    if fmt.kind == "completion" and fmt.stop_strings:
+        return encode(tokenizer, fmt.stop_strings[0])
+    eos = tokenizer.eos_token_id
+    stops = list(stop_ids)
+    if eos is None and stops:
+        eos = min(stops)
+    return [eos] if eos is not None else []
+
+
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase, generation_eos: Any = None) -> set[int]:
+    """End-of-sequence and end-of-turn tokens, from the tokenizer and the generation config's eos.
+
+    Any special token ends a draft too: a chat model that emits a role or turn marker has finished
+    its turn (SpecEM: the reference hard-coded stop tokens per model family).
+    """
+    ids: set[int] = set()
+    for source in (generation_eos, tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(int(t) for t in source)
+    ids.update(int(t) for t in tokenizer.all_special_ids)
+    for special in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>"):
+        token = tokenizer.convert_tokens_to_ids(special)
+        if isinstance(token, int) and tokenizer.convert_ids_to_tokens(token) == special:
+            ids.add(token)
+    return ids
+
+
+def decode_after(decode: Decode, ids: Sequence[int], new: Sequence[int]) -> str:
+    """The text that `new` adds after `ids`, decoded in context.
+
+    Decoding a slice alone can drop a leading space (SentencePiece decoders strip it at the start of
+    a text), so the last committed tokens are decoded with it and their text removed.
+    """
+    tail = list(ids[-2:])
+    before = decode(tail)
+    both = decode(tail + list(new))
+    if tail and both.startswith(before) and not before.endswith(REPLACEMENT):
+        return both[len(before) :]
+    return decode(new)
+
+
+def tokens_in(decode: Decode, ids: Sequence[int], new: Sequence[int], text: str) -> int:
+    """How many of the drafted tokens `new` make up `text` (a prefix of their decode)."""
+    count = len(new)
+    while count > 0 and len(decode_after(decode, ids, new[:count])) > len(text):
+        count -= 1
+    return count
+
+
+class DraftCut:
+    """Decide, token by token, where a candidate ends (the rules of SPEC.md §1).
+
+    The draft ends at a stop token or a stop string (final), or after `max_new_tokens`, running up
+    to UTF8_GRACE_TOKENS further to finish a multi-byte character; a non-final text is then trimmed
+    back to a word boundary. A member feeds tokens one at a time with push() until it says no more,
+    so several requests can be drafted in lockstep, each with its own cut.
+    """
+
+    def __init__(
+        self,
+        max_new_tokens: int,
+        *,
+        decode: Decode,
+        ids: Sequence[int],
+        stop_ids: frozenset[int] | set[int],
+        stops: Sequence[str],
+    ) -> None:
+        self.decode, self.ids, self.stop_ids, self.stops = decode, ids, stop_ids, stops
+        self.budget = self.limit = max(0, max_new_tokens)
+        self.new: list[int] = []
+        self.text, self.final = "", False
+        self.wants_more = self.limit > 0
+
+    def push(self, token: int) -> bool:
+        """Take the next drafted token; whether the draft wants another one after it."""
+        if token in self.stop_ids:
+            self.final, self.wants_more = True, False
+            return False
+        self.new.append(token)
+        text = decode_after(self.decode, self.ids, self.new)
+        cut = cut_at_stop(text, self.stops)
+        if cut is not None:
+            self.text, self.final, self.wants_more = text[:cut], True, False
+            return False
+        self.text = text
+        if (
+            len(self.new) == self.limit
+            and text.endswith(REPLACEMENT)
+            and self.limit < self.budget + UTF8_GRACE_TOKENS
+        ):
+            self.limit += 1  # finish the multi-byte character the last token began
+        self.wants_more = len(self.new) < self.limit
+        return self.wants_more
+
+    def result(self) -> tuple[list[int], str, bool]:
+        """(new tokens, text, final). Past the grace tokens a trailing U+FFFD is an invalid byte the
+        model really emitted (random weights do), not a character still arriving: it stays, as the
+        valid text U+FFFD."""
+        text = self.text if self.final else trim_to_word_boundary(self.text)
+        return self.new, text, self.final
+
+
+def cut_draft(
+    tokens: Iterable[int],
+    max_new_tokens: int,
+    *,
+    decode: Decode,
+    ids: Sequence[int],
+    stop_ids: frozenset[int] | set[int],
+    stops: Sequence[str],
+) -> tuple[list[int], str, bool]:
+    """Read drafted tokens one by one and decide where the candidate ends: (new tokens, text, final).
+
+    `tokens` is consumed lazily (a remote member hands over what its server generated); see DraftCut.
+    """
+    cut = DraftCut(max_new_tokens, decode=decode, ids=ids, stop_ids=stop_ids, stops=stops)
+    for token in tokens:
+        if not cut.push(token):
+            break
+    return cut.result()
+
+
+def scored_tokens(
+    encode: Callable[[str], list[int]],
+    ids: Sequence[int],
+    prompt_len: int,
+    answer: str,
+    text: str,
+    final: bool,
+    marker: Sequence[int],
+) -> tuple[int, list[int], list[int]]:
+    """What a verifier scores for one candidate, as (keep, text tokens, scored tokens).
+
+    The answer plus the candidate is re-tokenized; the context is `ids[:keep]` (the longest common
+    prefix with the committed tokens), the candidate is the rest, and a final candidate also gets
+    the verifier's end marker. Each scored token is predicted by the token before it.
+    """
+    answer_ids = ids[prompt_len:]
+    full = encode(answer + text)
+    keep = prompt_len + common_prefix_len(full, answer_ids)
+    tokens = full[keep - prompt_len :]  # the candidate as this verifier reads it in context
+    tail = tokens + (list(marker) if final else [])
+    if not tail:  # an empty non-final candidate has nothing to score
+        tail = list(marker)[:1] or [ids[-1]]
+    return keep, tokens, tail

@@ -1,0 +1,581 @@
+"""Members served by inference servers: SGLang, vLLM and llama.cpp's llama-server, behind `Member`.
+
+One RemoteMember per server URL, with a small adapter per engine for its JSON. Tokens, drafting
+cuts and scored tokens are computed on the client with the model's own tokenizer, through the same
+functions as HFMember (drafting.py), so a model behaves alike in-process and served; the server's
+prefix cache stands in for our KV cache. Servers return log-probabilities, never raw logits, so a
+remote member scores with score="logprob" only. Stdlib HTTP; knows nothing about the other members.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import math
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import drafting
+from .config import MemberSettings
+from .drafting import UTF8_GRACE_TOKENS
+from .errors import ConfigError, MemberError, PromptTooLongError, SpecfuseError
+from .prompts import CHAT, PromptFormat
+from .records import Candidate
+from .segments import REPLACEMENT
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 60.0
+PROBE_TEXT = "Hello, world! Numbers 12345, symbols {}[]<>, accents éàü, 漢字 and emoji 🙂.\n  indented"
+MAX_ERROR_BODY = 300  # characters of a server's error body quoted in a message
+
+
+# ---- naming a served member -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """`ENGINE:URL[#NAME][?KEY=VALUE&...]`, e.g. `llama-server:http://127.0.0.1:8080#smollm2?tokenizer=smollm2-135m`.
+
+    Options: tokenizer (a catalogue name, a local folder, a .gguf file or a hub id; default NAME),
+    timeout (seconds per request), model (the served model name, vLLM only; default: the first the
+    server lists). Only the operator names servers (command-line flags); browser users pick among them.
+    """
+
+    engine: str  # one of ENGINES
+    url: str  # scheme://host:port[/path], without a trailing slash
+    name: str  # the member's name
+    tokenizer: str
+    timeout: float = DEFAULT_TIMEOUT_S
+    model: str | None = None
+
+
+def is_server_spec(text: str) -> bool:
+    return any(text.startswith(f"{engine}:") for engine in ENGINES)
+
+
+def parse_server_spec(spec: str) -> ServerSpec:
+    """Parse and check a server spec; raises ConfigError naming what is wrong."""
+    engine, sep, rest = spec.partition(":")
+    if not sep or engine not in ENGINES:
+        raise ConfigError(
+            f"Unknown server spec {spec!r}; write ENGINE:URL#NAME with ENGINE one of {', '.join(ENGINES)}, "
+            "e.g. llama-server:http://127.0.0.1:8080#smollm2-135m"
+        )
+    rest, _, query = rest.partition("?")
+    url, _, name = rest.partition("#")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ConfigError(f"Server spec {spec!r}: {url!r} is not an http(s)://host:port URL")
+    try:
+        options = dict(urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
+    except ValueError as e:
+        raise ConfigError(f"Server spec {spec!r}: cannot read the options {query!r}: {e}") from e
+    unknown = set(options) - {"tokenizer", "timeout", "model"}
+    if unknown:
+        raise ConfigError(f"Server spec {spec!r}: unknown option(s) {', '.join(sorted(unknown))}")
+    name = name or f"{engine}@{parts.netloc}"
+    tokenizer = options.get("tokenizer") or name
+    try:
+        timeout = float(options.get("timeout", DEFAULT_TIMEOUT_S))
+    except ValueError as e:
+        raise ConfigError(f"Server spec {spec!r}: timeout must be a number of seconds") from e
+    if not 0 < timeout < math.inf:
+        raise ConfigError(f"Server spec {spec!r}: timeout must be a positive number of seconds")
+    return ServerSpec(engine, url.rstrip("/"), name, tokenizer, timeout, options.get("model") or None)
+
+
+# ---- HTTP --------------------------------------------------------------------------------------------
+
+
+class Http:
+    """JSON over HTTP to one server; every failure becomes a MemberError naming the member and server."""
+
+    def __init__(self, member: str, engine: str, url: str, timeout: float) -> None:
+        self.member, self.engine, self.url, self.timeout = member, engine, url, timeout
+
+    def where(self) -> str:
+        return f"{self.member}: the {self.engine} server at {self.url}"
+
+    def malformed(self, path: str, detail: object) -> MemberError:
+        return MemberError(f"{self.where()} sent a malformed answer to {path} ({detail})")
+
+    @contextmanager
+    def reading(self, what: str) -> Iterator[None]:
+        """Turn a missing key or a wrong type in a server's answer into a MemberError."""
+        try:
+            yield
+        except SpecfuseError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+            raise self.malformed(what, f"{type(e).__name__}: {e}") from e
+
+    def call(self, path: str, payload: dict[str, Any] | None = None) -> Any:
+        data = None if payload is None else json.dumps(payload).encode()
+        request = urllib.request.Request(
+            self.url + path, data=data, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                body = response.read()
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode("utf-8", "replace")[:MAX_ERROR_BODY]
+            raise MemberError(f"{self.where()} answered HTTP {e.code} to {path}: {detail}") from e
+        except TimeoutError as e:
+            raise MemberError(
+                f"{self.where()} did not answer {path} within {self.timeout:g} s; is it overloaded? "
+                "Raise the spec's ?timeout= or check the server"
+            ) from e
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+            reason = getattr(e, "reason", e)
+            if isinstance(reason, TimeoutError):
+                raise MemberError(f"{self.where()} did not answer {path} within {self.timeout:g} s") from e
+            raise MemberError(f"{self.where()} is unreachable ({reason}); is it running?") from e
+        try:
+            return json.loads(body)
+        except ValueError as e:
+            raise self.malformed(path, f"not JSON: {body[:80]!r}") from e
+
+
+# ---- one adapter per engine ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Generated:
+    ids: list[int]  # the tokens generated, including a stop token if the server kept it
+    stopped: bool  # ended at a stop or end-of-generation token (not at the token limit)
+
+
+class Adapter:
+    """What differs between engines: the JSON of tokenize, generate and prompt log-probs."""
+
+    engine = ""
+
+    def __init__(
+        self,
+        http: Http,
+        model: str | None,
+        stop_ids: frozenset[int] = frozenset(),
+        decode: Callable[[Sequence[int]], str] | None = None,
+    ) -> None:
+        self.http, self.model, self.stop_ids, self.decode = http, model, stop_ids, decode
+
+    def connect(self) -> int | None:
+        """Check the server is up; returns its context length when it says."""
+        raise NotImplementedError
+
+    def tokenize(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def generate(
+        self, ids: Sequence[int], n: int, settings: MemberSettings, seed: int, stop_ids: Sequence[int]
+    ) -> Generated:
+        raise NotImplementedError
+
+    def logprobs(
+        self, contexts: Sequence[Sequence[int]], tails: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        """Log-probability of each tail token after its context ([candidates][tail tokens])."""
+        raise NotImplementedError
+
+
+def _floats(values: Sequence[Any], n: int, http: Http, path: str) -> list[float]:
+    out = [float(v) for v in values]
+    if len(out) != n or not all(math.isfinite(v) or v == -math.inf for v in out):
+        raise http.malformed(path, f"expected {n} log-probs, got {values!r:.120}")
+    return out
+
+
+class SGLang(Adapter):
+    """SGLang's native /generate: token-id prompts; input log-probs from logprob_start_len on."""
+
+    engine = "sglang"
+
+    def connect(self) -> int | None:
+        out = self.http.call("/tokenize", {"prompt": "a", "add_special_tokens": False})
+        return out.get("max_model_len") if isinstance(out, dict) else None
+
+    def tokenize(self, text: str) -> list[int]:
+        out = self.http.call("/tokenize", {"prompt": text, "add_special_tokens": False})
+        return [int(t) for t in out["tokens"]]
+
+    def generate(
+        self, ids: Sequence[int], n: int, settings: MemberSettings, seed: int, stop_ids: Sequence[int]
+    ) -> Generated:
+        params: dict[str, Any] = {
+            "max_new_tokens": n,
+            "temperature": settings.temperature,
+            "top_p": settings.top_p,
+            "stop_token_ids": list(stop_ids),
+            "no_stop_trim": True,
+            "skip_special_tokens": False,
+        }
+        if settings.temperature > 0:
+            params["sampling_seed"] = seed
+        out = self.http.call("/generate", {"input_ids": list(ids), "sampling_params": params})
+        meta = out["meta_info"]
+        if "output_ids" in out:
+            new = [int(t) for t in out["output_ids"]]
+        else:
+            new = [int(entry[1]) for entry in meta["output_token_logprobs"]]
+        finish = meta.get("finish_reason") or {}
+        return Generated(new, isinstance(finish, dict) and finish.get("type") == "stop")
+
+    def logprobs(
+        self, contexts: Sequence[Sequence[int]], tails: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        payload = {
+            "input_ids": [list(c) + list(t) for c, t in zip(contexts, tails)],
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+            "return_logprob": True,
+            # The radix cache serves the context; only the candidates are computed.
+            "logprob_start_len": [len(c) - 1 for c in contexts],
+        }
+        out = self.http.call("/generate", payload)
+        if not isinstance(out, list) or len(out) != len(tails):
+            raise self.http.malformed("/generate", f"expected a list of {len(tails)} results")
+        rows = []
+        for result, tail in zip(out, tails):
+            entries = result["meta_info"]["input_token_logprobs"][1 : 1 + len(tail)]  # entry 0 is null
+            if [int(e[1]) for e in entries] != list(tail):
+                raise self.http.malformed("/generate", "input_token_logprobs name other tokens")
+            rows.append(_floats([e[0] for e in entries], len(tail), self.http, "/generate"))
+        return rows
+
+
+class VLLM(Adapter):
+    """vLLM's OpenAI-compatible /v1/completions with token-id prompts and prompt_logprobs."""
+
+    engine = "vllm"
+
+    def connect(self) -> int | None:
+        models = self.http.call("/v1/models")["data"]
+        if not models:
+            raise self.http.malformed("/v1/models", "no model served")
+        if self.model is None:
+            self.model = str(models[0]["id"])
+        served = {str(m["id"]): m for m in models}
+        if self.model not in served:
+            raise ConfigError(f"{self.http.where()} serves {', '.join(served)}, not {self.model!r}")
+        return served[self.model].get("max_model_len")
+
+    def tokenize(self, text: str) -> list[int]:
+        out = self.http.call("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})
+        return [int(t) for t in out["tokens"]]
+
+    def generate(
+        self, ids: Sequence[int], n: int, settings: MemberSettings, seed: int, stop_ids: Sequence[int]
+    ) -> Generated:
+        payload = {
+            "model": self.model,
+            "prompt": list(ids),
+            "max_tokens": n,
+            "temperature": settings.temperature,
+            "top_p": settings.top_p,
+            "seed": seed,
+            "stop_token_ids": list(stop_ids),
+            "skip_special_tokens": False,
+            "return_token_ids": True,
+        }
+        choice = self.http.call("/v1/completions", payload)["choices"][0]
+        return Generated([int(t) for t in choice["token_ids"]], choice.get("finish_reason") == "stop")
+
+    def logprobs(
+        self, contexts: Sequence[Sequence[int]], tails: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        # Requests with prompt log-probs skip vLLM's prefix cache: each candidate re-reads its context.
+        payload = {
+            "model": self.model,
+            "prompt": [list(c) + list(t) for c, t in zip(contexts, tails)],
+            "max_tokens": 1,  # vLLM generates at least one token; it is ignored
+            "temperature": 0,
+            "prompt_logprobs": 0,
+        }
+        choices = sorted(self.http.call("/v1/completions", payload)["choices"], key=lambda c: c["index"])
+        if len(choices) != len(tails):
+            raise self.http.malformed("/v1/completions", f"expected {len(tails)} choices")
+        rows = []
+        for choice, context, tail in zip(choices, contexts, tails):
+            entries = choice["prompt_logprobs"][len(context) : len(context) + len(tail)]
+            values = [entry[str(token)]["logprob"] for entry, token in zip(entries, tail)]
+            rows.append(_floats(values, len(tail), self.http, "/v1/completions"))
+        return rows
+
+
+class LlamaServer(Adapter):
+    """llama.cpp's llama-server /completion. It has no prompt log-probs: a grammar of token ids forces
+    the candidate as the continuation and its sampled-token log-probs are read, with the context
+    served from the slot's prompt cache."""
+
+    engine = "llama-server"
+
+    def connect(self) -> int | None:
+        props = self.http.call("/props")
+        settings = props.get("default_generation_settings", {}) if isinstance(props, dict) else {}
+        n_ctx = settings.get("n_ctx") or (props.get("n_ctx") if isinstance(props, dict) else None)
+        return int(n_ctx) if n_ctx else None
+
+    def tokenize(self, text: str) -> list[int]:
+        out = self.http.call("/tokenize", {"content": text, "add_special": False, "parse_special": True})
+        return [int(t) for t in out["tokens"]]
+
+    def _complete(self, payload: dict[str, Any]) -> dict[str, Any]:
+        base = {"cache_prompt": True, "return_tokens": True, "stream": False}
+        out = self.http.call("/completion", {**base, **payload})
+        if not isinstance(out, dict):
+            raise self.http.malformed("/completion", "not an object")
+        return out
+
+    def generate(
+        self, ids: Sequence[int], n: int, settings: MemberSettings, seed: int, stop_ids: Sequence[int]
+    ) -> Generated:
+        # Neutral samplers, so that temperature and top_p mean what they mean in-process.
+        sampling = {"temperature": settings.temperature, "top_p": settings.top_p, "top_k": 0, "min_p": 0.0}
+        out = self._complete({"prompt": list(ids), "n_predict": n, "seed": seed, **sampling})
+        return Generated([int(t) for t in out["tokens"]], out.get("stop_type") == "eos")
+
+    def logprobs(
+        self, contexts: Sequence[Sequence[int]], tails: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        rows = []
+        for context, tail in zip(contexts, tails):
+            # llama.cpp can neither force nor report a token that splits a UTF-8 character (a byte
+            # token): those are left out of the candidate's mean, each run of whole tokens is forced
+            # in one request on top of the cached context.
+            values: list[float] = []
+            start = 0
+            while start < len(tail):
+                whole = self._whole(tail[start])
+                end = start + 1
+                while end < len(tail) and self._whole(tail[end]) == whole:
+                    end += 1
+                if whole:
+                    values += self._forced([*context, *tail[:start]], list(tail[start:end]))
+                start = end
+            if not values:  # only byte tokens: let the model spell the text its own way
+                values = self._spelled(context, tail)
+            rows.append(values)
+        return rows
+
+    def _whole(self, token: int) -> bool:
+        return self.decode is None or REPLACEMENT not in self.decode([token])
+
+    def _forced(self, prompt: list[int], tokens: list[int]) -> list[float]:
+        """Log-probs of `tokens` after `prompt`, forced by a grammar of token ids."""
+        forced = list(tokens)
+        while forced and forced[-1] in self.stop_ids:
+            forced.pop()
+        # A grammar cannot hold an end-of-generation token: once it is complete only those may
+        # follow, and logit_bias leaves just ours. The log-probs are the model's own (before both).
+        payload: dict[str, Any] = {
+            "prompt": prompt,
+            "n_predict": len(tokens),
+            "grammar": "root ::= " + (" ".join(f"<[{t}]>" for t in forced) or '""'),
+            "n_probs": 1,
+            "temperature": 0,
+        }
+        if len(forced) < len(tokens):
+            payload["logit_bias"] = [[t, False] for t in sorted(self.stop_ids) if t != tokens[len(forced)]]
+        out = self._complete(payload)
+        got = [int(t) for t in out["tokens"]]
+        if got != tokens[: len(got)] or not got:
+            raise self.http.malformed("/completion", f"the grammar was not followed: {got} for {tokens}")
+        values, entries = [], iter(out["completion_probabilities"])
+        entry = next(entries, None)
+        for token in tokens:
+            if entry is not None and int(entry["id"]) == token:
+                values.append(float(entry["logprob"]))
+                entry = next(entries, None)
+        return values
+
+    def _spelled(self, context: Sequence[int], tail: Sequence[int]) -> list[float]:
+        text = self.decode(list(tail)) if self.decode is not None else ""
+        literal = json.dumps(text, ensure_ascii=False)  # GBNF string literals escape as JSON does
+        out = self._complete(
+            {
+                "prompt": list(context),
+                "n_predict": 4 * len(tail) + 4,
+                "grammar": f"root ::= {literal}",
+                "n_probs": 1,
+                "temperature": 0,
+            }
+        )
+        values = [float(e["logprob"]) for e in out["completion_probabilities"]]
+        if not values:
+            raise self.http.malformed("/completion", "no completion_probabilities")
+        return values
+
+
+ADAPTERS: dict[str, type[Adapter]] = {a.engine: a for a in (SGLang, VLLM, LlamaServer)}
+ENGINES = tuple(ADAPTERS)
+
+
+# ---- the member ------------------------------------------------------------------------------------
+
+
+@dataclass
+class RemoteState:
+    """One request's context in one served member: the server caches the prefix, we keep the ids."""
+
+    settings: MemberSettings
+    prompt_len: int  # tokens of the formatted prompt
+    ids: list[int]  # prompt tokens + the answer's canonical tokens
+    answer: str
+    drafts: int = 0  # drafts made so far: each sampled draft gets its own seed
+    token_logprobs: list[list[float]] = field(default_factory=list)  # last score(): [candidates][tokens]
+
+
+def supported_scores(member: object) -> tuple[str, ...]:
+    """The score settings a member supports: served members have log-probs only."""
+    return tuple(getattr(member, "scores", ("logit", "logprob")))
+
+
+class RemoteMember:
+    """A model served by SGLang, vLLM or llama-server, as an ensemble member."""
+
+    scores = ("logprob",)  # what score settings it supports
+
+    def __init__(
+        self,
+        name: str,
+        engine: str,
+        url: str,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        prompt_format: PromptFormat = CHAT,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        model: str | None = None,
+        generation_eos: Any = None,
+    ) -> None:
+        if engine not in ADAPTERS:
+            raise ConfigError(f"{name}: unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+        if prompt_format.kind == "chat" and not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(f"{name}: the tokenizer has no chat template; use a completion prompt format")
+        self.name = name
+        self.engine = engine
+        self.url = url.rstrip("/")
+        self.device = self.url  # members on different servers run concurrently (engine: parallel="auto")
+        self.tokenizer = tokenizer
+        self.prompt_format = prompt_format
+        self.http = Http(name, engine, self.url, timeout)
+        self.stop_token_ids = frozenset(drafting.stop_token_ids(tokenizer, generation_eos))
+        self.adapter = ADAPTERS[engine](self.http, model, self.stop_token_ids, self.decode)
+        self.end_marker = tuple(drafting.end_marker(tokenizer, prompt_format, self.stop_token_ids))
+        self.max_positions: int | None = None
+        self.connected = False
+
+    def __repr__(self) -> str:
+        return f"RemoteMember({self.name!r}, {self.engine}, {self.url!r})"
+
+    def encode(self, text: str) -> list[int]:
+        return drafting.encode(self.tokenizer, text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return drafting.decode(self.tokenizer, ids)
+
+    def connect(self) -> RemoteMember:
+        """Reach the server and check once that it tokenizes as our tokenizer does."""
+        with self.http.reading("its start-up requests"):
+            self.max_positions = self.adapter.connect()
+            theirs = self.adapter.tokenize(PROBE_TEXT)
+        ours = self.encode(PROBE_TEXT)
+        if theirs != ours:
+            raise ConfigError(
+                f"{self.http.where()} tokenizes differently from the tokenizer given for it "
+                f"(first difference at token {drafting.common_prefix_len(theirs, ours)}); "
+                "name the served model's own tokenizer with ?tokenizer="
+            )
+        self.connected = True
+        return self
+
+    # -- the Member protocol -------------------------------------------------------------------------
+
+    def start(self, prompt: str, settings: MemberSettings) -> RemoteState:
+        if settings.score not in self.scores:
+            raise ConfigError(
+                f"{self.name}: served by {self.engine} at {self.url}, which returns log-probabilities, "
+                "not raw logits; score with log-probs (score='logprob', --score logprob)"
+            )
+        if not self.connected:
+            self.connect()
+        ids = drafting.prompt_ids(self.tokenizer, self.prompt_format, prompt)
+        if not ids:
+            raise ConfigError(f"{self.name}: the prompt formats to no tokens")
+        if self.max_positions and len(ids) + settings.max_new_tokens > self.max_positions:
+            raise PromptTooLongError(
+                f"{self.name}: the prompt takes {len(ids)} tokens and the answer budget "
+                f"{settings.max_new_tokens} more, beyond the server's context of {self.max_positions}; "
+                "shorten the prompt or lower max_new_tokens"
+            )
+        return RemoteState(settings, len(ids), ids, "")
+
+    def draft(self, state: RemoteState, max_new_tokens: int) -> Candidate:
+        began = time.perf_counter()
+        settings = state.settings
+        seed = settings.seed + 7919 * state.drafts
+        state.drafts += 1
+        stop_ids = sorted(self.stop_token_ids)
+
+        def tokens() -> Iterator[int]:  # L tokens in one request; more only to finish a character
+            context, want = list(state.ids), max_new_tokens
+            while True:
+                out = self._generated(context, want, settings, seed, stop_ids)
+                yield from out.ids
+                if out.stopped or not out.ids:
+                    if out.stopped and (not out.ids or out.ids[-1] not in self.stop_token_ids):
+                        yield stop_ids[0]  # the server trimmed the stop token it ended at
+                    return
+                context += out.ids
+                want = UTF8_GRACE_TOKENS
+
+        stops = (*self.prompt_format.stop_strings, *settings.stop_strings)
+        new, text, final = drafting.cut_draft(
+            tokens(),
+            max_new_tokens,
+            decode=self.decode,
+            ids=state.ids,
+            stop_ids=self.stop_token_ids,
+            stops=stops,
+        )
+        return Candidate(
+            member=self.name,
+            text=text,
+            num_tokens=drafting.tokens_in(self.decode, state.ids, new, text),
+            final=final,
+            seconds=time.perf_counter() - began,
+        )
+
+    def score(self, state: RemoteState, candidates: Sequence[Candidate]) -> list[float]:
+        """Raw scores z_i·: the mean log-probability of each candidate's tokens in context."""
+        contexts, tails = [], []
+        for cand in candidates:
+            keep, _, tail = drafting.scored_tokens(
+                self.encode, state.ids, state.prompt_len, state.answer, cand.text, cand.final, self.end_marker
+            )
+            contexts.append(state.ids[:keep])
+            tails.append(tail)
+        with self.http.reading("its log-prob request"):
+            rows = self.adapter.logprobs(contexts, tails)
+        state.token_logprobs = rows
+        return [sum(row) / len(row) for row in rows]
+
+    def accept(self, state: RemoteState, text: str) -> None:
+        """Append the chosen candidate: re-tokenize the answer; the server caches the common prefix."""
+        state.answer += text
+        state.ids = state.ids[: state.prompt_len] + self.encode(state.answer)
+
+    def _generated(
+        self, context: Sequence[int], want: int, settings: MemberSettings, seed: int, stop_ids: Sequence[int]
+    ) -> Generated:
+        with self.http.reading("its generate request"):
+            return self.adapter.generate(context, want, settings, seed, stop_ids)

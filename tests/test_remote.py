@@ -1,0 +1,316 @@
+"""RemoteMember against in-process stubs that speak SGLang's, vLLM's and llama-server's JSON, backed by
+the tiny models: drafts equal local greedy drafts, scores equal local log-prob scores, faults name
+the member and the server."""
+
+from __future__ import annotations
+
+import pytest
+
+from specfuse.catalogue import check_member_name, load_member
+from specfuse.config import EnsembleConfig, MemberSettings
+from specfuse.engine import Ensemble, _parallel
+from specfuse.errors import ConfigError, MemberError, UnknownModelError
+from specfuse.members import Member
+from specfuse.remote import ENGINES, RemoteMember, parse_server_spec
+
+from .conftest import tiny_member
+from .remote_stub import StubServer
+
+LOGPROB = MemberSettings(score="logprob", max_new_tokens=64)
+SCORE_TOLERANCE = 1e-4  # fp32, same weights: a full forward vs the packed pass
+
+
+@pytest.fixture(scope="module")
+def local():
+    return {spec: tiny_member(spec) for spec in ("llama-bytes", "gemma-meta")}
+
+
+def served(engine, member, **kwargs):
+    stub = StubServer(engine, member, trim_stop=kwargs.pop("trim_stop", False))
+    remote = RemoteMember(
+        f"{member.name}@{engine}",
+        engine,
+        stub.url,
+        member.tokenizer,
+        prompt_format=member.prompt_format,
+        timeout=kwargs.pop("timeout", 30),
+    )
+    return stub, remote
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request):
+    return request.param
+
+
+def test_a_remote_member_implements_the_protocol(local):
+    stub, remote = served("vllm", local["llama-bytes"])
+    try:
+        assert isinstance(remote, Member)
+        assert remote.device == stub.url
+    finally:
+        stub.stop()
+
+
+@pytest.mark.parametrize("spec", ["llama-bytes", "gemma-meta"])
+def test_drafts_scores_and_accepts_equal_the_local_members(local, engine, spec):
+    member = local[spec]
+    stub, remote = served(engine, member, trim_stop=engine == "vllm")
+    try:
+        for prompt in ("Once upon a time", "Say something."):
+            mine, theirs = member.start(prompt, LOGPROB), remote.start(prompt, LOGPROB)
+            assert theirs.ids == mine.ids
+            for limit in (1, 4, 10):
+                a, b = member.draft(mine, limit), remote.draft(theirs, limit)
+                assert (b.text, b.num_tokens, b.final) == (a.text, a.num_tokens, a.final)
+            cands = [member.draft(mine, 10), member.draft(mine, 3)]
+            cands.append(type(cands[0])("x", cands[0].text + " end", 3, True, 0.0))  # final: end marker
+            local_scores = member.score(mine, cands)
+            remote_scores = remote.score(theirs, cands)
+            if engine == "llama-server":  # byte tokens cannot be forced there: left out of the mean
+                local_scores = [whole_token_mean(member, mine, c) for c in cands]
+                remote_scores = [
+                    z if ref is not None else None for z, ref in zip(remote_scores, local_scores)
+                ]
+            assert remote_scores == pytest.approx(local_scores, abs=SCORE_TOLERANCE)
+            assert len(theirs.token_logprobs) == len(cands) and all(theirs.token_logprobs)
+            for text in (cands[0].text, " and then"):
+                member.accept(mine, text)
+                remote.accept(theirs, text)
+                assert theirs.ids == mine.ids
+            assert remote.draft(theirs, 10).text == member.draft(mine, 10).text
+    finally:
+        stub.stop()
+
+
+def whole_token_mean(member, state, cand):
+    """The local mean log-prob over the tokens llama-server can force (no split UTF-8 character)."""
+    import torch
+
+    from specfuse.drafting import scored_tokens
+
+    keep, _, tail = scored_tokens(
+        member.encode, state.ids, state.prompt_len, state.answer, cand.text, cand.final, member.end_marker
+    )
+    ids = state.ids[:keep] + tail
+    with torch.inference_mode():
+        lp = torch.log_softmax(member.model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+    values = [
+        float(lp[keep + t - 1, tok]) for t, tok in enumerate(tail) if "\ufffd" not in member.decode([tok])
+    ]
+    return sum(values) / len(values) if values else None  # None: the server spells it its own way
+
+
+def test_a_remote_ensemble_plays_the_same_rounds_as_the_local_one(local, engine):
+    first, second = tiny_member("qwen-merges"), local["gemma-meta"]
+    stub, remote = served(engine, second)
+    config = EnsembleConfig(score="logprob", max_new_tokens=40, segment_len=6, parallel="off")
+    try:
+        ours = list(Ensemble([first, second], config).stream("Tell me a story."))
+        remote.name = second.name
+        theirs = list(Ensemble([first, remote], config).stream("Tell me a story."))
+        assert theirs[-1].text == "".join(r.winner.text for r in theirs)
+        if engine == "llama-server":  # its scores leave out byte tokens: the rounds may differ
+            return
+        assert [r.chosen for r in theirs] == [r.chosen for r in ours]
+        assert [tuple(c.text for c in r.candidates) for r in theirs] == [
+            tuple(c.text for c in r.candidates) for r in ours
+        ]
+        for a, b in zip(ours, theirs):
+            for row_a, row_b in zip(a.raw_scores, b.raw_scores):
+                assert row_b == pytest.approx(row_a, abs=SCORE_TOLERANCE)
+        assert theirs[-1].text == "".join(r.winner.text for r in theirs)
+    finally:
+        stub.stop()
+
+
+def test_sampled_drafts_follow_the_seed(local):
+    stub, remote = served("sglang", local["llama-bytes"])
+    try:
+        settings = MemberSettings(score="logprob", temperature=1.0, seed=3)
+        drafts = [remote.draft(remote.start("Sing", s), 8).text for s in (settings, settings)]
+        assert drafts[0] == drafts[1]
+        assert stub.requests[-1][1]["sampling_params"]["sampling_seed"] == 3
+    finally:
+        stub.stop()
+
+
+def test_asking_a_server_for_raw_logits_is_a_config_error_naming_the_member(local):
+    stub, remote = served("llama-server", local["llama-bytes"])
+    try:
+        with pytest.raises(ConfigError, match=r"llama-bytes@llama-server: .*log-prob"):
+            remote.start("hi", MemberSettings(score="logit"))
+    finally:
+        stub.stop()
+
+
+def test_members_on_different_servers_run_concurrently(local):
+    (s1, r1), (s2, r2) = served("vllm", local["llama-bytes"]), served("sglang", local["gemma-meta"])
+    try:
+        assert _parallel([r1, r2], EnsembleConfig())
+        config = EnsembleConfig(score="logprob", max_new_tokens=20, parallel="auto")
+        result = Ensemble([r1, r2], config).run("Hello")
+        assert result.rounds >= 1
+    finally:
+        s1.stop()
+        s2.stop()
+
+
+# ---- faults -------------------------------------------------------------------------------------------
+
+
+def test_a_server_down_at_start_is_a_member_error_naming_member_and_server(local):
+    stub, remote = served("sglang", local["llama-bytes"])
+    stub.stop()
+    with pytest.raises(
+        MemberError, match=rf"llama-bytes@sglang: the sglang server at {stub.url} is unreachable"
+    ):
+        remote.start("hi", LOGPROB)
+
+
+def test_a_server_killed_mid_run_ends_the_run_with_a_member_error(local, engine):
+    first = local["llama-bytes"]
+    stub, remote = served(engine, local["gemma-meta"])
+    config = EnsembleConfig(score="logprob", max_new_tokens=60, segment_len=4, exit=False)
+    stream = Ensemble([first, remote], config).stream("Tell me a story.")
+    next(stream)
+    stub.stop()
+    with pytest.raises(MemberError, match=rf"gemma-meta@{engine}: .*{stub.url}"):
+        list(stream)
+    # The ensemble is not left broken: with the server back, a new run works.
+    stub2, remote2 = served(engine, local["gemma-meta"])
+    try:
+        assert Ensemble([first, remote2], config).run("Hi").rounds >= 1
+    finally:
+        stub2.stop()
+
+
+def test_a_slow_server_times_out_with_a_member_error(local):
+    stub, remote = served("llama-server", local["llama-bytes"], timeout=0.3)
+    try:
+        state = remote.start("hi", LOGPROB)
+        stub.slow = 1.0
+        with pytest.raises(MemberError, match=rf"{stub.url} did not answer /completion within 0.3 s"):
+            remote.draft(state, 5)
+    finally:
+        stub.slow = 0
+        stub.stop()
+
+
+def test_malformed_json_is_a_member_error(local, engine):
+    stub, remote = served(engine, local["llama-bytes"])
+    try:
+        state = remote.start("hi", LOGPROB)
+        stub.malformed = True
+        with pytest.raises(
+            MemberError, match=rf"@{engine}: the {engine} server at {stub.url} sent a malformed"
+        ):
+            remote.draft(state, 5)
+    finally:
+        stub.stop()
+
+
+def test_a_server_with_another_tokenizer_is_refused_at_start(local):
+    stub = StubServer("vllm", local["gemma-meta"])
+    remote = RemoteMember("m", "vllm", stub.url, local["llama-bytes"].tokenizer)
+    try:
+        with pytest.raises(ConfigError, match="tokenizes differently"):
+            remote.connect()
+    finally:
+        stub.stop()
+
+
+# ---- naming and loading -----------------------------------------------------------------------------
+
+
+def test_server_specs_parse_with_name_and_options():
+    spec = parse_server_spec("llama-server:http://127.0.0.1:8080#smollm2?tokenizer=smollm2-135m&timeout=5")
+    assert (spec.engine, spec.url, spec.name, spec.tokenizer, spec.timeout) == (
+        "llama-server",
+        "http://127.0.0.1:8080",
+        "smollm2",
+        "smollm2-135m",
+        5.0,
+    )
+    assert parse_server_spec("vllm:http://h:8000/").name == "vllm@h:8000"
+    for bad in (
+        "tgi:http://h:1#x",
+        "vllm:ftp://h#x",
+        "vllm:http://h:1#x?color=red",
+        "sglang:http://h#x?timeout=-1",
+    ):
+        with pytest.raises(ConfigError):
+            parse_server_spec(bad)
+
+
+def test_only_the_operator_may_name_a_server():
+    spec = "sglang:http://169.254.169.254:80#meta"
+    assert check_member_name(spec).kind == "server"
+    with pytest.raises(UnknownModelError, match="only the operator"):
+        check_member_name(spec, allow_paths=True, allow_servers=False)
+    with pytest.raises(UnknownModelError):
+        check_member_name(spec, allow_paths=False)
+
+
+def test_load_member_reaches_a_server_with_a_tokenizer_folder(tiny_checkpoints):
+    from specfuse.members import HFMember
+
+    folder = tiny_checkpoints[0]  # llama-bytes
+    base = load_member(folder, dtype="float32")
+    assert isinstance(base, HFMember)
+    stub = StubServer("llama-server", base)
+    try:
+        member = load_member(f"llama-server:{stub.url}#tiny?tokenizer={folder}")
+        assert isinstance(member, RemoteMember) and member.name == "tiny" and member.connected
+        assert (
+            member.draft(member.start("Hi", LOGPROB), 6).text == base.draft(base.start("Hi", LOGPROB), 6).text
+        )
+    finally:
+        stub.stop()
+
+
+def test_the_cli_takes_a_server_spec_among_its_models(tiny_checkpoints):
+    import io
+
+    from specfuse.cli import main
+    from specfuse.members import HFMember
+
+    folder, other = tiny_checkpoints
+    base = load_member(folder, dtype="float32")
+    assert isinstance(base, HFMember)
+    stub = StubServer("sglang", base)
+    try:
+        spec = f"sglang:{stub.url}#served?tokenizer={folder}"
+        out, err = io.StringIO(), io.StringIO()
+        argv = ["--models", f"{spec},{other}", "--max-new-tokens", "12", "--quiet", "Hi"]
+        assert main(argv, stdout=out, stderr=err) == 2  # raw logits asked of a server
+        assert "served: served by sglang" in err.getvalue() and "--score logprob" in err.getvalue()
+        assert main(["--score", "logprob", *argv], stdout=out, stderr=err) == 0
+    finally:
+        stub.stop()
+
+
+def test_served_members_support_log_probs_only(local):
+    from specfuse.remote import supported_scores
+
+    stub, remote = served("vllm", local["llama-bytes"])
+    stub.stop()
+    assert supported_scores(remote) == ("logprob",)
+    assert supported_scores(local["llama-bytes"]) == ("logit", "logprob")
+
+
+def test_the_app_lets_only_the_operators_servers_through():
+    """A browser user of an app started with --allow-paths could otherwise make it reach any URL."""
+    import app
+
+    seen = {}
+
+    def load(name, **kwargs):
+        seen[name] = kwargs["allow_servers"]
+        return object()
+
+    operator = "vllm:http://10.0.0.5:8000#big"
+    loader = app.SharedLoader(load, allow_paths=True, trusted=[operator])
+    for name in (operator, "vllm:http://169.254.169.254:80#typed"):
+        loader(name, "cpu", lambda fraction, message: None)
+    assert seen == {operator: True, "vllm:http://169.254.169.254:80#typed": False}
