@@ -67,8 +67,7 @@ def parse_value(key: str, value: Any, where: str = "") -> Any:
     choices = _choices(key)
 
     def bad(expected: str) -> ConfigError:
-        extra = f"; choices: {', '.join(choices)}" if choices else ""
-        return ConfigError(f"{where}{key}={value!r}: expected {expected}{extra}")
+        return ConfigError(f"{where}{key}={value!r}: expected {expected}")
 
     if optional and (value is None or (text is not None and text.lower() in _NONE)):
         return None
@@ -93,7 +92,7 @@ def parse_value(key: str, value: Any, where: str = "") -> Any:
             raise bad("a number" + (" or none" if optional else "")) from None
     if kind is str:
         if text is None or (choices and text not in choices):
-            raise bad("one of the choices" if choices else "text")
+            raise bad(f"one of {', '.join(choices)}" if choices else "text")
         return text
     if typing.get_origin(kind) is tuple:  # stop_strings: "a|b" in text, a list in a file
         if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
