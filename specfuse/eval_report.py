@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .stats import LOOP_NGRAM, LOOP_REPEATS, LOOP_TAIL, paired, text_metrics, wilson
+from .stats import paired, text_metrics, wilson
 from .variants import describe
 
 if TYPE_CHECKING:
@@ -299,8 +299,8 @@ def results_page(
         lines += [f"![chart]({Path(charts['png']).name})", ""]
     lines += [f"Interactive chart: [{name}.html]({name}.html)", ""]
     lines += [
-        f"Loop share: answers whose last {LOOP_TAIL:.0%} holds a {LOOP_NGRAM}-word n-gram or a sentence "
-        f"of ≥ 4 words that occurs ≥ {LOOP_REPEATS} times in the answer (`specfuse.stats.ends_in_loop`). "
+        "Loop share: answers that end in one block (≤ 8 sentences or lines, or ≤ 24 words) repeated ≥ 3 "
+        "times in a row, the last copy possibly cut off (`specfuse.stats.ends_in_loop`). "
         "distinct-n: unique word n-grams / all word n-grams, averaged over answers. seconds_per_problem: "
         "the runs' own wall time (batched runs overlap, so their sum exceeds the evaluation's wall time).",
         "",

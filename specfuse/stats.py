@@ -8,16 +8,17 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-LOOP_NGRAM = 6  # words in an n-gram that, seen 3 times, makes a loop
-LOOP_MIN_SENTENCE_WORDS = 4  # shorter sentences ("return x", "} else {") repeat in normal text
-LOOP_REPEATS = 3
-LOOP_TAIL = 0.4  # the share of the answer (by words) where a repetition must reach
+LOOP_COPIES = 3  # a block seen this many times in a row at the end is a loop
+LOOP_MAX_UNITS = 8  # the longest block, in sentences or lines
+LOOP_MAX_WORDS = 24  # the longest block, in words (for loops inside one endless line)
+LOOP_MIN_CHARS = 20  # the repeated stretch must hold this many characters ("Yes. Yes. Yes." is not a loop)
 
 _WORD = re.compile(r"\w+(?:[.,']\w+)*")  # "1,250", "3.5", "don't" stay one word; CJK runs are one word
-_SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|\n+")
+_UNIT_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])|\n+")
+_LETTER = re.compile(r"[^\W\d_]")
 
 
 def wilson(correct: int, total: int, z: float = 1.96) -> tuple[float, float]:
@@ -90,37 +91,51 @@ def distinct_n(text: str, n: int) -> float | None:
 
 
 def ends_in_loop(text: str) -> bool:
-    """Whether an answer ends in repetition.
+    """Whether an answer ends in repetition: its end is one block repeated ≥ 3 times in a row.
 
-    Definition: the answer's words are w_1 … w_T (`words()`: lower-cased, punctuation dropped).
-    It ends in a loop when some unit occurs ≥ 3 times in the whole answer *and* one of those
-    occurrences starts in its last 40 % (word position ≥ 0.6 · T), where a unit is either
-      - a 6-word n-gram, or
-      - a sentence of ≥ 4 words (text between . ! ? 。！？ followed by white space, or a line break;
-        compared by its words, so case and punctuation do not matter).
-    Short sentences and lines (`return x`, `}`) are ignored because code and lists repeat them
-    legitimately; a GSM8K solution that reuses the same numbers ("9 * 2 = 18") does not repeat a
-    6-word n-gram three times. The tail condition keeps an answer that quotes a phrase three times
-    early and then moves on from counting as stuck.
+    Definition. Split the answer into units: sentences (ending in . ! ? before white space, or in
+    。！？) and lines; compare units by their lower-cased words (`words()`, punctuation dropped) and
+    drop units without a letter (list numbers "2.", bare numbers, "}"). The answer ends in a loop
+    when, for some block length q ≤ 8 units, its last 3q units are three copies of the same q
+    units, or, inside one endless line, its last 3p words are three copies of p ≤ 24 words; the
+    last unit (word) may be a truncated copy (a prefix of the one it repeats), since a budget can
+    cut a loop anywhere; and the repeated stretch holds ≥ 20 characters of words.
+
+    Restating the question's quantities ("the number of bolts of blue fiber" five times), a GSM8K
+    solution reusing numbers, a counting list (16, 20, 24, …) and code with similar lines
+    (`print(fib(1))`, `print(fib(2))`) are not loops; "The answer is 18." three times at the end is.
     """
-    tokens = words(text)
-    total = len(tokens)
-    if total < LOOP_NGRAM:
-        return False
-    tail_start = math.ceil((1 - LOOP_TAIL) * total)
-    starts: dict[tuple[str, ...], list[int]] = {}
-    for i, gram in enumerate(ngrams(tokens, LOOP_NGRAM)):
-        starts.setdefault(gram, []).append(i)
-    if any(len(s) >= LOOP_REPEATS and s[-1] >= tail_start for s in starts.values()):
+    units = [tuple(words(piece)) for piece in _UNIT_END.split(text)]
+    units = [u for u in units if any(_LETTER.search(w) for w in u)]
+    if _repeats_at_end(units, LOOP_MAX_UNITS, lambda last, earlier: earlier[: len(last)] == last):
         return True
-    position = 0
-    sentence_starts: dict[tuple[str, ...], list[int]] = {}
-    for piece in _SENTENCE_END.split(text):
-        sentence = tuple(words(piece))
-        if len(sentence) >= LOOP_MIN_SENTENCE_WORDS:
-            sentence_starts.setdefault(sentence, []).append(position)
-        position += len(sentence)
-    return any(len(s) >= LOOP_REPEATS and s[-1] >= tail_start for s in sentence_starts.values())
+    flat = words(text)
+    return _repeats_at_end(
+        [(w,) for w in flat], LOOP_MAX_WORDS, lambda last, earlier: earlier[0].startswith(last[0])
+    )
+
+
+def _repeats_at_end(
+    units: Sequence[tuple[str, ...]],
+    max_period: int,
+    truncated: Callable[[tuple[str, ...], tuple[str, ...]], bool],
+) -> bool:
+    """Whether the sequence ends in ≥ LOOP_COPIES copies of a block of ≤ max_period units."""
+    n = len(units)
+    for q in range(1, min(max_period, n // LOOP_COPIES) + 1):
+        last, earlier = units[n - 1], units[n - 1 - q]
+        if last != earlier and not truncated(last, earlier):
+            continue
+        j = n - 2
+        while j - q >= 0 and units[j] == units[j - q]:
+            j -= 1
+        covered = (n - 1 - j) + q  # units j+1 … n-1 repeat the q units before them
+        if (
+            covered >= LOOP_COPIES * q
+            and sum(len("".join(u)) for u in units[n - covered :]) >= LOOP_MIN_CHARS
+        ):
+            return True
+    return False
 
 
 def text_metrics(texts: Sequence[str]) -> dict[str, float | None]:

@@ -326,6 +326,19 @@ SOLUTION = (
     "Janet's ducks lay 16 eggs. She eats 3 and bakes with 4, so 16 - 3 - 4 = 9 eggs are left.\n"
     "She sells 9 eggs at $2 each: 9 * 2 = 18.\nSo she makes 9 * 2 = $18 every day.\nThe answer is 18."
 )
+RESTATING = (
+    "1. Identify the number of bolts of blue fiber in the robe.\n2. Calculate the number of bolts of white "
+    "fiber.\n\nStep 1: Identify the number of bolts of blue fiber in the robe.\nThe robe takes 2 bolts of "
+    "blue fiber.\n\nStep 2: the number of bolts of blue fiber halved is 1.\nStep 3: Add the number of bolts "
+    "of blue fiber and white fiber: 2 + 1 = 3.\n\nThus, the answer is 3."
+)
+QUESTION_LOOP = (
+    "".join(
+        f"{i}.  Josh buys a house for $80,000.  He puts in $50,000.  How much profit did he make?\n\n"
+        for i in range(1, 5)
+    )
+    + "5.  Josh buys a house"
+)
 EARLY_ONLY = "Say it: one two three four five six. " * 3 + " ".join(f"word{i}" for i in range(40))
 CODE = """def fib(n):
     if n == 0:
@@ -349,6 +362,16 @@ print(fib(10))
         (LOOPING, True),
         ("Step one. " + "The answer is 18. " * 3, True),  # a 4-word sentence, three times, at the end
         (EARLY_ONLY, False),  # repeated early, then it moves on
+        (RESTATING, False),  # restates "the number of bolts of blue fiber" five times: not stuck
+        (QUESTION_LOOP, True),  # the question again and again, list numbers between, cut off mid-copy
+        (
+            "So, 0.06 days.\n\n" + "The answer is 0.06.\n\n" * 3 + "The answer is 0.",  # cut off
+            True,
+        ),
+        ("\n".join(str(4 * i) for i in range(40)), False),  # a counting list is not one block repeated
+        ("and then " * 10, True),  # a loop inside one endless line
+        ("Yes. Yes. Yes.", False),  # too short to call a loop
+        ("长城是中国的象征。" * 5, True),
         (SOLUTION, False),  # repeats numbers and "9 * 2", never a 6-word n-gram three times
         (CODE, False),  # short lines repeat in code
         ("", False),
