@@ -43,6 +43,7 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -93,49 +94,73 @@ __all__ = [  # the evaluation's API in one place; the code lives in problems, ru
 
 
 def throughput(
-    members: Sequence[Any], problems: Sequence[Problem], config: EnsembleConfig, batch_size: int
+    members: Sequence[Any],
+    problems: Sequence[Problem],
+    config: EnsembleConfig,
+    batch_size: int,
+    repeats: int = 1,
 ) -> dict[str, Any]:
     """The same problems one at a time (stream) and batched (stream_many), side by side: problems
-    per hour for both, their ratio, the load average around each half, and whether answers agree."""
+    per hour for both, their ratio, the load average around each pass, and whether answers agree.
+
+    A short warm-up run goes first; with `repeats` > 1 the passes alternate (stream, batched,
+    batched, stream, …) so that a load that drifts during the run favours neither. Not a test: the
+    figures depend on the machine and its load.
+    """
     ensemble = Ensemble(members, config)
     prompts = [p.prompt for p in problems]
-    report: dict[str, Any] = {"members": [m.name for m in members], "problems": len(problems)}
-    report["batch_size"] = batch_size
-    report["load_before"] = os.getloadavg()
-    began = time.perf_counter()
-    alone = [ensemble.run(p).answer for p in prompts]
-    report["stream_s"] = time.perf_counter() - began
-    report["load_between"] = os.getloadavg()
-    began = time.perf_counter()
-    texts = [""] * len(prompts)
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start : start + batch_size]
-        for i, rnd in ensemble.stream_many(chunk, config):
-            texts[start + i] = rnd.text
-    report["batched_s"] = time.perf_counter() - began
-    report["load_after"] = os.getloadavg()
-    n = len(prompts)
-    report["stream_per_hour"] = 3600 * n / report["stream_s"] if report["stream_s"] else math.inf
-    report["batched_per_hour"] = 3600 * n / report["batched_s"] if report["batched_s"] else math.inf
-    report["ratio"] = report["batched_per_hour"] / report["stream_per_hour"]
-    report["same_answers"] = sum(a == b for a, b in zip(alone, texts))
-    return report
+    warm = replace(config, max_new_tokens=min(8, config.max_new_tokens))
+    for _ in ensemble.stream_many(prompts[:batch_size], warm):  # lazy initialisation, allocator
+        pass
+
+    def one_at_a_time() -> list[str]:
+        return [ensemble.run(p).answer for p in prompts]
+
+    def batched() -> list[str]:
+        texts = [""] * len(prompts)
+        for start in range(0, len(prompts), batch_size):
+            for i, rnd in ensemble.stream_many(prompts[start : start + batch_size], config):
+                texts[start + i] = rnd.text
+        return texts
+
+    seconds = {"stream": 0.0, "batched": 0.0}
+    answers: dict[str, list[str]] = {}
+    loads = [os.getloadavg()]
+    for r in range(repeats):
+        for kind in ("stream", "batched") if r % 2 == 0 else ("batched", "stream"):
+            began = time.perf_counter()
+            answers[kind] = one_at_a_time() if kind == "stream" else batched()
+            seconds[kind] += time.perf_counter() - began
+            loads.append(os.getloadavg())
+    n = len(prompts) * repeats
+    per_hour = {k: 3600 * n / s if s else math.inf for k, s in seconds.items()}
+    return {
+        "members": [m.name for m in members],
+        "problems": len(prompts),
+        "batch_size": batch_size,
+        "repeats": repeats,
+        "stream_s": seconds["stream"],
+        "batched_s": seconds["batched"],
+        "stream_per_hour": per_hour["stream"],
+        "batched_per_hour": per_hour["batched"],
+        "ratio": per_hour["batched"] / per_hour["stream"],
+        "load_averages": loads,  # os.getloadavg() before the first pass and after each pass
+        "same_answers": sum(a == b for a, b in zip(answers["stream"], answers["batched"])),
+    }
 
 
 def format_throughput(report: dict[str, Any]) -> str:
-    def load(key: str) -> str:
-        return " ".join(f"{v:.2f}" for v in report[key])
-
+    loads = "; ".join(" ".join(f"{v:.2f}" for v in load) for load in report["load_averages"])
     return "\n".join(
         [
-            f"members: {', '.join(report['members'])}; problems: {report['problems']}; "
+            f"members: {', '.join(report['members'])}; problems: {report['problems']} × {report['repeats']}; "
             f"batch size: {report['batch_size']}",
-            f"one at a time (stream):   {report['stream_per_hour']:10.1f} problems/hour "
-            f"({report['stream_s']:.1f} s)   load avg before: {load('load_before')}",
-            f"batched (stream_many):    {report['batched_per_hour']:10.1f} problems/hour "
-            f"({report['batched_s']:.1f} s)   load avg between: {load('load_between')}",
-            f"ratio batched / stream:   {report['ratio']:10.2f}                        "
-            f"load avg after: {load('load_after')}",
+            f"one at a time (stream):  {report['stream_per_hour']:10.1f} problems/hour "
+            f"({report['stream_s']:.1f} s)",
+            f"batched (stream_many):   {report['batched_per_hour']:10.1f} problems/hour "
+            f"({report['batched_s']:.1f} s)",
+            f"ratio batched / stream:  {report['ratio']:10.2f}",
+            f"load average (1, 5, 15 min) before and after each pass: {loads} (cores: {os.cpu_count()})",
             f"identical answers: {report['same_answers']} of {report['problems']}",
         ]
     )
@@ -196,6 +221,7 @@ def _parser() -> argparse.ArgumentParser:
     speed = tasks.add_parser("throughput", parents=[common], help="stream vs stream_many, problems/hour")
     speed.add_argument("--data", type=Path, default=None, help="GSM8K JSONL (default: the app's prompts)")
     speed.add_argument("--problems", type=int, default=8, help="how many problems (default 8)")
+    speed.add_argument("--repeats", type=int, default=1, help="alternating passes of each kind (default 1)")
     speed.add_argument("--json", type=Path, default=None, help="also write the figures here")
     return parser
 
@@ -240,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan_systems(names, config, systems, variants, best=names[0])
         members = _load(names, args.dtype)
         if args.task == "throughput":
-            report = throughput(members, problems, config, args.batch_size)
+            report = throughput(members, problems, config, args.batch_size, max(1, args.repeats))
             print(format_throughput(report))
             if args.json is not None:
                 args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -496,7 +496,9 @@ def test_open_ended_mode_reports_loops_without_accuracy(tiny_members, tmp_path, 
 
 def test_throughput_runs_both_ways_and_reports_the_ratio(tiny_members):
     problems = ev.open_problems()[:2]
-    report = ev.throughput(tiny_members[:2], problems, EnsembleConfig(max_new_tokens=8, segment_len=4), 2)
+    config = EnsembleConfig(max_new_tokens=8, segment_len=4)
+    report = ev.throughput(tiny_members[:2], problems, config, batch_size=2, repeats=2)
     assert report["problems"] == 2 and report["stream_per_hour"] > 0 and report["batched_per_hour"] > 0
     assert report["ratio"] == pytest.approx(report["batched_per_hour"] / report["stream_per_hour"])
-    assert len(report["load_before"]) == 3 and "problems/hour" in ev.format_throughput(report)
+    assert len(report["load_averages"]) == 1 + 2 * 2 and report["same_answers"] <= 2
+    assert "problems/hour" in ev.format_throughput(report)
