@@ -231,7 +231,7 @@ def run_systems(
     """Run (or load) every system on every problem; one Outcome per (system, problem), system-major.
 
     Pending runs of the same member set go through `Ensemble.stream_many` `batch_size` at a time,
-    problem-major, so that an interrupted evaluation leaves whole problems behind.
+    problem-major within each member set; every trace is saved as soon as its run ends.
     """
     from tqdm import tqdm
 
