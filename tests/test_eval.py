@@ -1,4 +1,4 @@
-"""The evaluation harness: answer extraction, Wilson intervals, resumable runs, failure-case lists."""
+"""The evaluation: answers, systems and variants, resumable batched runs, statistics, reports."""
 
 from __future__ import annotations
 
@@ -7,13 +7,16 @@ import json
 import pytest
 
 from specfuse import eval as ev
+from specfuse import eval_report, stats, variants
 from specfuse.config import EnsembleConfig
+from specfuse.errors import ConfigError
 
 from . import builders
+from .scripted import ScriptedMember
 
 
 def hand_round(k, text, *, timings=(), seconds=0.1, member="m", stop=None):
-    """A one-candidate Round built by hand."""
+    """A one-candidate Round whose candidate is the whole answer `text` (the shared builder)."""
     return builders.hand_round(
         k,
         members=(member,),
@@ -21,6 +24,7 @@ def hand_round(k, text, *, timings=(), seconds=0.1, member="m", stop=None):
         final=stop is not None,
         timings=timings or None,
         seconds=seconds,
+        elapsed=seconds * k,
         text=text,
         stop_reason=stop,
     )
@@ -72,59 +76,6 @@ def test_problems_load_with_their_gold_numbers(tmp_path):
     assert [(p.id, p.gold) for p in problems] == [("gsm8k-0000", "2"), ("gsm8k-0001", "3")]
 
 
-def test_every_system_runs_once_and_a_second_run_loads_the_traces(tiny_members, tmp_path, monkeypatch):
-    problems = ev.load_problems(write_data(tmp_path / "d.jsonl"))
-    config = EnsembleConfig(max_new_tokens=12, segment_len=4)
-    runs = tmp_path / "runs"
-    first = ev.evaluate(tiny_members, problems, runs, config=config)
-    systems = {o.system for o in first}
-    assert {f"single-{m.name}" for m in tiny_members} < systems
-    assert {"ensemble", "ensemble-no-feedback", "ensemble-no-exit"} < systems
-    sc = [o for o in first if o.system.startswith("sc3-")]
-    assert len(sc) == 2 and all(len(o.traces) == 3 for o in sc)
-    assert len(list(runs.rglob("*.json"))) == 2 * (3 + 3 + 3)
-
-    def no_generation(*args, **kwargs):
-        raise AssertionError("a saved trace was generated again")
-
-    monkeypatch.setattr(ev.Ensemble, "stream", no_generation)
-    again = ev.evaluate(tiny_members, problems, runs, config=config)
-    assert again == first
-
-    document = ev.write_reports(again, problems, tmp_path / "report", "tiny-0.5b", png=False)
-    rows = {r["system"]: r for r in document["summary"]}
-    assert (
-        rows["ensemble"]["problems"] == 2 and 0 <= rows["ensemble"]["ci_low"] <= rows["ensemble"]["ci_high"]
-    )
-    assert rows["single-llama-bytes"]["models_drafting_per_round"] == 1.0
-    assert 1.0 <= rows["ensemble"]["models_drafting_per_round"] <= 3.0
-    for suffix in (".csv", ".md", ".json", ".html"):
-        assert (tmp_path / "report" / f"eval-tiny-0.5b{suffix}").is_file()  # a dot in a name survives
-
-
-def outcome(system, problem, correct, trace="t.json"):
-    return ev.Outcome(system, problem, "1" if correct else "2", correct, 1.0, 1, 1, (trace,))
-
-
-def test_failure_cases_list_both_directions_against_the_best_member(tmp_path):
-    outcomes = [
-        outcome("single-a", "p0", True),
-        outcome("single-a", "p1", True),
-        outcome("single-a", "p2", False),
-        outcome("single-b", "p0", False),
-        outcome("single-b", "p1", False),
-        outcome("single-b", "p2", False),
-        outcome("ensemble", "p0", False, str(tmp_path / "ensemble" / "p0.json")),
-        outcome("ensemble", "p1", True),
-        outcome("ensemble", "p2", True, str(tmp_path / "ensemble" / "p2.json")),
-    ]
-    cases = ev.failure_cases(outcomes)
-    assert cases["best_member"] == "a"
-    assert [c["problem"] for c in cases["ensemble_wrong_best_right"]] == ["p0"]
-    assert [c["problem"] for c in cases["ensemble_right_best_wrong"]] == ["p2"]
-    assert cases["ensemble_wrong_best_right"][0]["ensemble_trace"].endswith("p0.json")
-
-
 @pytest.mark.parametrize(
     ("content", "message"),
     [
@@ -148,3 +99,396 @@ def test_an_unknown_model_exits_2(tmp_path, capsys):
     args = ["gsm8k", "--data", str(data), "--models", "no-such-model", "--runs", str(tmp_path / "r")]
     assert ev.main(args) == 2
     assert "Unknown model 'no-such-model'" in capsys.readouterr().err
+
+
+# -- systems, variants and resumable batched runs (scripted members: no torch) -------------------------
+
+
+def scripted(name, answer, score=1.0):
+    """A member that answers "The answer is <answer>." in two rounds and scores by text length."""
+    return ScriptedMember(name, ["The answer", (f" is {answer}.", True)], lambda text: score + len(text) / 10)
+
+
+def no_generation(*args, **kwargs):
+    raise AssertionError("a saved trace was generated again")
+
+
+def forbid_runs(monkeypatch):
+    monkeypatch.setattr(ev.Ensemble, "stream", no_generation)
+    monkeypatch.setattr(ev.Ensemble, "stream_many", no_generation)
+
+
+CONFIG = EnsembleConfig(max_new_tokens=12, segment_len=4)
+
+
+def test_default_systems_run_once_and_a_second_run_loads_every_trace(tmp_path, monkeypatch):
+    members = [scripted("a", 2), scripted("b", 3)]
+    problems = ev.load_problems(write_data(tmp_path / "d.jsonl"))
+    runs = tmp_path / "runs"
+    first = ev.evaluate(members, problems, runs, config=CONFIG, batch_size=2)
+    assert ev.systems_of(first) == [
+        "single-a",
+        "single-b",
+        "ensemble",
+        "ensemble-no-feedback",
+        "ensemble-no-exit",
+        "sc2-a",  # a is right on problem 0 (gold 2), b on none
+    ]
+    folders = sorted(d.name for d in runs.iterdir())
+    assert folders == [
+        "ensemble-no-exit@a+b",
+        "ensemble-no-feedback@a+b",
+        "ensemble@a+b",
+        "sc-a",
+        "single-a",
+        "single-b",
+    ]
+    assert len(list(runs.rglob("*.json"))) == 2 * (2 + 3 + 2)
+    assert not list(runs.rglob("*.part"))
+    forbid_runs(monkeypatch)
+    assert ev.evaluate(members, problems, runs, config=CONFIG, batch_size=2) == first
+
+
+def test_systems_filter_runs_only_the_named_systems(tmp_path):
+    members = [scripted("a", 2), scripted("b", 3)]
+    problems = ev.load_problems(write_data(tmp_path / "d.jsonl"))
+    out = ev.evaluate(members, problems, tmp_path, config=CONFIG, systems=["single-b", "paper", "sc3-b"])
+    assert ev.systems_of(out) == ["single-b", "paper", "sc3-b"]
+    assert sorted(d.name for d in tmp_path.iterdir() if d.is_dir()) == ["paper@a+b", "sc-b", "single-b"]
+    assert len(list((tmp_path / "sc-b").glob("gsm8k-0001-s*.json"))) == 3
+
+
+def test_an_unknown_system_is_refused_with_the_valid_names():
+    with pytest.raises(ConfigError, match=r"unknown system 'ensembel'.*single-a.*paper"):
+        ev.plan_systems(["a", "b"], CONFIG, ["ensembel"])
+    with pytest.raises(ConfigError, match="ensembles need"):
+        ev.plan_systems(["a"], CONFIG, ["ensemble"])
+
+
+def test_batches_group_pending_runs_of_the_same_members(tmp_path, monkeypatch):
+    members = [scripted("a", 2), scripted("b", 3)]
+    problems = ev.load_problems(write_data(tmp_path / "d.jsonl", 3))
+    sizes = []
+    original = ev.Ensemble.stream_many
+
+    def recording(self, prompts, config=None):
+        sizes.append((self.names, len(prompts)))
+        return original(self, prompts, config)
+
+    monkeypatch.setattr(ev.Ensemble, "stream_many", recording)
+    systems = ["single-a", "ensemble", "ensemble-no-exit"]
+    ev.evaluate(members, problems, tmp_path, config=CONFIG, systems=systems, batch_size=2)
+    assert sizes == [(("a",), 2), (("a",), 1), (("a", "b"), 2), (("a", "b"), 2), (("a", "b"), 2)]
+
+
+def test_a_trace_in_the_leads_layout_is_reused_as_it_is(tmp_path, monkeypatch):
+    """The single traces under /work/runs/gsm8k were written by _run_or_load before this layout."""
+    members = [scripted("a", 2), scripted("b", 3)]
+    problems = ev.load_problems(write_data(tmp_path / "d.jsonl", 1))
+    base = EnsembleConfig(max_new_tokens=256)
+    path = tmp_path / "single-a" / "gsm8k-0000.json"
+    ev._run_or_load(ev.Ensemble([members[0]], base), ev.build_prompt(problems[0].question), base, path)
+    forbid_runs(monkeypatch)
+    [got] = ev.evaluate(members, problems, tmp_path, config=base, systems=["single-a"])
+    assert got.correct and got.traces == (str(path),)
+
+
+def test_a_trace_made_with_another_config_is_an_error_not_a_silent_mix(tmp_path):
+    members = [scripted("a", 2)]
+    problems = ev.load_problems(write_data(tmp_path / "d.jsonl", 1))
+    ev.evaluate(members, problems, tmp_path, config=CONFIG)
+    with pytest.raises(ev.EvalError, match=r"max_new_tokens 12 vs 13"):
+        ev.evaluate(members, problems, tmp_path, config=EnsembleConfig(max_new_tokens=13, segment_len=4))
+
+
+def test_a_failing_run_is_recorded_counts_as_wrong_and_is_not_rerun(tmp_path, monkeypatch):
+    """'paper' divides by the row sum, which refuses negative raw scores: that problem fails alone."""
+    members = [scripted("a", 2, score=-5.0), scripted("b", 3, score=-5.0)]
+    problems = ev.load_problems(write_data(tmp_path / "d.jsonl"))
+    out = ev.evaluate(members, problems, tmp_path, config=CONFIG, systems=["paper", "ensemble"], batch_size=2)
+    paper = [o for o in out if o.system == "paper"]
+    assert all(o.error and "sum" in o.error and not o.correct and o.predicted is None for o in paper)
+    assert len(list((tmp_path / "paper@a+b").glob("*.error.json"))) == 2
+    assert all(o.error is None and o.traces for o in out if o.system == "ensemble")
+    forbid_runs(monkeypatch)
+    assert ev.evaluate(members, problems, tmp_path, config=CONFIG, systems=["paper", "ensemble"]) == out
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("lr2:learning_rate=2", {"learning_rate": 2.0}),
+        ("x:exit=false,feedback=on,max_rounds=none", {"exit": False, "feedback": True, "max_rounds": None}),
+        ("x:max_rounds=7,normalization=minmax", {"max_rounds": 7, "normalization": "minmax"}),
+        ("x:stop_strings=END|###", {"stop_strings": ("END", "###")}),
+        ("same-as-default:", {}),
+    ],
+)  # fmt: skip
+def test_variants_parse_values_by_the_fields_type(spec, expected):
+    assert variants.parse_variant(spec)[1] == expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("x:learnign_rate=2", r"unknown setting 'learnign_rate'; valid keys: segment_len, .*learning_rate"),
+        ("x:exit=maybe", "exit='maybe': expected true or false"),
+        ("x:normalization=softmax", "expected one of zsoftmax, minmax, sum, none"),
+        ("x:segment_len=2.5", "segment_len='2.5': expected an integer"),
+        ("x:max_rounds=many", "expected an integer or none"),
+        ("x:exit", "'exit' is not key=value"),
+        ("no-colon", "expected NAME:key=value"),
+        ("Bad Name:exit=0", "lower-case letters"),
+        ("paper:exit=0", "is a built-in system"),
+        ("single-x:exit=0", "reserved"),
+    ],
+)
+def test_bad_variants_name_the_key_and_the_valid_values(spec, message):
+    with pytest.raises(ConfigError, match=message):
+        variants.parse_variant(spec)
+
+
+def test_a_variant_out_of_range_is_refused_by_the_config_itself():
+    with pytest.raises(ConfigError, match="variant tiny: segment_len must be an integer in 1..256"):
+        variants.build_configs(CONFIG, {"tiny": variants.parse_variant("tiny:segment_len=0")[1]})
+
+
+def test_variants_load_from_json_and_toml_files(tmp_path):
+    (tmp_path / "v.json").write_text('{"lr2": {"learning_rate": 2, "exit": false}}')
+    (tmp_path / "v.toml").write_text("[lr2]\nlearning_rate = 2\nexit = false\n")
+    expected = {"lr2": {"learning_rate": 2.0, "exit": False}}
+    assert (
+        variants.load_variants(tmp_path / "v.json") == variants.load_variants(tmp_path / "v.toml") == expected
+    )
+    (tmp_path / "bad.json").write_text('{"lr2": {"exit": "maybe"}}')
+    with pytest.raises(ConfigError, match="bad.json: lr2: exit='maybe'"):
+        variants.load_variants(tmp_path / "bad.json")
+
+
+def test_a_named_variant_runs_under_its_own_folder_with_its_config(tmp_path):
+    members = [scripted("a", 2), scripted("b", 3)]
+    problems = ev.load_problems(write_data(tmp_path / "d.jsonl", 1))
+    named = {"lr2": {"learning_rate": 2.0}}
+    [got] = ev.evaluate(members, problems, tmp_path, config=CONFIG, systems=["lr2"], variants=named)
+    assert got.system == "lr2" and got.traces[0].endswith("lr2@a+b/gsm8k-0000.json")
+    assert (
+        json.loads((tmp_path / "lr2@a+b" / "gsm8k-0000.json").read_text())["config"]["learning_rate"] == 2.0
+    )
+
+
+# -- statistics -----------------------------------------------------------------------------------------
+
+
+def brute_force_mcnemar(b, c):
+    """Σ of the binomial(b + c, 1/2) probabilities no larger than the observed one (two-sided)."""
+    n = b + c
+    pmf = [stats.math.comb(n, i) / 2**n for i in range(n + 1)]
+    return min(1.0, sum(p for p in pmf if p <= pmf[b] * (1 + 1e-12)))
+
+
+def test_mcnemar_matches_known_values_and_a_brute_force_binomial_sum():
+    assert stats.mcnemar_exact(0, 5) == pytest.approx(0.0625)
+    assert stats.mcnemar_exact(4, 4) == 1.0 and stats.mcnemar_exact(0, 0) == 1.0
+    assert stats.mcnemar_exact(1, 9) == pytest.approx(2 * 11 / 1024)
+    for b in range(13):
+        for c in range(13):
+            assert stats.mcnemar_exact(b, c) == pytest.approx(brute_force_mcnemar(b, c)), (b, c)
+            assert stats.mcnemar_exact(b, c) == stats.mcnemar_exact(c, b)
+
+
+def test_paired_counts_the_four_cells():
+    a = [True, True, False, False, True, False]
+    b = [True, False, True, False, False, False]
+    got = stats.paired(a, b)
+    assert (got["both_right"], got["only_a"], got["only_b"], got["both_wrong"]) == (1, 2, 1, 2)
+    assert got["difference"] == pytest.approx(1 / 6) and got["p_value"] == 1.0
+    assert got["ci_a"] == stats.wilson(3, 6)
+    with pytest.raises(ValueError):
+        stats.paired([True], [True, False])
+
+
+LOOPING = (
+    "Janet has 16 eggs. She eats 3 of them. She sells the rest at the market for $2 each. "
+    "She sells the rest at the market for $2 each. She sells the rest at the market for $2 each. "
+    "She sells the rest at the market for $2 each."
+)
+SOLUTION = (
+    "Janet's ducks lay 16 eggs. She eats 3 and bakes with 4, so 16 - 3 - 4 = 9 eggs are left.\n"
+    "She sells 9 eggs at $2 each: 9 * 2 = 18.\nSo she makes 9 * 2 = $18 every day.\nThe answer is 18."
+)
+RESTATING = (
+    "1. Identify the number of bolts of blue fiber in the robe.\n2. Calculate the number of bolts of white "
+    "fiber.\n\nStep 1: Identify the number of bolts of blue fiber in the robe.\nThe robe takes 2 bolts of "
+    "blue fiber.\n\nStep 2: the number of bolts of blue fiber halved is 1.\nStep 3: Add the number of bolts "
+    "of blue fiber and white fiber: 2 + 1 = 3.\n\nThus, the answer is 3."
+)
+QUESTION_LOOP = (
+    "".join(
+        f"{i}.  Josh buys a house for $80,000.  He puts in $50,000.  How much profit did he make?\n\n"
+        for i in range(1, 5)
+    )
+    + "5.  Josh buys a house"
+)
+EARLY_ONLY = "Say it: one two three four five six. " * 3 + " ".join(f"word{i}" for i in range(40))
+CODE = """def fib(n):
+    if n == 0:
+        return 0
+    if n == 1:
+        return 1
+    a, b = 0, 1
+    for _ in range(n - 1):
+        a, b = b, a + b
+    return b
+
+print(fib(1))
+print(fib(2))
+print(fib(10))
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "looped"),
+    [
+        (LOOPING, True),
+        ("Step one. " + "The answer is 18. " * 3, True),  # a 4-word sentence, three times, at the end
+        (EARLY_ONLY, False),  # repeated early, then it moves on
+        (RESTATING, False),  # restates "the number of bolts of blue fiber" five times: not stuck
+        (QUESTION_LOOP, True),  # the question again and again, list numbers between, cut off mid-copy
+        (
+            "So, 0.06 days.\n\n" + "The answer is 0.06.\n\n" * 3 + "The answer is 0.",  # cut off
+            True,
+        ),
+        ("\n".join(str(4 * i) for i in range(40)), False),  # a counting list is not one block repeated
+        ("and then " * 10, True),  # a loop inside one endless line
+        ("Yes. Yes. Yes.", False),  # too short to call a loop
+        ("长城是中国的象征。" * 5, True),
+        (SOLUTION, False),  # repeats numbers and "9 * 2", never a 6-word n-gram three times
+        (CODE, False),  # short lines repeat in code
+        ("", False),
+        ("The answer is 18.", False),
+    ],
+)
+def test_the_loop_metric_flags_answers_that_end_in_repetition(text, looped):
+    assert stats.ends_in_loop(text) is looped
+
+
+def test_distinct_n_counts_unique_word_ngrams():
+    assert stats.distinct_n("a b a b", 2) == pytest.approx(2 / 3)
+    assert stats.distinct_n("A, b. A b!", 2) == pytest.approx(2 / 3)  # case and punctuation ignored
+    assert stats.distinct_n("one", 2) is None
+    metrics = stats.text_metrics([LOOPING, SOLUTION])
+    assert metrics["loop_share"] == 0.5 and 0 < metrics["distinct_3"] < 1
+
+
+# -- reports ----------------------------------------------------------------------------------------
+
+
+def test_reports_write_the_page_tables_charts_and_cases_and_load_back(tmp_path):
+    members = [scripted("a", 2), scripted("b", 3)]
+    problems = ev.load_problems(write_data(tmp_path / "d.jsonl"))
+    runs = tmp_path / "runs"
+    systems = ["single-a", "single-b", "ensemble", "paper"]
+    outcomes = ev.evaluate(members, problems, runs, config=CONFIG, systems=systems)
+    document = eval_report.write_reports(
+        outcomes, problems, tmp_path / "out", "RESULTS-tiny.v1", png=False, title="Tiny | study",
+        command="python -m specfuse.eval gsm8k --data d.jsonl", config=CONFIG,
+    )  # fmt: skip
+    for suffix in (".md", ".csv", "-paired.csv", ".json", ".html", "-paired.html"):
+        assert (tmp_path / "out" / f"RESULTS-tiny.v1{suffix}").is_file(), suffix  # a dot in a name survives
+    page = (tmp_path / "out" / "RESULTS-tiny.v1.md").read_text()
+    assert "python -m specfuse.eval gsm8k --data d.jsonl" in page and "## Paired comparisons" in page
+    assert "Tiny \\| study" in page and "Loop share" in page
+    rows = {r["system"]: r for r in document["summary"]}
+    assert rows["single-a"]["accuracy"] == 0.5 and {"loop_share", "distinct_2", "distinct_3"} <= set(
+        rows["ensemble"]
+    )
+    baselines = {(r["system"], r["baseline"]) for r in document["paired"]}
+    assert ("ensemble", "single-a") in baselines and ("ensemble", "paper") in baselines
+    assert set(document["failure_cases"]) == {"ensemble", "paper"}
+
+    assert ev.load_outcomes(tmp_path / "out" / "RESULTS-tiny.v1.json") == outcomes
+    from_runs = ev.load_outcomes(runs, tmp_path / "d.jsonl")
+    assert sorted((o.system, o.problem, o.correct, o.gold) for o in from_runs) == sorted(
+        (o.system, o.problem, o.correct, o.gold) for o in outcomes
+    )
+    both = ev.disagreements(outcomes, "single-a", "single-b")
+    assert [(a.problem, b.problem) for a, b in both["only_a"]] == [("gsm8k-0000", "gsm8k-0000")]
+
+
+def test_failure_cases_list_both_directions_against_the_best_member(tmp_path):
+    def outcome(system, problem, correct, trace="t.json"):
+        return ev.Outcome(system, problem, "1" if correct else "2", correct, 1.0, 1, 1, (trace,))
+
+    outcomes = [
+        outcome("single-a", "p0", True),
+        outcome("single-a", "p1", True),
+        outcome("single-a", "p2", False),
+        outcome("single-b", "p0", False),
+        outcome("single-b", "p1", False),
+        outcome("single-b", "p2", False),
+        outcome("ensemble", "p0", False, str(tmp_path / "ensemble" / "p0.json")),
+        outcome("ensemble", "p1", True),
+        outcome("ensemble", "p2", True, str(tmp_path / "ensemble" / "p2.json")),
+    ]
+    cases = eval_report.failure_cases(outcomes)
+    assert cases["best_member"] == "a"
+    assert [c["problem"] for c in cases["wrong_best_right"]] == ["p0"]
+    assert [c["problem"] for c in cases["right_best_wrong"]] == ["p2"]
+    assert cases["wrong_best_right"][0]["system_trace"].endswith("p0.json")
+
+
+# -- end to end on tiny models ------------------------------------------------------------------------
+
+
+def tiny_cli(monkeypatch, tiny_members):
+    import specfuse.bench
+
+    monkeypatch.setattr(specfuse.bench, "parse_models", lambda values: [m.name for m in tiny_members])
+    monkeypatch.setattr(ev, "_load", lambda names, dtype: list(tiny_members))
+
+
+def test_gsm8k_end_to_end_on_tiny_members_in_batches_of_two(tiny_members, tmp_path, monkeypatch, capsys):
+    tiny_cli(monkeypatch, tiny_members)
+    data = write_data(tmp_path / "d.jsonl", 3)
+    args = ["gsm8k", "--data", str(data), "--limit", "3", "--max-new-tokens", "12", "--segment-len", "4"]
+    args += ["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "bench"), "--no-png"]
+    args += [
+        "--batch-size",
+        "2",
+        "--systems",
+        "single-llama-bytes,ensemble,lr2",
+        "--variant",
+        "lr2:learning_rate=2",
+    ]
+    assert ev.main(args) == 0, capsys.readouterr().err
+    assert "ensemble" in capsys.readouterr().out
+    mix = "llama-bytes+qwen-merges+gemma-meta"
+    assert len(list((tmp_path / "runs" / f"lr2@{mix}").glob("*.json"))) == 3
+    page = (tmp_path / "bench" / "RESULTS-gsm8k.md").read_text()
+    assert "--variant lr2:learning_rate=2" in page and "lr2" in page
+    outcomes = ev.load_outcomes(tmp_path / "bench" / "RESULTS-gsm8k.json")
+    assert len(outcomes) == 9 and all(o.gold is not None for o in outcomes)
+
+
+def test_open_ended_mode_reports_loops_without_accuracy(tiny_members, tmp_path, monkeypatch):
+    tiny_cli(monkeypatch, tiny_members)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Say hello.\n\n用一句话介绍长城。\n")
+    args = ["open-ended", "--prompts", str(prompts), "--max-new-tokens", "8", "--segment-len", "4"]
+    args += ["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "bench"), "--no-png"]
+    args += ["--systems", "ensemble", "--batch-size", "2"]
+    assert ev.main(args) == 0
+    document = json.loads((tmp_path / "bench" / "RESULTS-open.json").read_text())
+    [row] = document["summary"]
+    assert row["problems"] == 2 and "accuracy" not in row and "loop_share" in row
+    assert document["paired"] == [] and "## Answers" in (tmp_path / "bench" / "RESULTS-open.md").read_text()
+
+
+def test_throughput_runs_both_ways_and_reports_the_ratio(tiny_members):
+    problems = ev.open_problems()[:2]
+    config = EnsembleConfig(max_new_tokens=8, segment_len=4)
+    report = ev.throughput(tiny_members[:2], problems, config, batch_size=2, repeats=2)
+    assert report["problems"] == 2 and report["stream_per_hour"] > 0 and report["batched_per_hour"] > 0
+    assert report["ratio"] == pytest.approx(report["batched_per_hour"] / report["stream_per_hour"])
+    assert len(report["load_averages"]) == 1 + 2 * 2 and report["same_answers"] <= 2
+    assert "problems/hour" in ev.format_throughput(report)

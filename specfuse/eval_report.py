@@ -1,0 +1,358 @@
+"""The evaluation's report: summary and paired tables, Plotly charts, failure cases and a Markdown page.
+
+Works on Outcome lists (specfuse.eval) and the pure statistics of specfuse.stats; knows nothing about
+models or how the runs were made.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import logging
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .stats import paired, text_metrics, wilson
+from .variants import describe
+
+if TYPE_CHECKING:
+    from .config import EnsembleConfig
+    from .eval import Outcome, Problem
+
+log = logging.getLogger(__name__)
+
+
+def _by_system(outcomes: Sequence[Outcome]) -> dict[str, list[Outcome]]:
+    out: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        out.setdefault(o.system, []).append(o)
+    return out
+
+
+def summary_rows(outcomes: Sequence[Outcome], graded: bool = True) -> list[dict[str, Any]]:
+    """One row per system: accuracy with its Wilson 95 % interval (when graded), loop share,
+    distinct-2/3, models drafting per round, seconds per problem, failed runs."""
+    rows = []
+    for system, mine in _by_system(outcomes).items():
+        n, correct = len(mine), sum(o.correct for o in mine)
+        low, high = wilson(correct, n)
+        rounds = sum(o.rounds for o in mine)
+        row: dict[str, Any] = {"system": system, "problems": n}
+        if graded:
+            row |= {"correct": correct, "accuracy": correct / n, "ci_low": low, "ci_high": high}
+        row |= text_metrics([o.answer for o in mine])
+        row |= {
+            "models_drafting_per_round": sum(o.draft_calls for o in mine) / rounds if rounds else 0.0,
+            "seconds_per_problem": sum(o.seconds for o in mine) / n,
+            "errors": sum(o.error is not None for o in mine),
+        }
+        rows.append(row)
+    return rows
+
+
+def best_single_system(outcomes: Sequence[Outcome]) -> str | None:
+    """The single-<member> system with the most correct answers (ties: the first listed)."""
+    singles = [(s, rows) for s, rows in _by_system(outcomes).items() if s.startswith("single-")]
+    if not singles:
+        return None
+    return max(singles, key=lambda item: (sum(o.correct for o in item[1]), -singles.index(item)))[0]
+
+
+def paired_rows(outcomes: Sequence[Outcome], baselines: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Each system against each baseline (default: the best single member, and `paper` when present),
+    on the problems both answered: the four cells, the accuracy difference and McNemar's p."""
+    systems = _by_system(outcomes)
+    if baselines is None:
+        best = best_single_system(outcomes)
+        baselines = [b for b in (best, "paper") if b is not None and b in systems]
+    rows = []
+    for baseline in baselines:
+        theirs = {o.problem: o.correct for o in systems[baseline]}
+        for system, mine in systems.items():
+            if system == baseline:
+                continue
+            shared = [o for o in mine if o.problem in theirs]
+            stats = paired([o.correct for o in shared], [theirs[o.problem] for o in shared])
+            rows.append(
+                {
+                    "system": system,
+                    "baseline": baseline,
+                    "problems": stats["problems"],
+                    "both_right": stats["both_right"],
+                    "only_system": stats["only_a"],
+                    "only_baseline": stats["only_b"],
+                    "both_wrong": stats["both_wrong"],
+                    "difference": stats["difference"],
+                    "p_value": stats["p_value"],
+                }
+            )
+    return rows
+
+
+def failure_cases(outcomes: Sequence[Outcome], system: str = "ensemble") -> dict[str, Any]:
+    """Problems where `system` was wrong and the best single member right, and the reverse."""
+    best = best_single_system(outcomes)
+    mine = {o.problem: o for o in outcomes if o.system == system}
+    if best is None or not mine:
+        return {"system": system, "best_member": None, "wrong_best_right": [], "right_best_wrong": []}
+    theirs = {o.problem: o for o in outcomes if o.system == best}
+
+    def case(pid: str) -> dict[str, Any]:
+        return {
+            "problem": pid,
+            "gold": mine[pid].gold,
+            "system_answer": mine[pid].predicted,
+            "best_answer": theirs[pid].predicted,
+            "system_trace": mine[pid].traces[0] if mine[pid].traces else None,
+            "best_trace": theirs[pid].traces[0] if theirs[pid].traces else None,
+        }
+
+    shared = [p for p in mine if p in theirs]
+    return {
+        "system": system,
+        "best_member": best.removeprefix("single-"),
+        "wrong_best_right": [case(p) for p in shared if not mine[p].correct and theirs[p].correct],
+        "right_best_wrong": [case(p) for p in shared if mine[p].correct and not theirs[p].correct],
+    }
+
+
+def copy_cases(cases: dict[str, Any], dest: Path, limit: int = 6) -> int:
+    """Copy up to `limit` traces of each failure list under `dest` (for the repository and the app)."""
+    copied = 0
+    for kind in ("wrong_best_right", "right_best_wrong"):
+        for case in cases[kind][:limit]:
+            for key in ("system_trace", "best_trace"):
+                if not case.get(key):
+                    continue
+                source = Path(case[key])
+                target = dest / kind / f"{source.parent.name}-{source.name}"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, target)
+                case[key.replace("trace", "copy")] = str(target)
+                copied += 1
+    return copied
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Rows as a GitHub Markdown table, floats to 3 decimals (no tabulate dependency)."""
+    if not rows:
+        return ""
+    keys = list(rows[0])
+
+    def cell(v: Any) -> str:
+        if v is None:
+            return "–"
+        return f"{v:.3f}" if isinstance(v, float) else str(v).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(cell(r[k]) for k in keys) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _with(stem: Path, suffix: str) -> Path:
+    return stem.with_name(stem.name + suffix)  # model names hold dots: never with_suffix
+
+
+def write_reports(
+    outcomes: Sequence[Outcome],
+    problems: Sequence[Problem],
+    report_dir: str | Path,
+    name: str,
+    png: bool = True,
+    *,
+    title: str | None = None,
+    command: str | None = None,
+    config: EnsembleConfig | None = None,
+    variants: Mapping[str, Mapping[str, Any]] | None = None,
+    cases: int = 6,
+) -> dict[str, Any]:
+    """Write `<name>.md` (the results page), `.csv` (summary), `-paired.csv`, `.json` (everything,
+    outcomes included: `load_outcomes` reads it), `.html`/`.png` charts and `<name>-cases/` traces.
+
+    Problems without gold (open-ended prompts) get no accuracy, paired statistics or failure cases.
+    """
+    import pandas as pd
+
+    report_dir = Path(report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    stem = report_dir / name
+    graded = any(p.gold is not None for p in problems)
+    summary = summary_rows(outcomes, graded)
+    pd.DataFrame(summary).to_csv(_with(stem, ".csv"), index=False)
+    pairs = paired_rows(outcomes) if graded else []
+    if pairs:
+        pd.DataFrame(pairs).to_csv(_with(stem, "-paired.csv"), index=False)
+    systems = list(_by_system(outcomes))
+    compared = [s for s in systems if not s.startswith(("single-", "sc"))] if graded else []
+    failures = {s: failure_cases(outcomes, s) for s in compared}
+    for system, found in failures.items():
+        copy_cases(found, report_dir / f"{name}-cases" / system, cases)
+    document: dict[str, Any] = {
+        "title": title or name,
+        "command": command,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "problems": len(problems),
+        "config": config.to_dict() if config is not None else None,
+        "systems": {s: d for s, d in describe(variants).items() if s in systems},
+        "summary": summary,
+        "paired": pairs,
+        "failure_cases": failures,
+        "outcomes": [o.__dict__ | {"traces": list(o.traces)} for o in outcomes],
+    }
+    _with(stem, ".json").write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n")
+    document["charts"] = _charts(summary, pairs, stem, document["title"], graded, png)
+    _with(stem, ".md").write_text(results_page(document, outcomes, problems, name))
+    return document
+
+
+def _charts(
+    summary: Sequence[dict[str, Any]],
+    pairs: Sequence[dict[str, Any]],
+    stem: Path,
+    title: str,
+    graded: bool,
+    png: bool,
+) -> dict[str, Any]:
+    import plotly.graph_objects as go
+
+    figures: dict[str, Any] = {}
+    names = [r["system"] for r in summary]
+    if graded:
+        figures[""] = go.Figure(
+            go.Bar(
+                x=names,
+                y=[r["accuracy"] for r in summary],
+                error_y={
+                    "type": "data",
+                    "symmetric": False,
+                    "array": [r["ci_high"] - r["accuracy"] for r in summary],
+                    "arrayminus": [r["accuracy"] - r["ci_low"] for r in summary],
+                },
+                text=[f"{r['accuracy']:.0%}" for r in summary],
+            )
+        ).update_layout(
+            title=f"{title} (95 % Wilson intervals)", yaxis={"title": "accuracy", "range": [0, 1]}
+        )
+    else:
+        figures[""] = go.Figure(
+            [
+                go.Bar(name="loop share", x=names, y=[r["loop_share"] for r in summary]),
+                go.Bar(name="distinct-2", x=names, y=[r["distinct_2"] for r in summary]),
+                go.Bar(name="distinct-3", x=names, y=[r["distinct_3"] for r in summary]),
+            ]
+        ).update_layout(title=title, barmode="group", yaxis={"range": [0, 1]})
+    if pairs:
+        first = pairs[0]["baseline"]
+        rows = [r for r in pairs if r["baseline"] == first]
+        figures["-paired"] = go.Figure(
+            go.Bar(
+                x=[r["system"] for r in rows],
+                y=[r["difference"] for r in rows],
+                text=[f"+{r['only_system']} / −{r['only_baseline']}, p={r['p_value']:.3g}" for r in rows],
+            )
+        ).update_layout(
+            title=f"accuracy minus {first}'s on the same problems (+only system / −only baseline, McNemar p)",
+            yaxis={"title": "accuracy difference"},
+        )
+    done: dict[str, Any] = {}
+    for suffix, figure in figures.items():
+        figure.update_layout(xaxis={"title": "system"}, width=900, height=500)
+        path = _with(stem, suffix + ".html")
+        figure.write_html(path, include_plotlyjs="cdn")
+        done[f"html{suffix}"], done[f"png{suffix}"] = str(path), None
+        if png:
+            try:
+                figure.write_image(_with(stem, suffix + ".png"))
+                done[f"png{suffix}"] = str(_with(stem, suffix + ".png"))
+            except Exception as e:  # kaleido missing or no Chrome: the HTML still stands
+                done["png_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                log.warning("PNG export failed (%s); the HTML chart is at %s", done["png_error"], path)
+    return done
+
+
+def _esc(text: str) -> str:
+    """Model text and names inside Markdown: escaped as HTML, no table pipes, one line."""
+    return html.escape(text).replace("|", "\\|").replace("\n", " ⏎ ")
+
+
+def results_page(
+    document: dict[str, Any], outcomes: Sequence[Outcome], problems: Sequence[Problem], name: str
+) -> str:
+    """The Markdown results page: how to rerun, the systems, the tables, the charts, the cases."""
+    lines = [f"# {_esc(document['title'])}", ""]
+    lines += [f"{document['date']}; {document['problems']} problems.", ""]
+    if document["command"]:
+        lines += ["Rerun (traces on disk are loaded, not re-run):", "", "```", document["command"], "```", ""]
+    lines += ["## Systems", ""]
+    lines += [f"- `{s}`: {_esc(d)}" for s, d in document["systems"].items()]
+    lines += ["- `single-<member>`: that member alone; `sc<K>-<member>`: K samples (T = 0.7, top-p 0.95), "]
+    lines[-1] += "majority vote"
+    if document["config"]:
+        shown = {k: v for k, v in document["config"].items() if k in ("segment_len", "max_new_tokens")}
+        lines += [f"- base config: {', '.join(f'{k}={v}' for k, v in shown.items())}; greedy; seed 0"]
+    lines += ["", "## Summary", "", markdown_table(document["summary"])]
+    charts = document.get("charts", {})
+    if charts.get("png"):
+        lines += [f"![chart]({Path(charts['png']).name})", ""]
+    lines += [f"Interactive chart: [{name}.html]({name}.html)", ""]
+    lines += [
+        "Loop share: answers that end in one block (≤ 8 sentences or lines, or ≤ 24 words) repeated ≥ 3 "
+        "times in a row, the last copy possibly cut off (`specfuse.stats.ends_in_loop`). "
+        "distinct-n: unique word n-grams / all word n-grams, averaged over answers. seconds_per_problem: "
+        "the runs' own wall time (batched runs overlap, so their sum exceeds the evaluation's wall time).",
+        "",
+    ]
+    if document["paired"]:
+        lines += ["## Paired comparisons", ""]
+        lines += [
+            "Same problems; only_system / only_baseline are the discordant pairs; p: exact two-sided McNemar "
+            "(binomial test of the discordant pairs, `specfuse.stats.mcnemar_exact`).",
+            "",
+            markdown_table(document["paired"]),
+        ]
+        if charts.get("html-paired"):
+            lines += [f"Chart: [{name}-paired.html]({name}-paired.html)", ""]
+    if document["failure_cases"]:
+        lines += ["## Failure cases", "", "Trace copies replay in the app (Upload a trace).", ""]
+        for system, found in document["failure_cases"].items():
+            for kind, label in (("wrong_best_right", "wrong"), ("right_best_wrong", "right")):
+                rows = found[kind]
+                other = "right" if label == "wrong" else "wrong"
+                lines += [f"**{system} {label}, {found['best_member']} {other}: {len(rows)}**", ""]
+                for c in rows:
+                    copy = Path(c["system_copy"]) if c.get("system_copy") else None
+                    link = f" ([trace]({copy.relative_to(copy.parents[3]).as_posix()}))" if copy else ""
+                    lines += [
+                        f"- {c['problem']}: gold {c['gold']}, {system} {c['system_answer']}, "
+                        f"{found['best_member']} {c['best_answer']}{link}"
+                    ]
+                lines += [""]
+    if not any(p.gold is not None for p in problems):
+        lines += ["## Answers", ""]
+        by_problem = {p.id: p for p in problems}
+        for pid, prob in by_problem.items():
+            lines += [f"**{pid}**: {_esc(prob.question)}", ""]
+            for o in outcomes:
+                if o.problem == pid:
+                    text = o.answer if len(o.answer) <= 600 else o.answer[:600] + " …"
+                    lines += [f"- `{o.system}`: {_esc(text) or '(error: ' + _esc(o.error or '') + ')'}"]
+            lines += [""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def console_summary(document: dict[str, Any]) -> str:
+    """The tables for the terminal."""
+    import pandas as pd
+
+    parts = [pd.DataFrame(document["summary"]).to_string(index=False, float_format="%.3f")]
+    if document["paired"]:
+        parts.append(pd.DataFrame(document["paired"]).to_string(index=False, float_format="%.3g"))
+    for system, found in document["failure_cases"].items():
+        parts.append(
+            f"{system}: wrong where {found['best_member']} is right: {len(found['wrong_best_right'])}; "
+            f"right where it is wrong: {len(found['right_best_wrong'])}"
+        )
+    return "\n\n".join(parts)

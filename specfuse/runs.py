@@ -1,0 +1,391 @@
+"""Evaluation runs: which systems, where their traces live, batched resumable runs, reading them back.
+
+Every system is an Ensemble (one member = that model alone) run through Ensemble.stream_many; a trace
+on disk is loaded instead of re-run. Knows nothing about reports or the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .config import EnsembleConfig
+from .engine import Ensemble
+from .errors import ConfigError, SpecfuseError, TraceError
+from .problems import Outcome, Problem, extract_answer, load_problems, majority
+from .records import Round
+from .trace import Trace, load_trace, save_trace
+from .variants import DEFAULT_ENSEMBLES, build_configs
+
+log = logging.getLogger(__name__)
+
+SC_TEMPERATURE, SC_TOP_P = 0.7, 0.95
+
+# -- systems ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class System:
+    """One evaluated system: which members, which config per sample, and where its traces live."""
+
+    name: str  # as reported: "single-qwen2.5-coder-0.5b", "ensemble", "paper", "sc3-…", a variant
+    members: tuple[str, ...]
+    configs: tuple[EnsembleConfig, ...]  # one per sample: K for self-consistency, else 1
+    folder: str  # under --runs
+    suffixes: tuple[str, ...] = ("",)  # per sample, appended to the problem id in the file name
+
+
+def safe(name: str) -> str:
+    """A member name as a folder-name part (a checkpoint path becomes its last parts, '/' → '_')."""
+    return re.sub(r"[^A-Za-z0-9._+-]+", "_", name.strip("/")) or "_"
+
+
+def mix_name(names: Sequence[str]) -> str:
+    return "+".join(safe(n) for n in names)
+
+
+def single_system(name: str, base: EnsembleConfig) -> System:
+    return System(f"single-{name}", (name,), (base,), f"single-{safe(name)}")
+
+
+def sc_system(name: str, k: int, base: EnsembleConfig) -> System:
+    """Self-consistency: K samples of one member (seeds 0..K-1), majority vote."""
+    configs = tuple(replace(base, temperature=SC_TEMPERATURE, top_p=SC_TOP_P, seed=s) for s in range(k))
+    return System(f"sc{k}-{name}", (name,), configs, f"sc-{safe(name)}", tuple(f"-s{s}" for s in range(k)))
+
+
+def ensemble_system(name: str, names: Sequence[str], config: EnsembleConfig) -> System:
+    return System(name, tuple(names), (config,), f"{name}@{mix_name(names)}")
+
+
+def plan_systems(
+    names: Sequence[str],
+    base: EnsembleConfig,
+    requested: Sequence[str] | None = None,
+    variants: dict[str, dict[str, Any]] | None = None,
+    best: str | None = None,
+) -> list[System]:
+    """The systems to run, in report order. Default: every single, the ensemble and its ablations,
+    the named variants, and sc<N>-<best> (needs `best`; left out when it is None). With one member,
+    only singles (and explicitly requested sc<K>-<member>)."""
+    configs = build_configs(base, variants)
+    ensembles = [*DEFAULT_ENSEMBLES, *(variants or {})] if len(names) > 1 else []
+    if requested is None:
+        wanted = [f"single-{n}" for n in names] + ensembles
+        if len(names) > 1 and best is not None:
+            wanted.append(f"sc{len(names)}-{best}")
+    else:
+        wanted = list(dict.fromkeys(requested))
+    systems = []
+    for system in wanted:
+        sc = re.fullmatch(r"sc(\d+)-(.+)", system)
+        if system.startswith("single-") and system.removeprefix("single-") in names:
+            systems.append(single_system(system.removeprefix("single-"), base))
+        elif sc and sc.group(2) in names and int(sc.group(1)) >= 1:
+            systems.append(sc_system(sc.group(2), int(sc.group(1)), base))
+        elif system in configs and len(names) > 1:
+            systems.append(ensemble_system(system, names, configs[system]))
+        else:
+            valid = [f"single-{n}" for n in names] + [f"sc<K>-{n}" for n in names]
+            valid += list(configs) if len(names) > 1 else []
+            why = " (ensembles need ≥ 2 --models)" if system in configs else ""
+            raise ConfigError(f"unknown system {system!r}{why}; valid: {', '.join(valid)}")
+    return systems
+
+
+def parse_systems(text: str | None) -> list[str] | None:
+    return None if text is None else [s.strip() for s in text.split(",") if s.strip()]
+
+
+# -- running ------------------------------------------------------------------------------------------
+
+
+def _run_or_load(ensemble: Ensemble, prompt: str, config: EnsembleConfig, path: Path) -> Trace:
+    """The trace at `path`, or a fresh run saved there (atomically) when there is none."""
+    if path.is_file():
+        try:
+            return load_trace(path)
+        except TraceError as e:
+            log.warning("re-running %s: %s", path, e)
+    rounds = tuple(ensemble.stream(prompt, config))
+    trace = Trace(prompt, ensemble.names, config, rounds)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_trace(trace, path)
+    return trace
+
+
+@dataclass
+class _Job:
+    system: System
+    problem: Problem
+    sample: int
+    path: Path
+    rounds: list[Round] = field(default_factory=list)
+
+    @property
+    def config(self) -> EnsembleConfig:
+        return self.system.configs[self.sample]
+
+    @property
+    def error_path(self) -> Path:
+        return self.path.with_name(self.path.name.removesuffix(".json") + ".error.json")
+
+
+def _differences(a: EnsembleConfig, b: EnsembleConfig) -> list[str]:
+    left, right = a.to_dict(), b.to_dict()
+    return [f"{k} {left[k]!r} vs {right[k]!r}" for k in left if k != "parallel" and left[k] != right[k]]
+
+
+def _load_existing(job: _Job) -> Trace | str | None:
+    """The job's trace, or its recorded error message, or None when it still has to run."""
+    if job.path.is_file():
+        try:
+            trace = load_trace(job.path)
+        except TraceError as e:
+            log.warning("re-running %s: %s", job.path, e)
+            return None
+        if tuple(trace.members) != job.system.members:
+            raise EvalError(
+                f"{job.path} holds a run of {', '.join(trace.members)}, not {', '.join(job.system.members)}; "
+                "use another --runs folder"
+            )
+        diff = _differences(trace.config, job.config)
+        if diff:
+            raise EvalError(
+                f"{job.path} was run with another config ({'; '.join(diff)}); use another --runs "
+                f"folder or variant name, or delete {job.path.parent}"
+            )
+        return trace
+    if job.error_path.is_file():
+        try:
+            return str(json.loads(job.error_path.read_text(encoding="utf-8"))["error"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    return None
+
+
+class EvalError(SpecfuseError):
+    """Traces on disk that do not match the requested systems."""
+
+
+def _save(job: _Job) -> Trace:
+    trace = Trace(job.problem.prompt, job.system.members, job.config, tuple(job.rounds))
+    job.path.parent.mkdir(parents=True, exist_ok=True)
+    save_trace(trace, job.path)
+    return trace
+
+
+def _save_error(job: _Job, message: str) -> str:
+    job.error_path.parent.mkdir(parents=True, exist_ok=True)
+    document = {"system": job.system.name, "problem": job.problem.id, "error": message}
+    tmp = job.error_path.with_name(job.error_path.name + ".part")
+    tmp.write_text(json.dumps(document, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, job.error_path)
+    log.warning("%s %s failed: %s", job.system.name, job.problem.id, message)
+    return message
+
+
+def _run_batch(ensemble: Ensemble, jobs: Sequence[_Job], done: dict[int, Trace | str]) -> None:
+    """Run `jobs` together through stream_many; save each trace as soon as its last round arrives.
+
+    A failure inside the batch (a SpecfuseError) re-runs the unfinished jobs one by one, so that only
+    the job that fails is recorded as failed.
+    """
+    for job in jobs:
+        job.rounds = []
+    try:
+        for i, rnd in ensemble.stream_many([j.problem.prompt for j in jobs], [j.config for j in jobs]):
+            jobs[i].rounds.append(rnd)
+            if rnd.stop_reason is not None:
+                done[id(jobs[i])] = _save(jobs[i])
+    except SpecfuseError as e:
+        if len(jobs) == 1:
+            done[id(jobs[0])] = _save_error(jobs[0], str(e))
+            return
+        for job in jobs:
+            if id(job) not in done:
+                _run_batch(ensemble, [job], done)
+        return
+    for job in jobs:
+        if id(job) not in done:  # the stream ended without a last round for it
+            done[id(job)] = _save_error(job, "the run ended without a stop reason")
+
+
+def run_systems(
+    members: Sequence[Any],
+    systems: Sequence[System],
+    problems: Sequence[Problem],
+    runs: str | os.PathLike[str],
+    *,
+    batch_size: int = 1,
+    progress: bool = False,
+) -> list[Outcome]:
+    """Run (or load) every system on every problem; one Outcome per (system, problem), system-major.
+
+    Pending runs of the same member set go through `Ensemble.stream_many` `batch_size` at a time,
+    problem-major within each member set; every trace is saved as soon as its run ends.
+    """
+    from tqdm import tqdm
+
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size must be ≥ 1, got {batch_size}")
+    by_name = {m.name: m for m in members}
+    root = Path(runs)
+    jobs = [
+        _Job(s, p, i, root / s.folder / f"{p.id}{suffix}.json")
+        for p in problems
+        for s in systems
+        for i, suffix in enumerate(s.suffixes)
+    ]
+    done: dict[int, Trace | str] = {}
+    pending: dict[tuple[str, ...], list[_Job]] = {}
+    for job in jobs:
+        existing = _load_existing(job)
+        if existing is None:
+            pending.setdefault(job.system.members, []).append(job)
+        else:
+            done[id(job)] = existing
+    bar = tqdm(total=sum(map(len, pending.values())), desc="eval", file=sys.stderr, disable=not progress)
+    for names, queue in pending.items():
+        ensemble = Ensemble([by_name[n] for n in names], queue[0].config)
+        for start in range(0, len(queue), batch_size):
+            batch = queue[start : start + batch_size]
+            bar.set_description_str(f"eval {batch[0].system.name} {batch[0].problem.id}")
+            _run_batch(ensemble, batch, done)
+            bar.update(len(batch))
+    bar.close()
+    grouped: dict[tuple[int, str], list[tuple[Path, Trace | str]]] = {}
+    for job in jobs:
+        grouped.setdefault((id(job.system), job.problem.id), []).append((job.path, done[id(job)]))
+    return [_outcome(s.name, p, grouped[id(s), p.id]) for s in systems for p in problems]
+
+
+def _outcome(system: str, problem: Problem, runs: Sequence[tuple[Path, Trace | str]]) -> Outcome:
+    traces = [(p, t) for p, t in runs if isinstance(t, Trace)]
+    errors = [t for _, t in runs if isinstance(t, str)]
+    results = [t.result for _, t in traces]
+    answers = [extract_answer(r.answer) for r in results]
+    predicted = (answers[0] if len(answers) == 1 else majority(answers)) if not errors else None
+    answer = next(
+        (r.answer for r, a in zip(results, answers) if a == predicted), results[0].answer if results else ""
+    )
+    return Outcome(
+        system=system,
+        problem=problem.id,
+        predicted=predicted,
+        correct=predicted is not None and predicted == problem.gold,
+        seconds=sum(r.seconds for r in results),
+        rounds=sum(r.rounds for r in results),
+        draft_calls=sum(r.draft_calls for r in results),
+        traces=tuple(str(p) for p, _ in traces),
+        gold=problem.gold,
+        answer=answer,
+        error="; ".join(errors) or None,
+    )
+
+
+def evaluate(
+    members: Sequence[Any],
+    problems: Sequence[Problem],
+    out_dir: str | os.PathLike[str],
+    *,
+    config: EnsembleConfig | None = None,
+    systems: Sequence[str] | None = None,
+    variants: dict[str, dict[str, Any]] | None = None,
+    batch_size: int = 1,
+    progress: bool = False,
+) -> list[Outcome]:
+    """Run the requested systems (default: singles, ensemble, ablations, variants, sc<N>-<best>).
+
+    The default self-consistency member is the best single, so the singles run first.
+    """
+    base = config or EnsembleConfig(max_new_tokens=256)
+    names = [m.name for m in members]
+    planned = plan_systems(names, base, systems, variants)
+    outcomes = run_systems(members, planned, problems, out_dir, batch_size=batch_size, progress=progress)
+    if systems is None and len(names) > 1:
+        singles = {n: [o for o in outcomes if o.system == f"single-{n}"] for n in names}
+        sc = sc_system(best_single(singles, names), len(names), base)
+        outcomes += run_systems(members, [sc], problems, out_dir, batch_size=batch_size, progress=progress)
+    return outcomes
+
+
+def best_single(singles: dict[str, list[Outcome]], order: Sequence[str]) -> str:
+    """The single member with the highest accuracy (ties: the one listed first)."""
+    return max(order, key=lambda n: (sum(o.correct for o in singles[n]), -order.index(n)))
+
+
+# -- reading an evaluation back (for views) -----------------------------------------------------------
+
+
+def load_outcomes(path: str | os.PathLike[str], data: str | os.PathLike[str] | None = None) -> list[Outcome]:
+    """Outcomes from a report JSON (write_reports) or from a --runs folder of traces.
+
+    From a folder, systems are named by their folders (`ensemble@a+b` → `ensemble` when only one
+    mix is present; `sc-<m>` with K samples → `sc<K>-<m>`), and gold comes from `data` (a GSM8K
+    JSONL) when given; without it gold is None and no outcome counts as correct.
+    """
+    path = Path(path)
+    if path.is_file():
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+            fields_ = set(Outcome.__dataclass_fields__)
+            return [
+                Outcome(**{**{k: v for k, v in row.items() if k in fields_}, "traces": tuple(row["traces"])})
+                for row in document["outcomes"]
+            ]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise EvalError(f"{path.name} is not an evaluation report: {e}") from e
+    if not path.is_dir():
+        raise EvalError(f"no report or runs folder at {str(path)!r}")
+    gold = {p.id: p.gold for p in load_problems(data)} if data is not None else {}
+    folders = sorted(d for d in path.iterdir() if d.is_dir())
+    mixes = Counter(d.name.split("@", 1)[0] for d in folders)
+    outcomes = []
+    for folder in folders:
+        runs: dict[str, list[tuple[Path, Trace | str]]] = {}
+        for file in sorted(folder.glob("*.json")):
+            stem = file.name.removesuffix(".json")
+            error = stem.endswith(".error")
+            pid = re.sub(r"-s\d+$", "", stem.removesuffix(".error"))
+            if error:
+                try:
+                    runs.setdefault(pid, []).append((file, str(json.loads(file.read_text())["error"])))
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+            else:
+                try:
+                    runs.setdefault(pid, []).append((file, load_trace(file)))
+                except TraceError as e:
+                    log.warning("skipping %s: %s", file, e)
+        base = folder.name.split("@", 1)[0]
+        for pid, found in runs.items():
+            system = base if mixes[base] == 1 else folder.name
+            if folder.name.startswith("sc-"):
+                system = f"sc{len(found)}-{folder.name.removeprefix('sc-')}"
+            problem = Problem(pid, "", gold.get(pid))
+            outcomes.append(_outcome(system, problem, found))
+    return outcomes
+
+
+def systems_of(outcomes: Iterable[Outcome]) -> list[str]:
+    return list(dict.fromkeys(o.system for o in outcomes))
+
+
+def disagreements(outcomes: Sequence[Outcome], a: str, b: str) -> dict[str, list[tuple[Outcome, Outcome]]]:
+    """Problems where exactly one of systems a and b is right: {"only_a": [...], "only_b": [...]}."""
+    mine = {o.problem: o for o in outcomes if o.system == a}
+    theirs = {o.problem: o for o in outcomes if o.system == b}
+    shared = [p for p in mine if p in theirs]
+    return {
+        "only_a": [(mine[p], theirs[p]) for p in shared if mine[p].correct and not theirs[p].correct],
+        "only_b": [(mine[p], theirs[p]) for p in shared if theirs[p].correct and not mine[p].correct],
+    }

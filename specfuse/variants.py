@@ -1,0 +1,190 @@
+"""Named ensemble configurations for studies: the built-in systems, --variant NAME:key=value and files.
+
+Works generically from `dataclasses.fields(EnsembleConfig)`: a field added to the config is a variant
+key at once, its value parsed by the field's type and checked by its choices and by __post_init__.
+Knows nothing about models or runs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+from .config import EnsembleConfig
+from .errors import ConfigError
+
+# System name → (the settings that differ from the evaluation's base config, one line of help).
+BUILTIN: dict[str, tuple[dict[str, Any], str]] = {
+    "ensemble": ({}, "the ensemble with the project's defaults"),
+    "ensemble-no-feedback": ({"feedback": False}, "ablation: weights stay uniform"),
+    "ensemble-no-exit": ({"exit": False}, "ablation: every member drafts every round"),
+    # Real members' mean raw logits are positive (11–20 in every stored trace), so 'sum' runs on
+    # them; a row it cannot normalize fails that one problem, which then counts as wrong (error).
+    "paper": (
+        {"score": "logit", "normalization": "sum"},
+        "the paper's rule: mean raw logit, each row divided by its sum (refuses non-positive rows)",
+    ),
+}
+DEFAULT_ENSEMBLES = ("ensemble", "ensemble-no-feedback", "ensemble-no-exit")
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_RESERVED = re.compile(r"single-.*|sc\d+-.*|sc-.*")
+_TRUE, _FALSE, _NONE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}, {"none", "null"}
+
+
+def config_keys() -> dict[str, Any]:
+    """EnsembleConfig field name → its resolved type (int, float | None, tuple[str, ...], …)."""
+    hints = typing.get_type_hints(EnsembleConfig)
+    return {f.name: hints[f.name] for f in fields(EnsembleConfig)}
+
+
+def _choices(key: str) -> tuple[str, ...] | None:
+    meta = {f.name: f.metadata for f in fields(EnsembleConfig)}[key]
+    choices = meta.get("choices")
+    return tuple(choices) if choices else None
+
+
+def _describe(kind: Any) -> str:
+    return getattr(kind, "__name__", None) or str(kind).replace("typing.", "")
+
+
+def parse_value(key: str, value: Any, where: str = "") -> Any:
+    """A config value from text (or a JSON/TOML value), by the field's type; ConfigError naming the key."""
+    keys = config_keys()
+    if key not in keys:
+        raise ConfigError(f"{where}unknown setting {key!r}; valid keys: {', '.join(keys)}")
+    kind = keys[key]
+    args = typing.get_args(kind)
+    optional = (typing.get_origin(kind) in (typing.Union, types.UnionType)) and type(None) in args
+    if optional:
+        kind = next(a for a in args if a is not type(None))
+    text = value.strip() if isinstance(value, str) else None
+    choices = _choices(key)
+
+    def bad(expected: str) -> ConfigError:
+        return ConfigError(f"{where}{key}={value!r}: expected {expected}")
+
+    if optional and (value is None or (text is not None and text.lower() in _NONE)):
+        return None
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if text is not None and text.lower() in _TRUE | _FALSE:
+            return text.lower() in _TRUE
+        raise bad("true or false")
+    if kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if text is not None and re.fullmatch(r"[+-]?\d+", text):
+            return int(text)
+        raise bad("an integer" + (" or none" if optional else ""))
+    if kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        try:
+            return float(text) if text is not None else _raise()
+        except ValueError:
+            raise bad("a number" + (" or none" if optional else "")) from None
+    if kind is str:
+        if text is None or (choices and text not in choices):
+            raise bad(f"one of {', '.join(choices)}" if choices else "text")
+        return text
+    if typing.get_origin(kind) is tuple:  # stop_strings: "a|b" in text, a list in a file
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        if text is not None:
+            return tuple(s for s in text.split("|") if s) if text else ()
+        raise bad("strings separated by |")
+    raise bad(_describe(kind))  # a field type this parser does not know yet
+
+
+def _raise() -> Any:
+    raise ValueError
+
+
+def check_name(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise ConfigError(
+            f"variant name {name!r}: use lower-case letters, digits, '.', '_' and '-' (it names a folder)"
+        )
+    if name in BUILTIN:
+        raise ConfigError(f"variant name {name!r} is a built-in system; choose another name")
+    if _RESERVED.fullmatch(name):
+        raise ConfigError(f"variant name {name!r} is reserved (single-*, sc<K>-* name other systems)")
+    return name
+
+
+def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
+    """'NAME:key=value,key=value' → (NAME, settings); 'NAME:' alone is the defaults under a new name."""
+    name, colon, body = spec.partition(":")
+    if not colon:
+        raise ConfigError(f"--variant {spec!r}: expected NAME:key=value,key=value")
+    name = check_name(name.strip())
+    settings: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in body.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"--variant {name}: {item!r} is not key=value")
+        settings[key.strip()] = parse_value(key.strip(), value, f"--variant {name}: ")
+    return name, settings
+
+
+def load_variants(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Named variants from a JSON object or a TOML file: {name: {key: value, …}, …}."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read variants file {str(path)!r}: {e.strerror or e}") from e
+    try:
+        if path.suffix.lower() == ".toml":
+            import tomllib
+
+            data: Any = tomllib.loads(text)
+        else:
+            data = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"{path.name}: not valid {path.suffix.lstrip('.') or 'JSON'}: {e}") from e
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ConfigError(f"{path.name}: expected a table of named variants, {{name: {{key: value}}}}")
+    return {
+        check_name(name): {k: parse_value(k, v, f"{path.name}: {name}: ") for k, v in body.items()}
+        for name, body in data.items()
+    }
+
+
+def build_configs(
+    base: EnsembleConfig,
+    variants: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, EnsembleConfig]:
+    """System name → config, for the built-in ensembles and the named variants (validated here)."""
+    out: dict[str, EnsembleConfig] = {}
+    named = {**{k: v for k, (v, _) in BUILTIN.items()}, **(variants or {})}
+    for name, settings in named.items():
+        try:
+            out[name] = replace(base, **settings)
+        except ConfigError as e:
+            raise ConfigError(f"variant {name}: {e}") from e
+    return out
+
+
+def describe(variants: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, str]:
+    """System name → a one-line description (built-ins: their help; variants: their settings)."""
+    out = {name: help_ for name, (_, help_) in BUILTIN.items()}
+    for name, settings in (variants or {}).items():
+        out[name] = ", ".join(f"{k}={v}" for k, v in settings.items()) or "the defaults"
+    return out
+
+
+def settings_text(variants: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
+    """--variant arguments that recreate these variants (for the rerun command in a report)."""
+    out = []
+    for name, settings in variants:
+        body = ",".join(f"{k}={'|'.join(v) if isinstance(v, tuple) else v}" for k, v in settings.items())
+        out.append(f"{name}:{body}")
+    return out
