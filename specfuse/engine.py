@@ -207,6 +207,8 @@ class _Run:
         elif self.config.prior == "prompt":
             surprise = [calls.surprise(m, self) for m in self.names]
             self.weights = feedback.prior_weights(surprise, self.config.prior_temperature)
+        elif self.config.prior == "trust":
+            self.weights = feedback.trust_weights([calls.trust(m) for m in self.names])
         else:
             self.weights = feedback.uniform(n)
         self.quality = dict.fromkeys(self.names, 0.0)
@@ -479,6 +481,9 @@ class _Calls:
         """The member's surprise at the prompt (nats per byte), when it can tell (prior weights)."""
         measure = getattr(self.members[m], "prompt_surprise", None)
         return None if measure is None else measure(run.states[m])
+
+    def trust(self, m: str) -> float | None:
+        return getattr(self.members[m], "trust", None)
 
     def phase(self, phase: str, work: Sequence[Work]) -> dict[tuple[str, int], tuple[Any, float]]:
         """Run `phase` for every (member, run, argument); results by (member, id(run))."""

@@ -225,6 +225,15 @@ def uniform(n: int) -> list[float]:
     return [1.0 / n] * n
 
 
+def trust_weights(trust: Sequence[float | None]) -> list[float]:
+    """Starting weights from the members' trust (relative say, from evidence), normalized; uniform
+    when any member has none or they sum to nothing."""
+    if not trust or any(t is None or not math.isfinite(t) or t < 0 for t in trust):
+        return uniform(len(trust))
+    total = sum(t for t in trust if t is not None)
+    return [float(t) / total for t in trust if t is not None] if total > 0 else uniform(len(trust))
+
+
 def prior_weights(surprise: Sequence[float | None], temperature: float) -> list[float]:
     """Training-free starting weights from how well each member reads the prompt (PackLLM-style):
     w_i = softmax(−surprise_i / T), surprise in nats per byte of the prompt's text, so members

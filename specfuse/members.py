@@ -88,6 +88,7 @@ class HFMember:
         device: str | None = None,
         reuse_verified_kv: bool = True,
         reuse_trimmed: bool = True,
+        trust: float | None = None,
     ) -> None:
         if prompt_format.kind == "chat" and not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"{name}: the tokenizer has no chat template; use a completion prompt format")
@@ -110,6 +111,9 @@ class HFMember:
         # Take over the tokens a won-but-trimmed greedy draft decoded past its word boundary, instead
         # of decoding them again (False: redraft them, for the benchmark's comparison and the tests).
         self.reuse_trimmed = reuse_trimmed
+        # The say this member starts with under prior="trust" (the catalogue's, from evidence); None:
+        # unknown, and an ensemble with any unknown member starts uniform.
+        self.trust = trust
 
     def __repr__(self) -> str:
         return f"HFMember({self.name!r}, {type(self.model).__name__}, device={self.device!r})"

@@ -16,7 +16,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from .config import EnsembleConfig
+from .config import PAPER, EnsembleConfig
 from .errors import ConfigError
 
 # System name → (the settings that differ from the evaluation's base config, one line of help).
@@ -27,7 +27,7 @@ BUILTIN: dict[str, tuple[dict[str, Any], str]] = {
     # Real members' mean raw logits are positive (11–20 in every stored trace), so 'sum' runs on
     # them; a row it cannot normalize fails that one problem, which then counts as wrong (error).
     "paper": (
-        {"score": "logit", "normalization": "sum"},
+        dict(PAPER),
         "the paper's rule: mean raw logit, each row divided by its sum (refuses non-positive rows)",
     ),
 }
