@@ -1,0 +1,170 @@
+"""The panels: each function builds one area's components (inside the caller's Blocks) and returns them.
+
+Components only: no listeners (studio.layout wires them) and no values computed from rounds
+(studio.views has those). Knows nothing about loading members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import gradio as gr
+
+from specfuse import EnsembleConfig, report
+
+from . import settings, views
+
+EXAMPLES = [
+    ["Explain in two sentences why the sky is blue."],
+    ["Write a Python function that returns the n-th Fibonacci number."],
+    ["用一句话介绍长城。"],
+    [
+        "Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins "
+        "for her friends every day with four. She sells the remainder at the farmers' market daily for $2 "
+        "per fresh duck egg. How much in dollars does she make every day at the farmers' market?"
+    ],
+]
+
+
+@dataclass
+class Controls:
+    models: gr.Dropdown
+    prompt: gr.Textbox
+    run: gr.Button
+    stop: gr.Button
+    compare: gr.Checkbox
+    settings: dict[str, gr.components.Component]  # by EnsembleConfig field name
+    device: gr.Dropdown
+    upload: gr.File
+    download: gr.DownloadButton
+
+
+@dataclass
+class Views:
+    status: gr.Markdown
+    answer: gr.HighlightedText
+    plain: gr.Textbox
+    segment: gr.HTML
+    round: gr.Slider
+    candidates: gr.Dataframe
+    view: gr.Radio
+    matrix: gr.Plot
+    weights: gr.Plot
+    exits: gr.Dataframe
+    summary: gr.Dataframe
+    compared: gr.HTML
+
+    def by_name(self) -> dict[str, gr.components.Component]:
+        """The round panels by the names studio.views.round_panels gives their values."""
+        return {
+            "answer": self.answer,
+            "status": self.status,
+            "candidates": self.candidates,
+            "matrix": self.matrix,
+            "weights": self.weights,
+            "exits": self.exits,
+            "summary": self.summary,
+        }
+
+
+def controls_panel(
+    choices: Sequence[str],
+    default_models: Sequence[str],
+    allow_paths: bool,
+    devices: Sequence[str],
+    device: str,
+    defaults: EnsembleConfig,
+) -> Controls:
+    """Members, prompt, Run/Stop, compare, the settings form, device, trace upload and download."""
+    models = gr.Dropdown(
+        choices=list(choices),
+        value=[m for m in default_models if m in choices or allow_paths],
+        multiselect=True,
+        allow_custom_value=allow_paths,
+        label="Members (two or more)",
+        info="Local folders or hub ids allowed" if allow_paths else None,
+        elem_id="models",
+    )
+    prompt = gr.Textbox(label="Prompt", lines=4, elem_id="prompt")
+    gr.Examples(EXAMPLES, inputs=[prompt], label="Example prompts")
+    with gr.Row():
+        run = gr.Button("Run", variant="primary", elem_id="run")
+        stop = gr.Button("Stop", variant="stop", elem_id="stop")
+    compare = gr.Checkbox(False, label="Compare: also run each member alone", elem_id="compare")
+    with gr.Accordion("Settings", open=False, elem_id="settings"):
+        form = settings.build_settings(defaults)
+        device_box = gr.Dropdown(
+            list(devices), value=device if device in devices else devices[0], label="Device", elem_id="device"
+        )
+    with gr.Accordion("Replay a trace", open=False, elem_id="replay"):
+        upload = gr.File(label="Upload a trace (.json)", file_types=[".json"], elem_id="upload")
+    download = gr.DownloadButton("Download trace", value=None, visible=False, elem_id="download")
+    return Controls(models, prompt, run, stop, compare, form, device_box, upload, download)
+
+
+def views_panel() -> Views:
+    """The run as it unfolds: status, answer (coloured and plain), the round's tables and charts."""
+    status = gr.Markdown(views.status_markdown(()), elem_id="status")
+    answer = gr.HighlightedText(label="Answer", show_legend=True, combine_adjacent=False, elem_id="answer")
+    with gr.Accordion("Answer as plain text (exact, for copying)", open=False, elem_id="plain-box"):
+        plain = gr.Textbox(
+            label="Answer (plain text)",
+            lines=4,
+            max_lines=30,
+            interactive=False,
+            buttons=["copy"],
+            elem_id="plain",
+        )
+    segment = gr.HTML(elem_id="segment")
+    round_slider = gr.Slider(
+        1, 2, value=1, step=1, label="Round (replay)", interactive=False, elem_id="round"
+    )
+    candidates = gr.Dataframe(
+        label="Candidates of the round",
+        headers=report.CANDIDATE_COLUMNS,
+        datatype=["str", "str", "number", "bool", "bool", "number", "number", "str"],
+        interactive=False,
+        wrap=True,
+        column_widths=["12%", "40%", "7%", "7%", "8%", "9%", "9%", "8%"],
+        elem_id="candidates",
+        elem_classes=["sf-fit"],
+    )
+    with gr.Row():
+        with gr.Column():
+            view = gr.Radio(
+                [views.NORMALIZED, views.RAW], value=views.NORMALIZED, label="Matrix", elem_id="view"
+            )
+            matrix = gr.Plot(label="Verification matrix", elem_id="matrix")
+        weights = gr.Plot(label="Weights", elem_id="weights")
+    exits = gr.Dataframe(
+        label="Exited members",
+        headers=report.EXIT_COLUMNS,
+        interactive=False,
+        wrap=True,
+        elem_id="exits",
+        elem_classes=["sf-fit"],
+    )
+    summary = gr.Dataframe(
+        label="Per-member summary",
+        headers=report.SUMMARY_COLUMNS,
+        interactive=False,
+        wrap=True,
+        elem_id="summary",
+        elem_classes=["sf-fit"],
+    )
+    compared = gr.HTML(elem_id="compare-panel")
+    return Views(
+        status,
+        answer,
+        plain,
+        segment,
+        round_slider,
+        candidates,
+        view,
+        matrix,
+        weights,
+        exits,
+        summary,
+        compared,
+    )
