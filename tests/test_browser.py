@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import pytest
 
 import app
-from specfuse import load_trace
+from specfuse import Ensemble, EnsembleConfig, Trace, load_trace, save_trace
 
 from .conftest import TINY_SPECS, tiny_member
 from .scripted import ScriptedMember
@@ -38,6 +39,32 @@ XSS_IMG = "<img src=x onerror=alert(1)> "
 TIMEOUT_MS = 60_000
 
 
+class SlowMember(ScriptedMember):
+    """Drafts take 0.8 s: a round in flight when Stop is pressed, as with real models."""
+
+    def draft(self, state, max_new_tokens):
+        time.sleep(0.8)
+        return super().draft(state, max_new_tokens)
+
+
+def scripted_trace(path: Path, drafts: dict[str, list[str]], rounds: int = 6) -> Trace:
+    """A trace of scripted members (their names and texts as given), saved at `path` for upload."""
+    favourite = next(iter(drafts))
+    members = [
+        ScriptedMember(name, texts, lambda t, f=drafts[favourite]: 2.0 if t in f else 1.0)
+        for name, texts in drafts.items()
+    ]
+    config = EnsembleConfig(max_rounds=rounds, exit_warmup=1)
+    trace = Trace("go", tuple(drafts), config, tuple(Ensemble(members, config).stream("go")))
+    save_trace(trace, path)
+    return trace
+
+
+def upload(page, path: Path) -> None:
+    page.locator("#replay button").first.click()  # open the accordion
+    page.locator("#upload input[type=file]").set_input_files(str(path))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -51,12 +78,21 @@ def url(tmp_path_factory):
         "xss-script", [XSS_SCRIPT] * 50, lambda t: 2.0 if "script" in t else 1.0
     )
     members["xss-img"] = ScriptedMember("xss-img", [XSS_IMG] * 50, lambda t: 2.0 if "script" in t else 1.0)
+    members["slow-a"] = SlowMember("slow-a", ["a "] * 500, len)
+    members["slow-b"] = SlowMember("slow-b", ["b "] * 500, len)
+
+    def loader(name, device, progress):
+        if name.startswith("slow"):  # loading takes a while, as a real model's does
+            progress(0.5, f"loading {name}")
+            time.sleep(0.6)
+        return members[name]
+
     # One server for the module, so one Gradio cache folder: files outside it are not served.
     cache = tmp_path_factory.mktemp("gradio")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GRADIO_TEMP_DIR", str(cache))
         demo = app.build_demo(
-            lambda name, device, progress: members[name],
+            loader,
             choices=list(members),
             default_models=TINY[:2],
             defaults={"segment_len": 4, "max_new_tokens": 24},
@@ -167,3 +203,127 @@ def test_model_html_is_shown_as_text_everywhere(page):
     page.wait_for_function("document.querySelector('#segment').innerText.includes('round 1')")
     assert page.locator("#segment img, #segment script").count() == 0
     assert page.dialogs == []
+
+
+def status_of(page) -> str:
+    return page.inner_text("#status")
+
+
+def use_members(page, *names: str) -> None:
+    while page.locator("#models .token-remove").count():
+        page.locator("#models .token-remove").first.click()
+    for name in names:
+        pick(page, name)
+
+
+def test_run_clicked_half_a_second_after_stop_starts_at_once(page):
+    """Gradio's /cancel waits for the round in flight, and the page ignored Run meanwhile (trigger
+    mode "once"): Run 0.3–8 s after Stop did nothing (issue 8, item 1)."""
+    use_members(page, "slow-a", "slow-b")
+    page.fill("#prompt textarea", "go")
+    for _ in range(2):  # every time, not once
+        page.click("#run")
+        page.wait_for_function("document.querySelector('#status').innerText.startsWith('Round 1 ')")
+        page.click("#stop")
+        page.wait_for_function("document.querySelector('#status').innerText.includes('stopped by the user')")
+        page.wait_for_timeout(500)
+        page.click("#run")
+        page.wait_for_function(
+            "(() => { const s = document.querySelector('#status').innerText;"
+            " return s.startsWith('Round 1 ') && !s.includes('stopped'); })()",
+            timeout=6_000,
+        )
+        page.click("#stop")
+        page.wait_for_function("document.querySelector('#status').innerText.includes('stopped by the user')")
+        page.wait_for_timeout(300)
+
+
+def test_the_progress_bar_is_drawn_once_and_the_wait_is_reported(page):
+    """The loading bar was drawn over eight panels at once, and the status said "first segment
+    3.58 s" after a 12.75 s wait (issue 8, item 6): now one bar, on the status, and both figures."""
+    use_members(page, "slow-a", "slow-b")
+    page.fill("#prompt textarea", "go")
+    page.click("#run")
+    page.wait_for_selector(".progress-text, .eta-bar", state="attached")
+    most = 0
+    while "Round" not in status_of(page):
+        most = max(most, page.locator(".eta-bar:visible").count())
+        page.wait_for_timeout(50)
+    assert most <= 1
+    status = status_of(page)
+    assert "loading" in status and "round 1" in status and "first segment after" in status
+    page.click("#stop")
+
+
+def test_the_plain_answer_is_exactly_the_trace_answer(page, browser, tmp_path):
+    """The coloured answer put a newline at each segment boundary and dropped blank lines when
+    copied (issue 8, item 3): the plain view and its copy button give the exact answer."""
+    code = ["def f(x", "):\n    return", " x + 1\n\n", "\nprint(f(", "2))  # 3\n", "done."]
+    trace = scripted_trace(tmp_path / "code.json", {"coder": code, "other": ["no "] * 6})
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    upload(page, tmp_path / "code.json")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('replayed')")
+    page.locator("#plain-box button").first.click()
+    assert page.locator("#plain textarea").input_value() == trace.rounds[-1].text
+    page.locator("#plain button[aria-label='Copy'], #plain button[title='Copy']").first.click()
+    assert page.evaluate("navigator.clipboard.readText()") == trace.rounds[-1].text
+
+
+def test_clicking_a_segment_marks_it_in_the_whole_answer(page, tmp_path):
+    """Clicking a segment cut the answer back to that round (issue 8, item 5)."""
+    trace = scripted_trace(tmp_path / "t.json", {"a": ["one ", "two ", "three ", "four "], "b": ["x "] * 4})
+    upload(page, tmp_path / "t.json")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('replayed')")
+    tokens = page.locator("#answer .token")
+    assert tokens.count() == len(trace.rounds)
+    tokens.nth(1).click()
+    page.wait_for_function("document.querySelector('#segment').innerText.includes('round 2')")
+    page.wait_for_function("document.querySelector('#status').innerText.startsWith('Round 2 ')")
+    assert page.locator("#answer .token").count() == len(trace.rounds)
+    assert "selected segment" in page.inner_text("#answer")
+
+
+def test_member_names_from_a_trace_render_as_text_in_the_charts(page, tmp_path):
+    """An uploaded trace's member names reached Plotly unescaped: <a href> became a link in the
+    heatmap and the legend, <b> rendered bold (issue 8, item 7)."""
+    link, bold = "<a href='https://example.com/'>evil</a>", "<b>bold</b>"
+    scripted_trace(tmp_path / "evil.json", {link: ["x "] * 6, bold: ["y "] * 6, "plain": ["z "] * 6})
+    upload(page, tmp_path / "evil.json")
+    page.wait_for_selector("#matrix .js-plotly-plot .hm")
+    page.wait_for_selector("#weights .js-plotly-plot .legend")
+    assert page.locator("#matrix svg a, #weights svg a").count() == 0  # the modebar has its own links
+    assert page.locator("#matrix tspan[style*='bold'], #weights tspan[style*='bold']").count() == 0
+    assert link in page.inner_text("#weights") or link in page.locator("#weights .legend").inner_text()
+    assert page.dialogs == []
+
+
+def test_tables_fit_a_1400_pixel_window(page):
+    """The candidates table's reward/chosen columns and the summary's right side were off-screen
+    at 1400 px (issue 8, item 8)."""
+    run_and_wait(page, "Hello there")
+    width = page.viewport_size["width"]
+    for table in ("#candidates", "#summary"):
+        last = page.locator(f"{table} thead th").last
+        box = last.bounding_box()
+        assert box is not None and box["x"] + box["width"] <= width, (table, box)
+
+
+def test_a_rejected_upload_shows_one_error_and_keeps_the_panels(page, tmp_path):
+    """A bad upload painted "Error" on every panel; the download button looked enabled before any
+    run and did nothing (issue 8, item 10)."""
+    assert not page.locator("#download").is_visible()
+    run_and_wait(page, "Hello there")
+    assert page.locator("#download").is_visible()
+    tokens = page.locator("#answer .token").count()
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json at all")
+    upload(page, bad)
+    page.wait_for_selector(".toast-body", state="attached")
+    page.wait_for_timeout(500)
+    painted = page.evaluate(
+        "Array.from(document.querySelectorAll('.error'))"
+        ".filter(e => e.offsetParent && !e.closest('.toast-body')).map(e => e.closest('[id]')?.id)"
+    )
+    assert painted == ["status"]  # one error (beside the toast), on the status line
+    assert page.locator("#answer .token").count() == tokens
+    assert "✓" in page.inner_text("#candidates")
