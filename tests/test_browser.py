@@ -313,7 +313,7 @@ def test_a_rejected_upload_shows_one_error_and_keeps_the_panels(page, tmp_path):
     run and did nothing (issue 8, item 10)."""
     assert not page.locator("#download").is_visible()
     run_and_wait(page, "Hello there")
-    assert page.locator("#download").is_visible()
+    page.wait_for_selector("#download", state="visible")
     tokens = page.locator("#answer .token").count()
     bad = tmp_path / "bad.json"
     bad.write_text("not json at all")
