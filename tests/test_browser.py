@@ -40,10 +40,11 @@ TIMEOUT_MS = 60_000
 
 
 class SlowMember(ScriptedMember):
-    """Drafts take 0.8 s: a round in flight when Stop is pressed, as with real models."""
+    """Round 1 is quick; later drafts take 2.5 s: a round is in flight when Stop is pressed, as with
+    real models (and the next run's first round comes quickly)."""
 
     def draft(self, state, max_new_tokens):
-        time.sleep(0.8)
+        time.sleep(2.5 if state["round"] else 0.1)
         return super().draft(state, max_new_tokens)
 
 
@@ -244,12 +245,12 @@ def test_the_progress_bar_is_drawn_once_and_the_wait_is_reported(page):
     use_members(page, "slow-a", "slow-b")
     page.fill("#prompt textarea", "go")
     page.click("#run")
-    page.wait_for_selector(".progress-text, .eta-bar", state="attached")
+    page.wait_for_selector(".progress-text", state="attached")
     most = 0
     while "Round" not in status_of(page):
-        most = max(most, page.locator(".eta-bar:visible").count())
+        most = max(most, page.locator(".progress-text:visible").count())
         page.wait_for_timeout(50)
-    assert most <= 1
+    assert most == 1  # one tracker (it was drawn on ten panels at once)
     status = status_of(page)
     assert "loading" in status and "round 1" in status and "first segment after" in status
     page.click("#stop")
