@@ -4,6 +4,8 @@ The public API. `Ensemble.stream(prompt)` yields one `Round` per draft → verif
 every view (app, CLI, trace, benchmark, evaluation) consumes that stream.
 """
 
+__version__ = "0.2.0"  # pyproject.toml reads it; CHANGELOG.md says what changed
+
 from .config import EnsembleConfig, MemberSettings
 from .engine import Ensemble
 from .errors import (
@@ -15,10 +17,22 @@ from .errors import (
     TraceError,
     UnknownModelError,
 )
-from .records import Candidate, ExitEvent, MemberTiming, Result, Round, answer_spans, summarize
+from .records import (
+    Branch,
+    Candidate,
+    ExitEvent,
+    MemberTiming,
+    Result,
+    Round,
+    TokenScores,
+    answer_spans,
+    summarize,
+)
 from .trace import Trace, dump_trace, load_trace, parse_trace, save_trace
 
 __all__ = [
+    "__version__",
+    "Branch",
     "Candidate",
     "ConfigError",
     "Ensemble",
@@ -32,6 +46,7 @@ __all__ = [
     "Result",
     "Round",
     "SpecfuseError",
+    "TokenScores",
     "Trace",
     "TraceError",
     "UnknownModelError",

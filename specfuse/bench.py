@@ -327,6 +327,9 @@ def run_bench(
         "phase_ms_per_member": phase_ms_per_member(main.rounds),
         "round_seconds": [round(r.seconds, 4) for r in main.rounds],
         "round_tokens": [r.winner.num_tokens for r in main.rounds],
+        # Tokens drafters took over from their previous, trimmed draft instead of decoding again.
+        "decode_steps_saved": sum(c.reused_tokens for r in main.rounds for c in r.candidates),
+        "decode_steps": sum(c.num_tokens for r in main.rounds for c in r.candidates),
         "ensemble_seconds": main.seconds,
         "ensemble_s_per_token": seconds_per_token,
         "ensemble_tokens_per_s": tokens / main.seconds,
@@ -421,6 +424,8 @@ def format_table(report: dict[str, Any]) -> str:
             f"first {report['segment_len']} tokens {s['first_segment_s']:.3f} s"
         )
     lines += [
+        f"decode steps saved by taking over trimmed tokens: {report['decode_steps_saved']} "
+        f"(of {report['decode_steps']} drafted tokens kept)",
         f"first segment: ensemble {report['first_segment_latency_s']:.3f} s, slowest single "
         f"{report['slowest_single_first_segment_s']:.3f} s",
         f"accept cost per round (ms, first {acc['rounds_compared']} rounds), reuse on → off:",

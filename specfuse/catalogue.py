@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[float, str], None]  # (fraction in [0, 1], message)
 
-MARKER = "specfuse-cache.json"  # written last: a cache folder without it is incomplete
+MARKER = "specfuse-cache.json"  # written last, with the files' sizes and hashes: without it, incomplete
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICE_CHOICES = ("cpu", "cuda", "cuda:K", "auto", "per-gpu")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -230,13 +230,101 @@ def assemble_gguf(entry: ModelEntry, dest_dir: Path, progress: Progress = _noop)
 
 
 def cached_folder(entry: ModelEntry, cache_dir: str | os.PathLike[str] | None = None) -> Path | None:
-    """The entry's complete safetensors folder, or None when absent, unfinished or stale."""
+    """The entry's complete, intact safetensors folder, or None when absent, unfinished, stale or
+    damaged (a file missing, of another size, or differing from the manifest in its sampled bytes)."""
     folder = cache_root(cache_dir) / entry.name
+    return folder if _cache_problem(entry, folder) is None else None
+
+
+def _cache_problem(entry: ModelEntry, folder: Path) -> str | None:
+    """None when `folder` is an intact cache of `entry`; else what is wrong with it, in a few words."""
     try:
         marker = json.loads((folder / MARKER).read_text())
+    except FileNotFoundError:
+        return "absent" if not folder.exists() else "unfinished (no marker)"
     except (OSError, ValueError):
-        return None
-    return folder if marker.get("source_sha256") == entry.sha256 else None
+        return "unreadable (its marker is not JSON)"
+    if not isinstance(marker, dict) or marker.get("source_sha256") != entry.sha256:
+        return "stale (built from other source bytes)"
+    files = marker.get("files")
+    if not isinstance(files, dict) or not files:
+        return NO_MANIFEST
+    for rel, expected in files.items():
+        path = folder / rel
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return f"damaged ({rel} is missing)"
+        if not isinstance(expected, dict) or size != expected.get("size"):
+            return f"damaged ({rel} has {size:,} bytes, the manifest says {expected.get('size')!r})"
+        if _sample_sha256(path, size) != expected.get("sample_sha256"):
+            return f"damaged ({rel} differs from the manifest)"
+    return None
+
+
+NO_MANIFEST = "without a manifest (written by an older specfuse)"
+
+
+def _sample_sha256(path: Path, size: int) -> str:
+    """A fast fingerprint: SHA-256 of the size and 16 blocks of 64 KiB spread over the file (all of a
+    small file). Loading checks it every time; the full SHA-256 in the manifest is for people."""
+    digest = hashlib.sha256(str(size).encode())
+    block = 64 * 1024
+    with path.open("rb") as f:
+        if size <= 16 * block:
+            digest.update(f.read())
+        else:
+            for i in range(16):
+                f.seek(i * (size - block) // 15)
+                digest.update(f.read(block))
+    return digest.hexdigest()
+
+
+def _manifest(folder: Path) -> dict[str, dict[str, Any]]:
+    """Size, SHA-256 and sampled SHA-256 of every file under `folder` (the marker excepted)."""
+    files = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MARKER):
+        size = path.stat().st_size
+        files[path.relative_to(folder).as_posix()] = {
+            "size": size,
+            "sha256": _sha256_file(path),
+            "sample_sha256": _sample_sha256(path, size),
+        }
+    return files
+
+
+def _write_marker(folder: Path, marker: dict[str, Any]) -> None:
+    part = folder / f"{MARKER}.part"
+    part.write_text(json.dumps(marker, indent=2) + "\n")
+    os.replace(part, folder / MARKER)  # atomic: a marker is complete or absent
+
+
+def _safetensors_whole(path: Path) -> bool:
+    """Whether a safetensors file is as long as its own header says (a truncated one is not)."""
+    try:
+        with path.open("rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            if not 2 <= header_len <= 100_000_000:
+                return False
+            header = json.loads(f.read(header_len))
+        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        return bool(path.stat().st_size == 8 + header_len + end)
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
+
+
+def _adopt_legacy(entry: ModelEntry, folder: Path) -> bool:
+    """An older specfuse's complete cache (marker, no manifest): keep it when every safetensors file
+    is whole, and add the manifest so that the next loads check it; converting again takes minutes."""
+    tensors = list(folder.glob("*.safetensors"))
+    if not tensors or not all(_safetensors_whole(p) for p in tensors):
+        return False
+    try:
+        marker = json.loads((folder / MARKER).read_text())
+        _write_marker(folder, {**marker, "files": _manifest(folder)})
+    except OSError as e:  # a read-only cache still loads; it is checked the old way each time
+        log.info("%s: could not add a manifest to %s: %s", entry.name, folder, e)
+    return True
 
 
 def _convert(entry: ModelEntry, gguf: Path, out: Path, progress: Progress) -> None:
@@ -264,13 +352,33 @@ def ensure_cached(
 ) -> Path:
     """The entry's safetensors folder, assembling and converting the GGUF file the first time.
 
-    Everything is written into a temp folder beside the final one, the marker last, and renamed
-    into place only when complete, so an interrupted run never leaves a folder the next load uses.
+    Everything is written into a temp folder beside the final one, the marker (with its manifest
+    of file sizes and hashes) last, and renamed into place only when complete, so an interrupted run
+    never leaves a folder the next load uses. A damaged folder is rebuilt, with a warning.
     """
-    if (folder := cached_folder(entry, cache_dir)) is not None:
-        return folder
     root = cache_root(cache_dir)
     folder = root / entry.name
+    problem = _cache_problem(entry, folder)
+    if problem is None or (problem == NO_MANIFEST and _adopt_legacy(entry, folder)):
+        return folder
+    if folder.exists():
+        log.warning(
+            "%s: the cache in %s is %s; rebuilding it from the installed package", entry.name, folder, problem
+        )
+        progress(0.0, f"{entry.name}: cache {problem.split(' (')[0]}, rebuilding")
+    try:
+        return _build_cache(entry, root, folder, progress)
+    except (SpecfuseError, OSError) as e:
+        if not folder.exists():
+            raise
+        reason = " ".join(str(e).split())  # one line
+        raise ModelLoadError(
+            f"Model {entry.name!r}: the cache folder {folder} is {problem} and could not be rebuilt "
+            f"({reason}). Delete that folder and try again."
+        ) from e
+
+
+def _build_cache(entry: ModelEntry, root: Path, folder: Path, progress: Progress) -> Path:
     tmp = root / f".{entry.name}.{os.getpid()}.tmp"
     start = time.perf_counter()
     try:
@@ -278,11 +386,17 @@ def ensure_cached(
         gguf = assemble_gguf(entry, root / "gguf", progress)
         shutil.rmtree(tmp, ignore_errors=True)
         _convert(entry, gguf, tmp, progress)
-        marker = {"name": entry.name, "source_sha256": entry.sha256, "gguf_file": entry.gguf_name}
-        (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-        if (done := cached_folder(entry, cache_dir)) is not None:  # another process finished first
-            return done
-        if folder.exists():  # unfinished or stale: os.replace cannot replace a non-empty folder
+        progress(0.85, f"{entry.name}: hashing the cache")
+        marker = {
+            "name": entry.name,
+            "source_sha256": entry.sha256,
+            "gguf_file": entry.gguf_name,
+            "files": _manifest(tmp),
+        }
+        _write_marker(tmp, marker)
+        if _cache_problem(entry, folder) is None:  # another process finished first
+            return folder
+        if folder.exists():  # unfinished, stale or damaged: os.replace cannot replace a non-empty folder
             shutil.rmtree(folder)
         os.replace(tmp, folder)
         if gguf.parent == root / "gguf":  # an assembled copy; the packages still hold the chunks
@@ -290,8 +404,8 @@ def ensure_cached(
     except SpecfuseError:
         raise
     except Exception as e:
-        if (done := cached_folder(entry, cache_dir)) is not None:  # another process won the race
-            return done
+        if _cache_problem(entry, folder) is None:  # another process won the race
+            return folder
         raise ModelLoadError(f"Model {entry.name!r}: converting the GGUF file failed: {e}") from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -371,6 +485,22 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _hub_failure(name: str, e: BaseException) -> str:
+    """Why a hub id did not load, and the next step that fits how HF_HUB_OFFLINE is set."""
+    detail = (str(e).splitlines() or [type(e).__name__])[0][:200]
+    if _offline():
+        return (
+            f"Could not load {name!r}: HF_HUB_OFFLINE is set, so only the local hub cache is used, and "
+            "the repo is not in it. Unset HF_HUB_OFFLINE to download it (needs a connection), or give "
+            f"a local checkpoint folder. ({detail})"
+        )
+    return (
+        f"Could not load {name!r} from the Hugging Face hub: it is unreachable or the repo does not "
+        "exist. Check the id and the connection, set HF_HUB_OFFLINE=1 to use only the local cache "
+        f"(and skip retries), or give a local checkpoint folder. ({detail})"
+    )
+
+
 def _from_pretrained(
     source: str | Path,
     dtype: torch.dtype,
@@ -438,11 +568,7 @@ def load_member(
         )
     except OSError as e:  # includes ConnectionError and huggingface_hub's offline errors
         if isinstance(source, str):
-            raise ModelLoadError(
-                f"Could not load {name_or_path!r} from the Hugging Face hub: it is unreachable or the "
-                "repo is not in the local cache. Set HF_HUB_OFFLINE=1 to use only the local cache (and "
-                f"skip retries), or give a local checkpoint folder. ({str(e).splitlines()[0][:200]})"
-            ) from e
+            raise ModelLoadError(_hub_failure(name_or_path, e)) from e
         raise ModelLoadError(f"Could not load {name_or_path!r} from {source}: {e}") from e
     except (ValueError, KeyError, ImportError) as e:
         raise ModelLoadError(f"Could not load {name_or_path!r}: {e}") from e

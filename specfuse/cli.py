@@ -7,12 +7,17 @@ stderr, the trace to --trace. Every user-fixable error exits 2 with a one-line r
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import logging
+import os
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, TextIO
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
-from .config import MAX_SEGMENT_LEN, NORMALIZATIONS, PARALLEL_MODES, SCORE_MODES, EnsembleConfig
+from .config import EnsembleConfig
 from .engine import Ensemble, check_prompt
 from .errors import ConfigError, SpecfuseError
 from .records import Round
@@ -35,30 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("prompt", nargs="?", help="the prompt; '-' reads it from stdin")
     add = parser.add_argument
     add("--models", default="smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b", help="comma-separated members")
-    add(
-        "--segment-len", type=int, default=10, metavar="L", help=f"tokens per candidate, 1..{MAX_SEGMENT_LEN}"
-    )
-    add("--max-new-tokens", type=int, default=256, metavar="N", help="answer budget in tokens")
-    add("--max-rounds", type=int, default=None, metavar="K", help="stop after K rounds")
-    add("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
-    add("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass, (0, 1]")
-    add("--seed", type=int, default=0, metavar="S", help="sampling seed; member i uses S + i")
-    add("--score", choices=SCORE_MODES, default="logit", help="mean raw logit (paper) or mean log-prob")
-    add("--normalization", choices=NORMALIZATIONS, default="zsoftmax", help="row normalization of scores")
-    add("--no-self-scores", action="store_true", help="ignore each verifier's score of its own candidate")
-    add("--no-feedback", action="store_true", help="keep the weights uniform")
-    add("--learning-rate", type=float, default=1.0, metavar="A", help="α in η_k = α / (N √k)")
-    add("--no-exit", action="store_true", help="never let a member leave the drafting set")
-    add("--exit-threshold", type=float, default=0.5, metavar="D", help="δ: exit when p_i < δ / |A_k|")
-    add("--exit-warmup", type=int, default=3, metavar="K", help="no exit before K rounds")
-    add("--exit-min-active", type=int, default=2, metavar="M", help="never fewer drafting members than M")
-    add("--exited-no-verify", action="store_true", help="exited members stop scoring too")
-    add("--no-echo-guard", action="store_true", help="let a candidate that only repeats the prompt win")
-    add("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    add_settings(parser)
     add("--device", default="cpu", help="cpu, cuda, cuda:K, auto (one model per GPU), per-gpu")
     add("--device-map", default=None, help="accelerate device map for large models, e.g. auto")
     add("--dtype", default="auto", help="auto (per device), float32, bfloat16, float16")
-    add("--parallel", choices=PARALLEL_MODES, default="auto", help="draft/verify members concurrently")
     add(
         "--cache-dir",
         default=None,
@@ -71,29 +56,97 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Flags whose names predate the generic rule (`--field-name`; a bool also gets `--no-field-name`).
+FLAG_NAMES = {"stop_strings": "--stop"}
+OLD_ALIASES = {"exited_verify": "--exited-no-verify"}  # store_false spellings that keep working
+METAVARS = {int: "N", float: "X", str: "TEXT"}
+
+
+def add_settings(parser: argparse.ArgumentParser) -> None:
+    """One flag per EnsembleConfig field, typed, defaulted and documented from its setting()."""
+    group = parser.add_argument_group("run settings (the same ones the app shows)")
+    defaults = EnsembleConfig()
+    hints = typing.get_type_hints(EnsembleConfig)
+    for f in dataclasses.fields(EnsembleConfig):
+        flag = FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-"))
+        default = getattr(defaults, f.name)
+        kind, optional = _scalar(hints[f.name])
+        meta = f.metadata
+        if kind is bool:
+            action = argparse.BooleanOptionalAction
+            group.add_argument(flag, dest=f.name, action=action, default=default, help=_help(meta, default))
+            if f.name in OLD_ALIASES:
+                group.add_argument(
+                    OLD_ALIASES[f.name], dest=f.name, action="store_false", help=argparse.SUPPRESS
+                )
+        elif typing.get_origin(kind) is tuple:
+            item = typing.get_args(kind)[0]
+            group.add_argument(
+                flag,
+                dest=f.name,
+                action="append",
+                default=None,  # append would add to a non-empty default instead of replacing it
+                type=item,
+                metavar=METAVARS.get(item, "VALUE"),
+                help=f"{meta['help']} (repeatable)",
+            )
+        else:
+            group.add_argument(
+                flag,
+                dest=f.name,
+                type=_or_none(kind) if optional else kind,
+                default=default,
+                choices=meta.get("choices"),
+                metavar=None if meta.get("choices") else METAVARS.get(kind, "VALUE"),
+                help=_help(meta, default),
+            )
+
+
+def _scalar(hint: Any) -> tuple[Any, bool]:
+    """(the type inside `X | None`, whether None is allowed)."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        return next(a for a in args if a is not type(None)), True
+    return hint, False
+
+
+def _or_none(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        return None if text.strip().lower() == "none" else kind(text)
+
+    parse.__name__ = getattr(kind, "__name__", "value")  # argparse names the type in its errors
+    return parse
+
+
+def _help(meta: Mapping[str, Any], default: Any) -> str:
+    low, high = meta.get("low"), meta.get("high")
+    bounds = ""
+    if low is not None and high is not None:
+        bounds = f"{low:g}..{high:g}; "
+    elif low is not None:
+        bounds = f"≥ {low:g}; "
+    shown = {None: "none", True: "on", False: "off"}.get(default, default) if _plain(default) else default
+    return f"{meta['help']} ({bounds}default: {shown})".replace("%", "%%")
+
+
+def _plain(value: Any) -> bool:
+    return value is None or isinstance(value, bool)
+
+
 def config_from_args(args: argparse.Namespace) -> EnsembleConfig:
-    """The EnsembleConfig the flags describe (validated: a bad value raises ConfigError)."""
-    return EnsembleConfig(
-        segment_len=args.segment_len,
-        max_new_tokens=args.max_new_tokens,
-        max_rounds=args.max_rounds,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-        score=args.score,
-        normalization=args.normalization,
-        self_scores=not args.no_self_scores,
-        feedback=not args.no_feedback,
-        learning_rate=args.learning_rate,
-        exit=not args.no_exit,
-        exit_threshold=args.exit_threshold,
-        exit_warmup=args.exit_warmup,
-        exit_min_active=args.exit_min_active,
-        exited_verify=not args.exited_no_verify,
-        echo_guard=not args.no_echo_guard,
-        stop_strings=tuple(args.stop),
-        parallel=args.parallel,
-    )
+    """The EnsembleConfig the flags describe (validated: a bad value raises ConfigError).
+
+    Built from the fields, never listed by hand: a new setting() field arrives here by itself.
+    """
+    hints = typing.get_type_hints(EnsembleConfig)
+    values = {}
+    for f in dataclasses.fields(EnsembleConfig):
+        value = getattr(args, f.name)
+        if isinstance(value, list):
+            value = tuple(value)
+        if value is not None or _scalar(hints[f.name])[1]:
+            values[f.name] = value  # an unrepeated repeatable flag (None) keeps the field's default
+    return EnsembleConfig(**values)
 
 
 def parse_models(spec: str, sampling: bool) -> list[str]:
@@ -147,11 +200,20 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             print(f"{name:<20} {entry.params:>6}  {entry.licence}", file=out)
         return 0
     config = config_from_args(args)
-    prompt = sys.stdin.read() if args.prompt == "-" else (args.prompt or "")
+    prompt = read_prompt(args.prompt)
     check_prompt(prompt)
     names = parse_models(args.models, config.sampling)
+    if args.trace:
+        check_writable(args.trace)  # before minutes of loading, not after the answer
+    if len(names) == 1 and not args.quiet:
+        print(
+            f"specfuse: note: one member ({names[0]}) means plain decoding by that model, no ensemble; "
+            "list two or more models to ensemble them",
+            file=err,
+        )
     members = _load(names, args, err)
     ensemble = Ensemble(members, config)
+    trace = Trace(prompt, ensemble.names, config, ())
     rounds: list[Round] = []
     try:
         for r in ensemble.stream(prompt):
@@ -161,11 +223,15 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             if not args.quiet:
                 print(progress_line(r), file=err)
     finally:  # an interrupted run still leaves its trace
+        trace = dataclasses.replace(trace, rounds=tuple(rounds))
         if args.trace and rounds:
-            save_trace(Trace(prompt, ensemble.names, config, tuple(rounds)), args.trace)
+            try:
+                save_trace(trace, Path(args.trace).expanduser())
+            except OSError as e:
+                raise SpecfuseError(f"could not write the trace to {args.trace!r}: {e.strerror or e}") from e
     out.write("\n")
     if not args.quiet and rounds:
-        result = Trace(prompt, ensemble.names, config, tuple(rounds)).result
+        result = trace.result
         wins = ", ".join(f"{m} {n}" for m, n in result.wins)
         print(
             f"stop: {result.stop_reason} | {result.rounds} rounds | {result.tokens} tokens | "
@@ -174,6 +240,40 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             file=err,
         )
     return 0
+
+
+def read_prompt(arg: str | None) -> str:
+    """The prompt from the command line, or from standard input for '-', as strictly valid UTF-8."""
+    if arg == "-":
+        stream = getattr(sys.stdin, "buffer", None)
+        data = stream.read() if stream is not None else sys.stdin.read()
+        if isinstance(data, bytes):
+            try:
+                return data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ConfigError(
+                    f"standard input is not valid UTF-8 (byte {e.start}: {data[e.start : e.start + 1]!r}); "
+                    "convert it first, e.g. with iconv -t UTF-8"
+                ) from None
+        arg = data
+    text = arg or ""
+    try:  # undecodable argv bytes arrive as lone surrogates
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ConfigError(f"the prompt is not valid UTF-8 text (character {e.start})") from None
+    return text
+
+
+def check_writable(path: str) -> None:
+    """Refuse a trace path that could not be written: a folder, a missing or read-only parent."""
+    target = Path(path).expanduser()
+    parent = target.parent
+    if target.is_dir():
+        raise ConfigError(f"--trace {path!r} is a folder; give a file name, e.g. {path.rstrip('/')}/run.json")
+    if not parent.is_dir():
+        raise ConfigError(f"--trace {path!r}: the folder {str(parent)!r} does not exist; create it first")
+    if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ConfigError(f"--trace {path!r}: no permission to write there; choose another path")
 
 
 def _load(names: Sequence[str], args: argparse.Namespace, err: TextIO) -> list[HFMember]:
@@ -185,18 +285,17 @@ def _load(names: Sequence[str], args: argparse.Namespace, err: TextIO) -> list[H
 
     hf_logging.disable_progress_bar()  # one bar of ours, not one per model and per step
     unique = list(dict.fromkeys(names))
-    progress = None if args.quiet else catalogue.tqdm_progress("loading")
-    loaded = catalogue.load_members(
-        unique,
-        device=args.device,
-        dtype=args.dtype,
-        device_map=args.device_map,
-        cache_dir=args.cache_dir,
-        allow_paths=True,  # the person at the command line is the operator
-        trust_remote_code=args.trust_remote_code,
-        progress=progress,
-    )
-    if progress is not None:
+    with _progress_bar(err, args.quiet) as progress:
+        loaded = catalogue.load_members(
+            unique,
+            device=args.device,
+            dtype=args.dtype,
+            device_map=args.device_map,
+            cache_dir=args.cache_dir,
+            allow_paths=True,  # the person at the command line is the operator
+            trust_remote_code=args.trust_remote_code,
+            progress=progress,
+        )
         progress(1.0, "loaded")
     by_name = dict(zip(unique, loaded))
     members: list[HFMember] = []
@@ -217,6 +316,27 @@ def _load(names: Sequence[str], args: argparse.Namespace, err: TextIO) -> list[H
                 )
             )
     return members
+
+
+@contextlib.contextmanager
+def _progress_bar(err: TextIO, quiet: bool) -> Iterator[Callable[[float, str], None]]:
+    """A loading bar on stderr whose line is always finished, so an error never prints onto it."""
+    if quiet:
+        yield lambda fraction, message: None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=100, desc="loading", file=err, bar_format="{percentage:3.0f}%|{bar:20}| {desc}")
+
+    def update(fraction: float, message: str) -> None:
+        bar.n = round(100 * min(max(fraction, 0.0), 1.0))
+        bar.set_description_str(message, refresh=False)
+        bar.refresh()
+
+    try:
+        yield update
+    finally:
+        bar.close()  # ends the bar's line (tqdm writes the newline), also when loading failed
 
 
 if __name__ == "__main__":

@@ -6,13 +6,18 @@ Stdlib only; knows nothing about models.
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import asdict, dataclass, field
+import typing
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .errors import ConfigError
 
 NORMALIZATIONS = ("zsoftmax", "minmax", "sum", "none")
+AGGREGATIONS = ("mean", "median", "filtered")  # feedback.aggregate
+PRIORS = ("uniform", "prompt")
 SCORE_MODES = ("logit", "logprob")
 PARALLEL_MODES = ("auto", "on", "off")
 MAX_SEGMENT_LEN = 256
@@ -64,6 +69,45 @@ class EnsembleConfig:
         group="scoring",
     )
     self_scores: bool = setting(True, "count each verifier's score of its own candidate", group="scoring")
+    aggregation: str = setting(
+        "mean",
+        "how the verifiers' scores of a candidate combine: weighted mean (the paper), weighted median, "
+        "or filtered (votes far from the median dropped, SweetSpan-style)",
+        choices=AGGREGATIONS,
+        group="scoring",
+    )
+    outlier_gap: float = setting(
+        0.25,
+        "filtered aggregation: drop votes farther than this from the median",
+        low=0.0,
+        high=1.0,
+        group="scoring",
+    )
+    repeat_penalty: float = setting(
+        0.0,
+        "subtract this × the share of a candidate's word 3-grams already in the answer (loops)",
+        low=0.0,
+        high=10.0,
+        group="scoring",
+    )
+    prior: str = setting(
+        "uniform",
+        "starting weights: uniform 1/N (the paper) or from each member's surprise at the prompt",
+        choices=PRIORS,
+        group="feedback",
+    )
+    initial_weights: tuple[float, ...] = setting(
+        (),
+        "starting weights, one per member in ensemble order (normalized; empty: the prior rule): "
+        "say how far you trust each member before the first round",
+        group="feedback",
+    )
+    prior_temperature: float = setting(
+        0.1, "prompt prior: w ∝ exp(−nats per byte / T)", low=0.0, group="feedback"
+    )
+    weighted_rewards: bool = setting(
+        False, "rewards count each verifier's comparisons with its weight", group="feedback"
+    )
     feedback: bool = setting(True, "online feedback: weights follow the rewards", group="feedback")
     learning_rate: float = setting(1.0, "α in η_k = α / (N √k)", low=0.0, group="feedback")
     exit: bool = setting(True, "model exit: members whose candidates keep losing stop drafting", group="exit")
@@ -88,37 +132,26 @@ class EnsembleConfig:
     )
 
     def __post_init__(self) -> None:
-        _int_range("segment_len", self.segment_len, 1, MAX_SEGMENT_LEN)
-        _int_range("max_new_tokens", self.max_new_tokens, 1, 1_000_000)
-        if self.max_rounds is not None:
-            _int_range("max_rounds", self.max_rounds, 1, 1_000_000)
-        _real("temperature", self.temperature)
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be ≥ 0 (0 = greedy), got {self.temperature}")
-        _real("top_p", self.top_p)
-        if not 0 < self.top_p <= 1:
+        # Types, choices and bounds come from each field's setting(); a new field is checked for free.
+        for f in fields(self):
+            value = _check_field(f.name, getattr(self, f.name), _hints()[f.name], f.metadata)
+            object.__setattr__(self, f.name, value)
+        # Bounds a setting() cannot say: open intervals and non-empty items.
+        if self.top_p <= 0:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
-        _choice("score", self.score, SCORE_MODES)
-        _choice("normalization", self.normalization, NORMALIZATIONS)
-        _choice("parallel", self.parallel, PARALLEL_MODES)
-        _real("learning_rate", self.learning_rate)
-        if self.learning_rate < 0:
-            raise ConfigError(f"learning_rate must be ≥ 0, got {self.learning_rate}")
-        _real("exit_threshold", self.exit_threshold)
-        if not 0 <= self.exit_threshold <= 1:
-            raise ConfigError(f"exit_threshold (δ) must be in [0, 1], got {self.exit_threshold}")
-        _int_range("exit_warmup", self.exit_warmup, 0, 1_000_000)
-        _int_range("exit_min_active", self.exit_min_active, 1, 1_000_000)
-        _real("exit_temperature", self.exit_temperature)
+        if self.prior_temperature <= 0:
+            raise ConfigError(f"prior_temperature must be > 0, got {self.prior_temperature}")
+        if any(w < 0 for w in self.initial_weights) or (
+            self.initial_weights and sum(self.initial_weights) <= 0
+        ):
+            raise ConfigError(
+                "initial_weights must be non-negative numbers with a positive sum, "
+                f"got {self.initial_weights!r}"
+            )
         if self.exit_temperature <= 0:
             raise ConfigError(f"exit_temperature must be > 0, got {self.exit_temperature}")
-        if isinstance(self.stop_strings, str) or any(
-            not isinstance(s, str) or not s for s in self.stop_strings
-        ):
+        if not all(self.stop_strings):
             raise ConfigError("stop_strings must be a tuple of non-empty strings")
-        object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
 
     @property
     def sampling(self) -> bool:
@@ -133,6 +166,7 @@ class EnsembleConfig:
             score=self.score,
             stop_strings=self.stop_strings,
             max_new_tokens=self.max_new_tokens,
+            measure_prompt=self.prior == "prompt",
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -146,10 +180,7 @@ class EnsembleConfig:
         unknown = set(data) - known
         if unknown:
             raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
-        values = dict(data)
-        if "stop_strings" in values and isinstance(values["stop_strings"], list):
-            values["stop_strings"] = tuple(values["stop_strings"])
-        return cls(**values)
+        return cls(**data)  # __post_init__ turns JSON lists back into tuples
 
 
 @dataclass(frozen=True)
@@ -162,18 +193,66 @@ class MemberSettings:
     score: str = "logit"
     stop_strings: tuple[str, ...] = ()
     max_new_tokens: int = 256
+    measure_prompt: bool = False  # start() also measures the member's surprise at the prompt
 
 
-def _int_range(name: str, value: object, low: int, high: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ConfigError(f"{name} must be an integer in {low}..{high}, got {value!r}")
+def _within(value: float, low: float | None, high: float | None) -> bool:
+    return (low is None or value >= low) and (high is None or value <= high)
 
 
-def _real(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{name} must be a finite number, got {value!r}")
+def _integer_range(low: float | None, high: float | None) -> str:
+    if low is not None and high is not None:
+        return f"an integer in {low:g}..{high:g}"
+    if low == 0:
+        return "a non-negative integer"
+    if low is not None:
+        return f"an integer ≥ {low:g}"
+    return "an integer" if high is None else f"an integer ≤ {high:g}"
 
 
-def _choice(name: str, value: object, options: tuple[str, ...]) -> None:
-    if value not in options:
-        raise ConfigError(f"{name} must be one of {', '.join(options)}; got {value!r}")
+@functools.cache
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(EnsembleConfig)
+
+
+def _check_field(name: str, value: Any, hint: Any, meta: Mapping[str, Any]) -> Any:
+    """`value` checked against the field's type hint and its setting() metadata; tuples normalized."""
+    args = typing.get_args(hint)
+    if type(None) in args:  # X | None
+        if value is None:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        kind = typing.get_args(hint)[0]
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name} must be a tuple of {kind.__name__}, got {value!r}")
+        if kind is float and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value
+        ):
+            return tuple(float(v) for v in value)
+        if not all(isinstance(v, kind) for v in value):
+            raise ConfigError(f"{name} must be a tuple of {kind.__name__}, got {value!r}")
+        return tuple(value)
+    low, high, choices = meta.get("low"), meta.get("high"), meta.get("choices")
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be true or false, got {value!r}")
+    elif hint is int:
+        if not isinstance(value, int) or isinstance(value, bool) or not _within(value, low, high):
+            raise ConfigError(f"{name} must be {_integer_range(low, high)}, got {value!r}")
+    elif hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number, got {value!r}")
+        if low is not None and high is not None and not low <= value <= high:
+            raise ConfigError(f"{name} must be in [{low:g}, {high:g}], got {value}")
+        if low is not None and value < low:
+            raise ConfigError(f"{name} must be ≥ {low:g}, got {value}")
+        if high is not None and value > high:
+            raise ConfigError(f"{name} must be ≤ {high:g}, got {value}")
+        value = float(value)
+    elif hint is str and not isinstance(value, str):
+        raise ConfigError(f"{name} must be text, got {value!r}")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+    return value

@@ -1,24 +1,25 @@
 """The round loop: draft → verify → choose → feedback → accept → exit, yielding one Round per cycle.
 
 Knows nothing about tokenizers, tensors or devices: members hide them behind the Member protocol,
-and the arithmetic lives in feedback.py.
+and the arithmetic lives in feedback.py. Several prompts can run in lockstep (stream_many): each
+phase then asks a member once for all the prompts it serves, which a member may batch.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
+import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import feedback
-from .config import EnsembleConfig, MemberSettings
+from .config import EnsembleConfig
 from .errors import ConfigError, MemberError, SpecfuseError
-from .records import ExitEvent, MemberTiming, Result, Round, summarize
-from .segments import cut_at_stop, echoes_prompt
+from .records import Candidate, ExitEvent, MemberTiming, Result, Round, TokenScores, summarize
+from .segments import cut_at_stop, echoes_prompt, repeated_fraction
 
 if TYPE_CHECKING:  # members.py imports torch; the engine itself never needs it
     from .members import Member
@@ -26,12 +27,13 @@ if TYPE_CHECKING:  # members.py imports torch; the engine itself never needs it
 log = logging.getLogger(__name__)
 
 MAX_PROMPT_CHARS = 100_000  # far beyond any small model's context; stops pasted files early
+TYPED = "you"  # the origin of a segment a person typed into a branch
 
 T = TypeVar("T")
 
 
 class Ensemble:
-    """Several members answering one prompt together (SpecEM). Members are shared, runs are not."""
+    """Several members answering prompts together (SpecEM). Members are shared, runs are not."""
 
     def __init__(self, members: Sequence[Member], config: EnsembleConfig | None = None) -> None:
         if not members:
@@ -39,6 +41,8 @@ class Ensemble:
         names = [m.name for m in members]
         if len(set(names)) != len(names):
             raise ConfigError(f"member names must be unique, got {', '.join(names)}")
+        if TYPED in names:
+            raise ConfigError(f"{TYPED!r} is reserved for typed segments; rename that member")
         self.members: tuple[Member, ...] = tuple(members)
         self.config = config or EnsembleConfig()
 
@@ -46,33 +50,51 @@ class Ensemble:
     def names(self) -> tuple[str, ...]:
         return tuple(m.name for m in self.members)
 
-    def stream(self, prompt: str, config: EnsembleConfig | None = None) -> Iterator[Round]:
+    def stream(
+        self,
+        prompt: str,
+        config: EnsembleConfig | None = None,
+        *,
+        start: Sequence[Round] = (),
+        forced: str | None = None,
+        origin: str = TYPED,
+    ) -> Iterator[Round]:
         """Yield one Round per cycle; the last one has stop_reason set.
+
+        Branching: `start` holds the first rounds of an earlier run of the same prompt (from a live
+        run or a trace). They are not drafted again: every member's state is rebuilt from their
+        answer, and weights, qualities and exits continue from where they stood. With `forced`, the
+        next round's winner is that text: one of its candidates (by text), or a segment typed by a
+        person (`origin`), which every verifier scores like any candidate.
 
         Stopping early is closing the generator: every state lives inside this call, so nothing
         is left behind and the next call starts clean.
         """
-        config = config or self.config
-        check_prompt(prompt)
-        calls = _Calls(self.members, _parallel(self.members, config))
-        try:
-            calls.start(prompt, [config.member_settings(i) for i in range(len(self.members))])
-            yield from self._rounds(calls, config, prompt)
-        finally:
-            calls.shutdown()
+        for _, rnd in self._lockstep(
+            [_Run(prompt, config or self.config, self.names, start, forced, origin)]
+        ):
+            yield rnd
 
     def stream_many(
-        self, prompts: Sequence[str], config: EnsembleConfig | Sequence[EnsembleConfig] | None = None
+        self,
+        prompts: Sequence[str],
+        config: EnsembleConfig | Sequence[EnsembleConfig] | None = None,
+        *,
+        batch_size: int | None = None,
     ) -> Iterator[tuple[int, Round]]:
-        """Answer several prompts; yield (prompt index, Round) as rounds finish.
+        """Answer several prompts in lockstep; yield (prompt index, Round) as rounds finish.
 
-        `config` is one config for all prompts or one per prompt. Each prompt's rounds are exactly
-        those stream() would yield for it alone.
+        `config` is one config for all prompts or one per prompt (a study runs its variants side by
+        side). A member asked for several prompts at once batches them when it can (HFMember does);
+        each prompt's rounds are those stream() yields for it alone (exactly in fp32 greedy, up to
+        batched arithmetic's rounding otherwise). At most `batch_size` prompts (default: all) are
+        under way at once: a finished prompt drops out and the next waiting one takes its place.
         """
         configs = _per_prompt(config or self.config, len(prompts))
-        for i, (prompt, cfg) in enumerate(zip(prompts, configs)):
-            for rnd in self.stream(prompt, cfg):
-                yield i, rnd
+        if batch_size is not None and batch_size < 1:
+            raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
+        runs = [_Run(p, c, self.names) for p, c in zip(prompts, configs)]
+        yield from self._lockstep(runs, batch_size or max(1, len(runs)))
 
     def run(self, prompt: str, config: EnsembleConfig | None = None) -> Result:
         """The whole answer and its totals, for scripts: a consumer of stream()."""
@@ -80,144 +102,322 @@ class Ensemble:
 
     # -- the loop ------------------------------------------------------------------------------------
 
-    def _rounds(self, calls: _Calls, config: EnsembleConfig, prompt: str) -> Iterator[Round]:
-        names = self.names
-        n = len(names)
-        index = {m: i for i, m in enumerate(names)}
-        weights = feedback.uniform(n)
-        quality = dict.fromkeys(names, 0.0)
-        active = list(names)
-        exited: list[str] = []
-        answer, tokens = "", 0
-        began = time.perf_counter()
-        for k in itertools.count(1):
-            round_began = time.perf_counter()
-            verifiers = [m for m in names if m in active or (config.exited_verify and m in exited)]
-            budget = min(config.segment_len, config.max_new_tokens - tokens)
+    def _lockstep(self, runs: list[_Run], batch_size: int = 1) -> Iterator[tuple[int, Round]]:
+        for run in runs:
+            check_prompt(run.prompt)
+        calls = _Calls(self.members, _parallel(self.members, runs[0].config if runs else self.config))
+        waiting = list(range(len(runs)))
+        live: list[int] = []
+        try:
+            while waiting or live:
+                joining, waiting = waiting[: batch_size - len(live)], waiting[batch_size - len(live) :]
+                if joining:
+                    calls.start([runs[i] for i in joining])
+                    for i in joining:
+                        runs[i].resume(calls)
+                    live += joining
+                rounds = self._round([runs[i] for i in live], calls)
+                yield from zip(live, rounds)
+                live = [i for i in live if not runs[i].done]
+                for i in range(len(runs)):
+                    if runs[i].done:
+                        runs[i].states.clear()  # a finished run's caches go now, not at the end
+        finally:
+            calls.shutdown()
 
-            # 1. Draft: each active member continues its own context for at most L tokens.
-            drafted, _ = calls.each(active, "draft", budget)
-            candidates = tuple(drafted)
-            drafted_text = [bool(c.text or c.final) for c in candidates]  # an empty non-final draft: nothing
-            scorable = any(drafted_text)
+    def _round(self, runs: list[_Run], calls: _Calls) -> list[Round]:
+        """One round of every run: the members' work batched across runs, the rest per run."""
+        for run in runs:
+            run.begin_round()
 
-            # 2. Verify: each verifier scores every candidate in one packed pass (raw z_ij).
-            verify_s: dict[str, float] = {}
-            if scorable:
-                rows, verify_s = calls.each(verifiers, "score", candidates)
-                raw = [list(row) for row in rows]
-            else:  # every draft came back empty: nothing to choose from
-                raw = [[0.0] * len(candidates) for _ in verifiers]
+        # 1. Draft: each active member continues its own context for at most L tokens.
+        drafted = calls.phase("draft", [(m, run, run.budget) for run in runs for m in run.drafting])
+        for run in runs:
+            run.take_candidates(drafted)
 
-            # 3. Normalize each verifier's row, aggregate with the weights learned so far, choose.
-            scores = feedback.normalize(raw, config.normalization)
-            voting = [weights[index[v]] for v in verifiers]
-            y = feedback.aggregate(scores, voting, verifiers, active, config.self_scores)
-            # An empty non-final draft never wins; nor, with the echo guard, a candidate that would
-            # leave the answer a verbatim piece of the prompt (unless every candidate would).
-            eligible = list(drafted_text)
-            if config.echo_guard:
-                fresh = [
-                    ok and not echoes_prompt(prompt, answer, c.text) for ok, c in zip(eligible, candidates)
-                ]
-                eligible = fresh if any(fresh) else eligible
-            pool = [j for j, ok in enumerate(eligible) if ok] or list(range(len(candidates)))
-            chosen, margin = feedback.choose(y, pool)
+        # 2. Verify: each verifier scores every candidate in one packed pass (raw z_ij).
+        verified = calls.phase(
+            "score", [(m, run, run.candidates) for run in runs if run.scorable for m in run.verifiers]
+        )
 
-            # 4. Feedback *after* the choice, so round k is judged with weights from rounds < k.
-            # SpecEM: the reference updated the weights before using them in the same round.
-            r = feedback.rewards(scores, verifiers, active) if config.feedback else [0.0] * len(active)
-            after = weights
-            if config.feedback and len(active) > 1:
-                eta = feedback.learning_rate(config.learning_rate, n, k)
-                after = feedback.update_weights(weights, names, active, r, eta)
+        # 3-6. Per run: normalize, aggregate, choose, feedback, stop, exit.
+        for run in runs:
+            run.decide(verified)
 
-            # 5. Append the winner; decide the stop.
-            winner = candidates[chosen]
-            stop_reason: str | None = None
-            cut = _stop_string_cut(answer, winner.text, config.stop_strings)
-            if cut is not None:
-                winner = replace(winner, text=winner.text[:cut], final=True)
-                candidates = candidates[:chosen] + (winner,) + candidates[chosen + 1 :]
-                stop_reason = "stop"
-            answer += winner.text
-            tokens += winner.num_tokens
-            if not scorable:
-                stop_reason = "empty"
-            elif stop_reason is None and winner.final:
-                stop_reason = "final"
-            elif stop_reason is None and tokens >= config.max_new_tokens:
-                stop_reason = "budget"
-            elif stop_reason is None and config.max_rounds is not None and k >= config.max_rounds:
-                stop_reason = "rounds"
+        # 7. Every member that plays on appends the winner's text to its own context.
+        accepted = calls.phase("accept", [(m, run, run.winner_text) for run in runs for m in run.accepting])
+        return [run.record(accepted) for run in runs]
 
-            # 6. Model exit: members whose candidates keep losing stop drafting.
-            for j, m in enumerate(active):
-                quality[m] += y[j]
-            exits: list[ExitEvent] = []
-            if config.exit and stop_reason is None:
-                for d in feedback.exit_decisions(
-                    quality,
-                    active,
-                    k,
-                    config.exit_threshold,
-                    config.exit_warmup,
-                    config.exit_temperature,
-                    config.exit_min_active,
-                ):
-                    exits.append(
-                        ExitEvent(
-                            member=d.member,
-                            k=k,
-                            keep_probability=d.keep_probability,
-                            threshold=d.threshold,
-                            reason=f"keep-probability {d.keep_probability:.3f} < δ/|A| = {d.threshold:.3f} "
-                            f"after {k} rounds (cumulative quality {quality[d.member]:.3f})",
-                        )
-                    )
 
-            # 7. Every member that plays on appends the winner's text to its own context.
-            accept_s: dict[str, float] = {}
-            if stop_reason is None:
-                leaving = {e.member for e in exits}
-                playing = [m for m in active if m not in leaving]
-                judging = [*exited, *leaving] if config.exited_verify else []
-                still = [m for m in names if m in playing or m in judging]
-                _, accept_s = calls.each(still, "accept", winner.text)
+@dataclass
+class _Run:
+    """One prompt's run in progress: everything that belongs to one request (never to a member)."""
 
-            draft_s = {c.member: c.seconds for c in candidates}
-            now = time.perf_counter()
-            yield Round(
-                k=k,
-                members=names,
-                active=tuple(active),
-                verifiers=tuple(verifiers),
-                candidates=candidates,
-                raw_scores=_freeze(raw),
-                scores=_freeze(scores),
-                aggregate=tuple(y),
-                chosen=chosen,
-                margin=margin,
-                weights_before=tuple(weights),
-                weights_after=tuple(after),
-                rewards=tuple(r),
-                exits=tuple(exits),
-                timings=tuple(
-                    MemberTiming(m, draft_s.get(m, 0.0), verify_s.get(m, 0.0), accept_s.get(m, 0.0))
-                    for m in names
-                ),
-                seconds=now - round_began,
-                elapsed=now - began,
-                text=answer,
-                stop_reason=stop_reason,
-                eligible=tuple(eligible),
+    prompt: str
+    config: EnsembleConfig
+    names: tuple[str, ...]
+    start: Sequence[Round] = ()
+    forced: str | None = None
+    origin: str = TYPED
+    states: dict[str, Any] = field(default_factory=dict)
+    # Filled in by resume(), then carried from round to round.
+    k: int = 0
+    weights: list[float] = field(default_factory=list)
+    quality: dict[str, float] = field(default_factory=dict)
+    active: list[str] = field(default_factory=list)
+    exited: list[str] = field(default_factory=list)
+    answer: str = ""
+    tokens: int = 0
+    began: float = 0.0
+    done: bool = False
+    # The round being played.
+    round_began: float = 0.0
+    drafting: list[str] = field(default_factory=list)
+    verifiers: list[str] = field(default_factory=list)
+    budget: int = 0
+    candidates: tuple[Candidate, ...] = ()
+    scorable: bool = False
+    raw: list[list[float]] = field(default_factory=list)
+    details: tuple[tuple[TokenScores, ...], ...] = ()
+    scores: list[list[float]] = field(default_factory=list)
+    y: list[float] = field(default_factory=list)
+    eligible: list[bool] = field(default_factory=list)
+    chosen: int = 0
+    margin: float = 0.0
+    rewards: list[float] = field(default_factory=list)
+    after: list[float] = field(default_factory=list)
+    winner: Candidate | None = None
+    stop_reason: str | None = None
+    exits: list[ExitEvent] = field(default_factory=list)
+    accepting: list[str] = field(default_factory=list)
+    draft_s: dict[str, float] = field(default_factory=dict)
+    verify_s: dict[str, float] = field(default_factory=dict)
+
+    def resume(self, calls: _Calls) -> None:
+        """Set the run's starting point: round 1, or the round after a branch's `start` rounds."""
+        n = len(self.names)
+        self.began = time.perf_counter()
+        given = self.config.initial_weights
+        if given and len(given) != n:
+            raise ConfigError(
+                f"initial_weights has {len(given)} values for {n} members ({', '.join(self.names)})"
             )
-            if stop_reason is not None:
-                return
-            weights = after
-            for e in exits:
-                active.remove(e.member)
-                exited.append(e.member)
+        if given:
+            self.weights = [w / sum(given) for w in given]
+        elif self.config.prior == "prompt":
+            surprise = [calls.surprise(m, self) for m in self.names]
+            self.weights = feedback.prior_weights(surprise, self.config.prior_temperature)
+        else:
+            self.weights = feedback.uniform(n)
+        self.quality = dict.fromkeys(self.names, 0.0)
+        self.active = list(self.names)
+        if not self.start:
+            return
+        _check_branch(self.start, self.names, self.forced)
+        for rnd in self.start:
+            for j, c in enumerate(rnd.candidates):
+                if c.member in self.quality:
+                    self.quality[c.member] += rnd.aggregate[j]
+            for e in rnd.exits:
+                self.active.remove(e.member)
+                self.exited.append(e.member)
+        last = self.start[-1]
+        self.weights = list(last.weights_after)
+        self.answer = last.text
+        self.tokens = sum(r.winner.num_tokens for r in self.start)
+        self.k = last.k
+        playing = [*self.active, *(self.exited if self.config.exited_verify else [])]
+        calls.phase("accept", [(m, self, self.answer) for m in self.names if m in playing])
+
+    def begin_round(self) -> None:
+        self.k += 1
+        self.round_began = time.perf_counter()
+        cfg = self.config
+        self.drafting = list(self.active)
+        self.verifiers = [
+            m for m in self.names if m in self.active or (cfg.exited_verify and m in self.exited)
+        ]
+        self.budget = min(cfg.segment_len, cfg.max_new_tokens - self.tokens)
+
+    def take_candidates(self, drafted: dict[tuple[str, int], tuple[Any, float]]) -> None:
+        candidates = [drafted[(m, id(self))][0] for m in self.drafting]
+        self.draft_s = {c.member: c.seconds for c in candidates}
+        if self.forced is not None and not any(c.text == self.forced for c in candidates):
+            # A typed segment joins the round as one more candidate, scored by every verifier.
+            candidates.append(Candidate(self.origin, self.forced, _count_tokens(self.forced), False, 0.0))
+        self.candidates = tuple(candidates)
+        self.scorable = any(c.text or c.final for c in self.candidates)
+
+    def decide(self, verified: dict[tuple[str, int], tuple[Any, float]]) -> None:
+        cfg, names, candidates = self.config, self.names, self.candidates
+        index = {m: i for i, m in enumerate(names)}
+        if self.scorable:
+            rows = [verified[(m, id(self))][0] for m in self.verifiers]
+            self.raw = [list(z) for z, _ in rows]
+            self.details = tuple(d for _, d in rows) if all(d for _, d in rows) else ()
+            self.verify_s = {m: verified[(m, id(self))][1] for m in self.verifiers}
+        else:  # every draft came back empty: nothing to choose from
+            self.raw = [[0.0] * len(candidates) for _ in self.verifiers]
+            self.details, self.verify_s = (), {}
+
+        # 3. Normalize each verifier's row, aggregate with the weights learned so far, choose.
+        self.scores = feedback.normalize(self.raw, cfg.normalization)
+        voting = [self.weights[index[v]] for v in self.verifiers]
+        drafters = [c.member for c in candidates]
+        y = feedback.aggregate(
+            self.scores, voting, self.verifiers, drafters, cfg.self_scores, cfg.aggregation, cfg.outlier_gap
+        )
+        if cfg.repeat_penalty:
+            repeated = [repeated_fraction(self.answer, c.text) for c in candidates]
+            y = feedback.penalize_repeats(y, repeated, cfg.repeat_penalty)
+        self.y = y
+        # An empty non-final draft never wins; nor, with the echo guard, a candidate that would
+        # leave the answer a verbatim piece of the prompt (unless every candidate would).
+        eligible = [bool(c.text or c.final) for c in candidates]
+        if cfg.echo_guard:
+            fresh = [
+                ok and not echoes_prompt(self.prompt, self.answer, c.text)
+                for ok, c in zip(eligible, candidates)
+            ]
+            eligible = fresh if any(fresh) else eligible
+        self.eligible = eligible
+        pool = [j for j, ok in enumerate(eligible) if ok] or list(range(len(candidates)))
+        if self.forced is not None:  # a branch: this round's winner is given
+            chosen = next(j for j, c in enumerate(candidates) if c.text == self.forced)
+            others = [y[j] for j in range(len(y)) if j != chosen]
+            self.chosen, self.margin = chosen, (y[chosen] - max(others)) if others else 0.0
+        else:
+            self.chosen, self.margin = feedback.choose(y, pool)
+
+        # 4. Feedback *after* the choice, so round k is judged with weights from rounds < k.
+        # SpecEM: the reference updated the weights before using them in the same round.
+        drafted = len(self.drafting)  # a typed candidate (last) earns no reward
+        self.rewards = [0.0] * len(candidates)
+        self.after = self.weights
+        if cfg.feedback:
+            drafted_scores = [row[:drafted] for row in self.scores]
+            judges = voting if cfg.weighted_rewards else None
+            self.rewards[:drafted] = feedback.rewards(drafted_scores, self.verifiers, self.drafting, judges)
+            if drafted > 1:
+                eta = feedback.learning_rate(cfg.learning_rate, len(names), self.k)
+                self.after = feedback.update_weights(
+                    self.weights, names, self.drafting, self.rewards[:drafted], eta
+                )
+
+        # 5. Append the winner; decide the stop.
+        winner = candidates[self.chosen]
+        stop_reason: str | None = None
+        cut = _stop_string_cut(self.answer, winner.text, cfg.stop_strings)
+        if cut is not None:
+            winner = replace(winner, text=winner.text[:cut], final=True)
+            self.candidates = candidates[: self.chosen] + (winner,) + candidates[self.chosen + 1 :]
+            stop_reason = "stop"
+        self.winner = winner
+        self.answer += winner.text
+        self.tokens += winner.num_tokens
+        if not self.scorable:
+            stop_reason = "empty"
+        elif stop_reason is None and winner.final:
+            stop_reason = "final"
+        elif stop_reason is None and self.tokens >= cfg.max_new_tokens:
+            stop_reason = "budget"
+        elif stop_reason is None and cfg.max_rounds is not None and self.k >= cfg.max_rounds:
+            stop_reason = "rounds"
+        self.stop_reason = stop_reason
+
+        # 6. Model exit: members whose candidates keep losing stop drafting.
+        for j, m in enumerate(self.drafting):
+            self.quality[m] += y[j]
+        self.exits = []
+        if cfg.exit and stop_reason is None:
+            for d in feedback.exit_decisions(
+                self.quality,
+                self.active,
+                self.k,
+                cfg.exit_threshold,
+                cfg.exit_warmup,
+                cfg.exit_temperature,
+                cfg.exit_min_active,
+            ):
+                self.exits.append(
+                    ExitEvent(
+                        member=d.member,
+                        k=self.k,
+                        keep_probability=d.keep_probability,
+                        threshold=d.threshold,
+                        reason=f"keep-probability {d.keep_probability:.3f} < δ/|A| = {d.threshold:.3f} "
+                        f"after {self.k} rounds (cumulative quality {self.quality[d.member]:.3f})",
+                    )
+                )
+        self.accepting = []
+        if stop_reason is None:
+            leaving = {e.member for e in self.exits}
+            playing = [m for m in self.active if m not in leaving]
+            judging = [*self.exited, *leaving] if cfg.exited_verify else []
+            self.accepting = [m for m in names if m in playing or m in judging]
+
+    @property
+    def winner_text(self) -> str:
+        return self.candidates[self.chosen].text
+
+    def record(self, accepted: dict[tuple[str, int], tuple[Any, float]]) -> Round:
+        """The round as a plain record; then the run moves on (or ends)."""
+        assert self.winner is not None
+        accept_s = {m: accepted[(m, id(self))][1] for m in self.accepting}
+        now = time.perf_counter()
+        rnd = Round(
+            k=self.k,
+            members=self.names,
+            active=tuple(self.drafting),
+            verifiers=tuple(self.verifiers),
+            candidates=self.candidates,
+            raw_scores=_freeze(self.raw),
+            scores=_freeze(self.scores),
+            aggregate=tuple(self.y),
+            chosen=self.chosen,
+            margin=self.margin,
+            weights_before=tuple(self.weights),
+            weights_after=tuple(self.after),
+            rewards=tuple(self.rewards),
+            exits=tuple(self.exits),
+            timings=tuple(
+                MemberTiming(m, self.draft_s.get(m, 0.0), self.verify_s.get(m, 0.0), accept_s.get(m, 0.0))
+                for m in self.names
+            ),
+            seconds=now - self.round_began,
+            elapsed=now - self.began,
+            text=self.answer,
+            stop_reason=self.stop_reason,
+            eligible=tuple(self.eligible),
+            token_scores=self.details,
+        )
+        self.forced = None  # only the branch round is forced
+        self.weights = self.after
+        for e in self.exits:
+            self.active.remove(e.member)
+            self.exited.append(e.member)
+        self.done = self.stop_reason is not None
+        return rnd
+
+
+def _check_branch(start: Sequence[Round], names: Sequence[str], forced: str | None) -> None:
+    """Refuse a branch point that does not belong to this ensemble or has already ended."""
+    if tuple(start[0].members) != tuple(names):
+        raise ConfigError(
+            f"the rounds to branch from were played by {', '.join(start[0].members)}, "
+            f"not by this ensemble ({', '.join(names)}); load those members"
+        )
+    if [r.k for r in start] != list(range(1, len(start) + 1)):
+        raise ConfigError("the rounds to branch from must be rounds 1..k of one run, in order")
+    if any(r.stop_reason for r in start):
+        raise ConfigError("the run ended within the rounds to branch from; branch at an earlier round")
+    if forced is not None and not forced:
+        raise ConfigError("the forced segment is empty; type some text or pick a candidate")
+
+
+def _count_tokens(text: str) -> int:
+    """A typed segment's length for the budget: its words and marks (it has no drafter tokenizer)."""
+    return max(1, len(text.split()))
 
 
 def _per_prompt(config: EnsembleConfig | Sequence[EnsembleConfig], n: int) -> list[EnsembleConfig]:
@@ -253,40 +453,90 @@ def _freeze(matrix: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], ...]:
     return tuple(tuple(float(v) for v in row) for row in matrix)
 
 
+Work = tuple[str, _Run, Any]  # (member name, run, the phase's argument for that run)
+
+
 class _Calls:
-    """Calls one Member method on several members with their states: timed, concurrently when they
-    sit on several devices, and re-raising a failure with the member's name and the phase."""
+    """The members' work for one phase of a round, over every run that needs it: timed, batched
+    per member when the member can batch, concurrently across members when they sit on several
+    devices, and re-raising a failure with the member's name and the phase."""
 
     def __init__(self, members: Sequence[Member], parallel: bool) -> None:
         self.members = {m.name: m for m in members}
-        self.states: dict[str, Any] = {}
         self.pool = ThreadPoolExecutor(len(members), thread_name_prefix="specfuse") if parallel else None
 
-    def start(self, prompt: str, settings: Sequence[MemberSettings]) -> None:
-        names = list(self.members)
-        by_name = dict(zip(names, settings))
-        started = self._map(names, "start", lambda m: self.members[m].start(prompt, by_name[m]))
-        self.states = {m: state for m, (state, _) in zip(names, started)}
+    def start(self, runs: Sequence[_Run]) -> None:
+        def begin(m: str, group: list[_Run]) -> list[Any]:
+            member = self.members[m]
+            i = list(self.members).index(m)
+            return [member.start(r.prompt, r.config.member_settings(i)) for r in group]
 
-    def each(self, names: Sequence[str], phase: str, *args: Any) -> tuple[list[Any], dict[str, float]]:
-        """member.<phase>(state, *args) for every member named, with its wall time in seconds."""
-        pairs = self._map(names, phase, lambda m: getattr(self.members[m], phase)(self.states[m], *args))
-        return [out for out, _ in pairs], {m: seconds for m, (_, seconds) in zip(names, pairs)}
+        out = self._by_member([(m, r, None) for r in runs for m in self.members], "start", begin)
+        for (m, key), (state, _) in out.items():
+            next(r for r in runs if id(r) == key).states[m] = state
 
-    def _map(self, names: Sequence[str], phase: str, call: Callable[[str], T]) -> list[tuple[T, float]]:
-        def timed(m: str) -> tuple[T, float]:
+    def surprise(self, m: str, run: _Run) -> float | None:
+        """The member's surprise at the prompt (nats per byte), when it can tell (prior weights)."""
+        measure = getattr(self.members[m], "prompt_surprise", None)
+        return None if measure is None else measure(run.states[m])
+
+    def phase(self, phase: str, work: Sequence[Work]) -> dict[tuple[str, int], tuple[Any, float]]:
+        """Run `phase` for every (member, run, argument); results by (member, id(run))."""
+        return self._by_member(work, phase, getattr(self, f"_{phase}"))
+
+    def _draft(self, m: str, group: list[_Run], budgets: list[int]) -> list[Candidate]:
+        member, states = self.members[m], [r.states[m] for r in group]
+        if hasattr(member, "draft_many"):
+            return list(member.draft_many(states, budgets))
+        return [member.draft(s, b) for s, b in zip(states, budgets)]
+
+    def _score(
+        self, m: str, group: list[_Run], candidates: list[Sequence[Candidate]]
+    ) -> list[tuple[list[float], tuple[TokenScores, ...]]]:
+        """Raw scores z_i· and, from members that keep it, the token-level evidence behind them."""
+        member, states = self.members[m], [r.states[m] for r in group]
+        if not hasattr(member, "verify_many"):
+            return [(list(member.score(s, c)), ()) for s, c in zip(states, candidates)]
+        out = []
+        for run, details in zip(group, member.verify_many(states, candidates)):
+            logprob = run.config.score == "logprob"
+            z = [statistics.fmean(d.logprobs if logprob else d.logits) for d in details]
+            out.append((z, tuple(details)))
+        return out
+
+    def _accept(self, m: str, group: list[_Run], texts: list[str]) -> list[None]:
+        member = self.members[m]
+        for r, t in zip(group, texts):
+            member.accept(r.states[m], t)
+        return [None] * len(group)
+
+    def _by_member(
+        self, work: Sequence[Work], phase: str, call: Callable[..., list[Any]]
+    ) -> dict[tuple[str, int], tuple[Any, float]]:
+        groups: dict[str, list[tuple[_Run, Any]]] = {}
+        for m, run, arg in work:
+            groups.setdefault(m, []).append((run, arg))
+
+        def timed(m: str) -> list[tuple[Any, float]]:
+            runs = [r for r, _ in groups[m]]
             began = time.perf_counter()
             try:
-                out = call(m)
+                outs = call(m, runs, [a for _, a in groups[m]]) if phase != "start" else call(m, runs)
             except SpecfuseError:
                 raise
             except Exception as e:  # re-raised with the member's name, never swallowed
                 raise MemberError(f"{m}: {phase} failed: {type(e).__name__}: {e}") from e
-            return out, time.perf_counter() - began
+            each = (time.perf_counter() - began) / max(1, len(runs))  # a batch's time, shared out
+            return [(o, each) for o in outs]
 
+        names = list(groups)
         if self.pool is None or len(names) < 2:
-            return [timed(m) for m in names]
-        return list(self.pool.map(timed, names))
+            results = [timed(m) for m in names]
+        else:
+            results = list(self.pool.map(timed, names))
+        return {
+            (m, id(run)): out for m, outs in zip(names, results) for (run, _), out in zip(groups[m], outs)
+        }
 
     def shutdown(self) -> None:
         if self.pool is not None:

@@ -9,6 +9,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .config import AGGREGATIONS
 from .errors import ConfigError
 
 Matrix = Sequence[Sequence[float]]
@@ -83,23 +84,64 @@ def aggregate(
     verifiers: Sequence[str],
     drafters: Sequence[str],
     self_scores: bool = True,
+    method: str = "mean",
+    outlier_gap: float = 0.25,
 ) -> list[float]:
-    """y_j = Σ_i w_i ŝ_ij over the verifiers (weights renormalized over those who vote on j).
+    """y_j over the verifiers' normalized scores of candidate j (SPEC.md §4).
+
+    - "mean" (the paper): y_j = Σ_i w_i ŝ_ij, weights renormalized over those who vote on j.
+    - "median": the weighted median of the votes: one verifier alone cannot drag a candidate up
+      or down, however sure it is.
+    - "filtered" (after SweetSpan's filtering of unfaithful scores): votes farther than
+      `outlier_gap` from the column's weighted median are dropped, then the weighted mean of the
+      rest. Self-preference is the usual outlier: a verifier rating its own candidate far above
+      what everyone else gives it.
 
     With self_scores=False, verifier i's vote on its own candidate is left out, and the remaining
     verifiers' weights are renormalized per column so that no candidate is handicapped. A column
     left with no voter (a lone drafter judging only itself) falls back to all verifiers.
     """
+    if method not in AGGREGATIONS:
+        raise ConfigError(f"unknown aggregation {method!r}; known: {', '.join(AGGREGATIONS)}")
     y = []
     for j, drafter in enumerate(drafters):
         voters = [i for i, v in enumerate(verifiers) if self_scores or v != drafter]
         voters = voters or list(range(len(verifiers)))
-        total = sum(weights[i] for i in voters)
-        if total <= 0:  # all weight sits on excluded verifiers: count the voters equally
-            y.append(sum(s[i][j] for i in voters) / len(voters))
-        else:
-            y.append(sum(weights[i] * s[i][j] for i in voters) / total)
+        votes = [s[i][j] for i in voters]
+        w = [weights[i] for i in voters]
+        if sum(w) <= 0:  # all weight sits on excluded verifiers: count the voters equally
+            w = [1.0] * len(voters)
+        if method == "median":
+            y.append(weighted_median(votes, w))
+            continue
+        if method == "filtered" and len(votes) >= 3:
+            centre = weighted_median(votes, w)
+            keep = [t for t, v in enumerate(votes) if abs(v - centre) <= outlier_gap]
+            votes, w = [votes[t] for t in keep], [w[t] for t in keep]  # the median's own vote stays
+        total = sum(w)
+        y.append(sum(wi * v for wi, v in zip(w, votes)) / total)
     return y
+
+
+def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
+    """The value where the cumulative weight (values sorted) first reaches half the total; with two
+    values of equal weight, their mean."""
+    pairs = sorted(zip(values, weights))
+    half = sum(weights) / 2
+    running = 0.0
+    for t, (v, w) in enumerate(pairs):
+        running += w
+        if abs(running - half) <= 1e-12 * max(1.0, half) and t + 1 < len(pairs):
+            return (v + pairs[t + 1][0]) / 2
+        if running > half:
+            return v
+    return pairs[-1][0]
+
+
+def penalize_repeats(y: Sequence[float], repeated: Sequence[float], strength: float) -> list[float]:
+    """y_j − λ · (share of candidate j's n-grams already in the answer): a verifier finds text it
+    has just read easy to predict, so a likelihood score alone rewards loops."""
+    return [v - strength * r for v, r in zip(y, repeated)]
 
 
 def choose(y: Sequence[float], eligible: Sequence[int] | None = None) -> tuple[int, float]:
@@ -116,10 +158,19 @@ def choose(y: Sequence[float], eligible: Sequence[int] | None = None) -> tuple[i
 # §5 Online feedback.
 
 
-def rewards(s: Matrix, verifiers: Sequence[str], drafters: Sequence[str]) -> list[float]:
+def rewards(
+    s: Matrix,
+    verifiers: Sequence[str],
+    drafters: Sequence[str],
+    judge_weights: Sequence[float] | None = None,
+) -> list[float]:
     """r_j for each candidate's drafter (SPEC.md §5, the paper's Eq. 9).
 
     r_j = max(1, #{(v, m): v ≠ j's drafter, m ≠ j, ŝ_vj ≥ ŝ_vm}) / #comparisons.
+
+    With `judge_weights` ([verifiers]), each comparison counts with its verifier's weight instead
+    of 1 (the floor becomes the smallest judge's weight): members the ensemble trusts less cannot
+    vote the trusted ones down as easily.
 
     Two-member case: with one other verifier and one other candidate, the reward would be the
     floored count over a single comparison, always 1: no signal at all. We then let each drafter's
@@ -133,13 +184,15 @@ def rewards(s: Matrix, verifiers: Sequence[str], drafters: Sequence[str]) -> lis
         judges = [v for v, name in enumerate(verifiers) if name != drafter]
         if len(judges) < 2:  # degenerate: let the drafter's own row count too
             judges = list(range(len(verifiers)))
-        wins = comparisons = 0
+        wins = comparisons = 0.0
         for v in judges:
+            weight = 1.0 if judge_weights is None else judge_weights[v]
             for m in range(n_c):
                 if m != j:
-                    comparisons += 1
-                    wins += s[v][j] >= s[v][m]
-        out.append(max(1, wins) / comparisons if comparisons else 0.0)
+                    comparisons += weight
+                    wins += weight * (s[v][j] >= s[v][m])
+        floor = 1.0 if judge_weights is None else min(judge_weights[v] for v in judges)
+        out.append(max(floor, wins) / comparisons if comparisons else 0.0)
     return out
 
 
@@ -170,6 +223,15 @@ def update_weights(
 
 def uniform(n: int) -> list[float]:
     return [1.0 / n] * n
+
+
+def prior_weights(surprise: Sequence[float | None], temperature: float) -> list[float]:
+    """Training-free starting weights from how well each member reads the prompt (PackLLM-style):
+    w_i = softmax(−surprise_i / T), surprise in nats per byte of the prompt's text, so members
+    with different tokenizers compare. Uniform when any member cannot tell its surprise."""
+    if not surprise or any(v is None or not math.isfinite(v) for v in surprise):
+        return uniform(len(surprise))
+    return softmax([-float(v) / temperature for v in surprise if v is not None])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,8 +18,8 @@ from transformers import DynamicCache
 from .config import MemberSettings
 from .errors import ConfigError, PromptTooLongError
 from .prompts import CHAT, PromptFormat
-from .records import Candidate
-from .scoring import Block, OutputHead, common_prefix_len, pack, sliding_window_of
+from .records import Candidate, TokenScores
+from .scoring import Block, OutputHead, common_prefix_len, float_mask, pack_rows, sliding_window_of
 from .segments import REPLACEMENT, cut_at_stop, trim_to_word_boundary
 
 if TYPE_CHECKING:
@@ -71,6 +71,11 @@ class HFState:
     last_hidden: torch.Tensor  # [H]: final hidden state of ids[-1], predicts the next token
     generator: torch.Generator | None
     packed: _PackedPass | None = field(default=None)
+    surprise: float | None = None  # nats per byte of the prompt's own text (settings.measure_prompt)
+    # Greedy drafts trimmed back to a word boundary: (the ids the draft continued, its kept tokens,
+    # the tokens trimmed away). If the kept text wins, the next greedy draft begins with exactly the
+    # trimmed tokens, so they are taken over instead of decoded again.
+    trimmed: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
 class HFMember:
@@ -85,6 +90,7 @@ class HFMember:
         prompt_format: PromptFormat = CHAT,
         device: str | None = None,
         reuse_verified_kv: bool = True,
+        reuse_trimmed: bool = True,
     ) -> None:
         if prompt_format.kind == "chat" and not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"{name}: the tokenizer has no chat template; use a completion prompt format")
@@ -104,6 +110,9 @@ class HFMember:
         # Accept the chosen candidate by moving its keys and values from the verify pass into place
         # (False: feed its tokens again, as the reference did; kept for the benchmark's comparison).
         self.reuse_verified_kv = reuse_verified_kv
+        # Take over the tokens a won-but-trimmed greedy draft decoded past its word boundary, instead
+        # of decoding them again (False: redraft them, for the benchmark's comparison and the tests).
+        self.reuse_trimmed = reuse_trimmed
 
     def __repr__(self) -> str:
         return f"HFMember({self.name!r}, {type(self.model).__name__}, device={self.device!r})"
@@ -169,55 +178,173 @@ class HFMember:
             generator = torch.Generator(device=self.head.weight.device).manual_seed(settings.seed)
         cache = DynamicCache()
         hidden = self._forward(ids, cache)
-        return HFState(settings, len(ids), ids, "", cache, hidden[-1], generator)
+        state = HFState(settings, len(ids), ids, "", cache, hidden[-1], generator)
+        if settings.measure_prompt:
+            state.surprise = self._surprise(prompt, ids, hidden)
+        return state
 
-    @torch.inference_mode()
+    def prompt_surprise(self, state: HFState) -> float | None:
+        """How surprised this member was by the prompt's own text, in nats per byte (None: not
+        measured). Bytes, not tokens, so that members with different tokenizers compare."""
+        return state.surprise
+
     def draft(self, state: HFState, max_new_tokens: int) -> Candidate:
-        began = time.perf_counter()
-        self._drop_packed(state)
-        settings = state.settings
-        stops = (*self.prompt_format.stop_strings, *settings.stop_strings)
-        new: list[int] = []
-        hidden, text, final = state.last_hidden, "", False
-        limit = max_new_tokens
-        while len(new) < limit:
-            token = self._next_token(hidden, state)
-            if token in self.stop_token_ids:
-                final = True
-                break
-            new.append(token)
-            text = self._decode_after(state.ids, new)
-            cut = cut_at_stop(text, stops)
-            if cut is not None:
-                text, final = text[:cut], True
-                break
-            if (
-                len(new) == limit
-                and text.endswith(REPLACEMENT)
-                and limit < max_new_tokens + UTF8_GRACE_TOKENS
-            ):
-                limit += 1  # finish the multi-byte character the last token began
-            if len(new) < limit:
-                hidden = self._forward([token], state.cache)[-1]
-        state.cache.crop(len(state.ids) - state.cache.get_seq_length())
-        # Past the grace tokens a trailing U+FFFD is an invalid byte the model really emitted (random
-        # weights do), not a character still arriving: it stays, as the valid text U+FFFD.
-        if not final:
-            text = trim_to_word_boundary(text)
-        return Candidate(
-            member=self.name,
-            text=text,
-            num_tokens=self._tokens_in(state.ids, new, text),
-            final=final,
-            seconds=time.perf_counter() - began,
-        )
+        return self.draft_many([state], [max_new_tokens])[0]
 
     @torch.inference_mode()
+    def draft_many(self, states: Sequence[HFState], budgets: Sequence[int]) -> list[Candidate]:
+        """Draft for several requests at once: one forward pass per token for all of them.
+
+        Each request continues its own context (a batch row of the stacked caches, left-padded);
+        a row that has finished feeds a placeholder until the last one is done.
+        """
+        began = time.perf_counter()
+        for state in states:
+            self._drop_packed(state)
+        rows = len(states)
+        cache, pads = self._stacked_cache(states)
+        new: list[list[int]] = [[] for _ in states]
+        texts, finals = [""] * rows, [False] * rows
+        limits = [max(0, b) for b in budgets]
+        live = [limit > 0 for limit in limits]
+        hidden = torch.stack([s.last_hidden for s in states])  # [B, H]
+        step = 0
+        if rows == 1 and live[0]:  # batch rows would need a ragged catch-up pass: single requests only
+            taken = self._take_over_trimmed(states[0], limits[0])
+            if taken:
+                new[0], step = list(taken), len(taken)
+                texts[0] = self._decode_after(states[0].ids, new[0])
+                hidden = self._forward(taken, states[0].cache)[-1][None]
+                live[0] = len(taken) < limits[0]
+        reused = step
+        while any(live):
+            logits = self.head.logits(hidden)  # [B, V] float32
+            feed = [self.tokenizer.pad_token_id or 0] * rows
+            for b, state in enumerate(states):
+                if not live[b]:
+                    continue
+                token = self._pick(logits[b], state)
+                if token in self.stop_token_ids:
+                    finals[b], live[b] = True, False
+                    continue
+                new[b].append(token)
+                text = self._decode_after(state.ids, new[b])
+                stops = (*self.prompt_format.stop_strings, *state.settings.stop_strings)
+                cut = cut_at_stop(text, stops)
+                if cut is not None:
+                    texts[b], finals[b], live[b] = text[:cut], True, False
+                    continue
+                texts[b] = text
+                if (
+                    len(new[b]) == limits[b]
+                    and text.endswith(REPLACEMENT)
+                    and limits[b] < budgets[b] + UTF8_GRACE_TOKENS
+                ):
+                    limits[b] += 1  # finish the multi-byte character the last token began
+                if len(new[b]) < limits[b]:
+                    feed[b] = token
+                else:
+                    live[b] = False
+            if not any(live):
+                break
+            positions = [len(s.ids) + step for s in states]
+            hidden = self._step(feed, positions, pads, cache)
+            step += 1
+        if rows == 1:  # drafted straight into the request's own cache: forget the draft's keys
+            states[0].cache.crop(len(states[0].ids) - states[0].cache.get_seq_length())
+        seconds = (time.perf_counter() - began) / rows
+        out = []
+        for b, state in enumerate(states):
+            # Past the grace tokens a trailing U+FFFD is an invalid byte the model really emitted
+            # (random weights do), not a character still arriving: it stays, as the text U+FFFD.
+            text = texts[b] if finals[b] else trim_to_word_boundary(texts[b])
+            count = self._tokens_in(state.ids, new[b], text)
+            state.trimmed = None
+            if self.reuse_trimmed and state.settings.temperature <= 0 and count < len(new[b]):
+                state.trimmed = (tuple(state.ids) + tuple(new[b][:count]), tuple(new[b][count:]))
+            out.append(Candidate(self.name, text, count, finals[b], seconds, reused if rows == 1 else 0))
+        return out
+
+    def _take_over_trimmed(self, state: HFState, limit: int) -> tuple[int, ...]:
+        """The tokens the last greedy draft trimmed away, when its kept text is now the answer's end:
+        greedy decoding from the same context would produce exactly them again."""
+        trimmed, state.trimmed = state.trimmed, None
+        if trimmed is None or tuple(state.ids) != trimmed[0]:
+            return ()
+        return trimmed[1][:limit]
+
     def score(self, state: HFState, candidates: Sequence[Candidate]) -> list[float]:
         """Raw scores z_i· of all candidates in one forward pass (verify-in-line)."""
-        self._drop_packed(state)
+        logprob = state.settings.score == "logprob"
+        (details,) = self.verify_many([state], [candidates])
+        return [sum(v) / len(v) for v in ((d.logprobs if logprob else d.logits) for d in details)]
+
+    @torch.inference_mode()
+    def verify_many(
+        self, states: Sequence[HFState], candidates: Sequence[Sequence[Candidate]]
+    ) -> list[list[TokenScores]]:
+        """Score every request's candidates, all requests in one forward pass (verify-in-line).
+
+        Returns, per request and candidate, the tokens as this verifier reads them in context and
+        each one's raw logit (and log-probability when the request scores by log-probability, the
+        only case that needs full vocabulary rows); z_ij is their mean.
+        """
+        rows = []
+        for state, cands in zip(states, candidates):
+            self._drop_packed(state)
+            rows.append(self._blocks(state, cands))
+        cache, pads = self._stacked_cache(states)
+        packed = pack_rows(
+            [[b for b, _, _ in row] for row in rows],
+            [len(s.ids) for s in states],
+            self.dtype,
+            self.device,
+            self.sliding_window,
+        )
+        out = self.base(
+            input_ids=packed.input_ids,
+            position_ids=packed.position_ids,
+            attention_mask=packed.attention_mask,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        hidden_all = out.last_hidden_state  # [B, Q, H]
+        results = []
+        for r, (state, row) in enumerate(zip(states, rows)):
+            hidden = hidden_all[r]
+            offsets = packed.offsets[r]
+            details, last_hidden = [], []
+            for offset, (_, tail, text_ids) in zip(offsets, row):
+                block_rows = hidden[offset : offset + len(tail)]  # row t predicts tail[t]
+                targets = torch.tensor(tail, device=block_rows.device)
+                logits = self.head.token_logits(block_rows, targets).tolist()
+                logprobs = (
+                    self.head.token_logprobs(block_rows, targets).tolist()
+                    if state.settings.score == "logprob"
+                    else []
+                )
+                pieces = tuple(str(self.tokenizer.decode([t])) for t in tail)
+                details.append(TokenScores(pieces, tuple(logits), tuple(logprobs)))
+                last_hidden.append(hidden[offset + len(text_ids)])
+            if len(states) > 1:  # keep the pass's keys and values in the request's own cache
+                self._append_row(state.cache, cache, r, pads[r] + len(state.ids), packed.length)
+            state.packed = _PackedPass(
+                texts=tuple(c.text for c in candidates[r]),
+                starts=tuple(b.start for b, _, _ in row),
+                text_tokens=tuple(tuple(t) for _, _, t in row),
+                offsets=offsets,
+                last_hidden=tuple(last_hidden),
+                prefix_len=len(state.ids),
+            )
+            results.append(details)
+        return results
+
+    def _blocks(
+        self, state: HFState, candidates: Sequence[Candidate]
+    ) -> list[tuple[Block, list[int], list[int]]]:
+        """(packed block, scored tokens, the candidate's own tokens) for each candidate in context."""
         answer_ids = state.ids[state.prompt_len :]
-        blocks, text_tokens, scored = [], [], []
+        out = []
         for cand in candidates:
             full = self.encode(state.answer + cand.text)
             keep = state.prompt_len + common_prefix_len(full, answer_ids)
@@ -225,38 +352,8 @@ class HFMember:
             tail = tokens + (list(self.end_marker) if cand.final else [])
             if not tail:  # an empty non-final candidate has nothing to score
                 tail = list(self.end_marker)[:1] or [state.ids[-1]]
-            blocks.append(Block(start=keep - 1, tokens=(state.ids[keep - 1], *tail)))
-            text_tokens.append(tuple(tokens))
-            scored.append(tail)
-        prefix = len(state.ids)
-        packed = pack(blocks, prefix, self.dtype, self.device, self.sliding_window)
-        out = self.base(
-            input_ids=packed.input_ids,
-            position_ids=packed.position_ids,
-            attention_mask=packed.attention_mask,
-            past_key_values=state.cache,
-            use_cache=True,
-        )
-        hidden = out.last_hidden_state[0]  # [Q, H]
-        z, last_hidden = [], []
-        for offset, tail, text_ids in zip(packed.offsets, scored, text_tokens):
-            rows = hidden[offset : offset + len(tail)]  # row t predicts tail[t]
-            targets = torch.tensor(tail, device=rows.device)
-            if state.settings.score == "logprob":
-                values = self.head.token_logprobs(rows, targets)
-            else:
-                values = self.head.token_logits(rows, targets)
-            z.append(float(values.mean()))
-            last_hidden.append(hidden[offset + len(text_ids)])
-        state.packed = _PackedPass(
-            texts=tuple(c.text for c in candidates),
-            starts=tuple(b.start for b in blocks),
-            text_tokens=tuple(text_tokens),
-            offsets=packed.offsets,
-            last_hidden=tuple(last_hidden),
-            prefix_len=prefix,
-        )
-        return z
+            out.append((Block(start=keep - 1, tokens=(state.ids[keep - 1], *tail)), tail, tokens))
+        return out
 
     @torch.inference_mode()
     def accept(self, state: HFState, text: str) -> None:
@@ -312,8 +409,9 @@ class HFMember:
         out = self.base(input_ids=input_ids, past_key_values=cache, use_cache=True)
         return out.last_hidden_state[0]
 
-    def _next_token(self, hidden: torch.Tensor, state: HFState) -> int:
-        logits = self.head.logits(hidden)  # [V], float32
+    def _pick(self, logits: torch.Tensor, state: HFState) -> int:
+        """The next token from a [V] float32 row of logits: greedy, or sampled with the request's
+        own generator (temperature, top-p)."""
         settings = state.settings
         if settings.temperature <= 0:
             return int(logits.argmax())
@@ -324,6 +422,93 @@ class HFMember:
             sorted_probs[outside] = 0.0
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
         return int(torch.multinomial(probs, 1, generator=state.generator))
+
+    def _stacked_cache(self, states: Sequence[HFState]) -> tuple[DynamicCache, list[int]]:
+        """One cache for a batch of requests: each row left-padded to the longest (the pads are
+        masked out). A single request uses its own cache as it is."""
+        if len(states) == 1:
+            return states[0].cache, [0]
+        longest = max(len(s.ids) for s in states)
+        pads = [longest - len(s.ids) for s in states]
+        data = []
+        for layer in range(len(states[0].cache.layers)):
+            pair = []
+            for name in ("keys", "values"):
+                parts = [getattr(s.cache.layers[layer], name) for s in states]  # [1, Hkv, T_b, D]
+                pair.append(
+                    torch.cat(
+                        [torch.nn.functional.pad(t, (0, 0, pad, 0)) for t, pad in zip(parts, pads)], dim=0
+                    )
+                )
+            data.append((pair[0], pair[1]))
+        return DynamicCache(data), pads
+
+    def _step(
+        self, tokens: Sequence[int], positions: Sequence[int], pads: Sequence[int], cache: DynamicCache
+    ) -> torch.Tensor:
+        """One decoding step for every row: [B] tokens at their own positions → hidden [B, H]."""
+        if len(tokens) == 1:
+            return self._forward(tokens, cache)[-1][None]
+        width = cache.get_seq_length() + 1
+        column = torch.arange(width, device=self.device)
+        pad = torch.tensor(pads, device=self.device)[:, None]
+        allowed = column[None, :] >= pad  # [B, K]: the left padding stays invisible
+        full = float_mask(allowed[:, None, None, :], self.dtype)  # [B, 1, 1, K]
+        mask: torch.Tensor | dict[str, torch.Tensor] = full
+        if self.sliding_window is not None:
+            near = column[None, :] > width - 1 - self.sliding_window
+            mask = {
+                "full_attention": full,
+                "sliding_attention": float_mask((allowed & near)[:, None, None, :], self.dtype),
+            }
+        out = self.base(
+            input_ids=torch.tensor([[t] for t in tokens], device=self.device),
+            position_ids=torch.tensor([[p] for p in positions], device=self.device),
+            attention_mask=mask,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        return out.last_hidden_state[:, -1]
+
+    @staticmethod
+    def _append_row(target: DynamicCache, stacked: DynamicCache, row: int, begin: int, count: int) -> None:
+        """Copy row `row`'s keys and values of columns [begin, begin + count) onto `target`."""
+        for mine, theirs in zip(target.layers, stacked.layers):
+            for name in ("keys", "values"):
+                tail = getattr(theirs, name)[row : row + 1, :, begin : begin + count]
+                setattr(mine, name, torch.cat([getattr(mine, name), tail], dim=-2))
+
+    def _surprise(self, prompt: str, ids: Sequence[int], hidden: torch.Tensor) -> float | None:
+        """Mean negative log-likelihood per byte of the tokens that spell the prompt itself (the
+        chat template's own tokens are left out: they say nothing about the question)."""
+        fmt = self.prompt_format
+        if fmt.kind == "chat":
+            text = str(
+                self.tokenizer.apply_chat_template(
+                    fmt.messages(prompt), tokenize=False, add_generation_prompt=True
+                )
+            )
+            special = False
+        else:
+            text, special = fmt.completion(prompt), True
+        where = text.rfind(prompt)
+        if where < 0:
+            return None
+        enc = self.tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
+        if list(enc["input_ids"]) != list(ids):
+            return None
+        inside = [
+            t
+            for t, (a, b) in enumerate(enc["offset_mapping"])
+            if t > 0 and a >= where and b <= where + len(prompt) and b > a
+        ]
+        if not inside:
+            return None
+        rows = hidden[[t - 1 for t in inside]]  # row t-1 predicts token t
+        targets = torch.tensor([ids[t] for t in inside], device=rows.device)
+        nll = -float(self.head.token_logprobs(rows, targets).sum())
+        spelled = sum(len(text[a:b].encode("utf-8")) for a, b in (enc["offset_mapping"][t] for t in inside))
+        return nll / max(1, spelled)
 
 
 def _stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:

@@ -9,8 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# Why a run ended (Round.stop_reason / Result.stop_reason).
-STOP_REASONS = ("final", "budget", "stop", "rounds", "empty")
+# Why a run ended. A Round carries one of the engine's (final: a drafter's end of turn; budget:
+# max_new_tokens; stop: a stop string; rounds: max_rounds; empty: every draft came back empty);
+# a Result adds "cancelled" when the consumer closed the stream before the engine stopped.
+ROUND_STOP_REASONS = ("final", "budget", "stop", "rounds", "empty")
+STOP_REASONS = (*ROUND_STOP_REASONS, "cancelled")
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,7 @@ class Candidate:
     num_tokens: int  # length in the drafter's own tokenizer
     final: bool  # ended at the drafter's end-of-turn token or a stop string
     seconds: float  # wall time of this draft
+    reused_tokens: int = 0  # tokens taken over from this drafter's previous, trimmed draft (not decoded)
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,7 @@ class Round:
     seconds: float  # wall time of the whole round
     elapsed: float  # seconds since the run started, at the end of this round
     text: str  # the whole answer after this round
-    stop_reason: str | None  # None while running, else one of STOP_REASONS
+    stop_reason: str | None  # None while running, else one of ROUND_STOP_REASONS
     eligible: tuple[bool, ...] = ()  # [candidates]: could be chosen (empty drafts and prompt echoes
     # cannot); () in hand-built records means all
     token_scores: tuple[tuple[TokenScores, ...], ...] = ()  # [verifiers][candidates]; () when not kept

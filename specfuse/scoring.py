@@ -34,6 +34,17 @@ class Packed:
     attention_mask: torch.Tensor | dict[str, torch.Tensor]  # [1, 1, Q, P + Q] float, 0 or finfo.min
 
 
+@dataclass(frozen=True)
+class PackedRows:
+    """Several requests' packed blocks, one batch row each, after a stacked (left-padded) cache."""
+
+    input_ids: torch.Tensor  # [B, Q], Q = the longest row; shorter rows end in placeholders
+    position_ids: torch.Tensor  # [B, Q]
+    offsets: tuple[tuple[int, ...], ...]  # [B][blocks]: where each block begins in its row
+    attention_mask: torch.Tensor | dict[str, torch.Tensor]  # [B, 1, Q, T + Q] float
+    length: int  # Q
+
+
 def pack(
     blocks: Sequence[Block],
     prefix_len: int,
@@ -48,47 +59,91 @@ def pack(
     "sliding_attention" also hides keys more than window - 1 positions back (Gemma-style layers).
     No row is ever fully masked: each token sees itself.
     """
-    if not blocks:
-        raise ValueError("nothing to pack")
-    ids: list[int] = []
-    pos: list[int] = []
-    owner: list[int] = []
-    offsets: list[int] = []
-    for b, block in enumerate(blocks):
-        if not block.tokens or not 0 <= block.start < prefix_len + 1:
-            raise ValueError(f"bad block {b}: start {block.start}, {len(block.tokens)} tokens")
-        offsets.append(len(ids))
-        ids.extend(block.tokens)
-        pos.extend(range(block.start, block.start + len(block.tokens)))
-        owner.extend([b] * len(block.tokens))
-    q_pos = torch.tensor(pos, device=device)  # [Q]
-    q_owner = torch.tensor(owner, device=device)  # [Q]
-    q_start = torch.tensor([blocks[b].start for b in owner], device=device)  # [Q]
-    k_pos = torch.cat([torch.arange(prefix_len, device=device), q_pos])  # [K], K = P + Q
-    k_owner = torch.cat([torch.full((prefix_len,), -1, device=device), q_owner])  # [K]
-    k_index = torch.arange(prefix_len + len(ids), device=device)  # [K]
-    q_index = torch.arange(len(ids), device=device) + prefix_len  # [Q]
-    from_cache = (k_owner[None, :] == -1) & (k_pos[None, :] < q_start[:, None])  # [Q, K]
-    same_block = (k_owner[None, :] == q_owner[:, None]) & (k_index[None, :] <= q_index[:, None])
-    allowed = from_cache | same_block
-    full = _float_mask(allowed, dtype)
+    rows = pack_rows([blocks], [prefix_len], dtype, device, sliding_window)
+    return Packed(rows.input_ids, rows.position_ids, rows.offsets[0], rows.attention_mask)
+
+
+def pack_rows(
+    rows: Sequence[Sequence[Block]],
+    prefix_lens: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device | str,
+    sliding_window: int | None = None,
+) -> PackedRows:
+    """Pack each request's blocks into its own batch row (see pack for the visibility rule).
+
+    The cache holds T = max(prefix_lens) columns per row, row r left-padded by T - prefix_lens[r]:
+    the padding is never visible. Rows shorter than the longest end in placeholder tokens that
+    see only themselves.
+    """
+    width = max(prefix_lens)
+    q_len = max(sum(len(b.tokens) for b in blocks) for blocks in rows)
+    ids_rows, pos_rows, masks, near_masks, offsets_rows = [], [], [], [], []
+    for blocks, prefix_len in zip(rows, prefix_lens):
+        if not blocks:
+            raise ValueError("nothing to pack")
+        ids: list[int] = []
+        pos: list[int] = []
+        owner: list[int] = []
+        offsets: list[int] = []
+        for b, block in enumerate(blocks):
+            if not block.tokens or not 0 <= block.start < prefix_len + 1:
+                raise ValueError(f"bad block {b}: start {block.start}, {len(block.tokens)} tokens")
+            offsets.append(len(ids))
+            ids.extend(block.tokens)
+            pos.extend(range(block.start, block.start + len(block.tokens)))
+            owner.extend([b] * len(block.tokens))
+        starts = [blocks[o].start for o in owner]
+        for extra in range(q_len - len(ids)):  # placeholders: each its own block, seeing itself
+            ids.append(ids[-1])
+            pos.append(prefix_len)
+            owner.append(-2 - extra)
+            starts.append(0)
+        pad = width - prefix_len
+        q_pos = torch.tensor(pos, device=device)  # [Q]
+        q_owner = torch.tensor(owner, device=device)  # [Q]
+        q_start = torch.tensor(starts, device=device)  # [Q]
+        cached = torch.arange(width, device=device)
+        k_pos = torch.cat([cached - pad, q_pos])  # [K], K = T + Q
+        k_owner = torch.cat([torch.full((width,), -1, device=device), q_owner])  # [K]
+        k_valid = torch.cat([cached >= pad, torch.ones(q_len, dtype=torch.bool, device=device)])
+        k_index = torch.arange(width + q_len, device=device)  # [K]
+        q_index = torch.arange(q_len, device=device) + width  # [Q]
+        from_cache = (k_owner[None, :] == -1) & k_valid[None, :] & (k_pos[None, :] < q_start[:, None])
+        same_block = (k_owner[None, :] == q_owner[:, None]) & (k_index[None, :] <= q_index[:, None])
+        allowed = from_cache | same_block  # [Q, K]
+        masks.append(allowed)
+        if sliding_window is not None:
+            near_masks.append(allowed & ((q_pos[:, None] - k_pos[None, :]) < sliding_window))
+        ids_rows.append(ids)
+        pos_rows.append(pos)
+        offsets_rows.append(tuple(offsets))
+    full = float_mask(torch.stack(masks)[:, None], dtype)  # [B, 1, Q, K]
     mask: torch.Tensor | dict[str, torch.Tensor] = full
     if sliding_window is not None:
-        near = (q_pos[:, None] - k_pos[None, :]) < sliding_window
-        mask = {"full_attention": full, "sliding_attention": _float_mask(allowed & near, dtype)}
-    return Packed(
-        input_ids=torch.tensor([ids], device=device),
-        position_ids=q_pos[None, :],
-        offsets=tuple(offsets),
+        mask = {
+            "full_attention": full,
+            "sliding_attention": float_mask(torch.stack(near_masks)[:, None], dtype),
+        }
+    return PackedRows(
+        input_ids=torch.tensor(ids_rows, device=device),
+        position_ids=torch.tensor(pos_rows, device=device),
+        offsets=tuple(offsets_rows),
         attention_mask=mask,
+        length=q_len,
     )
 
 
-def _float_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    # Float masks in the model's dtype: with eager attention a boolean mask is silently wrong.
+def float_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean visibility mask as 0 / finfo.min in the model's dtype.
+
+    Float masks, because with eager attention a boolean mask is silently wrong (MODELS.md).
+    [.., Q, K] → [B, 1, Q, K] when given [Q, K] (one row) or [B, 1, Q, K] unchanged in shape.
+    """
     zero = torch.zeros((), dtype=dtype, device=allowed.device)
     blocked = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
-    return torch.where(allowed, zero, blocked)[None, None]  # [1, 1, Q, K]
+    out = torch.where(allowed, zero, blocked)
+    return out[None, None] if out.dim() == 2 else out
 
 
 def sliding_window_of(config: object) -> int | None:

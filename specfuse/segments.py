@@ -5,6 +5,7 @@ Pure functions on strings, stdlib only. Knows nothing about tokens: members.py d
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Sequence
 
@@ -71,3 +72,36 @@ def echoes_prompt(prompt: str, answer: str, text: str, min_chars: int = ECHO_MIN
     """
     whole = (answer + text).strip()
     return len(whole) >= min_chars and whole in prompt
+
+
+_WORD = re.compile(r"\w+|[^\w\s]")
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased words and single punctuation marks: the units of the repetition measures."""
+    return _WORD.findall(text.lower())
+
+
+def repeated_fraction(answer: str, text: str, n: int = 3) -> float:
+    """The share of the word n-grams that `text` adds which the answer already holds.
+
+    An n-gram counts as added when it ends inside `text` (so one that straddles the boundary
+    counts too). 0.0 for fresh text (or text too short to form an n-gram), 1.0 when every added
+    n-gram repeats an earlier one: the signature of a loop, which likelihood-based verifiers reward
+    because text that already appeared is easy to predict.
+    """
+    before = words(answer)
+    added = words(text)
+    if not added:
+        return 0.0
+    both = before + added
+    seen = {tuple(both[i : i + n]) for i in range(len(before) - n + 1)}
+    first_new = max(0, len(before) - n + 1)
+    grams = [tuple(both[i : i + n]) for i in range(first_new, len(both) - n + 1)]
+    if not grams:
+        return 0.0
+    repeats = 0
+    for gram in grams:  # a repeat inside the candidate itself counts as well
+        repeats += gram in seen
+        seen.add(gram)
+    return repeats / len(grams)

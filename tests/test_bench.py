@@ -34,7 +34,16 @@ def test_the_report_has_every_figure_the_issue_asks_for_and_all_are_finite(tiny_
     assert all(m.reuse_verified_kv for m in tiny_members)  # the switch is put back
     json.dumps(report)  # JSON-ready
     table = bench.format_table(report)
-    assert "verify_share" in table and ("PASS" in table or "MISS" in table)
+    for key, value, bound, holds in bench.verdicts(report):
+        line = next(line for line in table.splitlines() if line.startswith(key + " "))
+        assert holds == (value <= bound) and line.endswith("PASS" if holds else "MISS"), line
+
+
+def test_a_verdict_passes_only_within_its_target():
+    for key, bound in bench.TARGETS.items():
+        verdict = {k: ok for k, _, _, ok in bench.verdicts({**bench.TARGETS, key: bound + 0.01})}
+        assert verdict[key] is False and all(verdict[k] for k in bench.TARGETS if k != key)
+        assert {k: ok for k, _, _, ok in bench.verdicts({**bench.TARGETS, key: math.nan})}[key] is False
 
 
 def test_late_and_early_rounds_are_the_issues_ranges_or_what_exists():

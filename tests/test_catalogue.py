@@ -5,6 +5,7 @@ Fast tests use fake chunk files and a tiny saved checkpoint; the one real model 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -253,15 +254,23 @@ def test_interrupted_conversion_leaves_no_marker(tmp_path, monkeypatch, failure)
     assert ensure_cached(entry, cache) == cache / entry.name
 
 
-def test_progress_reaches_one(tmp_path, monkeypatch):
+def test_progress_reaches_one(tmp_path, monkeypatch, capsys):
     entry = fake_entry(tmp_path, [b"a", b"b"])
     monkeypatch.setattr(catalogue, "_convert", fake_convert)
     seen: list[float] = []
     ensure_cached(entry, tmp_path / "cache", lambda f, m: seen.append(f))
-    assert seen == sorted(seen) and seen[0] >= 0.0
+    assert seen == sorted(seen) and seen[0] >= 0.0 and seen[-1] < 1.0  # a step of a member's load
+    for name in ("one", "two"):
+        save_tiny_checkpoint(tmp_path / name, None)
+    seen.clear()
+    catalogue.load_members(
+        [str(tmp_path / "one"), str(tmp_path / "two")], progress=lambda f, m: seen.append(f)
+    )
+    assert seen == sorted(seen) and seen[-1] == 1.0 and 0.5 in seen  # the first of two is half the way
     bar = tqdm_progress("test")
     for f in (0.0, 0.5, 1.0):
         bar(f, f"step {f}")
+    assert "100%" in capsys.readouterr().err
 
 
 # ---- a local checkpoint folder -------------------------------------------------------------------
@@ -319,3 +328,108 @@ def test_real_smollm2_converts_once_then_reloads_from_cache(tmp_path):
     ids = member.tokenizer("Hello world", return_tensors="pt").input_ids
     with torch.no_grad():
         assert torch.equal(member.model(ids).logits, again.model(ids).logits)
+
+
+# ---- a damaged cache is noticed and rebuilt --------------------------------------------------------
+
+
+def tiny_convert(entry, gguf, out, progress):
+    """A 'conversion' that writes a real (tiny) checkpoint, so the cached entry loads as a member."""
+    save_tiny_checkpoint(out, "{{ messages }}")
+
+
+@pytest.fixture
+def tiny_entry(tmp_path, monkeypatch):
+    entry = fake_entry(tmp_path, [b"GGUF", b"tiny"])
+    monkeypatch.setattr(catalogue, "_convert", tiny_convert)
+    monkeypatch.setitem(CATALOGUE, entry.name, entry)
+    return entry
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def test_the_marker_records_every_files_size_and_hash(tiny_entry, tmp_path):
+    folder = ensure_cached(tiny_entry, tmp_path / "cache")
+    files = json.loads((folder / MARKER).read_text())["files"]
+    assert "model.safetensors" in files and "config.json" in files and MARKER not in files
+    for rel, record in files.items():
+        data = (folder / rel).read_bytes()
+        assert record["size"] == len(data) and record["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def test_a_truncated_cache_file_is_rebuilt_with_a_warning_not_a_crash(tiny_entry, tmp_path, caplog):
+    """A truncated safetensors file in the cache once broke that model for good (SafetensorError)."""
+    cache = tmp_path / "cache"
+    load_member(tiny_entry.name, cache_dir=cache, dtype="float32")
+    weights = cache / tiny_entry.name / "model.safetensors"
+    whole = weights.read_bytes()
+    truncate(weights)
+    assert cached_folder(tiny_entry, cache) is None
+    seen: list[str] = []
+    member = load_member(
+        tiny_entry.name, cache_dir=cache, dtype="float32", progress=lambda f, m: seen.append(m)
+    )
+    assert member.model is not None and weights.read_bytes() == whole
+    assert "damaged (model.safetensors has" in caplog.text and "rebuilding" in caplog.text
+    assert any("rebuilding" in m for m in seen)  # the progress bar says so too
+
+
+def test_a_changed_byte_is_noticed_too(tiny_entry, tmp_path):
+    cache = tmp_path / "cache"
+    folder = ensure_cached(tiny_entry, cache)
+    data = bytearray((folder / "tokenizer.json").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (folder / "tokenizer.json").write_bytes(bytes(data))
+    assert cached_folder(tiny_entry, cache) is None
+
+
+def test_a_damaged_cache_that_cannot_be_rebuilt_names_the_folder_to_delete(tiny_entry, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    folder = ensure_cached(tiny_entry, cache)
+    truncate(folder / "model.safetensors")
+    monkeypatch.setitem(
+        CATALOGUE, tiny_entry.name, dataclasses.replace(tiny_entry, chunks=lambda: [tmp_path / "gone"])
+    )
+    with pytest.raises(ModelLoadError) as e:
+        load_member(tiny_entry.name, cache_dir=cache)
+    message = str(e.value)
+    assert "\n" not in message and f"the cache folder {folder} is damaged" in message
+    assert "Delete that folder" in message
+
+
+def test_an_older_cache_without_a_manifest_is_kept_when_whole_and_rebuilt_when_not(
+    tiny_entry, tmp_path, caplog
+):
+    cache = tmp_path / "cache"
+    folder = ensure_cached(tiny_entry, cache)
+    marker = json.loads((folder / MARKER).read_text())
+    legacy = {k: v for k, v in marker.items() if k != "files"}
+    (folder / MARKER).write_text(json.dumps(legacy))
+    stamp = (folder / "model.safetensors").stat().st_mtime_ns
+    assert ensure_cached(tiny_entry, cache) == folder
+    assert (folder / "model.safetensors").stat().st_mtime_ns == stamp  # kept, not converted again
+    assert json.loads((folder / MARKER).read_text())["files"] == marker["files"]  # and now checked
+    (folder / MARKER).write_text(json.dumps(legacy))
+    truncate(folder / "model.safetensors")
+    assert ensure_cached(tiny_entry, cache) == folder
+    assert "without a manifest" in caplog.text
+    assert cached_folder(tiny_entry, cache) == folder
+
+
+@pytest.mark.parametrize("offline", [True, False])
+def test_the_hub_error_says_what_fits_the_environment(monkeypatch, offline):
+    def unreachable(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co'")
+
+    monkeypatch.setattr(catalogue, "_from_pretrained", unreachable)
+    if offline:
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    else:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(ModelLoadError) as e:
+        load_member("owner/some-model")
+    message = str(e.value)
+    assert ("Set HF_HUB_OFFLINE=1" in message or "set HF_HUB_OFFLINE=1" in message) is not offline
+    assert ("Unset HF_HUB_OFFLINE" in message) is offline

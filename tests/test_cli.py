@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import subprocess
 import sys
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from specfuse import load_trace
-from specfuse.cli import build_parser, main
+from specfuse import ConfigError, EnsembleConfig, load_trace
+from specfuse.cli import _load, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,11 +35,66 @@ def test_streams_the_answer_and_writes_its_trace(tiny_checkpoints, tmp_path):
 
 
 def test_the_same_model_twice_shares_its_weights_when_sampling(tiny_checkpoints, tmp_path):
-    path = tiny_checkpoints[0]
+    path, trace = tiny_checkpoints[0], tmp_path / "twice.json"
     code, out, err = run_cli(
-        "--models", f"{path},{path}", "--temperature", "0.8", "--max-new-tokens", "12", "Hi"
+        "--models",
+        f"{path},{path}",
+        "--temperature",
+        "0.8",
+        "--max-new-tokens",
+        "12",
+        "--trace",
+        str(trace),
+        "Hi",
     )
     assert code == 0, err
+    first = load_trace(trace).rounds[0]
+    assert first.members == (path, f"{path}#2")
+    assert first.candidates[0].text != first.candidates[1].text  # seeds seed and seed + 1 differ
+    args = build_parser().parse_args(["--models", f"{path},{path}", "--quiet", "Hi"])
+    members = _load([path, path], args, io.StringIO())
+    assert members[1].model is members[0].model  # loaded once
+
+
+def test_one_member_runs_with_a_note_that_it_is_plain_decoding(tiny_checkpoints):
+    code, out, err = run_cli("--models", tiny_checkpoints[0], "--max-new-tokens", "8", "Hi")
+    assert code == 0 and out.strip()
+    assert "one member" in err and "plain decoding" in err
+    code, _, err = run_cli("--models", tiny_checkpoints[0], "--max-new-tokens", "8", "--quiet", "Hi")
+    assert code == 0 and err == ""
+
+
+@pytest.mark.parametrize("where", ["missing-folder/run.json", "a-folder"])
+def test_an_unwritable_trace_path_exits_2_before_loading(tmp_path, monkeypatch, where):
+    """The answer used to be computed first and then lost to a FileNotFoundError traceback."""
+    (tmp_path / "a-folder").mkdir()
+    monkeypatch.setattr("specfuse.cli._load", lambda *a: pytest.fail("loaded models for a doomed run"))
+    code, out, err = run_cli("--models", "a,b", "--trace", str(tmp_path / where), "hi")
+    assert code == 2 and out == ""
+    assert err.startswith("specfuse: error: --trace") and err.count("\n") == 1
+
+
+def test_invalid_utf8_on_stdin_exits_2_before_loading(monkeypatch):
+    """`specfuse -` with Latin-1 bytes once died with a TypeError after every model had loaded."""
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("café\n".encode("latin-1"))))
+    monkeypatch.setattr("specfuse.cli._load", lambda *a: pytest.fail("loaded models for a doomed run"))
+    code, _, err = run_cli("--models", "a,b", "-")
+    assert code == 2 and "standard input is not valid UTF-8 (byte 3" in err
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("café ✓".encode())))
+    from specfuse.cli import read_prompt
+
+    assert read_prompt("-") == "café ✓"
+    with pytest.raises(ConfigError, match="not valid UTF-8"):
+        read_prompt("caf\udce9")  # undecodable argv bytes, as Python hands them over
+
+
+def test_a_loading_error_starts_on_its_own_line_after_the_progress_bar(tiny_checkpoints, tmp_path, capsys):
+    """The bar was left open, so the error was printed at the end of its line."""
+    code = main(["--models", f"{tiny_checkpoints[0]},{tmp_path}/not-there/", "hi"])
+    err = capsys.readouterr().err
+    assert code == 2 and "%|" in err  # the bar was drawn
+    lines = err.split("\n")
+    assert any(line.startswith("specfuse: error: No checkpoint folder") for line in lines), err
 
 
 @pytest.mark.parametrize(
@@ -67,11 +123,12 @@ def test_a_prompt_longer_than_a_members_context_exits_2(tiny_checkpoints):
     assert code == 2 and "beyond the model's context of 512" in err
 
 
-def test_help_documents_every_flag():
-    text = build_parser().format_help()
-    for action in build_parser()._actions:
-        for flag in action.option_strings:
-            assert flag in text
+def test_help_documents_every_setting():
+    """argparse prints every flag it has; what can go missing is a setting without a flag."""
+    text = " ".join(build_parser().format_help().split())
+    dests = {a.dest for a in build_parser()._actions}
+    for field in dataclasses.fields(EnsembleConfig):
+        assert field.name in dests and " ".join(field.metadata["help"].split()) in text, field.name
 
 
 def test_readme_shows_the_current_help():

@@ -8,29 +8,19 @@ import pytest
 
 from specfuse import eval as ev
 from specfuse.config import EnsembleConfig
-from specfuse.records import Candidate, MemberTiming, Round
+
+from . import builders
 
 
 def hand_round(k, text, *, timings=(), seconds=0.1, member="m", stop=None):
     """A one-candidate Round built by hand."""
-    return Round(
-        k=k,
+    return builders.hand_round(
+        k,
         members=(member,),
-        active=(member,),
-        verifiers=(member,),
-        candidates=(Candidate(member, text, 1, stop is not None, 0.0),),
-        raw_scores=((1.0,),),
-        scores=((1.0,),),
-        aggregate=(1.0,),
-        chosen=0,
-        margin=0.0,
-        weights_before=(1.0,),
-        weights_after=(1.0,),
-        rewards=(0.0,),
-        exits=(),
-        timings=timings or (MemberTiming(member, 0.0, 0.0, 0.0),),
+        texts=(text,),
+        final=stop is not None,
+        timings=timings or None,
         seconds=seconds,
-        elapsed=seconds * k,
         text=text,
         stop_reason=stop,
     )

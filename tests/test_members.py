@@ -30,7 +30,8 @@ def test_a_draft_stays_within_l_tokens_plus_utf8_grace(tiny_members, spec, limit
     cand = member.draft(state, limit)
     assert cand.num_tokens <= limit + 4
     assert state.cache.get_seq_length() == cached  # the draft's keys are not left in the cache
-    cand.text.encode("utf-8")  # always valid text
+    surrogates = [ch for ch in cand.text if 0xD800 <= ord(ch) <= 0xDFFF]
+    assert not surrogates  # always text that encodes as UTF-8 (no half-decoded bytes)
 
 
 def test_greedy_draft_is_the_models_own_greedy_continuation(tiny_members):
@@ -97,3 +98,30 @@ def test_a_prompt_beyond_the_context_is_refused(tiny_members):
     member = member_named(tiny_members, "llama-bytes")
     with pytest.raises(PromptTooLongError, match="context of 512"):
         member.start("word " * 200, MemberSettings(max_new_tokens=64))
+
+
+def test_taking_over_trimmed_tokens_leaves_answers_unchanged_and_saves_decode_steps():
+    """A greedy draft trimmed back to a word boundary already decoded the start of its next draft;
+    when its text wins, those tokens are taken over instead of decoded again (issue 12)."""
+    from specfuse.config import EnsembleConfig
+    from specfuse.engine import Ensemble
+
+    from .test_engine import ascii_only  # printable ASCII: words to trim, and exact re-tokenization
+
+    def run(reuse):
+        members = []
+        for name in ("llama-bytes", "qwen-merges"):
+            member = ascii_only(tiny_member(name))
+            members.append(HFMember(name, member.model, member.tokenizer, device="cpu", reuse_trimmed=reuse))
+        config = EnsembleConfig(segment_len=6, max_new_tokens=40)
+        return [list(Ensemble(members, config).stream(p)) for p in PROMPTS]
+
+    PROMPTS = ["Once upon a time there was", "The quick brown fox jumps over the lazy dog and"]
+    with_reuse, without = run(True), run(False)
+    saved = 0
+    for a, b in zip(with_reuse, without):
+        assert [r.text for r in a] == [r.text for r in b]
+        assert [[c.text for c in r.candidates] for r in a] == [[c.text for c in r.candidates] for r in b]
+        saved += sum(c.reused_tokens for r in a for c in r.candidates)
+        assert all(c.reused_tokens == 0 for r in b for c in r.candidates)
+    assert saved > 0

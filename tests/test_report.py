@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specfuse import Candidate, ExitEvent, MemberTiming, Round, load_trace
+from specfuse import ExitEvent, MemberTiming, Round, load_trace
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble
 from specfuse.report import (
@@ -23,6 +23,7 @@ from specfuse.report import (
     weights_history,
 )
 
+from . import builders
 from .scripted import ScriptedMember
 
 EXAMPLE_TRACE = Path(__file__).resolve().parent.parent / "assets" / "example-trace.json"
@@ -30,19 +31,13 @@ EXAMPLE_TRACE = Path(__file__).resolve().parent.parent / "assets" / "example-tra
 
 def hand_round(k: int, chosen: int, *, exits: tuple[ExitEvent, ...] = (), tokens=(2, 3)) -> Round:
     """Two members a, b; b verifies a's candidate 0.2 and its own 0.8; a gives 0.6 / 0.4."""
-    return Round(
-        k=k,
-        members=("a", "b"),
-        active=("a", "b"),
-        verifiers=("a", "b"),
-        candidates=(
-            Candidate("a", f"a{k} ", tokens[0], False, 0.1),
-            Candidate("b", f"b{k} ", tokens[1], False, 0.1),
-        ),
+    return builders.hand_round(
+        k,
+        num_tokens=tokens,
+        chosen=chosen,
         raw_scores=((6.0, 4.0), (2.0, 8.0)),
         scores=((0.6, 0.4), (0.2, 0.8)),
         aggregate=(0.4, 0.6),
-        chosen=chosen,
         margin=0.2,
         weights_before=(0.5, 0.5),
         weights_after=(0.4, 0.6),
@@ -50,9 +45,6 @@ def hand_round(k: int, chosen: int, *, exits: tuple[ExitEvent, ...] = (), tokens
         exits=exits,
         timings=(MemberTiming("a", 0.1, 0.1, 0.0), MemberTiming("b", 0.1, 0.1, 0.0)),
         seconds=0.5,
-        elapsed=0.5 * k,
-        text="",
-        stop_reason=None,
     )
 
 
