@@ -31,7 +31,8 @@ from specfuse import (
     dump_trace,
     parse_trace,
 )
-from specfuse.engine import check_prompt
+from specfuse.engine import TYPED, check_prompt
+from specfuse.records import Branch
 from specfuse.trace import MAX_TRACE_BYTES
 
 from . import settings, views
@@ -69,6 +70,14 @@ def download_value(trace: Trace | None) -> gr.DownloadButton:
     if trace is None or not trace.rounds:
         return gr.DownloadButton(value=None, visible=False)
     return gr.DownloadButton(value=write_trace(trace), visible=True)
+
+
+def shown_round(trace: Trace | None, k: int | float | None) -> Round | None:
+    """Round k of the trace (default and past the end: the last), or None without rounds."""
+    if trace is None or not trace.rounds:
+        return None
+    n = len(trace.rounds)
+    return trace.rounds[max(1, min(int(k), n)) - 1] if k is not None else trace.rounds[-1]
 
 
 def check_members(names: Any, choices: Sequence[str], allow_paths: bool) -> list[str]:
@@ -157,6 +166,7 @@ class Studio:
             self.controls.download,
             v.compared,
             v.plain,
+            *v.what_if.round_outputs(),
         ]
 
     def run_handler(self) -> Callable[..., AsyncIterator[Update]]:
@@ -288,7 +298,99 @@ class Studio:
         self, trace: Trace | None, k: int | None = None, view: str = views.NORMALIZED, note: str = ""
     ) -> Update:
         names = self.display.by_name()
-        return {names[key]: value for key, value in views.round_panels(trace, k, view, note).items()}
+        update = {names[key]: value for key, value in views.round_panels(trace, k, view, note).items()}
+        return update | self.what_if(trace, k)
+
+    def what_if(self, trace: Trace | None, k: int | float | None) -> Update:
+        """The what-if panels for round k (default: the last): rules, evidence pickers, branch pick."""
+        w = self.display.what_if
+        rnd = shown_round(trace, k)
+        verifiers, candidates = views.pair_choices(rnd)
+        chosen = rnd.chosen if rnd is not None else None
+        return {
+            w.rules: views.rules_value(rnd),
+            w.verifier: gr.Dropdown(choices=verifiers, value=0 if verifiers else None),
+            w.candidate: gr.Dropdown(choices=candidates, value=chosen),
+            w.tokens: views.token_html(rnd, 0, chosen, trace.config.score) if trace is not None else "",
+            w.branch_candidate: gr.Dropdown(choices=candidates, value=chosen),
+        }
+
+    def evidence(self, trace: Trace | None, k: float, i: int | None, j: int | None) -> Update:
+        rnd = shown_round(trace, k)
+        score = trace.config.score if trace is not None else "logit"
+        return {self.display.what_if.tokens: views.token_html(rnd, i, j, score)}
+
+    def branch_handler(self) -> Callable[..., AsyncIterator[Update]]:
+        async def branch(
+            trace: Trace | None,
+            k: float,
+            pick: int | None,
+            typed: str,
+            device: str,
+            progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's way to ask for a tracker)
+        ) -> AsyncIterator[Update]:
+            """Branch the run shown at round k: force a candidate or a typed segment, then continue."""
+            async for update in in_worker(self.stream_branch(trace, k, pick, typed, device, progress)):
+                yield update
+
+        return branch
+
+    @gpu
+    def stream_branch(
+        self,
+        trace: Trace | None,
+        k: float,
+        pick: int | None,
+        typed: str,
+        device: str,
+        progress: Callable[..., Any],
+    ) -> Iterator[Update]:
+        w = self.display.what_if
+        if trace is None or not trace.rounds:
+            raise gr.Error("Run the ensemble or upload a trace first: a branch starts from a run.")
+        k = max(1, min(int(k), len(trace.rounds)))
+        rnd = trace.rounds[k - 1]
+        if typed and typed.strip():
+            forced, origin = typed, TYPED
+        elif pick is not None and 0 <= int(pick) < len(rnd.candidates):
+            forced, origin = rnd.candidates[int(pick)].text, rnd.candidates[int(pick)].member
+        else:
+            raise gr.Error("Pick a candidate to force, or type a segment.")
+        try:
+            names = check_members(list(trace.members), self.choices, self.allow_paths)
+            loaded = self.load(names, device, progress)
+        except SpecfuseError as e:
+            raise gr.Error(
+                f"Branching runs the trace's members ({', '.join(trace.members)}) again, and this app "
+                f"cannot load them: {e} The replay works without them; branching does not."
+            ) from e
+        start = trace.rounds[: k - 1]
+        before = start[-1].text if start else ""
+        original = trace.rounds[-1].text
+        rounds = list(start)
+        stream = cast(
+            Generator[Round, None, None],
+            Ensemble(loaded, trace.config).stream(trace.prompt, start=start, forced=forced, origin=origin),
+        )
+        try:
+            for new in stream:
+                rounds.append(new)
+                yield {w.branch_view: views.branch_html(original, new.text, before, k, origin)}
+        except SpecfuseError as e:
+            raise gr.Error(str(e)) from e
+        finally:
+            stream.close()
+        branched = Trace(
+            trace.prompt,
+            trace.members,
+            trace.config,
+            tuple(rounds),
+            branch=Branch(trace.id, k, forced, origin),
+        )
+        yield {
+            w.branch_view: views.branch_html(original, rounds[-1].text, before, k, origin),
+            w.branch_download: download_value(branched),
+        }
 
     # ---- after a run ---------------------------------------------------------------------------
 

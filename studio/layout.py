@@ -82,7 +82,8 @@ def build_demo(
             api_name="stop",
             show_progress_on=on_status,
         )
-        panels = list(shown.by_name().values())
+        w = shown.what_if
+        panels = [*shown.by_name().values(), *w.round_outputs()]
         shown.round.release(
             studio.replay,
             [trace, shown.round, shown.view],
@@ -110,5 +111,22 @@ def build_demo(
             [trace, *panels, shown.round, shown.segment, controls.download, shown.plain],
             api_name="load_trace",
             show_progress_on=on_status,
+        )
+        for picker in (w.verifier, w.candidate):
+            picker.change(
+                studio.evidence,
+                [trace, shown.round, w.verifier, w.candidate],
+                [w.tokens],
+                api_visibility="private",
+                show_progress="hidden",
+            )
+        w.branch.click(
+            studio.branch_handler(),
+            [trace, shown.round, w.branch_candidate, w.branch_text, controls.device],
+            [w.branch_view, w.branch_download],
+            api_name="branch",
+            show_progress_on=[w.branch_view],
+            concurrency_limit=concurrency_limit,
+            concurrency_id="run",
         )
     return demo

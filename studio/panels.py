@@ -41,6 +41,25 @@ class Controls:
 
 
 @dataclass
+class WhatIf:
+    """Issue 9's panels for the round shown: rule comparison, token-level evidence, branching."""
+
+    rules: gr.Dataframe
+    verifier: gr.Dropdown
+    candidate: gr.Dropdown
+    tokens: gr.HTML
+    branch_candidate: gr.Dropdown
+    branch_text: gr.Textbox
+    branch: gr.Button
+    branch_view: gr.HTML
+    branch_download: gr.DownloadButton
+
+    def round_outputs(self) -> list[gr.components.Component]:
+        """What changes with the round shown."""
+        return [self.rules, self.verifier, self.candidate, self.tokens, self.branch_candidate]
+
+
+@dataclass
 class Views:
     status: gr.Markdown
     answer: gr.HighlightedText
@@ -54,6 +73,7 @@ class Views:
     exits: gr.Dataframe
     summary: gr.Dataframe
     compared: gr.HTML
+    what_if: WhatIf
 
     def by_name(self) -> dict[str, gr.components.Component]:
         """The round panels by the names studio.views.round_panels gives their values."""
@@ -154,6 +174,7 @@ def views_panel() -> Views:
         elem_classes=["sf-fit"],
     )
     compared = gr.HTML(elem_id="compare-panel")
+    what_if = what_if_panel()
     return Views(
         status,
         answer,
@@ -167,4 +188,45 @@ def views_panel() -> Views:
         exits,
         summary,
         compared,
+        what_if,
+    )
+
+
+def what_if_panel() -> WhatIf:
+    """What if another candidate had won? Rules on the same scores, token evidence, a branch."""
+    with gr.Accordion("What if another candidate had won?", open=False, elem_id="what-if"):
+        rules = gr.Dataframe(
+            label="Which candidate each selection rule would choose (this round's recorded scores)",
+            headers=views.RULE_COLUMNS,
+            interactive=False,
+            wrap=True,
+            elem_id="rules",
+            elem_classes=["sf-fit"],
+        )
+        with gr.Row():
+            verifier = gr.Dropdown([], label="Verifier (matrix row)", elem_id="evidence-verifier")
+            candidate = gr.Dropdown([], label="Candidate (matrix column)", elem_id="evidence-candidate")
+        tokens = gr.HTML(elem_id="tokens")
+        gr.Markdown(
+            "**Branch** from the round shown: force another candidate, or type a segment, and the "
+            "ensemble continues from there (the trace's members must be loadable here)."
+        )
+        with gr.Row():
+            branch_candidate = gr.Dropdown([], label="Force this candidate", elem_id="branch-candidate")
+            branch_text = gr.Textbox(label="…or type a segment", elem_id="branch-text")
+        branch = gr.Button("Branch from this round", elem_id="branch")
+        branch_view = gr.HTML(elem_id="branch-view")
+        branch_download = gr.DownloadButton(
+            "Download the branch trace", value=None, visible=False, elem_id="branch-download"
+        )
+    return WhatIf(
+        rules,
+        verifier,
+        candidate,
+        tokens,
+        branch_candidate,
+        branch_text,
+        branch,
+        branch_view,
+        branch_download,
     )

@@ -16,7 +16,7 @@ import gradio as gr
 import pandas as pd
 import plotly.graph_objects as go
 
-from specfuse import Round, Trace, answer_spans, report
+from specfuse import Round, Trace, answer_spans, report, rules
 
 # One colour per member, in ensemble order (Plotly's default qualitative palette).
 PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880")
@@ -260,3 +260,89 @@ def round_panels(
 def slider_value(trace: Trace | None, k: int | None = None) -> gr.Slider:
     n = len(trace.rounds) if trace is not None else 0
     return gr.Slider(minimum=1, maximum=max(2, n), value=k or max(1, n), step=1, interactive=n > 1)
+
+
+# ---- what if another candidate had won? ---------------------------------------------------------
+
+RULE_COLUMNS = ["rule", "would choose", "candidate", "as recorded"]
+
+
+def rules_value(rnd: Round | None) -> pd.DataFrame:
+    """Which candidate each selection rule would have chosen on this round's recorded scores."""
+    if rnd is None:
+        return pd.DataFrame(columns=RULE_COLUMNS)
+    rows = [
+        {
+            "rule": c.rule,
+            "would choose": c.member if c.member is not None else f"— ({c.note})",
+            "candidate": rnd.candidates[c.chosen].text if c.chosen is not None else "",
+            "as recorded": CHECK if c.chosen == rnd.chosen else "",
+        }
+        for c in rules.rule_choices(rnd)
+    ]
+    return pd.DataFrame(rows, columns=RULE_COLUMNS)
+
+
+CHECK = report.CHOSEN_MARK
+
+
+def pair_choices(rnd: Round | None) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(verifier choices, candidate choices) for the evidence dropdowns: labels with their indices."""
+    if rnd is None:
+        return [], []
+    verifiers = [(v, i) for i, v in enumerate(rnd.verifiers)]
+    candidates = [
+        (f"{j + 1}. {c.member}{' ✓' if j == rnd.chosen else ''}: {c.text[:40]!r}", j)
+        for j, c in enumerate(rnd.candidates)
+    ]
+    return verifiers, candidates
+
+
+def token_html(rnd: Round | None, i: int | None, j: int | None, score: str = "logit") -> str:
+    """Candidate j's tokens as verifier i read them, each shaded by that verifier's score of it.
+
+    Darker is a higher raw logit (score "logit") or log-probability (score "logprob"), relative to
+    the candidate's own tokens; hover shows the value. Every token is escaped (model text).
+    """
+    if rnd is None or i is None or j is None:
+        return ""
+    if not rnd.token_scores:
+        return (
+            "<p class='sf-note'>This round has no token-level detail (an older trace, or members "
+            "that do not report it): only the mean scores in the matrix were recorded.</p>"
+        )
+    if not (0 <= i < len(rnd.token_scores) and 0 <= j < len(rnd.token_scores[i])):
+        return ""
+    detail = rnd.token_scores[i][j]
+    values = detail.logprobs if score == "logprob" and detail.logprobs else detail.logits
+    kind = "log-probability" if values is detail.logprobs else "raw logit"
+    spans = "".join(
+        f"<span class='sf-token' title='{esc(kind)} {value:.3f}' "
+        f"style='background: rgba(99, 110, 250, {0.1 + 0.8 * shade:.2f})'>{esc(token)}</span>"
+        for token, value, shade in report.token_shades(detail.tokens, values)
+    )
+    return (
+        f"<p>Round {rnd.k}: <b>{esc(rnd.verifiers[i])}</b> reading <b>{esc(rnd.candidates[j].member)}</b>'s "
+        f"candidate, each token shaded by its {esc(kind)} (darker = higher; hover for the value).</p>"
+        f"<div class='sf-tokens'>{spans}</div>"
+    )
+
+
+def branch_html(original: str, branch: str, before: str, k: int, origin: str) -> str:
+    """The original and the branched answer side by side; each one's part from round k on is marked.
+
+    `before` is the answer the two share (rounds < k); every piece is escaped.
+    """
+
+    def column(title: str, text: str) -> str:
+        shared, own = text[: len(before)], text[len(before) :]
+        return (
+            f'<div class="sf-compare-col"><h4>{esc(title)}</h4><pre class="sf-answer">{esc(shared)}'
+            f'<mark class="sf-parted">{esc(own)}</mark></pre></div>'
+        )
+
+    return (
+        f"<p>The answers part at round {k} (marked): the branch forced a segment from "
+        f"<b>{esc(origin)}</b>.</p><div class='sf-compare'>"
+        f"{column('original', original)}{column(f'branch from round {k}', branch)}</div>"
+    )

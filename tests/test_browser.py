@@ -330,3 +330,56 @@ def test_a_rejected_upload_shows_one_error_and_keeps_the_panels(page, tmp_path):
     assert painted == ["status"]  # one error (beside the toast), on the status line
     assert page.locator("#answer .token").count() == tokens
     assert "✓" in page.inner_text("#candidates")
+
+
+def replayed_tiny_trace(page, tmp_path) -> Path:
+    """Run the tiny members, download the trace, and replay it in a fresh page."""
+    run_and_wait(page, "Hello there")
+    with page.expect_download() as download:
+        page.click("#download")
+    saved = tmp_path / "tiny.json"
+    download.value.save_as(saved)
+    page.reload()
+    page.wait_for_selector("#prompt textarea")
+    upload(page, saved)
+    page.wait_for_function("document.querySelector('#status').innerText.includes('replayed')")
+    return saved
+
+
+def test_a_typed_segment_branches_a_replayed_trace_and_both_answers_show(page, tmp_path):
+    saved = replayed_tiny_trace(page, tmp_path)
+    original = load_trace(saved)
+    number = page.locator("#round input[type=number]")
+    number.fill("2")
+    number.blur()
+    page.wait_for_function("document.querySelector('#status').innerText.startsWith('Round 2 ')")
+    page.locator("#what-if button").first.click()
+    typed = "<b>typed</b> by you "
+    page.fill("#branch-text textarea", typed)
+    page.click("#branch")
+    page.wait_for_selector("#branch-download", state="visible")
+    view = page.inner_text("#branch-view")
+    assert "part at round 2" in view and "branch from round 2" in view
+    assert original.rounds[-1].text.strip()[:20] in view and typed in view  # shown as text
+    assert page.locator("#branch-view b:has-text('typed')").count() == 0
+    assert page.locator("#branch-view mark").count() == 2  # each answer's part from round 2 on
+    with page.expect_download() as download:
+        page.click("#branch-download")
+    branch = load_trace(download.value.path())
+    assert branch.branch is not None and branch.branch.k == 2 and branch.branch.text == typed
+    assert branch.branch.parent == original.id
+    assert branch.rounds[0] == original.rounds[0] and branch.rounds[1].winner.text == typed
+
+
+def test_picking_a_matrix_cell_shows_the_candidates_tokens_shaded(page, tmp_path):
+    replayed_tiny_trace(page, tmp_path)
+    page.locator("#what-if button").first.click()
+    page.wait_for_selector("#tokens .sf-token")
+    box = page.locator("#evidence-candidate input")
+    box.click()
+    page.locator("ul[role=listbox] li").nth(1).click()
+    page.wait_for_function("document.querySelector('#tokens').innerText.includes('reading')")
+    assert page.locator("#tokens .sf-token").count() >= 1
+    assert page.locator("#tokens .sf-token[title*='raw logit']").count() >= 1
+    rules = page.inner_text("#rules")
+    assert "z-softmax, weighted mean" in rules and "weighted median" in rules
