@@ -113,7 +113,7 @@ def build_demo(
             show_progress_on=on_status,
         )
         for picker in (w.verifier, w.candidate):
-            picker.change(
+            picker.input(  # a person's pick only: the round's own update sets the evidence shown
                 studio.evidence,
                 [trace, shown.round, w.verifier, w.candidate],
                 [w.tokens],

@@ -396,3 +396,35 @@ def test_the_page_is_served_without_run_history(served):
     url = served[0]
     config = httpx.get(url.rstrip("/") + "/config", timeout=10).json()
     assert config["run_history"] is False and "runs" not in config["footer_links"]
+
+
+# ---- what if another candidate had won? ----------------------------------------------------------
+
+
+def test_the_rule_table_names_a_choice_per_rule_and_marks_the_recorded_one():
+    rnd = scripted_rounds().rounds[0]
+    table = views.rules_value(rnd)
+    assert list(table.columns) == views.RULE_COLUMNS and len(table) >= 5
+    assert (table["as recorded"] == views.CHECK).any()
+    assert table["would choose"].str.startswith("— (").any()  # log-probs were not recorded: said so
+
+
+def test_token_evidence_is_escaped_shaded_and_says_when_it_is_missing():
+    from specfuse.records import TokenScores
+
+    rnd = scripted_rounds().rounds[0]
+    assert "no token-level detail" in views.token_html(rnd, 0, 0)
+    detail = TokenScores(("<script>", "alert(1)", "</script>"), (1.0, 3.0, 2.0), (-1.0, -0.1, -0.5))
+    rich = dataclasses.replace(
+        rnd, token_scores=tuple((detail,) * len(rnd.candidates) for _ in rnd.verifiers)
+    )
+    markup = views.token_html(rich, 0, 1)
+    assert "<script" not in markup and "&lt;script&gt;" in markup
+    assert markup.count("class='sf-token'") == 3 and "rgba(99, 110, 250, 0.90)" in markup  # the highest
+    assert "log-probability -0.100" in views.token_html(rich, 0, 1, "logprob")
+
+
+def test_the_branch_view_escapes_both_answers_and_marks_where_they_part():
+    markup = views.branch_html("shared <b>old</b>", "shared <img src=x>", "shared ", 2, "<i>you</i>")
+    assert "<b>old" not in markup and "<img" not in markup and "<i>you" not in markup
+    assert markup.count('<mark class="sf-parted">') == 2 and "&lt;img src=x&gt;</mark>" in markup
