@@ -90,6 +90,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--preload", action="store_true", help="load the default members before serving")
     parser.add_argument("--queue-size", type=int, default=16, help="requests waiting at most")
     parser.add_argument("--concurrency", type=int, default=1, help="runs at once (the members are shared)")
+    parser.add_argument(
+        "--eval-dir", type=Path, help="an evaluation run folder to browse its failure cases in the app"
+    )
     parser.add_argument("--run-history", action="store_true", help="keep Gradio's per-browser run history")
     args = parser.parse_args(space_arguments() if argv is None and len(sys.argv) == 1 else argv)
 
@@ -116,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         devices=usable_devices(),
         plan_devices=plan_devices,
         concurrency_limit=args.concurrency,
+        eval_dir=args.eval_dir,
     )
     serve(
         demo,

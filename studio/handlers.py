@@ -7,6 +7,7 @@ become one gr.Error. Knows nothing about layout (studio.layout places and wires 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import tempfile
@@ -35,8 +36,8 @@ from specfuse.engine import TYPED, check_prompt
 from specfuse.records import Branch
 from specfuse.trace import MAX_TRACE_BYTES
 
-from . import settings, views
-from .panels import Controls, Views
+from . import failures, settings, views
+from .panels import Controls, Failures, Views
 
 if TYPE_CHECKING:  # members.py brings torch; the app needs it only once models load
     from specfuse.members import Member
@@ -442,3 +443,39 @@ class Studio:
             self.controls.download: download_value(trace),
             self.display.plain: views.plain_answer(trace.rounds),
         }
+
+
+@dataclass
+class FailureBrowser:
+    """Handlers of the failure-case browser: filter the problems, open one in the replay panels."""
+
+    run: failures.EvalRun
+    studio: Studio
+    panel: Failures
+
+    def filter(self, which: str) -> Update:
+        return {self.panel.table: failures.problems_table(self.run, which)}
+
+    def open(self, view_name: str, evt: gr.SelectData) -> Update:
+        row = evt.row_value if isinstance(evt.row_value, list) else None
+        if not row:
+            return {}
+        problem = str(row[0])
+        mine = self.run.get(failures.ENSEMBLE, problem)
+        if mine is None or mine.trace is None:
+            raise gr.Error(f"No ensemble trace found for problem {problem!r} in {self.run.folder}.")
+        update = self.studio.load_trace_file(str(mine.trace), view_name)
+        ensemble_text = views.plain_answer(update[self.studio.trace].rounds)
+        columns = [(f"ensemble ({failures.mark(mine)})", ensemble_text)]
+        if self.run.best_member:
+            best = self.run.get(f"{failures.SINGLE}{self.run.best_member}", problem)
+            if best is not None:
+                text = best.predicted or ""
+                if best.trace is not None:
+                    with contextlib.suppress(OSError, SpecfuseError, IndexError):  # else its answer
+                        text = parse_trace(best.trace.read_text(encoding="utf-8")).rounds[-1].text
+                columns.append((f"{self.run.best_member} alone ({failures.mark(best)})", text))
+        note = f"problem {problem}: the ensemble's trace, replayed"
+        update[self.studio.display.status] = views.status_markdown(update[self.studio.trace].rounds, note)
+        update[self.studio.display.compared] = views.compare_html(columns)
+        return update

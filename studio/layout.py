@@ -6,15 +6,17 @@ Knows nothing about how a member loads (the loader is passed in) and computes no
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 from specfuse import EnsembleConfig
 
-from .handlers import DevicePlan, Loader, Studio
+from .failures import FILTERS, load_eval, problems_table
+from .handlers import DevicePlan, FailureBrowser, Loader, Studio
 from .loading import DEVICES, same_device
-from .panels import controls_panel, views_panel
+from .panels import controls_panel, failures_panel, views_panel
 
 
 def build_demo(
@@ -28,6 +30,7 @@ def build_demo(
     plan_devices: DevicePlan = same_device,
     concurrency_limit: int | None = 1,
     defaults: dict[str, Any] | None = None,
+    eval_dir: str | Path | None = None,
 ) -> gr.Blocks:
     """The whole app. `loader(name, device, progress)` returns a (shared) member; nothing loads here."""
     if choices is None or default_models is None:
@@ -50,6 +53,8 @@ def build_demo(
             with gr.Column(scale=3, min_width=600):
                 shown = views_panel()
         studio = Studio(loader, choices, allow_paths, plan_devices, controls, shown, trace)
+        if eval_dir is not None:
+            wire_failures(studio, eval_dir)
 
         run = studio.run_handler()
         on_status = [shown.status]  # one progress bar and one error, on the status line
@@ -130,3 +135,33 @@ def build_demo(
             concurrency_id="run",
         )
     return demo
+
+
+def wire_failures(studio: Studio, eval_dir: str | Path) -> None:
+    """The failure-case browser over an evaluation folder, below the main row."""
+    try:
+        run = load_eval(eval_dir)
+    except ValueError as e:
+        failures_panel(f"Could not open the evaluation run: {e}", None)
+        return
+    note = f"{len(run.outcomes)} answers from {run.folder}; best member: {run.best_member or 'none'}."
+    panel = failures_panel(note, problems_table(run, FILTERS[0]))
+    browser = FailureBrowser(run, studio, panel)
+    shown, controls = studio.display, studio.controls
+    panel.filter.change(browser.filter, [panel.filter], [panel.table], api_visibility="private")
+    panel.table.select(
+        browser.open,
+        [shown.view],
+        [
+            studio.trace,
+            *shown.by_name().values(),
+            *shown.what_if.round_outputs(),
+            shown.round,
+            shown.segment,
+            controls.download,
+            shown.plain,
+            shown.compared,
+        ],
+        api_visibility="private",
+        show_progress_on=[shown.status],
+    )

@@ -13,7 +13,7 @@ import gradio as gr
 
 from specfuse import EnsembleConfig, report
 
-from . import settings, views
+from . import failures, settings, views
 
 EXAMPLES = [
     ["Explain in two sentences why the sky is blue."],
@@ -230,3 +230,29 @@ def what_if_panel() -> WhatIf:
         branch_view,
         branch_download,
     )
+
+
+@dataclass
+class Failures:
+    """The failure-case browser over an evaluation run folder (app.py --eval-dir)."""
+
+    note: gr.Markdown
+    filter: gr.Radio
+    table: gr.Dataframe
+
+
+def failures_panel(note: str, table: object) -> Failures:
+    with gr.Accordion("Failure cases of an evaluation run", open=True, elem_id="failures"):
+        shown_note = gr.Markdown(note, elem_id="failures-note")
+        which = gr.Radio(
+            list(failures.FILTERS), value=failures.FILTERS[0], label="Show", elem_id="failures-filter"
+        )
+        problems = gr.Dataframe(
+            value=table,
+            label="Problems (click one to replay the ensemble's trace beside the best member's answer)",
+            interactive=False,
+            wrap=True,
+            elem_id="failures-table",
+            elem_classes=["sf-fit"],
+        )
+    return Failures(shown_note, which, problems)
