@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from pathlib import Path
@@ -383,3 +384,72 @@ def test_picking_a_matrix_cell_shows_the_candidates_tokens_shaded(page, tmp_path
     assert page.locator("#tokens .sf-token[title*='raw logit']").count() >= 1
     rules = page.inner_text("#rules")
     assert "z-softmax, weighted mean" in rules and "weighted median" in rules
+
+
+def eval_folder(root: Path) -> Path:
+    """A small evaluation run: two problems, the ensemble and one single member, traces and report."""
+    runs = root / "runs"
+    outcomes = []
+    answers = {  # (system, problem) → (answer text, predicted, correct)
+        ("ensemble", "p1"): ("The answer is 5.", "5", False),
+        ("single-a", "p1"): ("So the answer is 7.", "7", True),
+        ("ensemble", "p2"): ("The answer is 9.", "9", True),
+        ("single-a", "p2"): ("The answer is 8.", "8", False),
+    }
+    for (system, problem), (text, predicted, correct) in answers.items():
+        (runs / system).mkdir(parents=True, exist_ok=True)
+        path = runs / system / f"{problem}.json"
+        drafts = {"a": [text], "b": ["other "]} if system == "ensemble" else {"a": [text]}
+        if system != "ensemble":
+            drafts["b"] = [text]
+        scripted_trace(path, drafts, rounds=1)
+        gold = "7" if problem == "p1" else "9"
+        outcomes.append(
+            dict(
+                system=system,
+                problem=problem,
+                predicted=predicted,
+                correct=correct,
+                gold=gold,
+                traces=[str(path)],
+            )
+        )
+    report = {"mix": "test", "failure_cases": {"best_member": "a"}, "outcomes": outcomes}
+    (root / "eval-test.json").write_text(json.dumps(report))
+    return root
+
+
+@pytest.fixture
+def eval_page(browser, tmp_path):
+    cache = tmp_path / "gradio"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GRADIO_TEMP_DIR", str(cache))
+        demo = app.build_demo(
+            lambda name, device, progress: None,
+            choices=TINY,
+            default_models=TINY[:2],
+            eval_dir=eval_folder(tmp_path / "eval"),
+        )
+        _, address, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        try:
+            page.goto(address)
+            page.wait_for_selector("#failures-table")
+            yield page
+        finally:
+            context.close()
+            demo.close()
+
+
+def test_a_failure_case_opens_beside_the_best_members_answer(eval_page):
+    page = eval_page
+    assert "p1" in page.inner_text("#failures-table") and "p2" in page.inner_text("#failures-table")
+    page.locator("#failures-filter label", has_text="ensemble wrong, best member right").click()
+    page.wait_for_function("!document.querySelector('#failures-table').innerText.includes('p2')")
+    page.locator("#failures-table").get_by_text("p1", exact=True).locator("visible=true").first.click()
+    page.wait_for_function("document.querySelector('#status').innerText.includes('problem p1')")
+    compared = page.inner_text("#compare-panel")
+    assert "The answer is 5." in compared and "So the answer is 7." in compared and "a alone" in compared
+    assert page.locator("#answer .token").count() == 1
