@@ -428,3 +428,29 @@ def test_the_branch_view_escapes_both_answers_and_marks_where_they_part():
     markup = views.branch_html("shared <b>old</b>", "shared <img src=x>", "shared ", 2, "<i>you</i>")
     assert "<b>old" not in markup and "<img" not in markup and "<i>you" not in markup
     assert markup.count('<mark class="sf-parted">') == 2 and "&lt;img src=x&gt;</mark>" in markup
+
+
+# ---- offer only what works here -------------------------------------------------------------------
+
+
+def test_a_cpu_only_install_offers_no_gpu_device_and_no_uninstalled_model(monkeypatch):
+    from specfuse import catalogue
+    from studio import loading
+
+    monkeypatch.setattr(catalogue, "_gpu_count", lambda: 0)
+    assert loading.usable_devices() == ["auto", "cpu"]
+    missing = dataclasses.replace(
+        catalogue.CATALOGUE["qwen2.5-coder-1.5b"], chunks=lambda: (_ for _ in ()).throw(ImportError("x"))
+    )
+    monkeypatch.setitem(catalogue.CATALOGUE, "qwen2.5-coder-1.5b", missing)
+    assert "qwen2.5-coder-1.5b" not in loading.installed_models()
+
+
+def test_the_cuda_error_tells_an_app_user_what_to_do(monkeypatch):
+    from specfuse import catalogue
+
+    monkeypatch.setattr(catalogue, "_gpu_count", lambda: 0)
+    studio = handlers.Studio(lambda *a: None, [], False, catalogue.plan_devices, None, None, None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as error:
+        studio.load(["a", "b"], "cuda", lambda *a, **k: None)
+    assert "--device" not in str(error.value) and "under Settings" in str(error.value)
