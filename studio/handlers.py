@@ -168,6 +168,7 @@ class Studio:
             v.compared,
             v.plain,
             *v.what_if.round_outputs(),
+            *v.what_if.branch_outputs(),
         ]
 
     def run_handler(self) -> Callable[..., AsyncIterator[Update]]:
@@ -265,6 +266,7 @@ class Studio:
                 yield {
                     self.trace: trace,
                     **self.panels(trace, view=view),
+                    **(self.clear_branch() if len(rounds) == 1 else {}),
                     v.status: views.status_markdown(rounds, waited_s=waited_s, loading_s=loading_s),
                     v.round: views.slider_value(trace),
                     v.segment: "",
@@ -315,6 +317,10 @@ class Studio:
             w.tokens: views.token_html(rnd, 0, chosen, trace.config.score) if trace is not None else "",
             w.branch_candidate: gr.Dropdown(choices=candidates, value=chosen),
         }
+
+    def clear_branch(self) -> Update:
+        w = self.display.what_if
+        return {w.branch_view: "", w.branch_download: gr.DownloadButton(value=None, visible=False)}
 
     def evidence(self, trace: Trace | None, k: float, i: int | None, j: int | None) -> Update:
         rnd = shown_round(trace, k)
@@ -436,6 +442,7 @@ class Studio:
             raise gr.Error("The trace has no rounds to replay.")
         note = f"replayed from a trace of {len(trace.members)} members"
         return {
+            **self.clear_branch(),
             self.trace: trace,
             **self.panels(trace, None, view_name, note),
             self.display.round: views.slider_value(trace),

@@ -113,7 +113,7 @@ def build_demo(
         controls.upload.upload(
             studio.load_trace_file,
             [controls.upload, shown.view],
-            [trace, *panels, shown.round, shown.segment, controls.download, shown.plain],
+            [trace, *panels, shown.round, shown.segment, controls.download, shown.plain, *w.branch_outputs()],
             api_name="load_trace",
             show_progress_on=on_status,
         )
@@ -161,6 +161,7 @@ def wire_failures(studio: Studio, eval_dir: str | Path) -> None:
             controls.download,
             shown.plain,
             shown.compared,
+            *shown.what_if.branch_outputs(),
         ],
         api_visibility="private",
         show_progress_on=[shown.status],

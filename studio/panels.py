@@ -58,6 +58,10 @@ class WhatIf:
         """What changes with the round shown."""
         return [self.rules, self.verifier, self.candidate, self.tokens, self.branch_candidate]
 
+    def branch_outputs(self) -> list[gr.components.Component]:
+        """What a new run or trace clears: the branch of the previous one."""
+        return [self.branch_view, self.branch_download]
+
 
 @dataclass
 class Views:
