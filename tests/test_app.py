@@ -454,3 +454,15 @@ def test_the_cuda_error_tells_an_app_user_what_to_do(monkeypatch):
     with pytest.raises(ConfigError) as error:
         studio.load(["a", "b"], "cuda", lambda *a, **k: None)
     assert "--device" not in str(error.value) and "under Settings" in str(error.value)
+
+
+def test_a_branch_won_by_a_typed_segment_summarizes_without_a_member_for_it():
+    """A typed segment's drafter "you" is no member: the summary and status crashed on it."""
+    members = [ScriptedMember("a", ["fine "] * 9, len), ScriptedMember("b", ["good "] * 9, len)]
+    config = EnsembleConfig(max_rounds=4)
+    first = list(Ensemble(members, config).stream("go"))
+    branch = list(Ensemble(members, config).stream("go", start=first[:1], forced="typed ", origin="you"))
+    rounds = [*first[:1], *branch]
+    assert rounds[1].winner.member == "you"
+    assert views.summary_value(rounds)["segments won"].sum() == len(rounds) - 1
+    assert "**Round 4**" in views.status_markdown(rounds)
