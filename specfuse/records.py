@@ -120,7 +120,8 @@ def summarize(rounds: Sequence[Round]) -> Result:
     n = len(last.members)
     wins = {m: 0 for m in last.members}
     for r in rounds:
-        wins[r.winner.member] += 1
+        if r.winner.member in wins:  # a typed segment (a branch) is no member's win
+            wins[r.winner.member] += 1
     return Result(
         answer=last.text,
         stop_reason=last.stop_reason or "cancelled",  # the consumer stopped the stream

@@ -154,8 +154,9 @@ def member_summary(rounds: Sequence[Round]) -> pd.DataFrame:
     own: dict[str, list[float]] = {m: [] for m in members}
     exited: dict[str, int | None] = dict.fromkeys(members)
     for r in rounds:
-        won[r.winner.member] += 1
-        tokens[r.winner.member] += r.winner.num_tokens
+        if r.winner.member in won:  # a typed segment (a branch) is no member's
+            won[r.winner.member] += 1
+            tokens[r.winner.member] += r.winner.num_tokens
         for i, verifier in enumerate(r.verifiers):
             for j, c in enumerate(r.candidates):
                 s = r.scores[i][j]
@@ -163,7 +164,7 @@ def member_summary(rounds: Sequence[Round]) -> pd.DataFrame:
                     own[verifier].append(s)
                 else:
                     given[verifier].append(s)
-                    received[c.member].append(s)
+                    received.setdefault(c.member, []).append(s)
         for e in r.exits:
             exited[e.member] = e.k
     total_tokens = sum(tokens.values())
@@ -184,3 +185,13 @@ def member_summary(rounds: Sequence[Round]) -> pd.DataFrame:
         for m in members
     ]
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def token_shades(tokens: Sequence[str], values: Sequence[float]) -> list[tuple[str, float, float]]:
+    """(token, value, shade) per token: shade in 0..1 is the value's place between the candidate's
+    lowest (0) and highest (1) token value; 0.5 for all when they are equal."""
+    if not values:
+        return []
+    low, high = min(values), max(values)
+    span = high - low
+    return [(t, v, (v - low) / span if span > 0 else 0.5) for t, v in zip(tokens, values)]

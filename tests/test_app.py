@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
+import html
 import json
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import gradio as gr
 import plotly.io as pio
 import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
 import app
-from specfuse import Ensemble, EnsembleConfig, ModelLoadError, Trace, dump_trace, load_trace
+from specfuse import ConfigError, Ensemble, EnsembleConfig, ModelLoadError, Trace, dump_trace, load_trace
+from studio import SharedLoader, handlers, settings, views
 
 from .conftest import TINY_SPECS, tiny_member
 from .scripted import ScriptedMember
 
 XSS_SCRIPT = "<script>alert(1)</script> "
 XSS_IMG = "<img src=x onerror=alert(1)> "
-ANSWER, STATUS, CANDIDATES, MATRIX, WEIGHTS, EXITS, SUMMARY, SLIDER, SEGMENT, DOWNLOAD, COMPARE = range(11)
+ANSWER, STATUS, CANDIDATES, MATRIX, WEIGHTS, EXITS, SUMMARY, SLIDER, SEGMENT, DOWNLOAD, COMPARE, PLAIN = (
+    range(12)
+)
 
 
 def prefers(favourite: str):
@@ -43,27 +49,27 @@ def scripted_rounds(max_rounds: int = 6, **config):
 
 def test_answer_spans_cover_the_answer_exactly():
     trace = scripted_rounds()
-    spans = app.answer_value(trace.rounds)
+    spans = views.answer_value(trace.rounds)
     assert "".join(text for text, _ in spans) == trace.rounds[-1].text
     assert {member for _, member in spans} == {"b"}
 
 
 def test_the_heatmap_has_a_fixed_scale_and_marks_the_chosen_column():
     rnd = scripted_rounds().rounds[0]
-    fig = app.heatmap_figure(rnd)
+    fig = views.heatmap_figure(rnd)
     heat = fig.data[0]
     assert (heat.zmin, heat.zmax) == (0.0, 1.0)
     assert list(heat.y) == list(rnd.verifiers) and heat.x[rnd.chosen].endswith("✓")
     box = fig.layout.shapes[0]
     assert box.x0 < rnd.chosen < box.x1
-    raw = app.heatmap_figure(rnd, normalized=False).data[0]
+    raw = views.heatmap_figure(rnd, normalized=False).data[0]
     assert raw.zmin is None and raw.z[0][0] == rnd.raw_scores[0][0]
     assert fig.layout.uirevision == "matrix"
 
 
 def test_the_weights_chart_has_a_line_per_member_and_a_marker_per_exit():
     trace = scripted_rounds(max_rounds=8)
-    fig = app.weights_figure(trace.rounds)
+    fig = views.weights_figure(trace.rounds)
     lines = [t for t in fig.data if t.name != "exit"]
     assert [t.name for t in lines] == ["a", "b", "c"]
     assert list(lines[0].x) == list(range(len(trace.rounds) + 1))
@@ -72,39 +78,80 @@ def test_the_weights_chart_has_a_line_per_member_and_a_marker_per_exit():
 
 
 def test_empty_views_are_valid_components_values():
-    assert app.heatmap_figure(None).data == ()
-    assert app.weights_figure([]).data == ()
-    assert list(app.candidates_value(None).columns) == app.report.CANDIDATE_COLUMNS
-    assert "Run" in app.status_markdown([])
+    assert views.heatmap_figure(None).data == ()
+    assert views.weights_figure([]).data == ()
+    assert list(views.candidates_value(None).columns) == views.report.CANDIDATE_COLUMNS
+    assert "Run" in views.status_markdown([])
 
 
 def test_model_text_is_escaped_wherever_it_becomes_html():
     members = [ScriptedMember("x", [XSS_SCRIPT] * 3, len), ScriptedMember("y", [XSS_IMG] * 3, len)]
     rounds = list(Ensemble(members, EnsembleConfig(max_rounds=2)).stream("go"))
     for markup in (
-        app.compare_html([("ensemble", rounds[-1].text), ("<b>x</b> alone", XSS_IMG)]),
-        app.segment_html(rounds, 0),
-        app.status_markdown(rounds, XSS_SCRIPT),
+        views.compare_html([("ensemble", rounds[-1].text), ("<b>x</b> alone", XSS_IMG)]),
+        views.segment_html(rounds, 0),
+        views.status_markdown(rounds, XSS_SCRIPT),
     ):
         assert "<script" not in markup and "<img" not in markup and "<b>x" not in markup
-    assert "&lt;script&gt;" in app.compare_html([("e", XSS_SCRIPT)])
+    assert "&lt;script&gt;" in views.compare_html([("e", XSS_SCRIPT)])
     # Tables and spans carry the text as text: the components render it, never parse it.
-    assert app.candidates_value(rounds[0])["text"].tolist() == [XSS_SCRIPT, XSS_IMG]
+    assert views.candidates_value(rounds[0])["text"].tolist() == [XSS_SCRIPT, XSS_IMG]
 
 
-def test_panels_at_round_k_show_that_round_and_the_weights_up_to_it():
+def test_panels_at_round_k_show_that_round_the_weights_up_to_it_and_the_whole_answer():
+    """Replaying round k used to cut the answer back to round k; now the answer stays whole with
+    segment k marked (issue 8, item 5)."""
     trace = scripted_rounds(max_rounds=6)
-    answer, status, candidates, matrix, weights, exits, summary = app.panels(trace, 3)
-    assert "**Round 3**" in status
-    assert matrix.layout.title.text.startswith("round 3")
-    assert max(weights.data[0].x) == 3
-    assert summary["segments won"].sum() == 3
-    assert "".join(span["token"] for span in answer.value) == trace.rounds[2].text
+    shown = views.round_panels(trace, 3)
+    assert "**Round 3**" in shown["status"]
+    assert shown["matrix"].layout.title.text.startswith("round 3")
+    assert max(shown["weights"].data[0].x) == 3
+    assert shown["summary"]["segments won"].sum() == 3
+    spans = shown["answer"].value
+    assert "".join(span["token"] for span in spans) == trace.rounds[-1].text
+    assert [i for i, span in enumerate(spans) if span["class_or_confidence"] == views.SELECTED] == [2]
+
+
+def test_the_settings_form_has_a_widget_for_every_config_field():
+    with gr.Blocks():
+        form = settings.build_settings(EnsembleConfig())
+    assert sorted(form) == sorted(f.name for f in dataclasses.fields(EnsembleConfig))
+    assert isinstance(form["feedback"], gr.Checkbox)
+    assert isinstance(form["normalization"], gr.Radio) and isinstance(form["parallel"], gr.Dropdown)
+    assert isinstance(form["exit_threshold"], gr.Slider) and isinstance(form["seed"], gr.Number)
+    assert form["top_p"].minimum == 0.05  # the override table narrows what the metadata allows
+    assert form["segment_len"].info == EnsembleConfig.__dataclass_fields__["segment_len"].metadata["help"]
+
+
+def test_the_config_is_read_back_from_the_form_by_field_name():
+    values = {f.name: getattr(EnsembleConfig(), f.name) for f in dataclasses.fields(EnsembleConfig)}
+    values |= {"segment_len": 4.0, "max_rounds": None, "stop_strings": "END\n\nSTOP", "feedback": False}
+    config = settings.config_from_form(values)
+    assert config.segment_len == 4 and config.max_rounds is None and not config.feedback
+    assert config.stop_strings == ("END", "STOP")
+    assert settings.config_from_form({"max_rounds": 3.0}).max_rounds == 3
 
 
 def test_make_config_refuses_fractional_whole_numbers():
-    with pytest.raises(app.ConfigError, match="segment length"):
-        app.make_config(2.5, 10, 0, 1, 0, True, 1, True, 0.5, 3, True, "logit", "zsoftmax")
+    with pytest.raises(ConfigError, match="segment len must be a whole number"):
+        settings.config_from_form({"segment_len": 2.5})
+
+
+def test_member_names_from_a_trace_never_reach_plotly_as_html():
+    """Plotly renders <a href> and <b> in labels: an uploaded trace's member names became links
+    (issue 8, item 7). Every label, legend and hover text is escaped."""
+    evil = ["<a href='https://x.example'>a</a>", "<b>b</b>", "c"]
+    members = [ScriptedMember(name, [f"{name} "] * 20, prefers(f"{evil[1]} ")) for name in evil]
+    rounds = list(Ensemble(members, EnsembleConfig(max_rounds=5, exit_warmup=1)).stream("go"))
+    texts = []
+    for fig in (views.heatmap_figure(rounds[0]), views.weights_figure(rounds)):
+        for trace in fig.data:
+            for key in ("x", "y", "text", "name", "hovertemplate"):
+                value = getattr(trace, key, None)
+                if value is not None:
+                    texts += [str(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+    assert not [t for t in texts if "<a" in t or "<b>" in t]
+    assert any("&lt;a href=" in t for t in texts)
 
 
 def test_the_shared_loader_loads_each_member_once_across_threads():
@@ -115,7 +162,7 @@ def test_the_shared_loader_loads_each_member_once_across_threads():
         time.sleep(0.05)
         return ScriptedMember(name, ["a "], len)
 
-    loader = app.SharedLoader(load)
+    loader = SharedLoader(load)
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda _: loader("m", "cpu", lambda f, s: None), range(8)))
     assert calls == ["m"] and all(m is got[0] for m in got)
@@ -128,7 +175,7 @@ def test_operator_named_hub_ids_load_without_allowing_user_paths():
         seen[name] = kwargs["allow_paths"]
         return ScriptedMember(name, ["a "], len)
 
-    loader = app.SharedLoader(load, trusted=["org/model"])
+    loader = SharedLoader(load, trusted=["org/model"])
     loader("org/model", "cpu", lambda f, s: None)
     loader("smollm2-135m", "cpu", lambda f, s: None)
     assert seen == {"org/model": True, "smollm2-135m": False}
@@ -197,6 +244,11 @@ def submit(client, members, prompt, **settings):
     return client.submit(members=members, prompt=prompt, **values, api_name="/run")
 
 
+def path_of(download) -> str:
+    """The download button's file: the button is an update (hidden until a trace exists)."""
+    return download["value"] if isinstance(download, dict) else download
+
+
 def figure(output):
     return pio.from_json(output["plot"])
 
@@ -215,9 +267,10 @@ def test_a_run_streams_one_update_per_round_with_that_rounds_panels(client):
         assert sum(row[-1] == "✓" for row in out[CANDIDATES]["data"]) == 1
         assert figure(out[MATRIX]).layout.title.text.startswith(f"round {k}:")
         assert max(figure(out[WEIGHTS]).data[0].x) == k
-    trace = load_trace(outputs[-1][DOWNLOAD])
+    trace = load_trace(path_of(outputs[-1][DOWNLOAD]))
     assert len(trace.rounds) == last_round and trace.members == tuple(TINY)
     assert "".join(span["token"] for span in outputs[-1][ANSWER]["value"]) == trace.rounds[-1].text
+    assert outputs[-1][PLAIN] == trace.rounds[-1].text  # the exact answer, for copying
 
 
 def test_two_clients_at_once_each_get_their_own_answer(served, client):
@@ -235,7 +288,7 @@ def test_replay_shows_a_past_round_from_the_session_trace(client):
     final = client.predict(members=TINY[:2], prompt="Again", max_new_tokens=24, device="cpu", api_name="/run")
     n = int(final[SLIDER]["value"])
     assert n >= 2
-    replay = client.predict(k=1, view_name=app.RAW, api_name="/replay")
+    replay = client.predict(k=1, view_name=views.RAW, api_name="/replay")
     assert "**Round 1**" in replay[STATUS] and figure(replay[MATRIX]).layout.title.text.startswith("round 1")
     assert max(figure(replay[WEIGHTS]).data[0].x) == 1
 
@@ -254,7 +307,7 @@ def test_stop_ends_the_run_keeps_what_was_produced_and_the_next_run_works(served
     assert len(members["loop-a"].calls) - calls <= 3  # at most the round in flight: draft, score, accept
     assert not job.done() or len(job.outputs()) < 1024
     status, path = client.predict(api_name="/stop")
-    kept = load_trace(path)
+    kept = load_trace(path_of(path))
     assert "stopped by the user" in status and len(kept.rounds) >= 3
     assert kept.rounds[-1].stop_reason is None  # cut short, not finished
     out = submit(client, TINY[:2], "Again").result(timeout=60)
@@ -267,7 +320,7 @@ def test_stop_ends_the_run_keeps_what_was_produced_and_the_next_run_works(served
         (TINY, "   ", {}, "prompt is empty"),
         (TINY[:1], "Hi", {}, "two or more"),
         ([TINY[0], "nope"], "Hi", {}, "nope"),
-        (TINY, "Hi", {"seed": -1}, "seed must be a non-negative integer"),
+        (TINY, "Hi", {"seed": -1}, "less than minimum value 0"),
         (TINY, "Hi", {"top_p": 0.0}, "less than minimum value 0.05"),
         (TINY, "Hi", {"normalization": "sum"}, "needs positive scores"),
         (["broken", TINY[0]], "Hi", {}, "checkpoint is corrupt"),
@@ -288,7 +341,7 @@ def test_a_trace_round_trips_through_download_and_upload(client, tmp_path):
     final = submit(client, TINY, "Hello there", max_new_tokens=12).result(timeout=60)
     fresh = Client(client.src, verbose=False, download_files=str(tmp_path))
     loaded = fresh.predict(
-        path=handle_file(final[DOWNLOAD]), view_name=app.NORMALIZED, api_name="/load_trace"
+        path=handle_file(path_of(final[DOWNLOAD])), view_name=views.NORMALIZED, api_name="/load_trace"
     )
     assert loaded[ANSWER]["value"] == final[ANSWER]["value"]
     assert "replayed from a trace" in loaded[STATUS]
@@ -307,16 +360,16 @@ def test_a_malformed_trace_upload_gets_a_clear_message(client, tmp_path, content
     path = tmp_path / "bad.json"
     path.write_text(content)
     with pytest.raises(AppError, match=message):
-        client.predict(path=handle_file(str(path)), view_name=app.NORMALIZED, api_name="/load_trace")
+        client.predict(path=handle_file(str(path)), view_name=views.NORMALIZED, api_name="/load_trace")
 
 
 def test_an_oversized_trace_is_refused_before_parsing(client, tmp_path, monkeypatch):
-    monkeypatch.setattr(app, "MAX_TRACE_BYTES", 1000)
+    monkeypatch.setitem(handlers.limits, "trace_bytes", 1000)
     trace = scripted_rounds()
     path = tmp_path / "big.json"
     path.write_text(dump_trace(trace))
     with pytest.raises(AppError, match="the limit is 1,000"):
-        client.predict(path=handle_file(str(path)), view_name=app.NORMALIZED, api_name="/load_trace")
+        client.predict(path=handle_file(str(path)), view_name=views.NORMALIZED, api_name="/load_trace")
 
 
 def test_candidates_with_html_come_back_as_plain_text(client):
@@ -333,8 +386,8 @@ def test_compare_shows_each_member_alone_beside_the_ensemble(client, served):
     config = EnsembleConfig(segment_len=4, max_new_tokens=12)
     alone = Ensemble([members[TINY[0]]], config).run("Side by side").answer
     assert "ensemble" in out[COMPARE] and f"{TINY[0]} alone" in out[COMPARE]
-    assert app.html.escape(alone) in out[COMPARE]
-    assert load_trace(out[DOWNLOAD]).members == tuple(TINY[:2])
+    assert html.escape(alone) in out[COMPARE]
+    assert load_trace(path_of(out[DOWNLOAD])).members == tuple(TINY[:2])
 
 
 def test_the_page_is_served_without_run_history(served):
@@ -343,3 +396,73 @@ def test_the_page_is_served_without_run_history(served):
     url = served[0]
     config = httpx.get(url.rstrip("/") + "/config", timeout=10).json()
     assert config["run_history"] is False and "runs" not in config["footer_links"]
+
+
+# ---- what if another candidate had won? ----------------------------------------------------------
+
+
+def test_the_rule_table_names_a_choice_per_rule_and_marks_the_recorded_one():
+    rnd = scripted_rounds().rounds[0]
+    table = views.rules_value(rnd)
+    assert list(table.columns) == views.RULE_COLUMNS and len(table) >= 5
+    assert (table["as recorded"] == views.CHECK).any()
+    assert table["would choose"].str.startswith("— (").any()  # log-probs were not recorded: said so
+
+
+def test_token_evidence_is_escaped_shaded_and_says_when_it_is_missing():
+    from specfuse.records import TokenScores
+
+    rnd = scripted_rounds().rounds[0]
+    assert "no token-level detail" in views.token_html(rnd, 0, 0)
+    detail = TokenScores(("<script>", "alert(1)", "</script>"), (1.0, 3.0, 2.0), (-1.0, -0.1, -0.5))
+    rich = dataclasses.replace(
+        rnd, token_scores=tuple((detail,) * len(rnd.candidates) for _ in rnd.verifiers)
+    )
+    markup = views.token_html(rich, 0, 1)
+    assert "<script" not in markup and "&lt;script&gt;" in markup
+    assert markup.count("class='sf-token'") == 3 and "rgba(99, 110, 250, 0.90)" in markup  # the highest
+    assert "log-probability -0.100" in views.token_html(rich, 0, 1, "logprob")
+
+
+def test_the_branch_view_escapes_both_answers_and_marks_where_they_part():
+    markup = views.branch_html("shared <b>old</b>", "shared <img src=x>", "shared ", 2, "<i>you</i>")
+    assert "<b>old" not in markup and "<img" not in markup and "<i>you" not in markup
+    assert markup.count('<mark class="sf-parted">') == 2 and "&lt;img src=x&gt;</mark>" in markup
+
+
+# ---- offer only what works here -------------------------------------------------------------------
+
+
+def test_a_cpu_only_install_offers_no_gpu_device_and_no_uninstalled_model(monkeypatch):
+    from specfuse import catalogue
+    from studio import loading
+
+    monkeypatch.setattr(catalogue, "_gpu_count", lambda: 0)
+    assert loading.usable_devices() == ["auto", "cpu"]
+    missing = dataclasses.replace(
+        catalogue.CATALOGUE["qwen2.5-coder-1.5b"], chunks=lambda: (_ for _ in ()).throw(ImportError("x"))
+    )
+    monkeypatch.setitem(catalogue.CATALOGUE, "qwen2.5-coder-1.5b", missing)
+    assert "qwen2.5-coder-1.5b" not in loading.installed_models()
+
+
+def test_the_cuda_error_tells_an_app_user_what_to_do(monkeypatch):
+    from specfuse import catalogue
+
+    monkeypatch.setattr(catalogue, "_gpu_count", lambda: 0)
+    studio = handlers.Studio(lambda *a: None, [], False, catalogue.plan_devices, None, None, None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as error:
+        studio.load(["a", "b"], "cuda", lambda *a, **k: None)
+    assert "--device" not in str(error.value) and "under Settings" in str(error.value)
+
+
+def test_a_branch_won_by_a_typed_segment_summarizes_without_a_member_for_it():
+    """A typed segment's drafter "you" is no member: the summary and status crashed on it."""
+    members = [ScriptedMember("a", ["fine "] * 9, len), ScriptedMember("b", ["good "] * 9, len)]
+    config = EnsembleConfig(max_rounds=4)
+    first = list(Ensemble(members, config).stream("go"))
+    branch = list(Ensemble(members, config).stream("go", start=first[:1], forced="typed ", origin="you"))
+    rounds = [*first[:1], *branch]
+    assert rounds[1].winner.member == "you"
+    assert views.summary_value(rounds)["segments won"].sum() == len(rounds) - 1
+    assert "**Round 4**" in views.status_markdown(rounds)

@@ -1,0 +1,168 @@
+"""The page: panels top to bottom, then the listeners; build_demo() is the whole app.
+
+Knows nothing about how a member loads (the loader is passed in) and computes no values itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from specfuse import EnsembleConfig
+
+from .failures import FILTERS, load_eval, problems_table
+from .handlers import DevicePlan, FailureBrowser, Loader, Studio
+from .loading import DEVICES, same_device
+from .panels import controls_panel, failures_panel, views_panel
+
+
+def build_demo(
+    loader: Loader,
+    *,
+    choices: Sequence[str] | None = None,
+    default_models: Sequence[str] | None = None,
+    allow_paths: bool = False,
+    device: str = "auto",
+    devices: Sequence[str] = DEVICES,
+    plan_devices: DevicePlan = same_device,
+    concurrency_limit: int | None = 1,
+    defaults: dict[str, Any] | None = None,
+    eval_dir: str | Path | None = None,
+) -> gr.Blocks:
+    """The whole app. `loader(name, device, progress)` returns a (shared) member; nothing loads here."""
+    if choices is None or default_models is None:
+        from specfuse.catalogue import CATALOGUE, DEFAULT_MEMBERS
+
+        choices = list(CATALOGUE) if choices is None else choices
+        default_models = DEFAULT_MEMBERS if default_models is None else default_models
+    choices = list(choices)
+    config = EnsembleConfig(**(defaults or {}))
+
+    with gr.Blocks(title="SpecFuse Studio") as demo:
+        gr.Markdown(
+            "# SpecFuse Studio\nSeveral small language models answer together, one segment per round: "
+            "each drafts a candidate, all score all, the best weighted candidate is appended."
+        )
+        trace = gr.State(None)
+        with gr.Row():
+            with gr.Column(scale=1, min_width=300):
+                controls = controls_panel(choices, default_models, allow_paths, devices, device, config)
+            with gr.Column(scale=3, min_width=600):
+                shown = views_panel()
+        studio = Studio(loader, choices, allow_paths, plan_devices, controls, shown, trace)
+        if eval_dir is not None:
+            wire_failures(studio, eval_dir)
+
+        run = studio.run_handler()
+        on_status = [shown.status]  # one progress bar and one error, on the status line
+        inputs, outputs = studio.run_inputs(), studio.run_outputs()
+        run_events = [
+            controls.run.click(
+                run,
+                inputs,
+                outputs,
+                api_name="run",
+                show_progress_on=on_status,
+                concurrency_limit=concurrency_limit,
+                concurrency_id="run",
+            ),
+            controls.prompt.submit(
+                run,
+                inputs,
+                outputs,
+                api_visibility="private",
+                show_progress_on=on_status,
+                concurrency_limit=concurrency_limit,
+                concurrency_id="run",
+            ),
+        ]
+        controls.stop.click(
+            studio.stop,
+            [trace],
+            [shown.status, controls.download],
+            cancels=run_events,  # type: ignore[arg-type]
+            api_name="stop",
+            show_progress_on=on_status,
+        )
+        w = shown.what_if
+        panels = [*shown.by_name().values(), *w.round_outputs()]
+        shown.round.release(
+            studio.replay,
+            [trace, shown.round, shown.view],
+            panels,
+            api_name="replay",
+            show_progress_on=on_status,
+        )
+        shown.view.change(
+            studio.replay,
+            [trace, shown.round, shown.view],
+            panels,
+            api_visibility="private",
+            show_progress_on=on_status,
+        )
+        shown.answer.select(
+            studio.select_segment,
+            [trace, shown.view],
+            [shown.segment, *panels, shown.round],
+            api_visibility="private",
+            show_progress_on=on_status,
+        )
+        controls.upload.upload(
+            studio.load_trace_file,
+            [controls.upload, shown.view],
+            [trace, *panels, shown.round, shown.segment, controls.download, shown.plain, *w.branch_outputs()],
+            api_name="load_trace",
+            show_progress_on=on_status,
+        )
+        for picker in (w.verifier, w.candidate):
+            picker.input(  # a person's pick only: the round's own update sets the evidence shown
+                studio.evidence,
+                [trace, shown.round, w.verifier, w.candidate],
+                [w.tokens],
+                api_visibility="private",
+                show_progress="hidden",
+            )
+        w.branch.click(
+            studio.branch_handler(),
+            [trace, shown.round, w.branch_candidate, w.branch_text, controls.device],
+            [w.branch_view, w.branch_download],
+            api_name="branch",
+            show_progress_on=[w.branch_view],
+            concurrency_limit=concurrency_limit,
+            concurrency_id="run",
+        )
+    return demo
+
+
+def wire_failures(studio: Studio, eval_dir: str | Path) -> None:
+    """The failure-case browser over an evaluation folder, below the main row."""
+    try:
+        run = load_eval(eval_dir)
+    except ValueError as e:
+        failures_panel(f"Could not open the evaluation run: {e}", None)
+        return
+    note = f"{len(run.outcomes)} answers from {run.folder}; best member: {run.best_member or 'none'}."
+    panel = failures_panel(note, problems_table(run, FILTERS[0]))
+    browser = FailureBrowser(run, studio, panel)
+    shown, controls = studio.display, studio.controls
+    panel.filter.change(browser.filter, [panel.filter], [panel.table], api_visibility="private")
+    panel.table.select(
+        browser.open,
+        [shown.view],
+        [
+            studio.trace,
+            *shown.by_name().values(),
+            *shown.what_if.round_outputs(),
+            shown.round,
+            shown.segment,
+            controls.download,
+            shown.plain,
+            shown.compared,
+            *shown.what_if.branch_outputs(),
+        ],
+        api_visibility="private",
+        show_progress_on=[shown.status],
+    )

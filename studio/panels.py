@@ -1,0 +1,262 @@
+"""The panels: each function builds one area's components (inside the caller's Blocks) and returns them.
+
+Components only: no listeners (studio.layout wires them) and no values computed from rounds
+(studio.views has those). Knows nothing about loading members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import gradio as gr
+
+from specfuse import EnsembleConfig, report
+
+from . import failures, settings, views
+
+EXAMPLES = [
+    ["Explain in two sentences why the sky is blue."],
+    ["Write a Python function that returns the n-th Fibonacci number."],
+    ["用一句话介绍长城。"],
+    [
+        "Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins "
+        "for her friends every day with four. She sells the remainder at the farmers' market daily for $2 "
+        "per fresh duck egg. How much in dollars does she make every day at the farmers' market?"
+    ],
+]
+
+
+@dataclass
+class Controls:
+    models: gr.Dropdown
+    prompt: gr.Textbox
+    run: gr.Button
+    stop: gr.Button
+    compare: gr.Checkbox
+    settings: dict[str, gr.components.Component]  # by EnsembleConfig field name
+    device: gr.Dropdown
+    upload: gr.File
+    download: gr.DownloadButton
+
+
+@dataclass
+class WhatIf:
+    """Issue 9's panels for the round shown: rule comparison, token-level evidence, branching."""
+
+    rules: gr.Dataframe
+    verifier: gr.Dropdown
+    candidate: gr.Dropdown
+    tokens: gr.HTML
+    branch_candidate: gr.Dropdown
+    branch_text: gr.Textbox
+    branch: gr.Button
+    branch_view: gr.HTML
+    branch_download: gr.DownloadButton
+
+    def round_outputs(self) -> list[gr.components.Component]:
+        """What changes with the round shown."""
+        return [self.rules, self.verifier, self.candidate, self.tokens, self.branch_candidate]
+
+    def branch_outputs(self) -> list[gr.components.Component]:
+        """What a new run or trace clears: the branch of the previous one."""
+        return [self.branch_view, self.branch_download]
+
+
+@dataclass
+class Views:
+    status: gr.Markdown
+    answer: gr.HighlightedText
+    plain: gr.Textbox
+    segment: gr.HTML
+    round: gr.Slider
+    candidates: gr.Dataframe
+    view: gr.Radio
+    matrix: gr.Plot
+    weights: gr.Plot
+    exits: gr.Dataframe
+    summary: gr.Dataframe
+    compared: gr.HTML
+    what_if: WhatIf
+
+    def by_name(self) -> dict[str, gr.components.Component]:
+        """The round panels by the names studio.views.round_panels gives their values."""
+        return {
+            "answer": self.answer,
+            "status": self.status,
+            "candidates": self.candidates,
+            "matrix": self.matrix,
+            "weights": self.weights,
+            "exits": self.exits,
+            "summary": self.summary,
+        }
+
+
+def controls_panel(
+    choices: Sequence[str],
+    default_models: Sequence[str],
+    allow_paths: bool,
+    devices: Sequence[str],
+    device: str,
+    defaults: EnsembleConfig,
+) -> Controls:
+    """Members, prompt, Run/Stop, compare, the settings form, device, trace upload and download."""
+    models = gr.Dropdown(
+        choices=list(choices),
+        value=[m for m in default_models if m in choices or allow_paths],
+        multiselect=True,
+        allow_custom_value=allow_paths,
+        label="Members (two or more)",
+        info="Local folders or hub ids allowed" if allow_paths else None,
+        elem_id="models",
+    )
+    prompt = gr.Textbox(label="Prompt", lines=4, elem_id="prompt")
+    gr.Examples(EXAMPLES, inputs=[prompt], label="Example prompts")
+    with gr.Row():
+        run = gr.Button("Run", variant="primary", elem_id="run")
+        stop = gr.Button("Stop", variant="stop", elem_id="stop")
+    compare = gr.Checkbox(False, label="Compare: also run each member alone", elem_id="compare")
+    with gr.Accordion("Settings", open=False, elem_id="settings"):
+        form = settings.build_settings(defaults)
+        device_box = gr.Dropdown(
+            list(devices), value=device if device in devices else devices[0], label="Device", elem_id="device"
+        )
+    with gr.Accordion("Replay a trace", open=False, elem_id="replay"):
+        upload = gr.File(label="Upload a trace (.json)", file_types=[".json"], elem_id="upload")
+    download = gr.DownloadButton("Download trace", value=None, visible=False, elem_id="download")
+    return Controls(models, prompt, run, stop, compare, form, device_box, upload, download)
+
+
+def views_panel() -> Views:
+    """The run as it unfolds: status, answer (coloured and plain), the round's tables and charts."""
+    status = gr.Markdown(views.status_markdown(()), elem_id="status")
+    answer = gr.HighlightedText(label="Answer", show_legend=True, combine_adjacent=False, elem_id="answer")
+    with gr.Accordion("Answer as plain text (exact, for copying)", open=False, elem_id="plain-box"):
+        plain = gr.Textbox(
+            label="Answer (plain text)",
+            lines=4,
+            max_lines=30,
+            interactive=False,
+            buttons=["copy"],
+            elem_id="plain",
+        )
+    segment = gr.HTML(elem_id="segment")
+    round_slider = gr.Slider(
+        1, 2, value=1, step=1, label="Round (replay)", interactive=False, elem_id="round"
+    )
+    candidates = gr.Dataframe(
+        label="Candidates of the round",
+        headers=report.CANDIDATE_COLUMNS,
+        datatype=["str", "str", "number", "bool", "bool", "number", "number", "str"],
+        interactive=False,
+        wrap=True,
+        column_widths=["12%", "40%", "7%", "7%", "8%", "9%", "9%", "8%"],
+        elem_id="candidates",
+        elem_classes=["sf-fit"],
+    )
+    with gr.Row():
+        with gr.Column():
+            view = gr.Radio(
+                [views.NORMALIZED, views.RAW], value=views.NORMALIZED, label="Matrix", elem_id="view"
+            )
+            matrix = gr.Plot(label="Verification matrix", elem_id="matrix")
+        weights = gr.Plot(label="Weights", elem_id="weights")
+    exits = gr.Dataframe(
+        label="Exited members",
+        headers=report.EXIT_COLUMNS,
+        interactive=False,
+        wrap=True,
+        elem_id="exits",
+        elem_classes=["sf-fit"],
+    )
+    summary = gr.Dataframe(
+        label="Per-member summary",
+        headers=report.SUMMARY_COLUMNS,
+        interactive=False,
+        wrap=True,
+        elem_id="summary",
+        elem_classes=["sf-fit"],
+    )
+    compared = gr.HTML(elem_id="compare-panel")
+    what_if = what_if_panel()
+    return Views(
+        status,
+        answer,
+        plain,
+        segment,
+        round_slider,
+        candidates,
+        view,
+        matrix,
+        weights,
+        exits,
+        summary,
+        compared,
+        what_if,
+    )
+
+
+def what_if_panel() -> WhatIf:
+    """What if another candidate had won? Rules on the same scores, token evidence, a branch."""
+    with gr.Accordion("What if another candidate had won?", open=False, elem_id="what-if"):
+        rules = gr.Dataframe(
+            label="Which candidate each selection rule would choose (this round's recorded scores)",
+            headers=views.RULE_COLUMNS,
+            interactive=False,
+            wrap=True,
+            elem_id="rules",
+            elem_classes=["sf-fit"],
+        )
+        with gr.Row():
+            verifier = gr.Dropdown([], label="Verifier (matrix row)", elem_id="evidence-verifier")
+            candidate = gr.Dropdown([], label="Candidate (matrix column)", elem_id="evidence-candidate")
+        tokens = gr.HTML(elem_id="tokens")
+        gr.Markdown(
+            "**Branch** from the round shown: force another candidate, or type a segment, and the "
+            "ensemble continues from there (the trace's members must be loadable here)."
+        )
+        with gr.Row():
+            branch_candidate = gr.Dropdown([], label="Force this candidate", elem_id="branch-candidate")
+            branch_text = gr.Textbox(label="…or type a segment", elem_id="branch-text")
+        branch = gr.Button("Branch from this round", elem_id="branch")
+        branch_view = gr.HTML(elem_id="branch-view")
+        branch_download = gr.DownloadButton(
+            "Download the branch trace", value=None, visible=False, elem_id="branch-download"
+        )
+    return WhatIf(
+        rules,
+        verifier,
+        candidate,
+        tokens,
+        branch_candidate,
+        branch_text,
+        branch,
+        branch_view,
+        branch_download,
+    )
+
+
+@dataclass
+class Failures:
+    """The failure-case browser over an evaluation run folder (app.py --eval-dir)."""
+
+    note: gr.Markdown
+    filter: gr.Radio
+    table: gr.Dataframe
+
+
+def failures_panel(note: str, table: object) -> Failures:
+    with gr.Accordion("Failure cases of an evaluation run", open=True, elem_id="failures"):
+        shown_note = gr.Markdown(note, elem_id="failures-note")
+        which = gr.Radio(
+            list(failures.FILTERS), value=failures.FILTERS[0], label="Show", elem_id="failures-filter"
+        )
+        problems = gr.Dataframe(
+            value=table,
+            label="Problems (click one to replay the ensemble's trace beside the best member's answer)",
+            interactive=False,
+            wrap=True,
+            elem_id="failures-table",
+            elem_classes=["sf-fit"],
+        )
+    return Failures(shown_note, which, problems)

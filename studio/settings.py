@@ -1,0 +1,135 @@
+"""The settings form, built from EnsembleConfig's field metadata, and the config read back from it.
+
+One mapping from a field's type and metadata (help, choices, low, high, group; see
+specfuse.config.setting) to a widget, plus a small override table for widget choices. A field added
+to EnsembleConfig appears in the form without a change here. Knows nothing about runs or rounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+import gradio as gr
+
+from specfuse import ConfigError, EnsembleConfig
+
+GROUPS = ("run", "sampling", "scoring", "feedback", "exit", "devices")
+
+# Where the metadata alone would give a poor widget: a label, a slider's practical range, a radio.
+OVERRIDES: dict[str, dict[str, Any]] = {
+    "segment_len": {"label": "Segment length L", "high": 64},
+    "max_new_tokens": {"label": "Max new tokens", "high": 1024},
+    "max_rounds": {"label": "Max rounds (empty: no limit)"},
+    "temperature": {"label": "Temperature (0 = greedy)", "high": 2.0, "step": 0.05},
+    "top_p": {"label": "Top-p", "low": 0.05, "step": 0.05},
+    "learning_rate": {"label": "Learning-rate scale α", "high": 10.0, "step": 0.1},
+    "exit_threshold": {"label": "Exit threshold δ", "step": 0.05},
+    "exit_warmup": {"label": "Exit warm-up (rounds)", "high": 20},
+    "exit_temperature": {"label": "Exit temperature τ₀"},
+    "feedback": {"label": "Online feedback"},
+    "exit": {"label": "Model exit"},
+    "self_scores": {"label": "Include self-scores"},
+    "score": {"label": "Score", "widget": "radio"},
+    "normalization": {"label": "Normalization", "widget": "radio"},
+    "stop_strings": {"label": "Stop strings (one per line)"},
+}
+
+
+def _base(annotation: Any) -> tuple[Any, bool]:
+    """(the type without None, whether None is allowed) for `int | None` and friends."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return (rest[0] if len(rest) == 1 else annotation), True
+    return annotation, False
+
+
+def fields() -> list[tuple[dataclasses.Field, Any, bool]]:
+    """Every EnsembleConfig field with its resolved type and whether it may be None."""
+    hints = typing.get_type_hints(EnsembleConfig)
+    return [(f, *_base(hints[f.name])) for f in dataclasses.fields(EnsembleConfig)]
+
+
+def _label(name: str) -> str:
+    return name.replace("_", " ").capitalize()
+
+
+def widget(field: dataclasses.Field, kind: Any, optional: bool, value: Any) -> gr.components.Component:
+    """The one widget for one setting: bool → Checkbox, choices → Dropdown (or Radio), a number with
+    both bounds → Slider, other numbers → Number, a tuple of strings → Textbox (one per line)."""
+    meta = {**field.metadata, **OVERRIDES.get(field.name, {})}
+    common: dict[str, Any] = {
+        "label": meta.get("label") or _label(field.name),
+        "info": meta.get("help"),
+        "elem_id": f"setting-{field.name}",
+    }
+    low, high = meta.get("low"), meta.get("high")
+    if kind is bool:
+        return gr.Checkbox(bool(value), **common)
+    if meta.get("choices"):
+        if meta.get("widget") == "radio":
+            return gr.Radio(list(meta["choices"]), value=value, **common)
+        return gr.Dropdown(list(meta["choices"]), value=value, **common)
+    if kind in (int, float):
+        step = meta.get("step", 1 if kind is int else 0.01)
+        if low is not None and high is not None and not optional:
+            return gr.Slider(low, high, value=value, step=step, **common)
+        precision = 0 if kind is int else None
+        return gr.Number(value, precision=precision, step=step, minimum=low, maximum=high, **common)
+    if typing.get_origin(kind) is tuple:
+        return gr.Textbox("\n".join(value or ()), lines=2, **common)
+    return gr.Textbox("" if value is None else str(value), **common)
+
+
+def build_settings(defaults: EnsembleConfig) -> dict[str, gr.components.Component]:
+    """The form, one widget per EnsembleConfig field, grouped by the fields' `group`; by field name.
+
+    Call it inside a Blocks context: it renders the groups as accordions.
+    """
+    rows = fields()
+    groups = [g for g in GROUPS if any(f.metadata.get("group", "run") == g for f, _, _ in rows)]
+    groups += sorted({f.metadata.get("group", "run") for f, _, _ in rows} - set(groups))
+    widgets: dict[str, gr.components.Component] = {}
+    for group in groups:
+        with gr.Accordion(group.capitalize(), open=group == "run"):
+            for f, kind, optional in rows:
+                if f.metadata.get("group", "run") == group:
+                    widgets[f.name] = widget(f, kind, optional, getattr(defaults, f.name))
+    return widgets
+
+
+def _whole(value: Any, name: str) -> int:
+    """A form number that must be a whole number (sliders and number boxes send floats)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise ConfigError(f"{_label(name).lower()} must be a whole number, got {value!r}")
+    return int(value)
+
+
+def config_from_form(values: Mapping[str, Any]) -> EnsembleConfig:
+    """The run's EnsembleConfig from the form's values by field name; EnsembleConfig validates them.
+
+    Fields missing from `values` keep their defaults (an API caller may send only some).
+    """
+    kwargs: dict[str, Any] = {}
+    for f, kind, optional in fields():
+        if f.name not in values:
+            continue
+        value = values[f.name]
+        if optional and (value is None or value == ""):
+            kwargs[f.name] = None
+        elif kind is bool:
+            kwargs[f.name] = bool(value)
+        elif kind is int:
+            kwargs[f.name] = _whole(value, f.name)
+        elif kind is float:
+            kwargs[f.name] = value
+        elif typing.get_origin(kind) is tuple:
+            text = value if isinstance(value, str) else "\n".join(value or ())
+            kwargs[f.name] = tuple(line for line in text.split("\n") if line)
+        else:
+            kwargs[f.name] = value
+    return EnsembleConfig(**kwargs)

@@ -1,0 +1,348 @@
+"""Pure views: Round records → one component value each (a figure, a table, a string of HTML).
+
+Knows nothing about loading, events or layout, never imports torch and does no arithmetic on scores:
+a number the records lack is a function in specfuse.report. Model text and member names are
+untrusted (they come from models and uploaded traces): every piece that reaches HTML, Markdown or a
+Plotly label goes through html.escape.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+import plotly.graph_objects as go
+
+from specfuse import Round, Trace, answer_spans, report, rules
+
+# One colour per member, in ensemble order (Plotly's default qualitative palette).
+PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880")
+SELECTED = "▶ selected segment"  # the answer's label for the segment being inspected
+SELECTED_COLOR = "#FFD54F"
+NORMALIZED, RAW = "normalized ŝ", "raw z"
+
+
+def esc(text: object) -> str:
+    """A label for HTML or Plotly (which renders <b>, <a href> and friends in its text): escaped."""
+    return html.escape(str(text), quote=True)
+
+
+def member_colors(members: Sequence[str]) -> dict[str, str]:
+    return {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(members)}
+
+
+def answer_value(rounds: Sequence[Round], selected: int | None = None) -> list[tuple[str, str]]:
+    """The answer as (text, member) spans for HighlightedText: text, never HTML.
+
+    `selected` (a 0-based segment index) relabels that one span, so the whole answer stays in view
+    with the segment being inspected marked.
+    """
+    spans = answer_spans(rounds)
+    if selected is not None and 0 <= selected < len(spans):
+        spans[selected] = (spans[selected][0], SELECTED)
+    return spans
+
+
+def answer_component(trace: Trace | None, selected: int | None = None) -> gr.HighlightedText:
+    """The whole answer of `trace`, coloured by drafter, the selected segment (if any) marked."""
+    rounds: Sequence[Round] = trace.rounds if trace is not None else ()
+    colors = member_colors(trace.members if trace is not None else ())
+    if selected is not None:
+        colors[SELECTED] = SELECTED_COLOR
+    spans: Any = answer_value(rounds, selected)
+    return gr.HighlightedText(value=spans, color_map=colors)
+
+
+def plain_answer(rounds: Sequence[Round]) -> str:
+    """The answer exactly as the engine built it: what a copy must give, byte for byte."""
+    return rounds[-1].text if rounds else ""
+
+
+def status_markdown(
+    rounds: Sequence[Round], note: str = "", *, waited_s: float | None = None, loading_s: float | None = None
+) -> str:
+    """One line: round, tokens, tokens/s, the first segment's latency, calls saved by exit, why it stopped.
+
+    `waited_s` is what the person waited from pressing Run to the first segment (loading included)
+    and `loading_s` the part of it spent loading members; the engine's own figure is "round 1".
+    """
+    if not rounds:
+        return esc(note) if note else "Pick two or more members, type a prompt and press **Run**."
+    s = report.status(rounds)
+    if waited_s is not None:
+        loading = f"loading {loading_s:.2f} s + " if loading_s is not None else ""
+        first = f"first segment after {waited_s:.2f} s ({loading}round 1 {s.first_segment_latency_s:.2f} s)"
+    else:
+        first = f"round 1 took {s.first_segment_latency_s:.2f} s"
+    parts = [
+        f"**Round {s.round}**",
+        f"{s.tokens} tokens",
+        f"{s.tokens_per_s:.1f} tokens/s",
+        first,
+        f"{s.calls_saved} of {s.calls_made + s.calls_saved} model calls saved by exit",
+    ]
+    if s.stop_reason:
+        parts.append(f"stopped: {esc(s.stop_reason)}")
+    if note:
+        parts.append(esc(note))
+    return " · ".join(parts)
+
+
+def _table(df: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+    """Round the floats and blank the NaNs, so the table is readable and JSON-safe."""
+    out = df.copy()
+    for column in out.columns:
+        if pd.api.types.is_float_dtype(out[column]):
+            out[column] = out[column].round(digits)
+    return out.astype(object).where(out.notna(), "")
+
+
+def candidates_value(rnd: Round | None) -> pd.DataFrame:
+    if rnd is None:
+        return pd.DataFrame(columns=report.CANDIDATE_COLUMNS)
+    return _table(report.candidates_table(rnd))
+
+
+def exits_value(rounds: Sequence[Round]) -> pd.DataFrame:
+    return _table(report.exit_table(rounds))
+
+
+def summary_value(rounds: Sequence[Round]) -> pd.DataFrame:
+    return _table(report.member_summary(rounds))
+
+
+def heatmap_figure(rnd: Round | None, normalized: bool = True, fixed_scale: bool = True) -> go.Figure:
+    """The verification matrix of one round: verifier (rows) × candidate (columns), chosen column boxed.
+
+    Normalized scores use a fixed 0..1 colour scale, so rounds compare at a glance; raw scores (and
+    normalization "none") use their own range. Member names are escaped: Plotly renders HTML in labels.
+    """
+    fig = go.Figure()
+    fig.update_layout(
+        height=320, margin=dict(l=10, r=10, t=40, b=10), uirevision="matrix", template="plotly_white"
+    )
+    if rnd is None:
+        return fig.update_layout(title="verification matrix")
+    matrix = report.score_matrix(rnd, normalized)
+    # Two members may share a name only by accident; the column number keeps the x labels distinct.
+    columns = [esc(f"{m} ✓") if j == rnd.chosen else esc(m) for j, m in enumerate(matrix.columns)]
+    scale = dict(zmin=0.0, zmax=1.0) if normalized and fixed_scale else {}
+    fig.add_trace(
+        go.Heatmap(
+            z=matrix.to_numpy().tolist(),
+            x=columns,
+            y=[esc(v) for v in matrix.index],
+            colorscale="Viridis",
+            texttemplate="%{z:.2f}",
+            hovertemplate="verifier %{y}<br>candidate %{x}<br>score %{z:.4f}<extra></extra>",
+            **scale,
+        )
+    )
+    fig.add_shape(
+        type="rect",
+        xref="x",
+        yref="paper",
+        x0=rnd.chosen - 0.5,
+        x1=rnd.chosen + 0.5,
+        y0=0,
+        y1=1,
+        line=dict(color="#d62728", width=3),
+    )
+    kind = "normalized ŝ" if normalized else "raw z"
+    fig.update_layout(
+        title=f"round {rnd.k}: {kind} (verifier × candidate)",
+        xaxis_title="candidate (drafter)",
+        yaxis_title="verifier",
+        yaxis_autorange="reversed",
+    )
+    return fig
+
+
+def weights_figure(rounds: Sequence[Round]) -> go.Figure:
+    """One line per member: its weight over the rounds (0 = start), an ✕ where it exited."""
+    fig = go.Figure()
+    fig.update_layout(
+        height=320,
+        margin=dict(l=10, r=10, t=40, b=10),
+        title="weights",
+        xaxis_title="round",
+        yaxis_title="weight",
+        uirevision="weights",
+        template="plotly_white",
+    )
+    if not rounds:
+        return fig
+    history = report.weights_history(rounds)
+    colors = member_colors(rounds[-1].members)
+    for member, rows in history.groupby("member", sort=False):
+        fig.add_trace(
+            go.Scatter(
+                x=rows["round"].tolist(),
+                y=rows["weight"].tolist(),
+                mode="lines+markers",
+                name=esc(member),
+                hovertemplate=f"{esc(member)}<br>round %{{x}}<br>weight %{{y:.4f}}<extra></extra>",
+                line=dict(color=colors[str(member)]),
+            )
+        )
+    exits = report.exit_points(rounds)
+    if len(exits):
+        fig.add_trace(
+            go.Scatter(
+                x=exits["round"].tolist(),
+                y=exits["weight"].tolist(),
+                mode="markers",
+                name="exit",
+                text=[esc(m) for m in exits["member"]],
+                marker=dict(symbol="x", size=14, color="black"),
+                hovertemplate="%{text} exited after round %{x}<extra></extra>",
+            )
+        )
+    return fig
+
+
+def compare_html(columns: Sequence[tuple[str, str]]) -> str:
+    """Answers side by side: (title, answer) per column, every piece escaped (model text is untrusted)."""
+    if not columns:
+        return ""
+    cells = "".join(
+        f'<div class="sf-compare-col"><h4>{esc(title)}</h4><pre class="sf-answer">{esc(text)}</pre></div>'
+        for title, text in columns
+    )
+    return f'<div class="sf-compare">{cells}</div>'
+
+
+def segment_html(rounds: Sequence[Round], index: int) -> str:
+    """What a selected segment of the answer was: its round, its drafter, and the candidates it beat."""
+    if not 0 <= index < len(rounds):
+        return ""
+    rnd = rounds[index]
+    rows = "".join(
+        f"<tr><td>{esc(c.member)}</td><td><code>{esc(c.text)}</code></td>"
+        f"<td>{rnd.aggregate[j]:.3f}</td><td>{'✓' if j == rnd.chosen else ''}</td></tr>"
+        for j, c in enumerate(rnd.candidates)
+    )
+    return (
+        f"<p>Segment {index + 1} was won in <b>round {rnd.k}</b> by <b>{esc(rnd.winner.member)}</b> "
+        f"(margin {rnd.margin:.3f}).</p>"
+        f"<table class='sf-segment'><tr><th>member</th><th>candidate</th><th>score</th><th></th></tr>"
+        f"{rows}</table>"
+    )
+
+
+def round_panels(
+    trace: Trace | None, k: int | None = None, view: str = NORMALIZED, note: str = ""
+) -> dict[str, object]:
+    """Every round-dependent panel as of round k (default: the last), by panel name.
+
+    The answer stays whole; at k < last its k-th segment is marked (the replay looks at one round
+    of the answer, it does not cut it).
+    """
+    every: Sequence[Round] = trace.rounds if trace is not None else ()
+    rounds = every[: max(1, int(k))] if k is not None else every
+    current = rounds[-1] if rounds else None
+    fixed = trace is None or trace.config.normalization != "none"
+    marked = len(rounds) - 1 if k is not None and len(rounds) < len(every) else None
+    return {
+        "answer": answer_component(trace, marked),
+        "status": status_markdown(rounds, note),
+        "candidates": candidates_value(current),
+        "matrix": heatmap_figure(current, view == NORMALIZED, fixed),
+        "weights": weights_figure(rounds),
+        "exits": exits_value(rounds),
+        "summary": summary_value(rounds),
+    }
+
+
+def slider_value(trace: Trace | None, k: int | None = None) -> gr.Slider:
+    n = len(trace.rounds) if trace is not None else 0
+    return gr.Slider(minimum=1, maximum=max(2, n), value=k or max(1, n), step=1, interactive=n > 1)
+
+
+# ---- what if another candidate had won? ---------------------------------------------------------
+
+RULE_COLUMNS = ["rule", "would choose", "candidate", "as recorded"]
+
+
+def rules_value(rnd: Round | None) -> pd.DataFrame:
+    """Which candidate each selection rule would have chosen on this round's recorded scores."""
+    if rnd is None:
+        return pd.DataFrame(columns=RULE_COLUMNS)
+    rows = [
+        {
+            "rule": c.rule,
+            "would choose": c.member if c.member is not None else f"— ({c.note})",
+            "candidate": rnd.candidates[c.chosen].text if c.chosen is not None else "",
+            "as recorded": CHECK if c.chosen == rnd.chosen else "",
+        }
+        for c in rules.rule_choices(rnd)
+    ]
+    return pd.DataFrame(rows, columns=RULE_COLUMNS)
+
+
+CHECK = report.CHOSEN_MARK
+
+
+def pair_choices(rnd: Round | None) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(verifier choices, candidate choices) for the evidence dropdowns: labels with their indices."""
+    if rnd is None:
+        return [], []
+    verifiers = [(v, i) for i, v in enumerate(rnd.verifiers)]
+    candidates = [
+        (f"{j + 1}. {c.member}{' ✓' if j == rnd.chosen else ''}: {c.text[:40]!r}", j)
+        for j, c in enumerate(rnd.candidates)
+    ]
+    return verifiers, candidates
+
+
+def token_html(rnd: Round | None, i: int | None, j: int | None, score: str = "logit") -> str:
+    """Candidate j's tokens as verifier i read them, each shaded by that verifier's score of it.
+
+    Darker is a higher raw logit (score "logit") or log-probability (score "logprob"), relative to
+    the candidate's own tokens; hover shows the value. Every token is escaped (model text).
+    """
+    if rnd is None or i is None or j is None:
+        return ""
+    if not rnd.token_scores:
+        return (
+            "<p class='sf-note'>This round has no token-level detail (an older trace, or members "
+            "that do not report it): only the mean scores in the matrix were recorded.</p>"
+        )
+    if not (0 <= i < len(rnd.token_scores) and 0 <= j < len(rnd.token_scores[i])):
+        return ""
+    detail = rnd.token_scores[i][j]
+    values = detail.logprobs if score == "logprob" and detail.logprobs else detail.logits
+    kind = "log-probability" if values is detail.logprobs else "raw logit"
+    spans = "".join(
+        f"<span class='sf-token' title='{esc(kind)} {value:.3f}' "
+        f"style='background: rgba(99, 110, 250, {0.1 + 0.8 * shade:.2f})'>{esc(token)}</span>"
+        for token, value, shade in report.token_shades(detail.tokens, values)
+    )
+    return (
+        f"<p>Round {rnd.k}: <b>{esc(rnd.verifiers[i])}</b> reading <b>{esc(rnd.candidates[j].member)}</b>'s "
+        f"candidate, each token shaded by its {esc(kind)} (darker = higher; hover for the value).</p>"
+        f"<div class='sf-tokens'>{spans}</div>"
+    )
+
+
+def branch_html(original: str, branch: str, before: str, k: int, origin: str) -> str:
+    """The original and the branched answer side by side; each one's part from round k on is marked.
+
+    `before` is the answer the two share (rounds < k); every piece is escaped.
+    """
+
+    def column(title: str, text: str) -> str:
+        shared, own = text[: len(before)], text[len(before) :]
+        return (
+            f'<div class="sf-compare-col"><h4>{esc(title)}</h4><pre class="sf-answer">{esc(shared)}'
+            f'<mark class="sf-parted">{esc(own)}</mark></pre></div>'
+        )
+
+    return (
+        f"<p>The answers part at round {k} (marked): the branch forced a segment from "
+        f"<b>{esc(origin)}</b>.</p><div class='sf-compare'>"
+        f"{column('original', original)}{column(f'branch from round {k}', branch)}</div>"
+    )
