@@ -71,7 +71,7 @@ def test_one_config_per_prompt_or_a_clear_error(tiny_members):
 
 
 def test_token_scores_are_the_evidence_behind_each_raw_score(tiny_members):
-    rounds = list(Ensemble(tiny_members, EnsembleConfig(max_new_tokens=12)).stream(PROMPTS[1]))
+    rounds = list(Ensemble(tiny_members, EnsembleConfig(max_new_tokens=12, score="logit")).stream(PROMPTS[1]))
     for r in rounds:
         assert len(r.token_scores) == len(r.verifiers)
         for row, z_row in zip(r.token_scores, r.raw_scores):

@@ -92,7 +92,9 @@ def test_weights_move_toward_the_member_everyone_prefers_and_the_loser_exits():
         ScriptedMember("b", ["good "] * 20, prefers_b),
         ScriptedMember("c", ["junk "] * 20, prefers_b),
     ]
-    rounds = list(Ensemble(members, EnsembleConfig(max_rounds=10)).stream("go"))
+    # The paper's feedback and exit (the repeated texts would otherwise meet the repeat penalty).
+    paper_like = dict(repeat_penalty=0.0, weighted_rewards=False, exit_min_active=2, exited_verify=True)
+    rounds = list(Ensemble(members, EnsembleConfig(max_rounds=10, **paper_like)).stream("go"))
     last = rounds[-1]
     assert last.weights_after[1] > last.weights_after[0] > last.weights_after[2]
     exits = [e for r in rounds for e in r.exits]

@@ -283,9 +283,9 @@ def test_the_cli_takes_a_server_spec_among_its_models(tiny_checkpoints):
         spec = f"sglang:{stub.url}#served?tokenizer={folder}"
         out, err = io.StringIO(), io.StringIO()
         argv = ["--models", f"{spec},{other}", "--max-new-tokens", "12", "--quiet", "Hi"]
-        assert main(argv, stdout=out, stderr=err) == 2  # raw logits asked of a server
+        assert main(["--score", "logit", *argv], stdout=out, stderr=err) == 2  # raw logits of a server
         assert "served: served by sglang" in err.getvalue() and "--score logprob" in err.getvalue()
-        assert main(["--score", "logprob", *argv], stdout=out, stderr=err) == 0
+        assert main(argv, stdout=out, stderr=err) == 0  # log-probs: the default
     finally:
         stub.stop()
 

@@ -15,7 +15,7 @@ def test_the_default_rule_agrees_with_what_the_engine_chose(tiny_members):
 
 
 def test_rules_that_need_missing_evidence_say_so(tiny_members):
-    r = next(Ensemble(tiny_members, EnsembleConfig(max_new_tokens=8)).stream("Say hi"))
+    r = next(Ensemble(tiny_members, EnsembleConfig(max_new_tokens=8, score="logit")).stream("Say hi"))
     by_name = {c.rule: c for c in rule_choices(r)}
     assert by_name["mean log-prob"].chosen is None and "not recorded" in by_name["mean log-prob"].note
     assert len(by_name) == len(RULES)
