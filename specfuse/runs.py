@@ -139,9 +139,15 @@ class _Job:
         return self.path.with_name(self.path.name.removesuffix(".json") + ".error.json")
 
 
-def _differences(a: EnsembleConfig, b: EnsembleConfig) -> list[str]:
+# What can change a lone member's answer: its sampling and budgets. Scoring, feedback and exit settings
+# cannot (one candidate always wins), so a single's traces stay valid when the ensemble defaults move.
+SOLO_SETTINGS = ("segment_len", "max_new_tokens", "max_rounds", "temperature", "top_p", "seed", "stop_strings")
+
+
+def _differences(a: EnsembleConfig, b: EnsembleConfig, solo: bool = False) -> list[str]:
     left, right = a.to_dict(), b.to_dict()
-    return [f"{k} {left[k]!r} vs {right[k]!r}" for k in left if k != "parallel" and left[k] != right[k]]
+    keys = SOLO_SETTINGS if solo else [k for k in left if k != "parallel"]
+    return [f"{k} {left[k]!r} vs {right[k]!r}" for k in keys if left[k] != right[k]]
 
 
 def _load_existing(job: _Job) -> Trace | str | None:
@@ -157,7 +163,7 @@ def _load_existing(job: _Job) -> Trace | str | None:
                 f"{job.path} holds a run of {', '.join(trace.members)}, not {', '.join(job.system.members)}; "
                 "use another --runs folder"
             )
-        diff = _differences(trace.config, job.config)
+        diff = _differences(trace.config, job.config, solo=len(job.system.members) == 1)
         if diff:
             raise EvalError(
                 f"{job.path} was run with another config ({'; '.join(diff)}); use another --runs "

@@ -492,3 +492,15 @@ def test_throughput_runs_both_ways_and_reports_the_ratio(tiny_members):
     assert report["ratio"] == pytest.approx(report["batched_per_hour"] / report["stream_per_hour"])
     assert len(report["load_averages"]) == 1 + 2 * 2 and report["same_answers"] <= 2
     assert "problems/hour" in ev.format_throughput(report)
+
+
+def test_a_singles_trace_stays_valid_when_only_ensemble_settings_change():
+    """Singles are shared by every study: a new ensemble default must not invalidate them, while a
+    new budget must."""
+    from specfuse.runs import _differences
+
+    old = EnsembleConfig(max_new_tokens=256, score="logit", repeat_penalty=0.0, exit_min_active=2)
+    new = EnsembleConfig(max_new_tokens=256)
+    assert _differences(old, new, solo=True) == []
+    assert _differences(old, new) != []
+    assert _differences(old, EnsembleConfig(max_new_tokens=128), solo=True) == ["max_new_tokens 256 vs 128"]
