@@ -141,7 +141,15 @@ class _Job:
 
 # What can change a lone member's answer: its sampling and budgets. Scoring, feedback and exit settings
 # cannot (one candidate always wins), so a single's traces stay valid when the ensemble defaults move.
-SOLO_SETTINGS = ("segment_len", "max_new_tokens", "max_rounds", "temperature", "top_p", "seed", "stop_strings")
+SOLO_SETTINGS = (
+    "segment_len",
+    "max_new_tokens",
+    "max_rounds",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop_strings",
+)
 
 
 def _differences(a: EnsembleConfig, b: EnsembleConfig, solo: bool = False) -> list[str]:
