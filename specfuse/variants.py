@@ -94,11 +94,23 @@ def parse_value(key: str, value: Any, where: str = "") -> Any:
         if text is None or (choices and text not in choices):
             raise bad(f"one of {', '.join(choices)}" if choices else "text")
         return text
-    if typing.get_origin(kind) is tuple:  # stop_strings: "a|b" in text, a list in a file
-        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-            return tuple(value)
-        if text is not None:
-            return tuple(s for s in text.split("|") if s) if text else ()
+    if typing.get_origin(kind) is tuple:  # "a|b" in text, a list in a file
+        item = typing.get_args(kind)[0]
+        if isinstance(value, (list, tuple)):
+            parts: list[Any] = list(value)
+        elif text is not None:
+            parts = [s for s in text.split("|") if s]
+        else:
+            raise bad("values separated by |")
+        if item is float:  # initial_weights: 0.15|0.15|0.7
+            if any(isinstance(p, bool) for p in parts):
+                raise bad("numbers separated by |")
+            try:
+                return tuple(float(p) for p in parts)
+            except (TypeError, ValueError):
+                raise bad("numbers separated by |") from None
+        if all(isinstance(p, str) for p in parts):
+            return tuple(parts)
         raise bad("strings separated by |")
     raise bad(_describe(kind))  # a field type this parser does not know yet
 

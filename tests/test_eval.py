@@ -504,3 +504,10 @@ def test_a_singles_trace_stays_valid_when_only_ensemble_settings_change():
     assert _differences(old, new, solo=True) == []
     assert _differences(old, new) != []
     assert _differences(old, EnsembleConfig(max_new_tokens=128), solo=True) == ["max_new_tokens 256 vs 128"]
+
+
+def test_a_variant_can_set_starting_weights():
+    name, settings = variants.parse_variant("trusted:initial_weights=0.15|0.15|0.7,prior=uniform")
+    assert name == "trusted" and settings == {"initial_weights": (0.15, 0.15, 0.7), "prior": "uniform"}
+    with pytest.raises(ConfigError, match="numbers separated by"):
+        variants.parse_variant("bad:initial_weights=a|b")
