@@ -8,6 +8,7 @@ the path it names or at `<runs>/<system>/<problem>.json`. Knows nothing about Gr
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,12 +39,23 @@ class EvalRun:
     def systems(self) -> list[str]:
         return list(dict.fromkeys(o.system for o in self.outcomes))
 
+    def ensemble(self) -> str:
+        """The system compared with the best member: `ensemble` when it ran, else the ensemble system
+        with the most correct answers (a study may run only named variants)."""
+        systems = self.systems()
+        if ENSEMBLE in systems:
+            return ENSEMBLE
+        others = [s for s in systems if not s.startswith(SINGLE) and not re.match(r"sc\d*-", s)]
+        right = {s: sum(o.correct for o in self.outcomes if o.system == s) for s in others}
+        return max(others, key=lambda s: right[s]) if others else ENSEMBLE
+
     def get(self, system: str, problem: str) -> Outcome | None:
         return next((o for o in self.outcomes if o.system == system and o.problem == problem), None)
 
 
 def _reports(folder: Path) -> list[Path]:
-    found = [p for p in folder.rglob("*.json") if p.name.startswith("eval-")]
+    """Evaluation reports (write_reports' JSON: RESULTS-*.json, or eval-*.json from older runs)."""
+    found = [p for p in folder.rglob("*.json") if p.name.startswith(("eval-", "RESULTS"))]
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
@@ -115,7 +127,7 @@ def problems_table(run: EvalRun, which: str = FILTERS[0]) -> pd.DataFrame:
     best = f"{SINGLE}{run.best_member}" if run.best_member else None
     rows = []
     for problem in dict.fromkeys(o.problem for o in run.outcomes):
-        mine, theirs = run.get(ENSEMBLE, problem), run.get(best, problem) if best else None
+        mine, theirs = run.get(run.ensemble(), problem), run.get(best, problem) if best else None
         if which == FILTERS[1] and not (mine and theirs and not mine.correct and theirs.correct):
             continue
         if which == FILTERS[2] and not (mine and theirs and mine.correct and not theirs.correct):

@@ -468,7 +468,7 @@ class FailureBrowser:
         if not row:
             return {}
         problem = str(row[0])
-        mine = self.run.get(failures.ENSEMBLE, problem)
+        mine = self.run.get(self.run.ensemble(), problem)
         if mine is None or mine.trace is None:
             raise gr.Error(f"No ensemble trace found for problem {problem!r} in {self.run.folder}.")
         update = self.studio.load_trace_file(str(mine.trace), view_name)

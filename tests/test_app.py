@@ -468,3 +468,27 @@ def test_a_branch_won_by_a_typed_segment_summarizes_without_a_member_for_it():
     assert rounds[1].winner.member == "you"
     assert views.summary_value(rounds)["segments won"].sum() == len(rounds) - 1
     assert "**Round 4**" in views.status_markdown(rounds)
+
+
+def test_the_failure_browser_compares_the_best_ensemble_variant_when_no_system_is_called_ensemble(tmp_path):
+    """A study may run only named variants (RESULTS-*.json): the browser picks the most accurate one."""
+    import json as _json
+
+    from studio import failures
+
+    rows = [
+        {"system": s, "problem": p, "predicted": "1", "correct": c, "gold": "1", "traces": []}
+        for s, p, c in [
+            ("single-q", "p1", True),
+            ("single-q", "p2", False),
+            ("paper", "p1", False),
+            ("paper", "p2", False),
+            ("guarded", "p1", False),
+            ("guarded", "p2", True),
+        ]
+    ]
+    (tmp_path / "RESULTS-gsm8k.json").write_text(_json.dumps({"outcomes": rows}))
+    run = failures.load_eval(tmp_path)
+    assert run.ensemble() == "guarded" and run.best_member == "q"
+    assert list(failures.problems_table(run, failures.FILTERS[1])["problem"]) == ["p1"]
+    assert list(failures.problems_table(run, failures.FILTERS[2])["problem"]) == ["p2"]
