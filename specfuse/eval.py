@@ -180,7 +180,9 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--max-new-tokens", type=int, default=256, help="answer budget (default 256)")
     common.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
     common.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (default auto)")
-    common.add_argument("--batch-size", type=int, default=1, help="prompts run at once (stream_many)")
+    common.add_argument(
+        "--batch-size", type=int, default=8, help="prompts under way at once (stream_many; default 8)"
+    )
     common.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
     study = argparse.ArgumentParser(add_help=False)
     systems_help = ", ".join(f"{k} ({h})" for k, (_, h) in BUILTIN.items())

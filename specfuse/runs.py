@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -207,26 +207,36 @@ def _save_error(job: _Job, message: str) -> str:
     return message
 
 
-def _run_batch(ensemble: Ensemble, jobs: Sequence[_Job], done: dict[int, Trace | str]) -> None:
-    """Run `jobs` together through stream_many; save each trace as soon as its last round arrives.
+def _run_batch(
+    ensemble: Ensemble,
+    jobs: Sequence[_Job],
+    done: dict[int, Trace | str],
+    batch_size: int = 1,
+    finished: Callable[[], object] = lambda: None,
+) -> None:
+    """Run `jobs` through stream_many, `batch_size` at a time as a rolling batch (a finished run's
+    place goes to the next job at once); save each trace as soon as its last round arrives.
 
     A failure inside the batch (a SpecfuseError) re-runs the unfinished jobs one by one, so that only
     the job that fails is recorded as failed.
     """
     for job in jobs:
         job.rounds = []
+    prompts, configs = [j.problem.prompt for j in jobs], [j.config for j in jobs]
     try:
-        for i, rnd in ensemble.stream_many([j.problem.prompt for j in jobs], [j.config for j in jobs]):
+        for i, rnd in ensemble.stream_many(prompts, configs, batch_size=batch_size):
             jobs[i].rounds.append(rnd)
             if rnd.stop_reason is not None:
                 done[id(jobs[i])] = _save(jobs[i])
+                finished()
     except SpecfuseError as e:
         if len(jobs) == 1:
             done[id(jobs[0])] = _save_error(jobs[0], str(e))
+            finished()
             return
         for job in jobs:
             if id(job) not in done:
-                _run_batch(ensemble, [job], done)
+                _run_batch(ensemble, [job], done, 1, finished)
         return
     for job in jobs:
         if id(job) not in done:  # the stream ended without a last round for it
@@ -270,11 +280,8 @@ def run_systems(
     bar = tqdm(total=sum(map(len, pending.values())), desc="eval", file=sys.stderr, disable=not progress)
     for names, queue in pending.items():
         ensemble = Ensemble([by_name[n] for n in names], queue[0].config)
-        for start in range(0, len(queue), batch_size):
-            batch = queue[start : start + batch_size]
-            bar.set_description_str(f"eval {batch[0].system.name} {batch[0].problem.id}")
-            _run_batch(ensemble, batch, done)
-            bar.update(len(batch))
+        bar.set_description_str(f"eval {'+'.join(names)}")
+        _run_batch(ensemble, queue, done, batch_size, lambda: bar.update(1))
     bar.close()
     grouped: dict[tuple[int, str], list[tuple[Path, Trace | str]]] = {}
     for job in jobs:

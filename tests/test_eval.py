@@ -171,14 +171,15 @@ def test_batches_group_pending_runs_of_the_same_members(tmp_path, monkeypatch):
     sizes = []
     original = ev.Ensemble.stream_many
 
-    def recording(self, prompts, config=None):
-        sizes.append((self.names, len(prompts)))
-        return original(self, prompts, config)
+    def recording(self, prompts, config=None, batch_size=None):
+        sizes.append((self.names, len(prompts), batch_size))
+        return original(self, prompts, config, batch_size=batch_size)
 
     monkeypatch.setattr(ev.Ensemble, "stream_many", recording)
     systems = ["single-a", "ensemble", "ensemble-no-exit"]
     ev.evaluate(members, problems, tmp_path, config=CONFIG, systems=systems, batch_size=2)
-    assert sizes == [(("a",), 2), (("a",), 1), (("a", "b"), 2), (("a", "b"), 2), (("a", "b"), 2)]
+    # One rolling batch per member set: every pending run of it, at most 2 under way at once.
+    assert sizes == [(("a",), 3, 2), (("a", "b"), 6, 2)]
 
 
 def test_a_trace_in_the_leads_layout_is_reused_as_it_is(tmp_path, monkeypatch):
