@@ -8,7 +8,6 @@ phase then asks a member once for all the prompts it serves, which a member may 
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -504,8 +503,7 @@ class _Calls:
             return [(list(member.score(s, c)), ()) for s, c in zip(states, candidates)]
         out = []
         for run, details in zip(group, member.verify_many(states, candidates)):
-            logprob = run.config.score == "logprob"
-            z = [statistics.fmean(d.logprobs if logprob else d.logits) for d in details]
+            z = [d.mean(run.config.score) for d in details]
             out.append((z, tuple(details)))
         return out
 

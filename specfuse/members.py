@@ -235,9 +235,8 @@ class HFMember:
 
     def score(self, state: HFState, candidates: Sequence[Candidate]) -> list[float]:
         """Raw scores z_i· of all candidates in one forward pass (verify-in-line)."""
-        logprob = state.settings.score == "logprob"
         (details,) = self.verify_many([state], [candidates])
-        return [sum(v) / len(v) for v in ((d.logprobs if logprob else d.logits) for d in details)]
+        return [d.mean(state.settings.score) for d in details]
 
     @torch.inference_mode()
     def verify_many(

@@ -39,6 +39,11 @@ class TokenScores:
     logits: tuple[float, ...]  # raw logit of each token
     logprobs: tuple[float, ...]  # log-probability of each token (same length)
 
+    def mean(self, score: str) -> float:
+        """z_ij: the mean of the per-token values the score mode names ("logit" or "logprob")."""
+        values = self.logprobs if score == "logprob" else self.logits
+        return sum(values) / len(values)
+
 
 @dataclass(frozen=True)
 class Branch:

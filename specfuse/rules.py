@@ -7,7 +7,6 @@ Knows nothing about members or tensors.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
 from . import feedback
@@ -64,7 +63,7 @@ def choose_by(rnd: Round, rule: Rule) -> int:
     if rule.score == "logprob":
         if not rnd.token_scores or any(not d.logprobs for row in rnd.token_scores for d in row):
             raise ValueError("log-probabilities were not recorded for this round (run with score logprob)")
-        raw = [[statistics.fmean(d.logprobs) for d in row] for row in rnd.token_scores]
+        raw = [[d.mean("logprob") for d in row] for row in rnd.token_scores]
     scores = feedback.normalize(raw, rule.normalization)
     index = {m: i for i, m in enumerate(rnd.members)}
     weights = [rnd.weights_before[index[v]] for v in rnd.verifiers]
