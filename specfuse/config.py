@@ -134,7 +134,7 @@ class EnsembleConfig:
     stop_strings: tuple[str, ...] = setting((), "end the answer before any of these strings")
     parallel: str = setting(
         "auto",
-        "draft/verify members concurrently (auto: when they sit on several devices)",
+        "members work at the same time (auto: on several devices, or sharing a multi-core CPU)",
         choices=PARALLEL_MODES,
         group="devices",
     )

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -19,6 +18,7 @@ from .config import EnsembleConfig
 from .errors import ConfigError, MemberError, SpecfuseError
 from .records import Candidate, ExitEvent, MemberTiming, Result, Round, TokenScores, summarize
 from .segments import cut_at_stop, echoes_prompt, repeated_fraction
+from .workers import MemberWorkers, run_concurrently
 
 if TYPE_CHECKING:  # members.py imports torch; the engine itself never needs it
     from .members import Member
@@ -104,7 +104,8 @@ class Ensemble:
     def _lockstep(self, runs: list[_Run], batch_size: int = 1) -> Iterator[tuple[int, Round]]:
         for run in runs:
             check_prompt(run.prompt)
-        calls = _Calls(self.members, _parallel(self.members, runs[0].config if runs else self.config))
+        config = runs[0].config if runs else self.config
+        calls = _Calls(self.members, run_concurrently(self.members, config.parallel))
         waiting = list(range(len(runs)))
         live: list[int] = []
         try:
@@ -459,12 +460,12 @@ Work = tuple[str, _Run, Any]  # (member name, run, the phase's argument for that
 
 class _Calls:
     """The members' work for one phase of a round, over every run that needs it: timed, batched
-    per member when the member can batch, concurrently across members when they sit on several
-    devices, and re-raising a failure with the member's name and the phase."""
+    per member when the member can batch, concurrently across members (workers.py) when asked to,
+    and re-raising a failure with the member's name and the phase."""
 
-    def __init__(self, members: Sequence[Member], parallel: bool) -> None:
+    def __init__(self, members: Sequence[Member], concurrent: bool) -> None:
         self.members = {m.name: m for m in members}
-        self.pool = ThreadPoolExecutor(len(members), thread_name_prefix="specfuse") if parallel else None
+        self.workers = MemberWorkers(members) if concurrent else None
 
     def start(self, runs: Sequence[_Run]) -> None:
         def begin(m: str, group: list[_Run]) -> list[Any]:
@@ -533,21 +534,15 @@ class _Calls:
             return [(o, each) for o in outs]
 
         names = list(groups)
-        if self.pool is None or len(names) < 2:
+        if self.workers is None:
             results = [timed(m) for m in names]
         else:
-            results = list(self.pool.map(timed, names))
+            results = self.workers.map(timed, names)
         return {
             (m, id(run)): out for m, outs in zip(names, results) for (run, _), out in zip(groups[m], outs)
         }
 
     def shutdown(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
+        if self.workers is not None:
+            self.workers.shutdown()
 
-
-def _parallel(members: Sequence[Member], config: EnsembleConfig) -> bool:
-    if config.parallel == "auto":
-        # On one device the members would only contend for the same cores or stream.
-        return len({getattr(m, "device", "cpu") for m in members}) > 1
-    return config.parallel == "on"

@@ -8,7 +8,8 @@ import pytest
 
 from specfuse.catalogue import check_member_name, load_member
 from specfuse.config import EnsembleConfig, MemberSettings
-from specfuse.engine import Ensemble, _parallel
+from specfuse.engine import Ensemble
+from specfuse.workers import run_concurrently
 from specfuse.errors import ConfigError, MemberError, UnknownModelError
 from specfuse.members import Member
 from specfuse.remote import ENGINES, RemoteMember, parse_server_spec
@@ -147,7 +148,7 @@ def test_asking_a_server_for_raw_logits_is_a_config_error_naming_the_member(loca
 def test_members_on_different_servers_run_concurrently(local):
     (s1, r1), (s2, r2) = served("vllm", local["llama-bytes"]), served("sglang", local["gemma-meta"])
     try:
-        assert _parallel([r1, r2], EnsembleConfig())
+        assert run_concurrently([r1, r2], EnsembleConfig().parallel)
         config = EnsembleConfig(score="logprob", max_new_tokens=20, parallel="auto")
         result = Ensemble([r1, r2], config).run("Hello")
         assert result.rounds >= 1

@@ -1,0 +1,124 @@
+"""Where members' work runs when they run at the same time: one thread per member, each with its
+share of the CPU cores or its own CUDA stream.
+
+Why threads: torch releases the GIL inside every kernel, so members whose forward passes overlap
+keep the cores busy while the other one is in Python; one worker process per member would add
+copying every candidate and score across a pipe and a second copy of torch per member, for no
+measured gain (bench: `python -m specfuse.bench --concurrency`).
+
+Why shares: on one CPU, two members each asking for all the cores make the OpenMP teams fight over
+them. A member's intra-op threads are set in its own thread, sized by its parameter count.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from .members import Member
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def cpu_cores() -> int:
+    """The intra-op threads this process may use: torch's own count (OMP_NUM_THREADS, set_num_threads),
+    without importing torch when no member needs it."""
+    try:
+        import torch
+
+        return max(1, torch.get_num_threads())
+    except ImportError:  # pragma: no cover - members without torch (servers only)
+        return max(1, os.cpu_count() or 1)
+
+
+def thread_shares(sizes: Mapping[str, float], cores: int) -> dict[str, int]:
+    """Intra-op threads for each CPU member: proportional to its size, at least one each.
+
+    With fewer cores than members every member gets one thread and the OS interleaves them (this
+    still beats taking turns: a one-thread small forward pass wastes less than a two-thread one).
+    Shares never add up to more than max(cores, number of members).
+    """
+    if not sizes:
+        return {}
+    if cores <= len(sizes):
+        return {name: 1 for name in sizes}
+    total = sum(max(s, 0.0) for s in sizes.values()) or float(len(sizes))
+    spare = cores - len(sizes)  # one each first, the rest by size (largest remainder)
+    exact = {n: spare * (max(s, 0.0) or total / len(sizes)) / total for n, s in sizes.items()}
+    shares = {n: 1 + int(x) for n, x in exact.items()}
+    left = cores - sum(shares.values())
+    for n in sorted(exact, key=lambda k: exact[k] - int(exact[k]), reverse=True)[:left]:
+        shares[n] += 1
+    return shares
+
+
+def member_size(member: Member) -> float:
+    """Parameters (or 1.0 when the member does not say: a server, a test double)."""
+    model = getattr(member, "model", None)
+    if model is not None and hasattr(model, "num_parameters"):
+        return float(model.num_parameters())
+    return 1.0
+
+
+class MemberWorkers:
+    """One single-thread executor per member, set up once: a CPU member's thread gets its share of
+    the intra-op threads, a CUDA member's thread its own stream. The same member always runs on the
+    same thread, so its caches and stream stay where they were made."""
+
+    def __init__(self, members: Sequence[Member]) -> None:
+        on_cpu = [m for m in members if _on_cpu(m) and hasattr(m, "model")]
+        cores = cpu_cores()
+        self.shares = thread_shares({m.name: member_size(m) for m in on_cpu}, cores) if len(on_cpu) > 1 else {}
+        self.pools = {m.name: ThreadPoolExecutor(1, thread_name_prefix=f"specfuse-{m.name}") for m in members}
+        for setup in [self.pools[m.name].submit(_set_up, m, self.shares.get(m.name)) for m in members]:
+            setup.result()
+        if self.shares:
+            # set_num_threads() also moved the process-wide count that threads started later inherit
+            # (the app serves each request from a new thread): put it back. This thread's is the same.
+            import torch
+
+            torch.set_num_threads(cores)
+            log.info("members concurrent on the CPU, intra-op threads %s", self.shares)
+
+    def map(self, call: Callable[[str], T], names: Sequence[str]) -> list[T]:
+        """call(name) for each member, at the same time. A CPU member working alone (the others have
+        exited, or are not needed this phase) runs here, with all the cores rather than its share."""
+        if len(names) == 1 and names[0] in self.shares:
+            return [call(names[0])]
+        futures: list[Future[T]] = [self.pools[n].submit(call, n) for n in names]
+        return [f.result() for f in futures]
+
+    def shutdown(self) -> None:
+        for pool in self.pools.values():
+            pool.shutdown(wait=True)
+
+
+def _on_cpu(member: Any) -> bool:
+    return str(getattr(member, "device", "cpu")).startswith("cpu")
+
+
+def _set_up(member: Any, share: int | None) -> None:
+    import torch
+
+    if share is not None:
+        # torch sizes a thread's OpenMP team lazily, from the process-wide count, at the thread's
+        # first parallel op. Asking for the count runs that now, so the share set next stays.
+        torch.get_num_threads()
+        torch.set_num_threads(share)
+    elif str(getattr(member, "device", "")).startswith("cuda"):
+        torch.cuda.set_stream(torch.cuda.Stream(device=member.device))  # this thread's current stream
+
+
+def run_concurrently(members: Sequence[Member], mode: str) -> bool:
+    """Whether `parallel=mode` runs these members at the same time. "auto": when they sit on several
+    devices (servers, GPUs), or share a CPU with at least two cores to divide. Several members on
+    one GPU take turns under "auto": CUDA streams ("on") are built but not yet measured on a GPU."""
+    if mode != "auto" or len(members) < 2:
+        return mode == "on" and len(members) > 1
+    devices = {str(getattr(m, "device", "cpu")) for m in members}
+    return len(devices) > 1 or (all(d.startswith("cpu") for d in devices) and cpu_cores() > 1)

@@ -1,0 +1,102 @@
+"""Members at the same time: thread shares on one CPU, the auto rule, one thread per member."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import pytest
+import torch
+
+from specfuse.config import EnsembleConfig
+from specfuse.engine import Ensemble
+from specfuse.workers import MemberWorkers, run_concurrently, thread_shares
+
+from .scripted import ScriptedMember
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "cores", "expected"),
+    [
+        ({"a": 1.0, "b": 1.0, "c": 1.0}, 2, {"a": 1, "b": 1, "c": 1}),  # fewer cores than members
+        ({"a": 1.0, "b": 1.0}, 2, {"a": 1, "b": 1}),
+        ({"small": 135.0, "mid": 270.0, "big": 494.0}, 16, {"small": 3, "mid": 5, "big": 8}),
+        ({"a": 3.0, "b": 1.0}, 4, {"a": 3, "b": 1}),
+        ({"a": 0.0, "b": 0.0}, 6, {"a": 3, "b": 3}),  # sizes unknown: an even split
+    ],
+)
+def test_thread_shares_follow_member_size_and_never_leave_a_member_without_a_thread(sizes, cores, expected):
+    shares = thread_shares(sizes, cores)
+    assert shares == expected
+    assert sum(shares.values()) == max(cores, len(sizes))
+
+
+def test_each_cpu_member_works_on_its_own_thread_with_its_share_and_the_process_count_is_restored(
+    tiny_members, two_threads
+):
+    big, *rest = sorted(tiny_members, key=lambda m: -m.model.num_parameters())
+    workers = MemberWorkers(tiny_members)
+    try:
+        assert workers.shares == {m.name: 1 for m in tiny_members}  # three members, two cores
+        seen = dict(zip([m.name for m in tiny_members], workers.map(_where, [m.name for m in tiny_members])))
+        assert {threads for _, threads in seen.values()} == {1}
+        assert len({thread for thread, _ in seen.values()}) == 3
+        assert all(thread.startswith(f"specfuse-{name}") for name, (thread, _) in seen.items())
+        # Alone (the others exited), a member runs here with every core instead of its share.
+        assert workers.map(_where, [big.name]) == [(threading.current_thread().name, 2)]
+    finally:
+        workers.shutdown()
+    # A thread started later (the app's next request) still gets the process's two threads.
+    later: list[int] = []
+    thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert later == [2] and torch.get_num_threads() == 2
+
+
+def _where(name: str) -> tuple[str, int]:
+    return threading.current_thread().name, torch.get_num_threads()
+
+
+def test_auto_runs_members_at_once_on_a_multicore_cpu_only(tiny_members):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert run_concurrently(tiny_members, "auto")
+        assert not run_concurrently(tiny_members, "off")
+        assert not run_concurrently(tiny_members[:1], "auto") and not run_concurrently(tiny_members[:1], "on")
+        torch.set_num_threads(1)
+        assert not run_concurrently(tiny_members, "auto")  # one core: nothing to divide
+        assert run_concurrently(tiny_members, "on")
+    finally:
+        torch.set_num_threads(before)
+    scripted = [ScriptedMember(n, ["x"], lambda t: 1.0) for n in "ab"]
+    for m, device in zip(scripted, ["cuda:0", "cuda:1"]):
+        m.device = device
+    assert run_concurrently(scripted, "auto")  # several devices
+    scripted[1].device = "cuda:0"
+    assert not run_concurrently(scripted, "auto")  # one GPU: streams only when asked ("on")
+
+
+@pytest.mark.parametrize("exit", [False, True])
+def test_members_at_the_same_time_give_the_rounds_of_members_in_turn(tiny_members, two_threads, exit):
+    config = EnsembleConfig(
+        max_new_tokens=40, segment_len=5, exit=exit, exit_warmup=1, exit_threshold=1.0, learning_rate=5.0,
+        parallel="off",
+    )  # fmt: skip
+    prompt = "Why is the sky blue? Explain it to a child."
+    turns = list(Ensemble(tiny_members, config).stream(prompt))
+    at_once = list(Ensemble(tiny_members, replace(config, parallel="on")).stream(prompt))
+    assert (len(turns[-1].active) < 3) == exit  # with exit on, members do leave, at the same rounds
+    assert [r.text for r in turns] == [r.text for r in at_once]
+    assert [r.active for r in turns] == [r.active for r in at_once]
+    for a, b in zip(turns, at_once):
+        assert [x for row in a.raw_scores for x in row] == pytest.approx([x for row in b.raw_scores for x in row], abs=1e-4)
