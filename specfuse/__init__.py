@@ -20,6 +20,7 @@ from .errors import (
 from .records import (
     Branch,
     Candidate,
+    Draft,
     ExitEvent,
     MemberTiming,
     Result,
@@ -35,6 +36,7 @@ __all__ = [
     "Branch",
     "Candidate",
     "ConfigError",
+    "Draft",
     "Ensemble",
     "EnsembleConfig",
     "ExitEvent",

@@ -50,6 +50,7 @@ class TimedRun:
     rounds: tuple[Round, ...]
     seconds: float  # from calling stream() (prompt prefill included) to the last round
     first_segment_s: float  # from calling stream() to the first round
+    first_candidate_s: float = math.nan  # from calling stream() to the first candidate (Draft)
 
 
 # -- small measurements --------------------------------------------------------------------------------
@@ -85,13 +86,16 @@ def peak_rss_gb() -> float:
 def timed_stream(ensemble: Ensemble, prompt: str, config: EnsembleConfig) -> TimedRun:
     """Run the ensemble to the end, timing from the call (members' prefill included)."""
     began = time.perf_counter()
-    first = math.nan
+    first = first_candidate = math.nan
     rounds: list[Round] = []
-    for rnd in ensemble.stream(prompt, config):
-        if not rounds:
-            first = time.perf_counter() - began
-        rounds.append(rnd)
-    return TimedRun(tuple(rounds), time.perf_counter() - began, first)
+    for event in ensemble.events(prompt, config):
+        if math.isnan(first_candidate):
+            first_candidate = time.perf_counter() - began
+        if isinstance(event, Round):
+            if not rounds:
+                first = time.perf_counter() - began
+            rounds.append(event)
+    return TimedRun(tuple(rounds), time.perf_counter() - began, first, first_candidate)
 
 
 def generate_alone(member: Any, prompt: str, max_new_tokens: int) -> tuple[int, float]:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import feedback
 from .config import EnsembleConfig
 from .errors import ConfigError, MemberError, SpecfuseError
-from .records import Candidate, ExitEvent, MemberTiming, Result, Round, TokenScores, summarize
+from .records import Candidate, Draft, ExitEvent, MemberTiming, Result, Round, TokenScores, summarize
 from .segments import cut_at_stop, echoes_prompt, repeated_fraction
 from .workers import MemberWorkers, run_concurrently
 
@@ -69,10 +69,27 @@ class Ensemble:
         Stopping early is closing the generator: every state lives inside this call, so nothing
         is left behind and the next call starts clean.
         """
-        for _, rnd in self._lockstep(
-            [_Run(prompt, config or self.config, self.names, start, forced, origin)]
-        ):
-            yield rnd
+        for event in self.events(prompt, config, start=start, forced=forced, origin=origin):
+            if isinstance(event, Round):
+                yield event
+
+    def events(
+        self,
+        prompt: str,
+        config: EnsembleConfig | None = None,
+        *,
+        start: Sequence[Round] = (),
+        forced: str | None = None,
+        origin: str = TYPED,
+    ) -> Iterator[Draft | Round]:
+        """stream(), with each candidate also yielded as a Draft the moment its drafter is done.
+
+        With members at the same time (parallel), the fastest member's candidate arrives first: a
+        view shows it while the others are still drafting, instead of waiting for the whole round.
+        """
+        run = _Run(prompt, config or self.config, self.names, start, forced, origin)
+        for _, event in self._lockstep([run]):
+            yield event
 
     def stream_many(
         self,
@@ -93,7 +110,9 @@ class Ensemble:
         if batch_size is not None and batch_size < 1:
             raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
         runs = [_Run(p, c, self.names) for p, c in zip(prompts, configs)]
-        yield from self._lockstep(runs, batch_size or max(1, len(runs)))
+        for i, event in self._lockstep(runs, batch_size or max(1, len(runs))):
+            if isinstance(event, Round):
+                yield i, event
 
     def run(self, prompt: str, config: EnsembleConfig | None = None) -> Result:
         """The whole answer and its totals, for scripts: a consumer of stream()."""
@@ -101,7 +120,7 @@ class Ensemble:
 
     # -- the loop ------------------------------------------------------------------------------------
 
-    def _lockstep(self, runs: list[_Run], batch_size: int = 1) -> Iterator[tuple[int, Round]]:
+    def _lockstep(self, runs: list[_Run], batch_size: int = 1) -> Iterator[tuple[int, Draft | Round]]:
         for run in runs:
             check_prompt(run.prompt)
         config = runs[0].config if runs else self.config
@@ -112,11 +131,13 @@ class Ensemble:
             while waiting or live:
                 joining, waiting = waiting[: batch_size - len(live)], waiting[batch_size - len(live) :]
                 if joining:
+                    for i in joining:
+                        runs[i].began = time.perf_counter()  # a run's clock includes its prefill
                     calls.start([runs[i] for i in joining])
                     for i in joining:
                         runs[i].resume(calls)
                     live += joining
-                rounds = self._round([runs[i] for i in live], calls)
+                rounds = yield from self._round([(i, runs[i]) for i in live], calls)
                 yield from zip(live, rounds)
                 live = [i for i in live if not runs[i].done]
                 for i in range(len(runs)):
@@ -125,13 +146,22 @@ class Ensemble:
         finally:
             calls.shutdown()
 
-    def _round(self, runs: list[_Run], calls: _Calls) -> list[Round]:
-        """One round of every run: the members' work batched across runs, the rest per run."""
+    def _round(
+        self, live: list[tuple[int, _Run]], calls: _Calls
+    ) -> Generator[tuple[int, Draft], None, list[Round]]:
+        """One round of every run: the members' work batched across runs, the rest per run. Yields
+        each candidate as it arrives; returns the rounds."""
+        runs = [run for _, run in live]
+        index = {id(run): i for i, run in live}
         for run in runs:
             run.begin_round()
 
         # 1. Draft: each active member continues its own context for at most L tokens.
-        drafted = calls.phase("draft", [(m, run, run.budget) for run in runs for m in run.drafting])
+        drafted = {}
+        for key, out in calls.arrivals("draft", [(m, run, run.budget) for run in runs for m in run.drafting]):
+            drafted[key] = out
+            run = next(r for r in runs if id(r) == key[1])
+            yield index[key[1]], Draft(run.k, out[0], time.perf_counter() - run.began)
         for run in runs:
             run.take_candidates(drafted)
 
@@ -196,7 +226,6 @@ class _Run:
     def resume(self, calls: _Calls) -> None:
         """Set the run's starting point: round 1, or the round after a branch's `start` rounds."""
         n = len(self.names)
-        self.began = time.perf_counter()
         given = self.config.initial_weights
         if given and len(given) != n:
             raise ConfigError(
@@ -474,7 +503,7 @@ class _Calls:
             return [member.start(r.prompt, r.config.member_settings(i)) for r in group]
 
         out = self._by_member([(m, r, None) for r in runs for m in self.members], "start", begin)
-        for (m, key), (state, _) in out.items():
+        for (m, key), (state, _) in out:
             next(r for r in runs if id(r) == key).states[m] = state
 
     def surprise(self, m: str, run: _Run) -> float | None:
@@ -487,6 +516,12 @@ class _Calls:
 
     def phase(self, phase: str, work: Sequence[Work]) -> dict[tuple[str, int], tuple[Any, float]]:
         """Run `phase` for every (member, run, argument); results by (member, id(run))."""
+        return dict(self.arrivals(phase, work))
+
+    def arrivals(
+        self, phase: str, work: Sequence[Work]
+    ) -> Iterator[tuple[tuple[str, int], tuple[Any, float]]]:
+        """phase(), one result at a time, as each member finishes (the fastest first)."""
         return self._by_member(work, phase, getattr(self, f"_{phase}"))
 
     def _draft(self, m: str, group: list[_Run], budgets: list[int]) -> list[Candidate]:
@@ -516,7 +551,7 @@ class _Calls:
 
     def _by_member(
         self, work: Sequence[Work], phase: str, call: Callable[..., list[Any]]
-    ) -> dict[tuple[str, int], tuple[Any, float]]:
+    ) -> Iterator[tuple[tuple[str, int], tuple[Any, float]]]:
         groups: dict[str, list[tuple[_Run, Any]]] = {}
         for m, run, arg in work:
             groups.setdefault(m, []).append((run, arg))
@@ -535,14 +570,13 @@ class _Calls:
 
         names = list(groups)
         if self.workers is None:
-            results = [timed(m) for m in names]
+            finished: Iterator[tuple[str, list[tuple[Any, float]]]] = ((m, timed(m)) for m in names)
         else:
-            results = self.workers.map(timed, names)
-        return {
-            (m, id(run)): out for m, outs in zip(names, results) for (run, _), out in zip(groups[m], outs)
-        }
+            finished = self.workers.as_completed(timed, names)
+        for m, outs in finished:
+            for (run, _), out in zip(groups[m], outs):
+                yield (m, id(run)), out
 
     def shutdown(self) -> None:
         if self.workers is not None:
             self.workers.shutdown()
-

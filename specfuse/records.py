@@ -27,6 +27,16 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class Draft:
+    """A candidate as it arrives, before its round is decided (Ensemble.events): what a person
+    watches while the slower members are still drafting. The Round that follows carries it too."""
+
+    k: int  # the round it belongs to
+    candidate: Candidate
+    elapsed: float  # seconds since the run started, the prompt's prefill included
+
+
+@dataclass(frozen=True)
 class TokenScores:
     """One verifier's token-level evidence on one candidate: the values behind z_ij.
 
@@ -101,6 +111,12 @@ class Round:
     @property
     def winner(self) -> Candidate:
         return self.candidates[self.chosen]
+
+    @property
+    def next_drafters(self) -> tuple[str, ...]:
+        """Who drafts the round after this one: its drafters, less those who exited after it."""
+        gone = {e.member for e in self.exits}
+        return tuple(m for m in self.active if m not in gone)
 
 
 @dataclass(frozen=True)

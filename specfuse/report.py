@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .records import Round, summarize
+from .records import Draft, Round, summarize
 
 CANDIDATE_COLUMNS = ["member", "text", "tokens", "final", "eligible", "score", "reward", "chosen"]
 SUMMARY_COLUMNS = [
@@ -82,6 +82,17 @@ def candidates_table(rnd: Round) -> pd.DataFrame:
         }
         for j, c in enumerate(rnd.candidates)
     ]
+    return pd.DataFrame(rows, columns=CANDIDATE_COLUMNS)
+
+
+def arriving_table(drafts: Sequence[Draft]) -> pd.DataFrame:
+    """The candidates of a round still being drafted, in the order they arrived: the columns of
+    candidates_table, with the verdict (score, reward, chosen) still blank."""
+    rows = [
+        {"member": d.candidate.member, "text": d.candidate.text, "tokens": d.candidate.num_tokens,
+         "final": d.candidate.final, "eligible": True, "score": math.nan, "reward": math.nan, "chosen": ""}
+        for d in drafts
+    ]  # fmt: skip
     return pd.DataFrame(rows, columns=CANDIDATE_COLUMNS)
 
 

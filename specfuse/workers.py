@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -73,7 +73,9 @@ class MemberWorkers:
     def __init__(self, members: Sequence[Member]) -> None:
         on_cpu = [m for m in members if _on_cpu(m) and hasattr(m, "model")]
         cores = cpu_cores()
-        self.shares = thread_shares({m.name: member_size(m) for m in on_cpu}, cores) if len(on_cpu) > 1 else {}
+        self.shares = (
+            thread_shares({m.name: member_size(m) for m in on_cpu}, cores) if len(on_cpu) > 1 else {}
+        )
         self.pools = {m.name: ThreadPoolExecutor(1, thread_name_prefix=f"specfuse-{m.name}") for m in members}
         for setup in [self.pools[m.name].submit(_set_up, m, self.shares.get(m.name)) for m in members]:
             setup.result()
@@ -85,13 +87,16 @@ class MemberWorkers:
             torch.set_num_threads(cores)
             log.info("members concurrent on the CPU, intra-op threads %s", self.shares)
 
-    def map(self, call: Callable[[str], T], names: Sequence[str]) -> list[T]:
-        """call(name) for each member, at the same time. A CPU member working alone (the others have
-        exited, or are not needed this phase) runs here, with all the cores rather than its share."""
+    def as_completed(self, call: Callable[[str], T], names: Sequence[str]) -> Iterator[tuple[str, T]]:
+        """(name, call(name)) for each member, all started at once, yielded as each finishes. A CPU
+        member working alone (the others exited, or are not needed this phase) runs here instead,
+        with all the cores rather than its share."""
         if len(names) == 1 and names[0] in self.shares:
-            return [call(names[0])]
-        futures: list[Future[T]] = [self.pools[n].submit(call, n) for n in names]
-        return [f.result() for f in futures]
+            yield names[0], call(names[0])
+            return
+        futures: dict[Future[T], str] = {self.pools[n].submit(call, n): n for n in names}
+        for done in as_completed(futures):
+            yield futures[done], done.result()
 
     def shutdown(self) -> None:
         for pool in self.pools.values():

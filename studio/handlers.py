@@ -33,7 +33,7 @@ from specfuse import (
     parse_trace,
 )
 from specfuse.engine import TYPED, check_prompt
-from specfuse.records import Branch
+from specfuse.records import Branch, Draft
 from specfuse.trace import MAX_TRACE_BYTES
 
 from . import failures, settings, views
@@ -255,10 +255,20 @@ class Studio:
         loading_s = time.perf_counter() - began
         waited_s: float | None = None
         rounds: list[Round] = []
+        drafts: list[Draft] = []  # the candidates of the round being drafted, as they arrive
         trace = None
-        stream = cast(Generator[Round, None, None], ensemble.stream(prompt))
+        stream = cast(Generator[Draft | Round, None, None], ensemble.events(prompt))
         try:
             for rnd in stream:
+                if isinstance(rnd, Draft):
+                    drafts.append(rnd)
+                    drafting = rounds[-1].next_drafters if rounds else ensemble.names
+                    yield {
+                        v.candidates: views.arriving_value(drafts),
+                        v.status: views.arriving_status(drafts, drafting, time.perf_counter() - began),
+                    }
+                    continue
+                drafts = []
                 rounds.append(rnd)
                 waited_s = waited_s or time.perf_counter() - began
                 trace = Trace(prompt, ensemble.names, config, tuple(rounds))

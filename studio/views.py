@@ -17,6 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from specfuse import Round, Trace, answer_spans, report, rules
+from specfuse.records import Draft
 
 # One colour per member, in ensemble order (Plotly's default qualitative palette).
 PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880")
@@ -104,6 +105,27 @@ def candidates_value(rnd: Round | None) -> pd.DataFrame:
     if rnd is None:
         return pd.DataFrame(columns=report.CANDIDATE_COLUMNS)
     return _table(report.candidates_table(rnd))
+
+
+def arriving_value(drafts: Sequence[Draft]) -> pd.DataFrame:
+    return _table(report.arriving_table(drafts))
+
+
+def arriving_status(drafts: Sequence[Draft], expected: Sequence[str], waited_s: float) -> str:
+    """While round k is drafted: who is in (and when), who is still drafting."""
+    k = drafts[-1].k
+    arrived = [d.candidate.member for d in drafts]
+    parts = [
+        f"**Round {k}**",
+        f"{len(arrived)} of {len(expected)} candidates in: "
+        + ", ".join(f"{esc(d.candidate.member)} {d.elapsed:.2f} s" for d in drafts),
+    ]
+    if k == 1:
+        parts.append(f"first candidate after {waited_s:.2f} s")
+    waiting = [m for m in expected if m not in arrived]
+    if waiting:
+        parts.append("still drafting: " + ", ".join(esc(m) for m in waiting))
+    return " · ".join(parts)
 
 
 def exits_value(rounds: Sequence[Round]) -> pd.DataFrame:

@@ -3,6 +3,7 @@ candidates and scores, for the cases a tiny model cannot produce on demand (ties
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 from specfuse.config import MemberSettings
@@ -10,8 +11,15 @@ from specfuse.records import Candidate
 
 
 class ScriptedMember:
-    def __init__(self, name: str, drafts: Sequence[str | tuple[str, bool]], judge: Callable[[str], float]):
+    def __init__(
+        self,
+        name: str,
+        drafts: Sequence[str | tuple[str, bool]],
+        judge: Callable[[str], float],
+        draft_delay: float = 0.0,
+    ):
         self.name = name
+        self.draft_delay = draft_delay  # seconds each draft takes (a slow member, for arrival order)
         self.device = "cpu"
         self.drafts = [d if isinstance(d, tuple) else (d, False) for d in drafts]
         self.judge = judge  # text → raw score this member gives it
@@ -24,6 +32,7 @@ class ScriptedMember:
     def draft(self, state: dict, max_new_tokens: int) -> Candidate:
         text, final = self.drafts[min(state["round"], len(self.drafts) - 1)]
         self.calls.append(("draft", state["round"]))
+        time.sleep(self.draft_delay)
         return Candidate(self.name, text, max(1, len(text.split())), final, 0.0)
 
     def score(self, state: dict, candidates: Sequence[Candidate]) -> list[float]:

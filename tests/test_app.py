@@ -249,6 +249,11 @@ def path_of(download) -> str:
     return download["value"] if isinstance(download, dict) else download
 
 
+def round_updates(outputs):
+    """The updates a finished round sent (those for arriving candidates carry no round number)."""
+    return [o for o in outputs if "value" in (o[SLIDER] or {})]
+
+
 def figure(output):
     return pio.from_json(output["plot"])
 
@@ -259,7 +264,7 @@ def test_a_run_streams_one_update_per_round_with_that_rounds_panels(client):
     outputs = job.outputs()
     last_round = int(outputs[-1][SLIDER]["value"])
     assert last_round >= 3
-    by_round = {int(o[SLIDER]["value"]): o for o in outputs if isinstance(o[SLIDER], dict)}
+    by_round = {int(o[SLIDER]["value"]): o for o in round_updates(outputs)}
     assert set(by_round) >= set(range(1, last_round + 1))
     for k, out in by_round.items():
         assert f"**Round {k}**" in out[STATUS]
@@ -271,6 +276,20 @@ def test_a_run_streams_one_update_per_round_with_that_rounds_panels(client):
     assert len(trace.rounds) == last_round and trace.members == tuple(TINY)
     assert "".join(span["token"] for span in outputs[-1][ANSWER]["value"]) == trace.rounds[-1].text
     assert outputs[-1][PLAIN] == trace.rounds[-1].text  # the exact answer, for copying
+
+
+def test_candidates_show_as_they_arrive_before_their_round_is_decided(client):
+    job = submit(client, TINY, "Hello there", parallel="on")
+    job.result(timeout=60)
+    outputs = job.outputs()
+    arriving = [o for o in outputs if "candidates in" in o[STATUS]]
+    first = arriving[0]
+    assert first[STATUS].startswith("**Round 1**") and "1 of 3 candidates in" in first[STATUS]
+    assert "first candidate after" in first[STATUS] and "still drafting" in first[STATUS]
+    assert len(first[CANDIDATES]["data"]) == 1 and first[CANDIDATES]["data"][0][5] == ""  # no score yet
+    assert outputs.index(first) < min(i for i, o in enumerate(outputs) if "candidates in" not in o[STATUS])
+    members = {row[0] for o in arriving for row in o[CANDIDATES]["data"]}
+    assert members == set(TINY)
 
 
 def test_two_clients_at_once_each_get_their_own_answer(served, client):
@@ -297,9 +316,9 @@ def test_stop_ends_the_run_keeps_what_was_produced_and_the_next_run_works(served
     _, members, _, _ = served
     job = submit(client, ["loop-a", "loop-b"], "go", max_new_tokens=1024)
     deadline = time.time() + 30
-    while len(job.outputs()) < 3 and time.time() < deadline:
+    while len(round_updates(job.outputs())) < 3 and time.time() < deadline:
         time.sleep(0.05)
-    assert len(job.outputs()) >= 3
+    assert len(round_updates(job.outputs())) >= 3
     job.cancel()
     time.sleep(0.5)
     calls = len(members["loop-a"].calls)

@@ -9,10 +9,10 @@ import pytest
 from specfuse.catalogue import check_member_name, load_member
 from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Ensemble
-from specfuse.workers import run_concurrently
 from specfuse.errors import ConfigError, MemberError, UnknownModelError
 from specfuse.members import Member
 from specfuse.remote import ENGINES, RemoteMember, parse_server_spec
+from specfuse.workers import run_concurrently
 
 from .conftest import tiny_member
 from .remote_stub import StubServer

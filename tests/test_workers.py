@@ -10,6 +10,7 @@ import torch
 
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble
+from specfuse.records import Draft, Round
 from specfuse.workers import MemberWorkers, run_concurrently, thread_shares
 
 from .scripted import ScriptedMember
@@ -46,12 +47,14 @@ def test_each_cpu_member_works_on_its_own_thread_with_its_share_and_the_process_
     workers = MemberWorkers(tiny_members)
     try:
         assert workers.shares == {m.name: 1 for m in tiny_members}  # three members, two cores
-        seen = dict(zip([m.name for m in tiny_members], workers.map(_where, [m.name for m in tiny_members])))
+        seen = dict(workers.as_completed(_where, [m.name for m in tiny_members]))
         assert {threads for _, threads in seen.values()} == {1}
         assert len({thread for thread, _ in seen.values()}) == 3
         assert all(thread.startswith(f"specfuse-{name}") for name, (thread, _) in seen.items())
         # Alone (the others exited), a member runs here with every core instead of its share.
-        assert workers.map(_where, [big.name]) == [(threading.current_thread().name, 2)]
+        assert list(workers.as_completed(_where, [big.name])) == [
+            (big.name, (threading.current_thread().name, 2))
+        ]
     finally:
         workers.shutdown()
     # A thread started later (the app's next request) still gets the process's two threads.
@@ -99,4 +102,35 @@ def test_members_at_the_same_time_give_the_rounds_of_members_in_turn(tiny_member
     assert [r.text for r in turns] == [r.text for r in at_once]
     assert [r.active for r in turns] == [r.active for r in at_once]
     for a, b in zip(turns, at_once):
-        assert [x for row in a.raw_scores for x in row] == pytest.approx([x for row in b.raw_scores for x in row], abs=1e-4)
+        assert [x for row in a.raw_scores for x in row] == pytest.approx(
+            [x for row in b.raw_scores for x in row], abs=1e-4
+        )
+
+
+def test_events_yield_each_candidate_as_its_drafter_finishes_fastest_first():
+    judge = lambda text: float(len(text))  # noqa: E731
+    slow = ScriptedMember("slow", [" slow one", " slow two"], judge, draft_delay=0.4)
+    fast = ScriptedMember("fast", [" quick", " quick again"], judge)
+    config = EnsembleConfig(max_rounds=2, exit=False, parallel="on", prior="uniform")
+    events = list(Ensemble([slow, fast], config).events("go"))
+    kinds = [type(e).__name__ for e in events]
+    assert kinds == ["Draft", "Draft", "Round", "Draft", "Draft", "Round"]
+    drafts = [e for e in events if isinstance(e, Draft)]
+    assert [d.candidate.member for d in drafts] == ["fast", "slow", "fast", "slow"]  # not ensemble order
+    assert drafts[0].elapsed < 0.3 < drafts[1].elapsed  # the fast candidate came before the slow one ended
+    rounds = [e for e in events if isinstance(e, Round)]
+    for k, rnd in enumerate(rounds, 1):
+        arrived = {d.candidate for d in drafts if d.k == k}
+        assert arrived == set(rnd.candidates) and all(d.elapsed <= rnd.elapsed for d in drafts if d.k == k)
+    assert [r.text for r in Ensemble([slow, fast], config).stream("go")] == [r.text for r in rounds]
+
+
+def test_stream_is_events_without_the_drafts(tiny_members):
+    config = EnsembleConfig(max_new_tokens=20, segment_len=5, parallel="off")
+    events = list(Ensemble(tiny_members, config).events("Hi there"))
+    drafts = [e for e in events if isinstance(e, Draft)]
+    rounds = list(Ensemble(tiny_members, config).stream("Hi there"))
+    assert [r.text for r in rounds] == [e.text for e in events if isinstance(e, Round)]
+    assert len(drafts) == sum(len(r.active) for r in rounds)
+    # Members in turn: candidates arrive in ensemble order.
+    assert [d.candidate.member for d in drafts[:3]] == [m.name for m in tiny_members]

@@ -1,0 +1,310 @@
+"""Members in turn against members at the same time, in one run: `python -m specfuse.bench_concurrency`.
+
+For each of exit off / on, the ensemble runs the same prompt with parallel="off" (members take
+turns, each with every core) and parallel="on" (one thread per member with its share of the cores,
+workers.py), beside each member's own `generate` alone. It also times the members' bare decoding
+three ways (in turn, threads, one process per member) to show which kind of worker pays on this
+machine. Ratios are measured in the same run; the load average is printed beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import multiprocessing
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .bench import (
+    LONG_PROMPT,
+    cpu_model,
+    generate_alone,
+    late_early_ranges,
+    mean_round_seconds,
+    parse_models,
+    timed_stream,
+    tokens_of,
+)
+from .config import EnsembleConfig
+from .engine import Ensemble
+from .errors import SpecfuseError
+from .workers import member_size, thread_shares
+
+log = logging.getLogger(__name__)
+
+TARGETS = {  # issue 12, CPU, default trio, exit off, members at the same time
+    "overhead_vs_single_sum": 1.0,
+    "first_segment_ratio": 1.5,
+    "round_time_ratio_late_early": 1.1,
+}
+
+
+def run_concurrency(
+    members: Sequence[Any],
+    *,
+    prompt: str = LONG_PROMPT,
+    max_new_tokens: int = 300,
+    segment_len: int = 10,
+    repeats: int = 3,
+) -> dict[str, Any]:
+    """Every mode on the same prompt; returns the JSON-ready report (see format_table)."""
+    import torch
+
+    base = EnsembleConfig(segment_len=segment_len, max_new_tokens=max_new_tokens, stop_strings=())
+    load_before = os.getloadavg()
+    for m in members:  # warm-up: first calls allocate and pick kernels
+        generate_alone(m, prompt, 4)
+    for parallel in ("off", "on"):
+        Ensemble(members, replace(base, max_rounds=2, parallel=parallel)).run(prompt)
+
+    singles = {}
+    for m in members:
+        n, seconds = generate_alone(m, prompt, max_new_tokens)
+        first = statistics.median(generate_alone(m, prompt, segment_len)[1] for _ in range(repeats))
+        singles[m.name] = {"s_per_token": seconds / max(n, 1), "first_segment_s": first}
+    single_sum = sum(s["s_per_token"] for s in singles.values())
+    slowest = max(s["s_per_token"] for s in singles.values())
+    slowest_first = max(s["first_segment_s"] for s in singles.values())
+
+    modes: dict[str, dict[str, Any]] = {}
+    for exit_ in (False, True):
+        for parallel in ("off", "on"):
+            config = replace(base, exit=exit_, parallel=parallel)
+            ensemble = Ensemble(members, config)
+            run = timed_stream(ensemble, prompt, config)
+            firsts = [timed_stream(ensemble, prompt, replace(config, max_rounds=1)) for _ in range(repeats)]
+            early, late = late_early_ranges(len(run.rounds))
+            s_per_token = run.seconds / max(tokens_of(run.rounds), 1)
+            first_segment = statistics.median(f.first_segment_s for f in firsts)
+            modes[f"exit {'on' if exit_ else 'off'}, parallel {parallel}"] = {
+                "exit": exit_,
+                "parallel": parallel,
+                "tokens": tokens_of(run.rounds),
+                "rounds": len(run.rounds),
+                "s_per_token": s_per_token,
+                "tokens_per_s": 1 / s_per_token,
+                "overhead_vs_single_sum": s_per_token / single_sum,
+                "overhead_vs_slowest": s_per_token / slowest,
+                "round_time_ratio_late_early": mean_round_seconds(run.rounds, *late)
+                / mean_round_seconds(run.rounds, *early),
+                "first_candidate_s": statistics.median(f.first_candidate_s for f in firsts),
+                "first_segment_s": first_segment,
+                "first_segment_ratio": first_segment / slowest_first,
+                "drafters_per_round": statistics.fmean(len(r.active) for r in run.rounds),
+                "answer": run.rounds[-1].text,
+            }
+    for state in ("off", "on"):
+        turns, at_once = modes[f"exit {state}, parallel off"], modes[f"exit {state}, parallel on"]
+        at_once["speedup_vs_in_turn"] = turns["s_per_token"] / at_once["s_per_token"]
+        at_once["same_answer_as_in_turn"] = turns["answer"] == at_once["answer"]
+    return {
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "models": [m.name for m in members],
+        "dtypes": {m.name: str(m.dtype).replace("torch.", "") for m in members},
+        "thread_shares": thread_shares({m.name: member_size(m) for m in members}, torch.get_num_threads()),
+        "prompt": prompt,
+        "segment_len": segment_len,
+        "max_new_tokens": max_new_tokens,
+        "single": singles,
+        "single_sum_s_per_token": single_sum,
+        "slowest_single_s_per_token": slowest,
+        "slowest_single_first_segment_s": slowest_first,
+        "modes": modes,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+    }
+
+
+# -- bare decoding: in turn, threads, processes --------------------------------------------------------
+
+
+def compare_workers(
+    names: Sequence[str], dtype: str, tokens: int, prompt: str = LONG_PROMPT
+) -> dict[str, Any]:
+    """Seconds for every member to decode `tokens` greedily with `generate`: one after another with all
+    the cores, at once in threads, and at once in one process per member (each with its thread share)."""
+    import torch
+
+    from .catalogue import load_member
+
+    members = [load_member(n, dtype=dtype) for n in names]
+    shares = thread_shares({m.name: member_size(m) for m in members}, torch.get_num_threads())
+    for m in members:
+        generate_alone(m, prompt, 4)
+    began = time.perf_counter()
+    for m in members:
+        generate_alone(m, prompt, tokens)
+    in_turn = time.perf_counter() - began
+
+    def alone(m: Any) -> None:
+        torch.get_num_threads()  # see workers._set_up: settle this thread's count, then set its share
+        torch.set_num_threads(shares[m.name])
+        generate_alone(m, prompt, tokens)
+
+    cores = torch.get_num_threads()
+    threads = [threading.Thread(target=alone, args=(m,)) for m in members]
+    began = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    in_threads = time.perf_counter() - began
+    torch.set_num_threads(cores)
+    del members
+
+    spawn = multiprocessing.get_context("spawn")
+    ready, results, go = spawn.Queue(), spawn.Queue(), spawn.Event()
+    procs = [
+        spawn.Process(target=_decode_child, args=(n, dtype, shares[n], prompt, tokens, ready, results, go))
+        for n in names
+    ]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=600)
+    began = time.perf_counter()
+    go.set()
+    for _ in procs:
+        results.get(timeout=600)
+    in_processes = time.perf_counter() - began
+    for p in procs:
+        p.join()
+    return {
+        "tokens": tokens,
+        "dtype": dtype,
+        "thread_shares": shares,
+        "in_turn_s": in_turn,
+        "threads_s": in_threads,
+        "processes_s": in_processes,
+        "threads_speedup": in_turn / in_threads,
+        "processes_speedup": in_turn / in_processes,
+    }
+
+
+def _decode_child(
+    name: str, dtype: str, share: int, prompt: str, tokens: int, ready: Any, results: Any, go: Any
+) -> None:
+    import torch
+
+    from .catalogue import load_member
+
+    torch.set_num_threads(share)
+    member = load_member(name, dtype=dtype)
+    generate_alone(member, prompt, 4)
+    ready.put(name)
+    go.wait()
+    generate_alone(member, prompt, tokens)
+    results.put(name)
+
+
+# -- report --------------------------------------------------------------------------------------------
+
+
+def format_table(report: dict[str, Any]) -> str:
+    before, after = report["load_average_before"][0], report["load_average_after"][0]
+    lines = [
+        f"CPU: {report['cpu_model']} ({report['cpu_count']} cores, {report['torch_threads']} torch threads), "
+        f"load average {before:.2f} before, {after:.2f} after",
+        f"models: {', '.join(f'{m} ({d})' for m, d in report['dtypes'].items())}; "
+        f"thread shares at once: {report['thread_shares']}",
+        f"{report['max_new_tokens']} tokens, L = {report['segment_len']}",
+        "",
+    ]
+    for name, s in report["single"].items():
+        lines.append(
+            f"  {name:24} alone: {1000 * s['s_per_token']:6.1f} ms/token, "
+            f"first {report['segment_len']} tokens {s['first_segment_s']:.3f} s"
+        )
+    lines += [
+        f"  sum of members alone {1000 * report['single_sum_s_per_token']:.1f} ms/token, slowest "
+        f"{1000 * report['slowest_single_s_per_token']:.1f}",
+        "",
+        f"{'mode':26} {'ms/tok':>7} {'×sum':>6} {'×slowest':>8} {'late/early':>10} {'1st cand':>8} "
+        f"{'1st seg':>7} {'×slowest':>8} {'drafters':>8} {'speedup':>7}",
+    ]
+    for name, m in report["modes"].items():
+        speedup = f"{m['speedup_vs_in_turn']:.2f}×" if "speedup_vs_in_turn" in m else ""
+        lines.append(
+            f"{name:26} {1000 * m['s_per_token']:7.1f} {m['overhead_vs_single_sum']:6.2f} "
+            f"{m['overhead_vs_slowest']:8.2f} {m['round_time_ratio_late_early']:10.2f} "
+            f"{m['first_candidate_s']:8.2f} {m['first_segment_s']:7.2f} {m['first_segment_ratio']:8.2f} "
+            f"{m['drafters_per_round']:8.2f} {speedup:>7}"
+        )
+    on = report["modes"]["exit off, parallel on"]
+    lines += ["", "targets (exit off, members at the same time):"]
+    for key, bound in TARGETS.items():
+        value = on[key]
+        verdict = "PASS" if math.isfinite(value) and value <= bound else "MISS"
+        lines.append(f"  {key:30} {value:6.3f} ≤ {bound}  {verdict}")
+    same = [
+        m.get("same_answer_as_in_turn") for m in report["modes"].values() if "same_answer_as_in_turn" in m
+    ]
+    lines.append(f"same answer at once as in turn: {same} (bf16 rounds differently with fewer threads)")
+    w = report.get("workers")
+    if w:
+        lines += [
+            "",
+            f"bare decoding, {w['tokens']} tokens each ({w['dtype']}): in turn {w['in_turn_s']:.2f} s, "
+            f"threads {w['threads_s']:.2f} s ({w['threads_speedup']:.2f}×), "
+            f"processes {w['processes_s']:.2f} s ({w['processes_speedup']:.2f}×)",
+        ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m specfuse.bench_concurrency",
+        description="Members in turn against members at the same time (threads with core shares), "
+        "exit off and on, beside each member alone; and threads against processes for bare decoding.",
+    )
+    parser.add_argument("--models", nargs="+", default=None, help="catalogue names (default: the trio)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (default auto)")
+    parser.add_argument("--max-new-tokens", type=int, default=300, help="answer budget (default 300)")
+    parser.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
+    parser.add_argument("--repeats", type=int, default=3, help="first-segment runs per mode (median)")
+    parser.add_argument("--prompt", default=LONG_PROMPT, help="the prompt (default: a long numbered list)")
+    parser.add_argument("--no-workers", action="store_true", help="skip the threads-vs-processes timing")
+    parser.add_argument("--json", type=Path, default=None, help="write the report here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from .catalogue import load_member, tqdm_progress
+
+    try:
+        names = parse_models(args.models)
+        members = [load_member(n, dtype=args.dtype, progress=tqdm_progress(f"loading {n}")) for n in names]
+        report = run_concurrency(
+            members,
+            prompt=args.prompt,
+            max_new_tokens=args.max_new_tokens,
+            segment_len=args.segment_len,
+            repeats=args.repeats,
+        )
+        if not args.no_workers:
+            del members
+            report["workers"] = compare_workers(names, args.dtype, min(60, args.max_new_tokens), args.prompt)
+    except SpecfuseError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    report["command"] = " ".join(["python -m specfuse.bench_concurrency", *(argv or sys.argv[1:])])
+    print(format_table(report))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1, allow_nan=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
