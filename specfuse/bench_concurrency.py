@@ -106,6 +106,7 @@ def run_concurrency(
         turns, at_once = modes[f"exit {state}, parallel off"], modes[f"exit {state}, parallel on"]
         at_once["speedup_vs_in_turn"] = turns["s_per_token"] / at_once["s_per_token"]
         at_once["same_answer_as_in_turn"] = turns["answer"] == at_once["answer"]
+        at_once["common_prefix_chars"] = len(os.path.commonprefix([turns["answer"], at_once["answer"]]))
     return {
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
@@ -248,10 +249,14 @@ def format_table(report: dict[str, Any]) -> str:
         value = on[key]
         verdict = "PASS" if math.isfinite(value) and value <= bound else "MISS"
         lines.append(f"  {key:30} {value:6.3f} ≤ {bound}  {verdict}")
-    same = [
-        m.get("same_answer_as_in_turn") for m in report["modes"].values() if "same_answer_as_in_turn" in m
-    ]
-    lines.append(f"same answer at once as in turn: {same} (bf16 rounds differently with fewer threads)")
+    for name, m in report["modes"].items():
+        if "same_answer_as_in_turn" in m:
+            turns = report["modes"][name.replace("parallel on", "parallel off")]["answer"]
+            lines.append(
+                f"{name}: same answer as in turn: {m['same_answer_as_in_turn']} (the first "
+                f"{m['common_prefix_chars']} of {len(turns)} characters agree; one thread per member "
+                "sums in another order than two, so a near tie can go the other way)"
+            )
     w = report.get("workers")
     if w:
         lines += [
