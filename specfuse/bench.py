@@ -224,7 +224,7 @@ def run_bench(
     segment_len: int = 10,
     off_rounds: int = 40,
     repeats: int = 3,
-    parallel: str = "off",
+    parallel: str = "auto",
     progress: bool = False,
 ) -> dict[str, Any]:
     """Measure everything on `members` (HFMembers) in this process; returns the JSON-ready report.
@@ -484,8 +484,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--parallel",
         choices=["off", "on", "auto"],
-        default="off",
-        help="draft/verify members concurrently in threads (default off: in turn)",
+        default="auto",
+        help="members at the same time (default auto, as the engine: on for a multi-core CPU)",
     )
     parser.add_argument("--off-rounds", type=int, default=12, help="rounds of the reuse-off run")
     parser.add_argument("--no-rss", action="store_true", help="skip loading each model alone in a child")

@@ -82,6 +82,8 @@ def url(tmp_path_factory):
     members["xss-img"] = ScriptedMember("xss-img", [XSS_IMG] * 50, lambda t: 2.0 if "script" in t else 1.0)
     members["slow-a"] = SlowMember("slow-a", ["a "] * 500, len)
     members["slow-b"] = SlowMember("slow-b", ["b "] * 500, len)
+    members["quick"] = ScriptedMember("quick", [" quick fox"] * 50, len)
+    members["slow-draft"] = ScriptedMember("slow-draft", [" slow tortoise"] * 50, len, draft_delay=2.0)
 
     def loader(name, device, progress):
         if name.startswith("slow"):  # loading takes a while, as a real model's does
@@ -254,9 +256,25 @@ def test_the_progress_bar_is_drawn_once_and_the_wait_is_reported(page):
         most = max(most, page.locator(".progress-text:visible").count())
         page.wait_for_timeout(50)
     assert most == 1  # one tracker (it was drawn on ten panels at once)
+    page.wait_for_function("document.querySelector('#status').innerText.includes('first segment after')")
     status = status_of(page)
     assert "loading" in status and "round 1" in status and "first segment after" in status
     page.click("#stop")
+
+
+def test_the_first_candidate_shows_while_a_slower_member_is_still_drafting(page):
+    use_members(page, "quick", "slow-draft")
+    page.fill("#prompt textarea", "go")
+    page.click("#run")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('1 of 2 candidates in')")
+    status, table = status_of(page), page.inner_text("#candidates")
+    assert status.startswith("Round 1") and "still drafting: slow-draft" in status
+    assert "quick fox" in table and "slow tortoise" not in table
+    page.wait_for_function("document.querySelector('#status').innerText.includes('first segment after')")
+    table = page.inner_text("#candidates")
+    assert "quick fox" in table and "slow tortoise" in table and "✓" in table  # decided: both, one chosen
+    page.click("#stop")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('stopped by the user')")
 
 
 def test_the_plain_answer_is_exactly_the_trace_answer(page, browser, tmp_path):
