@@ -21,6 +21,7 @@ def test_every_mode_reports_finite_ratios_and_says_whether_answers_match(tiny_me
         for key in ("s_per_token", "overhead_vs_single_sum", "overhead_vs_slowest", "first_segment_ratio"):
             assert math.isfinite(mode[key]) and mode[key] > 0, key
         assert 0 < mode["first_candidate_s"] <= mode["first_segment_s"]
+        assert 0 <= mode["decode_steps_saved"] < mode["tokens"] * 3
     on = report["modes"]["exit off, parallel on"]
     assert on["same_answer_as_in_turn"] is True  # fp32 tiny members: one thread or two, same argmax
     assert on["drafters_per_round"] == 3.0
