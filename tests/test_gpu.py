@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from specfuse.config import MemberSettings
 from specfuse.engine import Ensemble
 from specfuse.members import HFMember
 from specfuse.records import Candidate
+from specfuse.workers import run_concurrently
 
 from .conftest import TINY_SPECS, tiny_member
 
@@ -45,3 +48,12 @@ def test_sampling_on_the_gpu_is_reproducible():
     member = on("cuda", "gemma-meta")
     config = EnsembleConfig(temperature=1.0, top_p=0.9, seed=5, max_new_tokens=16)
     assert Ensemble([member], config).run("Sing").answer == Ensemble([member], config).run("Sing").answer
+
+
+def test_members_on_one_gpu_on_their_own_streams_match_members_in_turn():
+    members = [on("cuda:0", name) for name in TINY_SPECS]
+    config = EnsembleConfig(max_new_tokens=24, segment_len=4)
+    assert not run_concurrently(members, "auto")  # one GPU: streams only when asked
+    turns = Ensemble(members, replace(config, parallel="off")).run("Hi")
+    streams = Ensemble(members, replace(config, parallel="on")).run("Hi")
+    assert turns.answer == streams.answer and turns.wins == streams.wins
