@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import app  # noqa: E402
 from specfuse import load_trace  # noqa: E402
+from studio.panels import EXAMPLES  # noqa: E402
 
 CHROMIUM_ARGS = [
     "--headless",
@@ -54,6 +55,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "assets")
     parser.add_argument("--timeout-min", type=float, default=30)
     parser.add_argument(
+        "--arriving",
+        action="store_true",
+        help="only assets/arriving.png: round 1 while the slower members are still drafting",
+    )
+    parser.add_argument(
         "--from-trace", type=Path, help="replay this trace of a real run instead of running (loads no model)"
     )
     args = parser.parse_args()
@@ -81,8 +87,21 @@ def main() -> None:
                 page.locator("#upload input[type=file]").set_input_files(str(args.from_trace))
                 page.wait_for_function("document.querySelector('#status').innerText.includes('replayed')")
                 page.fill("#prompt textarea", load_trace(args.from_trace).prompt)
+            elif args.arriving:  # the first candidates, before round 1 is decided
+                page.fill("#prompt textarea", EXAMPLES[args.example][0])
+                page.click("#run")
+                page.wait_for_function(
+                    "document.querySelector('#status').innerText.includes('candidates in')",
+                    polling=20,
+                )
+                page.locator("#candidates").scroll_into_view_if_needed()
+                print(page.inner_text("#status"))
+                page.screenshot(path=str(args.out / "arriving.png"), full_page=False)
+                page.click("#stop")
+                browser.close()
+                return
             else:
-                page.fill("#prompt textarea", app.EXAMPLES[args.example][0])
+                page.fill("#prompt textarea", EXAMPLES[args.example][0])
                 page.click("#run")
                 page.wait_for_function("document.querySelector('#status').innerText.includes('stopped:')")
             print(page.inner_text("#status"))

@@ -55,6 +55,14 @@ except ImportError:
 Loader = Callable[[str, str, Callable[[float, str], None]], "Member"]  # (name, device, progress) → member
 DevicePlan = Callable[[int, str], list[str]]  # (members, device setting) → one device each
 Update = dict[Any, Any]  # {component: value}
+
+
+def unchanged() -> Update:
+    """Leave every output as it is. (An empty dict is not that: Gradio reads `{}` as one value for
+    the first output and fails the event with "didn't return enough output values".)"""
+    return cast(Update, gr.skip())
+
+
 limits = {"trace_bytes": MAX_TRACE_BYTES}  # tests lower it
 
 
@@ -111,20 +119,23 @@ async def in_worker(stream: Iterator[Update]) -> AsyncIterator[Update]:
     items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     stopped = threading.Event()
 
+    def post(kind: str, value: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone (the server shut down): no reader
+            loop.call_soon_threadsafe(items.put_nowait, (kind, value))
+
     def work() -> None:
         try:
             for item in stream:
-                loop.call_soon_threadsafe(items.put_nowait, ("item", item))
                 if stopped.is_set():
                     break
+                post("item", item)
         except BaseException as e:  # handed to the coroutine, which raises it in the event
-            loop.call_soon_threadsafe(items.put_nowait, ("error", e))
+            post("error", e)
         finally:
             close = getattr(stream, "close", None)
             if close is not None:
                 close()
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(items.put_nowait, ("done", None))
+            post("done", None)
 
     threading.Thread(target=work, name="specfuse-run", daemon=True).start()
     try:
@@ -264,8 +275,11 @@ class Studio:
                     drafts.append(rnd)
                     drafting = rounds[-1].next_drafters if rounds else ensemble.names
                     yield {
+                        **({self.trace: None} if not rounds else {}),  # Stop now keeps no older run
                         v.candidates: views.arriving_value(drafts),
-                        v.status: views.arriving_status(drafts, drafting, time.perf_counter() - began),
+                        v.status: views.arriving_status(
+                            drafts, drafting, time.perf_counter() - began, loading_s
+                        ),
                     }
                     continue
                 drafts = []
@@ -413,8 +427,11 @@ class Studio:
 
     def stop(self, trace: Trace | None) -> Update:
         """After a cancel: keep what was produced and offer it as a trace."""
-        if trace is None or not trace.rounds:
-            return {}
+        if trace is None or not trace.rounds:  # stopped while round 1 was still being drafted
+            return {
+                self.display.status: "Stopped by the user before round 1 was decided: nothing to keep.",
+                self.controls.download: download_value(None),
+            }
         return {
             self.display.status: views.status_markdown(trace.rounds, "stopped by the user"),
             self.controls.download: download_value(trace),
@@ -422,12 +439,12 @@ class Studio:
 
     def replay(self, trace: Trace | None, k: float, view_name: str) -> Update:
         if trace is None or not trace.rounds:
-            return {}
+            return unchanged()
         return self.panels(trace, int(k), view_name)
 
     def select_segment(self, trace: Trace | None, view_name: str, evt: gr.SelectData) -> Update:
         if trace is None or not trace.rounds or not isinstance(evt.index, int):
-            return {}
+            return unchanged()
         k = min(evt.index + 1, len(trace.rounds))
         update = self.panels(trace, k, view_name)
         update[self.display.answer] = views.answer_component(trace, k - 1)  # whole, segment k marked
@@ -437,7 +454,7 @@ class Studio:
 
     def load_trace_file(self, path: str | None, view_name: str) -> Update:
         if not path:
-            return {}
+            return unchanged()
         size = os.path.getsize(path)
         if size > limits["trace_bytes"]:
             raise gr.Error(f"The trace is {size:,} bytes; the limit is {limits['trace_bytes']:,}.")
@@ -476,7 +493,7 @@ class FailureBrowser:
     def open(self, view_name: str, evt: gr.SelectData) -> Update:
         row = evt.row_value if isinstance(evt.row_value, list) else None
         if not row:
-            return {}
+            return unchanged()
         problem = str(row[0])
         mine = self.run.get(self.run.ensemble(), problem)
         if mine is None or mine.trace is None:

@@ -111,7 +111,9 @@ def arriving_value(drafts: Sequence[Draft]) -> pd.DataFrame:
     return _table(report.arriving_table(drafts))
 
 
-def arriving_status(drafts: Sequence[Draft], expected: Sequence[str], waited_s: float) -> str:
+def arriving_status(
+    drafts: Sequence[Draft], expected: Sequence[str], waited_s: float, loading_s: float | None = None
+) -> str:
     """While round k is drafted: who is in (and when), who is still drafting."""
     k = drafts[-1].k
     arrived = [d.candidate.member for d in drafts]
@@ -121,7 +123,8 @@ def arriving_status(drafts: Sequence[Draft], expected: Sequence[str], waited_s: 
         + ", ".join(f"{esc(d.candidate.member)} {d.elapsed:.2f} s" for d in drafts),
     ]
     if k == 1:
-        parts.append(f"first candidate after {waited_s:.2f} s")
+        loading = f" (loading {loading_s:.2f} s)" if loading_s is not None else ""
+        parts.append(f"first candidate after {waited_s:.2f} s{loading}")
     waiting = [m for m in expected if m not in arrived]
     if waiting:
         parts.append("still drafting: " + ", ".join(esc(m) for m in waiting))

@@ -303,6 +303,14 @@ def test_two_clients_at_once_each_get_their_own_answer(served, client):
     assert answers == expected and answers[0] != answers[1]
 
 
+def test_stop_and_replay_before_any_round_leave_a_message_not_an_error(served):
+    url, _, downloads, _ = served
+    fresh = Client(url, verbose=False, download_files=str(downloads))  # a session without a trace
+    status, download = fresh.predict(api_name="/stop")
+    assert status.startswith("Stopped by the user before round 1") and path_of(download) is None
+    fresh.predict(k=1, view_name=views.RAW, api_name="/replay")  # raised "not enough output values"
+
+
 def test_replay_shows_a_past_round_from_the_session_trace(client):
     final = client.predict(members=TINY[:2], prompt="Again", max_new_tokens=24, device="cpu", api_name="/run")
     n = int(final[SLIDER]["value"])

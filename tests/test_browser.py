@@ -277,6 +277,22 @@ def test_the_first_candidate_shows_while_a_slower_member_is_still_drafting(page)
     page.wait_for_function("document.querySelector('#status').innerText.includes('stopped by the user')")
 
 
+def test_stop_while_round_1_is_drafted_says_so_and_run_works_again(page):
+    use_members(page, "quick", "slow-draft")
+    page.fill("#prompt textarea", "go")
+    for _ in range(2):  # the second time, an earlier run's trace is in the session: it must not come back
+        page.click("#run")
+        page.wait_for_function("document.querySelector('#status').innerText.includes('candidates in')")
+        page.click("#stop")
+        page.wait_for_function("document.querySelector('#status').innerText.includes('before round 1')")
+        assert not page.locator("#download").is_visible()
+        page.wait_for_timeout(300)
+    page.click("#run")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('first segment after')")
+    page.click("#stop")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('stopped by the user')")
+
+
 def test_the_plain_answer_is_exactly_the_trace_answer(page, browser, tmp_path):
     """The coloured answer put a newline at each segment boundary and dropped blank lines when
     copied (issue 8, item 3): the plain view and its copy button give the exact answer."""
