@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 from transformers import DynamicCache
 
-from . import drafting
+from . import drafting, workers
 from .config import MemberSettings
 from .errors import ConfigError, PromptTooLongError
 from .prompts import CHAT, PromptFormat
@@ -399,6 +399,7 @@ class HFMember:
         self, tokens: Sequence[int], positions: Sequence[int], pads: Sequence[int], cache: DynamicCache
     ) -> torch.Tensor:
         """One decoding step for every row: [B] tokens at their own positions → hidden [B, H]."""
+        workers.rebalance()  # members at once on a CPU: take over the cores of those already done
         if len(tokens) == 1:
             return self._forward(tokens, cache)[-1][None]
         width = cache.get_seq_length() + 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -73,11 +74,13 @@ class MemberWorkers:
     def __init__(self, members: Sequence[Member]) -> None:
         on_cpu = [m for m in members if _on_cpu(m) and hasattr(m, "model")]
         cores = cpu_cores()
-        self.shares = (
-            thread_shares({m.name: member_size(m) for m in on_cpu}, cores) if len(on_cpu) > 1 else {}
-        )
+        self.sizes = {m.name: member_size(m) for m in on_cpu} if len(on_cpu) > 1 else {}
+        self.shares = thread_shares(self.sizes, cores)  # all of them at work
+        self.cores = cores
+        self.busy: set[str] = set()  # CPU members inside a call right now
+        self.lock = threading.Lock()
         self.pools = {m.name: ThreadPoolExecutor(1, thread_name_prefix=f"specfuse-{m.name}") for m in members}
-        for setup in [self.pools[m.name].submit(_set_up, m, self.shares.get(m.name)) for m in members]:
+        for setup in [self.pools[m.name].submit(_set_up, self, m, self.shares.get(m.name)) for m in members]:
             setup.result()
         if self.shares:
             # set_num_threads() also moved the process-wide count that threads started later inherit
@@ -94,9 +97,30 @@ class MemberWorkers:
         if len(names) == 1 and names[0] in self.shares:
             yield names[0], call(names[0])
             return
-        futures: dict[Future[T], str] = {self.pools[n].submit(call, n): n for n in names}
-        for done in as_completed(futures):
-            yield futures[done], done.result()
+        with self.lock:
+            self.busy |= {n for n in names if n in self.shares}
+        futures: dict[Future[T], str] = {self.pools[n].submit(self._working, call, n): n for n in names}
+        try:
+            for done in as_completed(futures):
+                yield futures[done], done.result()
+        finally:
+            with self.lock:
+                self.busy -= set(names)
+
+    def _working(self, call: Callable[[str], T], name: str) -> T:
+        """call(name) on the member's thread; when it is done, its cores go to those still working."""
+        try:
+            rebalance()
+            return call(name)
+        finally:
+            with self.lock:
+                self.busy.discard(name)
+
+    def share(self, name: str) -> int:
+        """The member's intra-op threads now: a share among the CPU members still at work."""
+        with self.lock:
+            working = {n: self.sizes[n] for n in self.busy} or {name: 1.0}
+        return thread_shares(working, self.cores).get(name, 1)
 
     def shutdown(self) -> None:
         for pool in self.pools.values():
@@ -107,7 +131,25 @@ def _on_cpu(member: Any) -> bool:
     return str(getattr(member, "device", "cpu")).startswith("cpu")
 
 
-def _set_up(member: Any, share: int | None) -> None:
+_local = threading.local()  # on a member's worker thread: its workers, its name, its threads now
+
+
+def rebalance() -> None:
+    """Called by a member between forward passes (HFMember: each decoding step): on a CPU shared by
+    members at once, take the threads of members that have finished their part of the phase, so
+    that the slowest member does not finish alone on one core while the other idles."""
+    workers: MemberWorkers | None = getattr(_local, "workers", None)
+    if workers is None:
+        return
+    n = workers.share(_local.name)
+    if n != _local.threads:
+        import torch
+
+        torch.set_num_threads(n)
+        _local.threads = n
+
+
+def _set_up(workers: MemberWorkers, member: Any, share: int | None) -> None:
     import torch
 
     if share is not None:
@@ -115,6 +157,7 @@ def _set_up(member: Any, share: int | None) -> None:
         # first parallel op. Asking for the count runs that now, so the share set next stays.
         torch.get_num_threads()
         torch.set_num_threads(share)
+        _local.workers, _local.name, _local.threads = workers, member.name, share
     elif str(getattr(member, "device", "")).startswith("cuda"):
         torch.cuda.set_stream(torch.cuda.Stream(device=member.device))  # this thread's current stream
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble
 from specfuse.records import Draft, Round
-from specfuse.workers import MemberWorkers, run_concurrently, thread_shares
+from specfuse.workers import MemberWorkers, rebalance, run_concurrently, thread_shares
 
 from .scripted import ScriptedMember
 
@@ -47,7 +48,13 @@ def test_each_cpu_member_works_on_its_own_thread_with_its_share_and_the_process_
     workers = MemberWorkers(tiny_members)
     try:
         assert workers.shares == {m.name: 1 for m in tiny_members}  # three members, two cores
-        seen = dict(workers.as_completed(_where, [m.name for m in tiny_members]))
+        everyone_in = threading.Barrier(3)  # measured while all three are at work
+
+        def where_together(name: str) -> tuple[str, int]:
+            everyone_in.wait(timeout=10)
+            return _where(name)
+
+        seen = dict(workers.as_completed(where_together, [m.name for m in tiny_members]))
         assert {threads for _, threads in seen.values()} == {1}
         assert len({thread for thread, _ in seen.values()}) == 3
         assert all(thread.startswith(f"specfuse-{name}") for name, (thread, _) in seen.items())
@@ -63,6 +70,42 @@ def test_each_cpu_member_works_on_its_own_thread_with_its_share_and_the_process_
     thread.start()
     thread.join()
     assert later == [2] and torch.get_num_threads() == 2
+
+
+def test_a_member_still_working_takes_over_the_cores_of_those_done(tiny_members, two_threads):
+    first, second = tiny_members[:2]
+    workers = MemberWorkers([first, second])
+    done, started = threading.Event(), threading.Event()
+
+    def work(name: str) -> tuple[int, int]:
+        if name == first.name:
+            started.wait(timeout=10)  # both at work
+            done.set()
+            return torch.get_num_threads(), 0
+        at_start = torch.get_num_threads()
+        started.set()
+        done.wait(timeout=10)
+        time.sleep(0.05)  # the first member's call has returned and left the working set
+        rebalance()  # what HFMember does before each decoding step
+        return at_start, torch.get_num_threads()
+
+    try:
+        got = dict(workers.as_completed(work, [first.name, second.name]))
+        assert got[first.name] == (1, 0)
+        assert got[second.name] == (1, 2)  # one core while both worked, both once the other was done
+        # The next phase starts with the shares again (the second member had kept two threads).
+        both_in = threading.Barrier(2)
+
+        def threads_now(name: str) -> int:
+            both_in.wait(timeout=10)
+            return torch.get_num_threads()
+
+        assert dict(workers.as_completed(threads_now, [first.name, second.name])) == {
+            first.name: 1,
+            second.name: 1,
+        }
+    finally:
+        workers.shutdown()
 
 
 def _where(name: str) -> tuple[str, int]:
