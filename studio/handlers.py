@@ -429,7 +429,7 @@ class Studio:
         """After a cancel: keep what was produced and offer it as a trace."""
         if trace is None or not trace.rounds:  # stopped while round 1 was still being drafted
             return {
-                self.display.status: "Stopped by the user before round 1 was decided: nothing to keep.",
+                self.display.status: "Nothing to keep: stopped by the user before round 1 was decided.",
                 self.controls.download: download_value(None),
             }
         return {

@@ -307,7 +307,7 @@ def test_stop_and_replay_before_any_round_leave_a_message_not_an_error(served):
     url, _, downloads, _ = served
     fresh = Client(url, verbose=False, download_files=str(downloads))  # a session without a trace
     status, download = fresh.predict(api_name="/stop")
-    assert status.startswith("Stopped by the user before round 1") and path_of(download) is None
+    assert "stopped by the user before round 1" in status and path_of(download) is None
     fresh.predict(k=1, view_name=views.RAW, api_name="/replay")  # raised "not enough output values"
 
 
