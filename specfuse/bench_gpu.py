@@ -1,0 +1,352 @@
+"""The GPU timing benchmark: three random-weight members with real 7–9B shapes, members at once on
+CUDA streams against members in turn, beside each member's own `generate`.
+
+    python -m specfuse.bench_gpu                      # Qwen2.5-7B, Llama-3.1-8B, Gemma-2-9B shapes, bf16
+    python -m specfuse.bench_gpu --devices cuda:0,cuda:1,cuda:2   # one member per GPU
+    python -m specfuse.bench_gpu --shapes tiny --device cpu      # the same code path, in seconds
+
+Timing does not depend on the weights, so no checkpoint is needed: each model is built from its
+real config with random weights, directly on its device. The vocabulary keeps its real size (the
+output head is a real share of the cost), and the head is biased so that only printable ASCII byte
+tokens can come out, which an in-memory byte-level tokenizer decodes: drafts are text like any other.
+Imports only torch, transformers, tokenizers and the engine, so it runs where nothing can be installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .bench import generate_alone, peak_rss_gb, timed_stream, tokens_of
+from .config import EnsembleConfig
+from .engine import Ensemble
+from .errors import SpecfuseError
+
+PROMPT = "Write a long story about a lighthouse keeper and the ships she guides home through the storm."
+
+# The real configs (config.json of each model), written out: no hub is needed to run this.
+SHAPES: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {
+    "real": {
+        "qwen2.5-7b": (
+            "qwen2",
+            dict(
+                hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768, rope_theta=1e6,
+                rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu",
+            ),
+        ),
+        "llama-3.1-8b": (
+            "llama",
+            dict(
+                hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072, rope_theta=5e5,
+                rope_scaling={
+                    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192,
+                },
+                rms_norm_eps=1e-5, tie_word_embeddings=False, hidden_act="silu",
+            ),
+        ),
+        "gemma-2-9b": (
+            "gemma2",
+            dict(
+                hidden_size=3584, intermediate_size=14336, num_hidden_layers=42, num_attention_heads=16,
+                num_key_value_heads=8, head_dim=256, vocab_size=256000, max_position_embeddings=8192,
+                rope_theta=10000.0, sliding_window=4096, attn_logit_softcapping=50.0,
+                final_logit_softcapping=30.0, query_pre_attn_scalar=256, rms_norm_eps=1e-6,
+                hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+            ),
+        ),
+    },
+}  # fmt: skip
+# The same architectures, small enough for a CPU test of the whole benchmark.
+SHAPES["tiny"] = {
+    name: (arch, {**cfg, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096,
+                  **({"head_dim": 16, "query_pre_attn_scalar": 16} if arch == "gemma2" else {})})
+    for name, (arch, cfg) in SHAPES["real"].items()
+}  # fmt: skip
+EXPECTED_PARAMS = {"qwen2.5-7b": 7.62e9, "llama-3.1-8b": 8.03e9, "gemma-2-9b": 9.24e9}  # published sizes
+SPECIALS = ("<|eos|>",)
+
+
+def byte_tokenizer() -> Any:
+    """Byte-level BPE without merges, built in memory: 256 byte tokens and an end-of-sequence."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    vocab[SPECIALS[0]] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIALS[0], pad_token=SPECIALS[0])
+
+
+def build_config(arch: str, values: dict[str, Any]) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(arch, **values)
+
+
+def build_model(arch: str, values: dict[str, Any], device: str, dtype: Any, seed: int) -> Any:
+    """A random-weight model of this shape, made on `device` (a 9B model never passes through CPU RAM)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = build_config(arch, values)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        # sdpa where transformers has it; Gemma-2's soft-capped attention is eager-only (flash-attention
+        # aside, which is not installed by default).
+        attention = "eager" if arch == "gemma2" else "sdpa"
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
+    return model.eval()
+
+
+def ascii_head(model: Any, tokenizer: Any) -> None:
+    """Replace the output head by the same weights plus a bias that rules out every token but the
+    printable ASCII bytes: the vocabulary keeps its real size, the text stays decodable."""
+    import torch
+
+    head = model.get_output_embeddings()
+    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True, device=head.weight.device)
+    biased.weight = head.weight
+    with torch.no_grad():
+        bias = torch.full((head.out_features,), -1e4, device=head.weight.device)
+        for token, index in tokenizer.get_vocab().items():
+            text = tokenizer.convert_tokens_to_string([token])
+            if len(text) == 1 and text.isascii() and text.isprintable():
+                bias[index] = 0.0
+        biased.bias = torch.nn.Parameter(bias.to(head.weight.dtype), requires_grad=False)
+    model.set_output_embeddings(biased)
+
+
+def build_members(shapes: str, devices: Sequence[str], dtype_name: str) -> list[Any]:
+    import torch
+
+    from .members import HFMember
+    from .prompts import QA_COMPLETION
+
+    dtype = getattr(torch, dtype_name) if dtype_name != "auto" else _auto_dtype(devices[0])
+    tokenizer = byte_tokenizer()
+    members = []
+    for i, (name, (arch, values)) in enumerate(SHAPES[shapes].items()):
+        device = devices[i % len(devices)]
+        model = build_model(arch, values, device, dtype, seed=i)
+        ascii_head(model, tokenizer)
+        members.append(HFMember(name, model, tokenizer, prompt_format=QA_COMPLETION, device=device))
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+    return members
+
+
+def _auto_dtype(device: str) -> Any:
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+class _Memory:
+    """Peak memory of one phase: per GPU (max_memory_allocated, reset at the start), or RSS on CPU."""
+
+    def __init__(self, devices: Sequence[str]) -> None:
+        self.gpus = sorted({d for d in devices if d.startswith("cuda")})
+
+    def start(self) -> None:
+        import torch
+
+        for d in self.gpus:
+            torch.cuda.reset_peak_memory_stats(d)
+
+    def peak_gb(self) -> float:
+        import torch
+
+        if not self.gpus:
+            return peak_rss_gb()
+        return sum(torch.cuda.max_memory_allocated(d) for d in self.gpus) / 1024**3
+
+
+def run_gpu_bench(
+    members: Sequence[Any],
+    *,
+    prompt: str = PROMPT,
+    max_new_tokens: int = 200,
+    segment_len: int = 10,
+    repeats: int = 3,
+) -> dict[str, Any]:
+    """Each member alone, then the ensemble in turn and at once (exit off), in this order, one run."""
+    import torch
+
+    devices = [m.device for m in members]
+    memory = _Memory(devices)
+    base = EnsembleConfig(
+        segment_len=segment_len, max_new_tokens=max_new_tokens, exit=False, stop_strings=(), prior="uniform"
+    )
+    for m in members:  # warm-up: kernels chosen, caches allocated
+        generate_alone(m, prompt, 4)
+    for parallel in ("off", "on"):
+        Ensemble(members, replace(base, max_rounds=2, parallel=parallel)).run(prompt)
+
+    singles = {}
+    for m in members:
+        memory.start()
+        n, seconds = generate_alone(m, prompt, max_new_tokens)
+        first = statistics.median(generate_alone(m, prompt, segment_len)[1] for _ in range(repeats))
+        singles[m.name] = {
+            "s_per_token": seconds / max(n, 1),
+            "tokens_per_s": n / seconds,
+            "first_segment_s": first,
+            "peak_gb": memory.peak_gb(),
+        }
+    single_sum = sum(s["s_per_token"] for s in singles.values())
+    slowest = max(s["s_per_token"] for s in singles.values())
+    slowest_first = max(s["first_segment_s"] for s in singles.values())
+
+    modes: dict[str, dict[str, Any]] = {}
+    for parallel in ("off", "on"):
+        config = replace(base, parallel=parallel)
+        ensemble = Ensemble(members, config)
+        memory.start()
+        run = timed_stream(ensemble, prompt, config)
+        peak = memory.peak_gb()
+        firsts = [timed_stream(ensemble, prompt, replace(config, max_rounds=1)) for _ in range(repeats)]
+        s_per_token = run.seconds / max(tokens_of(run.rounds), 1)
+        first_segment = statistics.median(f.first_segment_s for f in firsts)
+        modes[parallel] = {
+            "tokens": tokens_of(run.rounds),
+            "rounds": len(run.rounds),
+            "s_per_token": s_per_token,
+            "tokens_per_s": 1 / s_per_token,
+            "overhead_vs_single_sum": s_per_token / single_sum,
+            "overhead_vs_slowest": s_per_token / slowest,
+            "first_candidate_s": statistics.median(f.first_candidate_s for f in firsts),
+            "first_segment_s": first_segment,
+            "first_segment_ratio": first_segment / slowest_first,
+            "peak_gb": peak,
+            "answer": run.rounds[-1].text,
+        }
+    modes["on"]["speedup_vs_in_turn"] = modes["off"]["s_per_token"] / modes["on"]["s_per_token"]
+    modes["on"]["same_answer_as_in_turn"] = modes["off"]["answer"] == modes["on"]["answer"]
+    gpu = torch.cuda.get_device_name(devices[0]) if devices[0].startswith("cuda") else "none (CPU)"
+    return {
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "devices": {m.name: m.device for m in members},
+        "dtype": str(members[0].dtype).replace("torch.", ""),
+        "parameters": {m.name: m.model.num_parameters() for m in members},
+        "prompt": prompt,
+        "segment_len": segment_len,
+        "max_new_tokens": max_new_tokens,
+        "single": singles,
+        "single_sum_s_per_token": single_sum,
+        "slowest_single_s_per_token": slowest,
+        "slowest_single_first_segment_s": slowest_first,
+        "modes": modes,
+        "target_overhead_vs_slowest_at_once": 1.3,
+    }
+
+
+def format_table(report: dict[str, Any]) -> str:
+    lines = [
+        f"GPU: {report['gpu']}, torch {report['torch']}, {report['dtype']}, L = {report['segment_len']}, "
+        f"{report['max_new_tokens']} tokens, exit off",
+        f"command: {report.get('command', '')}",
+        "",
+    ]
+    for name, s in report["single"].items():
+        lines.append(
+            f"  {name:14} on {report['devices'][name]:7} {report['parameters'][name] / 1e9:5.2f} B params "
+            f"alone: {1000 * s['s_per_token']:7.1f} ms/token ({s['tokens_per_s']:.1f} tok/s), first "
+            f"{report['segment_len']} tokens {s['first_segment_s']:.3f} s, peak {s['peak_gb']:.1f} GB"
+        )
+    lines += [
+        "",
+        f"{'members':9} {'ms/tok':>8} {'tok/s':>7} {'×sum':>6} {'×slowest':>8} {'1st cand':>8} "
+        f"{'1st seg':>7} {'×slowest':>8} {'peak GB':>7}",
+    ]
+    for parallel, m in report["modes"].items():
+        lines.append(
+            f"{'at once' if parallel == 'on' else 'in turn':9} {1000 * m['s_per_token']:8.1f} "
+            f"{m['tokens_per_s']:7.2f} {m['overhead_vs_single_sum']:6.2f} {m['overhead_vs_slowest']:8.2f} "
+            f"{m['first_candidate_s']:8.3f} {m['first_segment_s']:7.3f} {m['first_segment_ratio']:8.2f} "
+            f"{m['peak_gb']:7.1f}"
+        )
+    on = report["modes"]["on"]
+    bound = report["target_overhead_vs_slowest_at_once"]
+    verdict = (
+        "PASS" if math.isfinite(on["overhead_vs_slowest"]) and on["overhead_vs_slowest"] <= bound else "MISS"
+    )
+    lines += [
+        "",
+        f"at once vs in turn: {on['speedup_vs_in_turn']:.2f}×; same answer: {on['same_answer_as_in_turn']}",
+        f"target: time per token at once ≤ {bound} × the slowest member alone: "
+        f"{on['overhead_vs_slowest']:.2f}  {verdict}",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m specfuse.bench_gpu",
+        description="Three random-weight members with real 7-9B shapes: members at once on CUDA streams "
+        "against members in turn, beside each member's generate alone.",
+    )
+    parser.add_argument("--shapes", choices=sorted(SHAPES), default="real", help="real (7-9B) or tiny")
+    parser.add_argument("--device", default="cuda", help="cuda (default), cuda:K or cpu: every member there")
+    parser.add_argument("--devices", default=None, help="one device per member, e.g. cuda:0,cuda:1,cuda:2")
+    parser.add_argument(
+        "--dtype", default="auto", help="auto (bf16 on a GPU that has it), bfloat16, float16, float32"
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=200, help="answer budget (default 200)")
+    parser.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
+    parser.add_argument("--repeats", type=int, default=3, help="first-segment runs per mode (median)")
+    parser.add_argument("--json", type=Path, default=None, help="write the report here")
+    args = parser.parse_args(argv)
+    import torch
+
+    devices = [d.strip() for d in (args.devices or args.device).split(",") if d.strip()]
+    try:
+        if any(d.startswith("cuda") for d in devices):
+            if not torch.cuda.is_available():
+                raise SpecfuseError(
+                    f"--device {','.join(devices)}: torch sees no GPU here (torch {torch.__version__}); "
+                    "install a CUDA build of torch on a GPU machine, or use --shapes tiny --device cpu"
+                )
+            count = torch.cuda.device_count()
+            for d in devices:
+                if d != "cuda" and int(d.split(":", 1)[1]) >= count:
+                    raise SpecfuseError(f"{d}: this machine has {count} GPU(s)")
+        elif args.dtype == "auto":
+            args.dtype = "float32"
+        began = time.perf_counter()
+        members = build_members(args.shapes, devices, args.dtype)
+        print(f"built {len(members)} members in {time.perf_counter() - began:.1f} s", file=sys.stderr)
+        report = run_gpu_bench(
+            members, max_new_tokens=args.max_new_tokens, segment_len=args.segment_len, repeats=args.repeats
+        )
+    except SpecfuseError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    report["command"] = " ".join(
+        ["python -m specfuse.bench_gpu", *(argv if argv is not None else sys.argv[1:])]
+    )
+    print(format_table(report))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1, allow_nan=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The GPU benchmark's logic on the CPU: real 7-9B shapes (on the meta device), and the whole run on
+tiny shapes of the same architectures."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from specfuse import bench_gpu
+
+
+@pytest.mark.parametrize("name", list(bench_gpu.SHAPES["real"]))
+def test_the_real_shapes_have_the_published_sizes(name):
+    arch, values = bench_gpu.SHAPES["real"][name]
+    model = bench_gpu.build_model(arch, values, "meta", torch.bfloat16, seed=0)  # no memory used
+    expected = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "gemma2": "Gemma2ForCausalLM"}
+    assert type(model).__name__ == expected[arch]
+    assert model.num_parameters() == pytest.approx(bench_gpu.EXPECTED_PARAMS[name], rel=0.01)
+    assert model.config.vocab_size == values["vocab_size"]
+
+
+def test_the_whole_benchmark_runs_on_tiny_shapes_and_reports_finite_ratios():
+    members = bench_gpu.build_members("tiny", ["cpu"], "float32")
+    assert [type(m.model).__name__ for m in members] == [
+        "Qwen2ForCausalLM",
+        "LlamaForCausalLM",
+        "Gemma2ForCausalLM",
+    ]
+    report = bench_gpu.run_gpu_bench(members, max_new_tokens=20, segment_len=5, repeats=1)
+    for parallel in ("off", "on"):
+        mode = report["modes"][parallel]
+        for key in ("s_per_token", "overhead_vs_single_sum", "overhead_vs_slowest", "first_segment_ratio"):
+            assert math.isfinite(mode[key]) and mode[key] > 0, key
+        assert mode["tokens"] == 20
+        # Random weights behind the biased head: printable ASCII, one byte per token.
+        assert mode["answer"] and mode["answer"].isascii() and mode["answer"].isprintable()
+    assert report["modes"]["on"]["same_answer_as_in_turn"] is True
+    table = bench_gpu.format_table(report)
+    assert "at once vs in turn" in table and "× the slowest member alone" in table
+    json.dumps(report)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where there is no GPU")
+def test_asking_for_a_gpu_where_there_is_none_is_one_clear_line(capsys):
+    assert bench_gpu.main(["--shapes", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "torch sees no GPU" in err and "Traceback" not in err
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as done:
+        bench_gpu.main(["--help"])
+    assert done.value.code == 0 and "--devices" in capsys.readouterr().out
