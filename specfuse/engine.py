@@ -152,7 +152,7 @@ class Ensemble:
         """One round of every run: the members' work batched across runs, the rest per run. Yields
         each candidate as it arrives; returns the rounds."""
         runs = [run for _, run in live]
-        index = {id(run): i for i, run in live}
+        by_id = {id(run): (i, run) for i, run in live}
         for run in runs:
             run.begin_round()
 
@@ -160,8 +160,8 @@ class Ensemble:
         drafted = {}
         for key, out in calls.arrivals("draft", [(m, run, run.budget) for run in runs for m in run.drafting]):
             drafted[key] = out
-            run = next(r for r in runs if id(r) == key[1])
-            yield index[key[1]], Draft(run.k, out[0], time.perf_counter() - run.began)
+            i, run = by_id[key[1]]
+            yield i, Draft(run.k, out[0], time.perf_counter() - run.began)
         for run in runs:
             run.take_candidates(drafted)
 

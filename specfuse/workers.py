@@ -2,9 +2,9 @@
 share of the CPU cores or its own CUDA stream.
 
 Why threads: torch releases the GIL inside every kernel, so members whose forward passes overlap
-keep the cores busy while the other one is in Python; one worker process per member would add
-copying every candidate and score across a pipe and a second copy of torch per member, for no
-measured gain (bench: `python -m specfuse.bench --concurrency`).
+keep the cores busy while the other one is in Python. One worker process per member would add
+copying every candidate and score across a pipe and a copy of torch per member, and it decoded no
+faster than threads in any run of `python -m specfuse.bench_concurrency`.
 
 Why shares: on one CPU, two members each asking for all the cores make the OpenMP teams fight over
 them. A member's intra-op threads are set in its own thread, sized by its parameter count.
@@ -40,8 +40,9 @@ def cpu_cores() -> int:
 def thread_shares(sizes: Mapping[str, float], cores: int) -> dict[str, int]:
     """Intra-op threads for each CPU member: proportional to its size, at least one each.
 
-    With fewer cores than members every member gets one thread and the OS interleaves them (this
-    still beats taking turns: a one-thread small forward pass wastes less than a two-thread one).
+    With fewer cores than members every member gets one thread and the OS interleaves them (on two
+    cores: 1.5x faster than taking turns in fp32, where a second thread does not speed a decode step
+    up; about even in bf16, where it does).
     Shares never add up to more than max(cores, number of members).
     """
     if not sizes:
@@ -83,11 +84,7 @@ class MemberWorkers:
         for setup in [self.pools[m.name].submit(_set_up, self, m, self.shares.get(m.name)) for m in members]:
             setup.result()
         if self.shares:
-            # set_num_threads() also moved the process-wide count that threads started later inherit
-            # (the app serves each request from a new thread): put it back. This thread's is the same.
-            import torch
-
-            torch.set_num_threads(cores)
+            _keep_process_count(cores)
             log.info("members concurrent on the CPU, intra-op threads %s", self.shares)
 
     def as_completed(self, call: Callable[[str], T], names: Sequence[str]) -> Iterator[tuple[str, T]]:
@@ -147,6 +144,20 @@ def rebalance() -> None:
 
         torch.set_num_threads(n)
         _local.threads = n
+        _keep_process_count(workers.cores)
+
+
+# torch.set_num_threads() sets the calling thread's count *and* the process-wide one that a thread
+# started later takes at its first parallel op (the app runs each request on a new thread). A share
+# set on a member's thread must not become every later thread's count: this thread, which does no
+# torch work of its own, sets the process-wide count back.
+_RESTORER = ThreadPoolExecutor(1, thread_name_prefix="specfuse-threads")
+
+
+def _keep_process_count(cores: int) -> None:
+    import torch
+
+    _RESTORER.submit(torch.set_num_threads, cores)
 
 
 def _set_up(workers: MemberWorkers, member: Any, share: int | None) -> None:

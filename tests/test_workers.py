@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from specfuse import workers as workers_module
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble
 from specfuse.records import Draft, Round
@@ -104,6 +105,14 @@ def test_a_member_still_working_takes_over_the_cores_of_those_done(tiny_members,
             first.name: 1,
             second.name: 1,
         }
+        # The last share set was one thread; a thread started now (the app's next request) still
+        # gets the process's two.
+        workers_module._RESTORER.submit(lambda: None).result()
+        later: list[int] = []
+        thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        assert later == [2]
     finally:
         workers.shutdown()
 
