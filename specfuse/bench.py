@@ -188,6 +188,49 @@ def tokens_of(rounds: Sequence[Round]) -> int:
     return sum(r.winner.num_tokens for r in rounds)
 
 
+def mode_figures(
+    run: TimedRun, firsts: Sequence[TimedRun], singles: dict[str, dict[str, float]]
+) -> dict[str, Any]:
+    """One ensemble run against its members alone (`singles`: each one's s_per_token and
+    first_segment_s): time per token and its ratio to their sum and to the slowest, the first
+    candidate and first segment (medians over the one-round runs `firsts`), late/early rounds, and
+    the decode steps saved by taking over trimmed tokens."""
+    s_per_token = run.seconds / max(tokens_of(run.rounds), 1)
+    first_segment = statistics.median(f.first_segment_s for f in firsts)
+    early, late = late_early_ranges(len(run.rounds))
+    return {
+        "tokens": tokens_of(run.rounds),
+        "rounds": len(run.rounds),
+        "s_per_token": s_per_token,
+        "tokens_per_s": 1 / s_per_token,
+        "overhead_vs_single_sum": s_per_token / sum(s["s_per_token"] for s in singles.values()),
+        "overhead_vs_slowest": s_per_token / max(s["s_per_token"] for s in singles.values()),
+        "round_time_ratio_late_early": mean_round_seconds(run.rounds, *late)
+        / mean_round_seconds(run.rounds, *early),
+        "first_candidate_s": statistics.median(f.first_candidate_s for f in firsts),
+        "first_segment_s": first_segment,
+        "first_segment_ratio": first_segment / max(s["first_segment_s"] for s in singles.values()),
+        "drafters_per_round": statistics.fmean(len(r.active) for r in run.rounds),
+        "decode_steps_saved": sum(c.reused_tokens for r in run.rounds for c in r.candidates),
+        "answer": run.rounds[-1].text,
+    }
+
+
+def compare_in_turn(turns: dict[str, Any], at_once: dict[str, Any]) -> None:
+    """Add to `at_once` its speed-up over members in turn and how far the two answers agree."""
+    at_once["speedup_vs_in_turn"] = turns["s_per_token"] / at_once["s_per_token"]
+    at_once["same_answer_as_in_turn"] = turns["answer"] == at_once["answer"]
+    at_once["common_prefix_chars"] = len(os.path.commonprefix([turns["answer"], at_once["answer"]]))
+
+
+def write_report(report: dict[str, Any], table: str, path: Path | None) -> None:
+    """Print the table; write the report as JSON to `path` when given."""
+    print(table)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1, allow_nan=True) + "\n")
+
+
 # -- memory of each model alone: one child process each -----------------------------------------------
 
 
@@ -538,10 +581,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     report["quick"] = args.quick
-    print(format_table(report))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1, allow_nan=True) + "\n")
+    write_report(report, format_table(report), args.json)
     return 0
 
 

@@ -10,7 +10,6 @@ machine. Ratios are measured in the same run; the load average is printed beside
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import multiprocessing
@@ -26,13 +25,13 @@ from typing import Any
 
 from .bench import (
     LONG_PROMPT,
+    compare_in_turn,
     cpu_model,
     generate_alone,
-    late_early_ranges,
-    mean_round_seconds,
+    mode_figures,
     parse_models,
     timed_stream,
-    tokens_of,
+    write_report,
 )
 from .config import EnsembleConfig
 from .engine import Ensemble
@@ -82,33 +81,10 @@ def run_concurrency(
             ensemble = Ensemble(members, config)
             run = timed_stream(ensemble, prompt, config)
             firsts = [timed_stream(ensemble, prompt, replace(config, max_rounds=1)) for _ in range(repeats)]
-            early, late = late_early_ranges(len(run.rounds))
-            s_per_token = run.seconds / max(tokens_of(run.rounds), 1)
-            first_segment = statistics.median(f.first_segment_s for f in firsts)
-            modes[f"exit {'on' if exit_ else 'off'}, parallel {parallel}"] = {
-                "exit": exit_,
-                "parallel": parallel,
-                "tokens": tokens_of(run.rounds),
-                "rounds": len(run.rounds),
-                "s_per_token": s_per_token,
-                "tokens_per_s": 1 / s_per_token,
-                "overhead_vs_single_sum": s_per_token / single_sum,
-                "overhead_vs_slowest": s_per_token / slowest,
-                "round_time_ratio_late_early": mean_round_seconds(run.rounds, *late)
-                / mean_round_seconds(run.rounds, *early),
-                "first_candidate_s": statistics.median(f.first_candidate_s for f in firsts),
-                "first_segment_s": first_segment,
-                "first_segment_ratio": first_segment / slowest_first,
-                "drafters_per_round": statistics.fmean(len(r.active) for r in run.rounds),
-                # Tokens a drafter took over from its trimmed previous draft instead of decoding again.
-                "decode_steps_saved": sum(c.reused_tokens for r in run.rounds for c in r.candidates),
-                "answer": run.rounds[-1].text,
-            }
+            figures = {"exit": exit_, "parallel": parallel, **mode_figures(run, firsts, singles)}
+            modes[f"exit {'on' if exit_ else 'off'}, parallel {parallel}"] = figures
     for state in ("off", "on"):
-        turns, at_once = modes[f"exit {state}, parallel off"], modes[f"exit {state}, parallel on"]
-        at_once["speedup_vs_in_turn"] = turns["s_per_token"] / at_once["s_per_token"]
-        at_once["same_answer_as_in_turn"] = turns["answer"] == at_once["answer"]
-        at_once["common_prefix_chars"] = len(os.path.commonprefix([turns["answer"], at_once["answer"]]))
+        compare_in_turn(modes[f"exit {state}, parallel off"], modes[f"exit {state}, parallel on"])
     return {
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
@@ -308,10 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     report["command"] = " ".join(["python -m specfuse.bench_concurrency", *(argv or sys.argv[1:])])
-    print(format_table(report))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1, allow_nan=True) + "\n")
+    write_report(report, format_table(report), args.json)
     return 0
 
 

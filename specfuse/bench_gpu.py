@@ -15,7 +15,6 @@ Imports only torch, transformers, tokenizers and the engine, so it runs where no
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -25,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .bench import generate_alone, peak_rss_gb, timed_stream, tokens_of
+from .bench import compare_in_turn, generate_alone, mode_figures, peak_rss_gb, timed_stream, write_report
 from .config import EnsembleConfig
 from .engine import Ensemble
 from .errors import SpecfuseError
@@ -221,23 +220,8 @@ def run_gpu_bench(
         run = timed_stream(ensemble, prompt, config)
         peak = memory.peak_gb()
         firsts = [timed_stream(ensemble, prompt, replace(config, max_rounds=1)) for _ in range(repeats)]
-        s_per_token = run.seconds / max(tokens_of(run.rounds), 1)
-        first_segment = statistics.median(f.first_segment_s for f in firsts)
-        modes[parallel] = {
-            "tokens": tokens_of(run.rounds),
-            "rounds": len(run.rounds),
-            "s_per_token": s_per_token,
-            "tokens_per_s": 1 / s_per_token,
-            "overhead_vs_single_sum": s_per_token / single_sum,
-            "overhead_vs_slowest": s_per_token / slowest,
-            "first_candidate_s": statistics.median(f.first_candidate_s for f in firsts),
-            "first_segment_s": first_segment,
-            "first_segment_ratio": first_segment / slowest_first,
-            "peak_gb": peak,
-            "answer": run.rounds[-1].text,
-        }
-    modes["on"]["speedup_vs_in_turn"] = modes["off"]["s_per_token"] / modes["on"]["s_per_token"]
-    modes["on"]["same_answer_as_in_turn"] = modes["off"]["answer"] == modes["on"]["answer"]
+        modes[parallel] = {**mode_figures(run, firsts, singles), "peak_gb": peak}
+    compare_in_turn(modes["off"], modes["on"])
     gpu = torch.cuda.get_device_name(devices[0]) if devices[0].startswith("cuda") else "none (CPU)"
     return {
         "gpu": gpu,
@@ -341,10 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["command"] = " ".join(
         ["python -m specfuse.bench_gpu", *(argv if argv is not None else sys.argv[1:])]
     )
-    print(format_table(report))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1, allow_nan=True) + "\n")
+    write_report(report, format_table(report), args.json)
     return 0
 
 
