@@ -14,9 +14,9 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import gradio as gr
 
@@ -107,17 +107,21 @@ def check_members(names: Any, choices: Sequence[str], allow_paths: bool) -> list
     return names
 
 
-async def in_worker(stream: Iterator[Update]) -> AsyncIterator[Update]:
+async def in_worker(stream: Iterator[Update], halt: asyncio.Event | None = None) -> AsyncIterator[Update]:
     """Iterate a blocking generator in its own thread, so that a cancel (Stop) returns at once.
 
     Gradio iterates a sync generator in a thread that a cancel cannot interrupt, and its /cancel
     waits for the step in flight: the page keeps the cancelled run "pending" for up to a round and
-    ignores Run meanwhile (trigger_mode "once"). Here the cancel ends this coroutine at once; the
-    thread finishes the step in flight, then closes the generator (and with it the engine's states).
+    ignores Run meanwhile (trigger_mode "once"). Here a cancel, or setting `halt`, ends this
+    coroutine at once; the thread finishes the step in flight, then closes the generator (and with
+    it the engine's states).
     """
     loop = asyncio.get_running_loop()
     items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     stopped = threading.Event()
+    if halt is not None:  # what is already queued is still yielded, then the end
+        watch = asyncio.ensure_future(halt.wait())
+        watch.add_done_callback(lambda _: items.put_nowait(("done", None)))
 
     def post(kind: str, value: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is gone (the server shut down): no reader
@@ -148,6 +152,26 @@ async def in_worker(stream: Iterator[Update]) -> AsyncIterator[Update]:
             yield value
     finally:
         stopped.set()
+        if halt is not None:
+            watch.cancel()
+
+
+STOP_WAIT_S = 5.0  # how long Stop waits for its halted run to end before it answers anyway
+
+
+@dataclass
+class LiveRun:
+    """A session's run in progress, as the server sees it: its latest trace, a halt, its end.
+
+    The page sends Stop and the run's /cancel separately, and under load the cancel can take
+    seconds to land: a run update sent after Stop's answer hid "stopped by the user". So Stop
+    halts the run itself, waits for its end and answers from `trace`, which is what the page
+    shows last, whatever the order of the two requests.
+    """
+
+    trace: Trace | None = None
+    halt: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass
@@ -161,6 +185,7 @@ class Studio:
     controls: Controls
     display: Views
     trace: gr.State
+    live: dict[str, LiveRun] = field(default_factory=dict)  # by session
 
     # ---- run -----------------------------------------------------------------------------------
 
@@ -192,11 +217,19 @@ class Studio:
         async def run(*values: Any) -> AsyncIterator[Update]:
             members, prompt, *rest = values
             form = dict(zip(names, rest[: len(names)]))
-            device, compare, view, progress = rest[len(names) :]
-            async for update in in_worker(
-                self.stream_run(members, prompt, form, device, compare, view, progress)
-            ):
-                yield update
+            device, compare, view, progress, request = rest[len(names) :]
+            session, live = (request and request.session_hash) or "", LiveRun()
+            self.live[session] = live
+            try:
+                async for update in in_worker(
+                    self.stream_run(members, prompt, form, device, compare, view, progress), live.halt
+                ):
+                    live.trace = update.get(self.trace, live.trace)
+                    yield update
+            finally:  # a halted or cancelled run too: Stop waits for this, so it answers last
+                live.ended.set()
+                if self.live.get(session) is live:
+                    del self.live[session]
 
         keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
         c = self.controls
@@ -210,12 +243,10 @@ class Studio:
                 ("view_name", self.display.view),
             )
         ]
-        progress = inspect.Parameter(
-            "progress",
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            default=gr.Progress(),
-        )
-        run.__signature__ = inspect.Signature([*parameters, progress])  # type: ignore[attr-defined]
+        progress = inspect.Parameter("progress", keyword, default=gr.Progress())
+        request = inspect.Parameter("request", keyword, default=None)
+        run.__signature__ = inspect.Signature([*parameters, progress, request])  # type: ignore[attr-defined]
+        run.__annotations__ = {"request": Optional[gr.Request]}  # noqa: UP045 (Gradio looks for this type)
         run.__doc__ = "Load the members (once, shared), then stream one update per round."
         return run
 
@@ -425,8 +456,14 @@ class Studio:
 
     # ---- after a run ---------------------------------------------------------------------------
 
-    def stop(self, trace: Trace | None) -> Update:
-        """After a cancel: keep what was produced and offer it as a trace."""
+    async def stop(self, trace: Trace | None, request: gr.Request) -> Update:
+        """End the session's run (see `LiveRun`), keep what it produced and offer it as a trace."""
+        live = self.live.get(request.session_hash or "")
+        if live is not None:
+            live.halt.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(live.ended.wait(), STOP_WAIT_S)
+            trace = live.trace
         if trace is None or not trace.rounds:  # stopped while round 1 was still being drafted
             return {
                 self.display.status: "Nothing to keep: stopped by the user before round 1 was decided.",

@@ -86,6 +86,7 @@ def build_demo(
             cancels=run_events,  # type: ignore[arg-type]
             api_name="stop",
             show_progress_on=on_status,
+            concurrency_limit=None,  # it waits for its own run's end: never behind another user's Stop
         )
         w = shown.what_if
         panels = [*shown.by_name().values(), *w.round_outputs()]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import html
 import json
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -339,6 +341,47 @@ def test_stop_ends_the_run_keeps_what_was_produced_and_the_next_run_works(served
     assert kept.rounds[-1].stop_reason is None  # cut short, not finished
     out = submit(client, TINY[:2], "Again").result(timeout=60)
     assert out[ANSWER]["value"]
+
+
+def test_stop_alone_ends_the_session_run_and_answers_with_its_last_round(served, client):
+    """Stop and the page's /cancel are separate requests, and under load the cancel came seconds
+    late: the run's next update then hid "stopped by the user". Stop now ends its session's run
+    itself, before it answers. Here no cancel is sent at all."""
+    job = submit(client, ["loop-a", "loop-b"], "go", max_new_tokens=1024)
+    deadline = time.time() + 30
+    while len(round_updates(job.outputs())) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    status, path = client.predict(api_name="/stop")
+    deadline = time.time() + 10
+    while not job.done() and time.time() < deadline:
+        time.sleep(0.05)
+    assert job.done()  # ended by Stop, long before its 1024-token budget
+    sent = round_updates(job.outputs())
+    kept = load_trace(path_of(path))
+    assert "stopped by the user" in status and len(kept.rounds) == int(sent[-1][SLIDER]["value"]) >= 2
+
+
+def test_in_worker_halt_ends_the_stream_and_closes_the_generator():
+    closed = threading.Event()
+
+    def endless():
+        try:
+            while True:
+                time.sleep(0.01)
+                yield {"n": 1}
+        finally:
+            closed.set()
+
+    async def consume() -> int:
+        halt, seen = asyncio.Event(), 0
+        async for _ in handlers.in_worker(endless(), halt):
+            seen += 1
+            if seen == 3:
+                halt.set()
+        return seen
+
+    assert asyncio.run(asyncio.wait_for(consume(), 10)) >= 3  # what was queued before the halt, then the end
+    assert closed.wait(5)
 
 
 @pytest.mark.parametrize(
