@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -169,8 +170,24 @@ def _set_up(workers: MemberWorkers, member: Any, share: int | None) -> None:
         torch.get_num_threads()
         torch.set_num_threads(share)
         _local.workers, _local.name, _local.threads = workers, member.name, share
-    elif str(getattr(member, "device", "")).startswith("cuda"):
-        torch.cuda.set_stream(torch.cuda.Stream(device=member.device))  # this thread's current stream
+    elif hasattr(member, "model") and str(getattr(member, "device", "")).startswith("cuda"):
+        torch.cuda.set_stream(member_stream(member))  # this thread's current stream
+
+
+_STREAMS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_STREAMS_LOCK = threading.Lock()
+
+
+def member_stream(member: Any) -> Any:
+    """The member's own CUDA stream, the same for every run. The caching allocator keeps freed blocks
+    per stream: a new stream each run would cudaMalloc its caches afresh and strand the old blocks."""
+    import torch
+
+    with _STREAMS_LOCK:
+        stream = _STREAMS.get(member)
+        if stream is None:
+            stream = _STREAMS[member] = torch.cuda.Stream(device=member.device)
+        return stream
 
 
 def run_concurrently(members: Sequence[Member], mode: str) -> bool:

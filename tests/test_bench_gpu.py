@@ -39,8 +39,29 @@ def test_the_whole_benchmark_runs_on_tiny_shapes_and_reports_finite_ratios():
         assert mode["answer"] and mode["answer"].isascii() and mode["answer"].isprintable()
     assert report["modes"]["on"]["same_answer_as_in_turn"] is True
     table = bench_gpu.format_table(report)
-    assert "at once vs in turn" in table and "× the slowest member alone" in table
+    assert "at once (threads, CUDA streams)" in table and "× the slowest member alone" in table
     json.dumps(report)
+
+
+def test_the_command_adds_one_process_per_member_and_writes_its_report(tmp_path, capsys):
+    """The whole command, as it runs on a GPU, with every mode (processes included) on tiny shapes."""
+    out = tmp_path / "gpu.json"
+    argv = ["--shapes", "tiny", "--device", "cpu", "--max-new-tokens", "20", "--segment-len", "5"]
+    assert bench_gpu.main([*argv, "--repeats", "1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["modes"]) == {"off", "on", "processes"}
+    mode = report["modes"]["processes"]
+    assert mode["tokens"] == 20 and math.isfinite(mode["overhead_vs_slowest"]) and mode["speedup_vs_in_turn"] > 0
+    assert mode["answer"].isascii() and mode["answer"].isprintable()
+    assert "at once (one process per member)" in capsys.readouterr().out
+
+
+def test_the_bare_decoding_race_reports_all_three_ways(tmp_path):
+    out = tmp_path / "race.json"
+    argv = ["--shapes", "tiny", "--device", "cpu", "--dtype", "float32", "--max-new-tokens", "8"]
+    assert bench_gpu.main([*argv, "--workers", "--json", str(out)]) == 0
+    race = json.loads(out.read_text())
+    assert all(race[k] > 0 for k in ("in_turn_s", "threads_s", "processes_s"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where there is no GPU")

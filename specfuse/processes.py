@@ -1,0 +1,231 @@
+"""A member in a worker process of its own: its own interpreter, so its own GIL.
+
+Why: at batch 1 a decoding step of a Hugging Face model is mostly Python launching kernels. Members
+in threads of one process take turns holding the GIL, so on one GPU they decoded no faster at once
+than in turn (`python -m specfuse.bench_gpu`, H100: threads 1.26×, one process per member 2.18× for
+bare decoding). A `ProcessMember` builds its member inside a spawned process and forwards the Member
+calls over a pipe; the engine runs such members at the same time under `parallel="auto"`.
+
+The pipe carries our own objects between our own processes (multiprocessing pickles them): prompts,
+settings, candidates and scores, never a file or anything a user uploads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import multiprocessing
+import pickle
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .config import MemberSettings
+from .errors import MemberError
+from .records import Candidate
+
+# What a member may offer beyond the Member protocol; the proxy offers the same, no more.
+OPTIONAL = ("draft_many", "verify_many", "prompt_surprise")
+
+
+@dataclass(frozen=True, eq=False)
+class ProcessState:
+    """A request's state in the worker process: a handle; the state itself (its caches) stays there."""
+
+    id: int
+
+
+class ProcessMember:
+    """A member built by `build()` in a process of its own, used like any other member.
+
+    `build` must be picklable (a module-level function or a functools.partial of one), because the
+    process is spawned: CUDA cannot be used in a forked child. `threads` sets the process's torch
+    intra-op threads (a CPU member's share of the cores); None leaves torch's default.
+    """
+
+    def __init__(
+        self, build: Callable[[], Any], *, threads: int | None = None, start_timeout: float = 1800
+    ) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=_serve, args=(child, build, threads), daemon=True)
+        self._process.start()
+        child.close()
+        self._lock = threading.Lock()
+        self._dropped: list[int] = []  # handles garbage-collected here, sent with the next call
+        try:
+            if not self._conn.poll(start_timeout):
+                raise MemberError(
+                    f"a member's worker process did not finish building in {start_timeout:.0f} s"
+                )
+            status, info = self._conn.recv()  # what the process built, or why it could not
+        except (EOFError, OSError) as e:
+            _close(self._conn, self._process)
+            raise MemberError(
+                f"a member's worker process ended while building (exit code {self._process.exitcode})"
+            ) from e
+        except MemberError:
+            _close(self._conn, self._process)
+            raise
+        if status == "error":
+            _close(self._conn, self._process)
+            raise info
+        self.name: str = info["name"]
+        self.child_device: str = info["device"]
+        # Unique per process: the engine runs members on different devices at the same time.
+        self.device = f"{self.child_device} in process {self._process.pid}"
+        if info["trust"] is not None:
+            self.trust = info["trust"]
+        for method in OPTIONAL:
+            if method in info["methods"]:
+                setattr(self, method, functools.partial(self._forward, method))
+        self._closer = weakref.finalize(self, _close, self._conn, self._process)
+
+    @classmethod
+    def from_catalogue(cls, name_or_path: str, *, threads: int | None = None, **load: Any) -> ProcessMember:
+        """`catalogue.load_member(name_or_path, **load)`, in a process of its own."""
+        from .catalogue import load_member
+
+        return cls(functools.partial(load_member, name_or_path, **load), threads=threads)
+
+    # ---- the Member protocol ------------------------------------------------------------------------
+
+    def start(self, prompt: str, settings: MemberSettings) -> ProcessState:
+        state = ProcessState(self._call("start", prompt, settings))
+        weakref.finalize(state, self._dropped.append, state.id)
+        return state
+
+    def draft(self, state: ProcessState, max_new_tokens: int) -> Candidate:
+        return self._call("draft", state.id, max_new_tokens)
+
+    def score(self, state: ProcessState, candidates: Sequence[Candidate]) -> list[float]:
+        return self._call("score", state.id, list(candidates))
+
+    def accept(self, state: ProcessState, text: str) -> None:
+        self._call("accept", state.id, text)
+
+    def _forward(self, method: str, states: Any, *args: Any) -> Any:
+        """draft_many / verify_many (a list of states) and prompt_surprise (one state)."""
+        ids = [s.id for s in states] if isinstance(states, (list, tuple)) else states.id
+        return self._call(method, ids, *args)
+
+    # ---- the pipe ---------------------------------------------------------------------------------
+
+    def _call(self, method: str, *args: Any) -> Any:
+        with self._lock:
+            dropped, self._dropped[:] = list(self._dropped), []
+            try:
+                self._conn.send((method, args, dropped))
+                status, value = self._conn.recv()
+            except (EOFError, OSError, BrokenPipeError) as e:
+                code = self._process.exitcode
+                raise MemberError(
+                    f"{self.name}: its worker process ended (exit code {code}) during {method}"
+                ) from e
+        if status == "error":
+            raise value
+        return value
+
+    @property
+    def alive(self) -> bool:
+        return self._process.is_alive()
+
+    def close(self) -> None:
+        """End the worker process (also done when this object is collected or Python exits)."""
+        closer = getattr(self, "_closer", None)
+        if closer is not None:
+            closer()
+        else:
+            _close(self._conn, self._process)
+
+
+def _close(conn: Any, process: Any) -> None:
+    with contextlib.suppress(OSError, ValueError):  # already gone, or already closed
+        conn.send(("close", (), []))
+    process.join(10)
+    if process.is_alive():
+        process.terminate()
+        process.join(5)
+    conn.close()
+
+
+# ---- the worker process ----------------------------------------------------------------------------
+
+
+def _serve(conn: Any, build: Callable[[], Any], threads: int | None) -> None:
+    """Build the member, then answer calls until told to close or the parent goes away."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    try:
+        member = build()
+    except BaseException as e:  # reported to the parent, which raises it
+        conn.send(("error", _portable(e)))
+        return
+    states: dict[int, Any] = {}
+    handlers = _handlers(member, states)
+    conn.send(("ok", handlers["describe"]()))
+    while True:
+        try:
+            method, args, dropped = conn.recv()
+        except (EOFError, OSError):
+            return
+        for handle in dropped:
+            states.pop(handle, None)
+        if method == "close":
+            return
+        try:
+            reply: tuple[str, Any] = ("ok", handlers[method](*args))
+        except BaseException as e:
+            reply = ("error", _portable(e))
+        conn.send(reply)
+
+
+def _handlers(member: Any, states: dict[int, Any]) -> dict[str, Callable[..., Any]]:
+    counter = iter(range(1 << 62))
+
+    def start(prompt: str, settings: MemberSettings) -> int:
+        handle = next(counter)
+        states[handle] = member.start(prompt, settings)
+        return handle
+
+    def describe() -> dict[str, Any]:
+        return {
+            "name": member.name,
+            "device": str(getattr(member, "device", "cpu")),
+            "trust": getattr(member, "trust", None),
+            "methods": [m for m in OPTIONAL if hasattr(member, m)],
+        }
+
+    def many(method: str) -> Callable[..., Any]:
+        return lambda handles, *args: getattr(member, method)([states[h] for h in handles], *args)
+
+    out: dict[str, Callable[..., Any]] = {
+        "describe": describe,
+        "start": start,
+        "draft": lambda h, n: member.draft(states[h], n),
+        "score": lambda h, candidates: list(member.score(states[h], candidates)),
+        "accept": lambda h, text: member.accept(states[h], text),
+        "draft_many": many("draft_many"),
+        "verify_many": lambda handles, candidates: [
+            list(scores) for scores in member.verify_many([states[h] for h in handles], candidates)
+        ],
+        "prompt_surprise": lambda h: member.prompt_surprise(states[h]),
+        "held": lambda: len(states),  # states not yet released (for tests and leak checks)
+    }
+    return out
+
+
+def _portable(error: BaseException) -> BaseException:
+    """The error itself when it survives the pipe, else a RuntimeError that says what it was."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+__all__ = ["ProcessMember", "ProcessState"]

@@ -1,0 +1,80 @@
+"""Members in worker processes of their own: the same answers as in this process, errors that say
+what happened, and the engine running them at the same time."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from specfuse import Ensemble, EnsembleConfig, MemberError
+from specfuse.processes import ProcessMember
+from specfuse.workers import run_concurrently
+
+from .conftest import TINY_SPECS, tiny_member
+
+NAMES = list(TINY_SPECS)[:3]
+
+
+@pytest.fixture(scope="module")
+def in_processes():
+    members = [ProcessMember(functools.partial(tiny_member, n), threads=1) for n in NAMES]
+    yield members
+    for m in members:
+        m.close()
+
+
+def test_an_ensemble_of_process_members_gives_the_same_rounds_as_members_here(in_processes):
+    config = EnsembleConfig(segment_len=4, max_new_tokens=32)
+    here = list(Ensemble([tiny_member(n) for n in NAMES], config).stream("The cat sat"))
+    there = list(Ensemble(in_processes, config).stream("The cat sat"))
+    assert [m.name for m in in_processes] == NAMES
+    assert there[-1].text == here[-1].text and len(there) == len(here) >= 2
+    for a, b in zip(there, here):
+        assert [c.text for c in a.candidates] == [c.text for c in b.candidates]
+        assert a.chosen == b.chosen
+        for row_a, row_b in zip(a.raw_scores, b.raw_scores, strict=True):
+            assert row_a == pytest.approx(row_b, abs=1e-5)
+
+
+def test_process_members_run_at_the_same_time_under_auto(in_processes):
+    assert all(" in process " in m.device for m in in_processes)
+    assert run_concurrently(in_processes, "auto") and not run_concurrently(in_processes, "off")
+    assert hasattr(in_processes[0], "verify_many")  # HFMember batches: the proxy does too
+
+
+def test_batched_runs_through_process_members_match_one_at_a_time(in_processes):
+    config = EnsembleConfig(segment_len=4, max_new_tokens=24)
+    prompts = ["The cat sat", "Numbers: 1, 2,"]
+    ensemble = Ensemble(in_processes, config)
+    finals = {i: r.text for i, r in ensemble.stream_many(prompts, config, batch_size=2)}
+    assert [finals[0], finals[1]] == [ensemble.run(p).answer for p in prompts]
+
+
+def test_states_are_released_in_the_worker_when_collected_here(in_processes):
+    member = in_processes[0]
+    for _ in range(3):
+        Ensemble(in_processes, EnsembleConfig(segment_len=4, max_new_tokens=8)).run("Hi")
+    assert member._call("describe")["name"] == member.name  # a call carries the dropped handles
+    assert member._call("held") == 0
+
+
+def test_an_error_in_the_worker_comes_back_with_its_type_and_the_worker_stays(in_processes):
+    member = in_processes[0]
+    with pytest.raises(KeyError):
+        member._call("draft", 10**9, 4)  # no such state
+    assert member._call("describe")["name"] == member.name
+
+
+def test_a_build_that_fails_says_why_and_leaves_no_process():
+    with pytest.raises(KeyError, match="no-such-tiny"):
+        ProcessMember(functools.partial(tiny_member, "no-such-tiny"))
+
+
+def test_a_worker_that_dies_gives_a_member_error_naming_it():
+    member = ProcessMember(functools.partial(tiny_member, NAMES[0]), threads=1)
+    member._process.kill()
+    member._process.join(10)
+    with pytest.raises(MemberError, match=f"{NAMES[0]}: its worker process ended"):
+        Ensemble([member, tiny_member(NAMES[1])], EnsembleConfig(max_new_tokens=8)).run("Hi")
+    member.close()
