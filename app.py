@@ -88,6 +88,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     parser.add_argument("--preload", action="store_true", help="load the default members before serving")
+    parser.add_argument(
+        "--processes",
+        action="store_true",
+        help="each model in a worker process of its own: members at once on a GPU (docs/gpu.md)",
+    )
     parser.add_argument("--queue-size", type=int, default=16, help="requests waiting at most")
     parser.add_argument("--concurrency", type=int, default=1, help="runs at once (the members are shared)")
     parser.add_argument(
@@ -104,7 +109,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(space_arguments() if argv is None and len(sys.argv) == 1 else argv)
 
     loader = SharedLoader(
-        allow_paths=args.allow_paths, trusted=[*args.models, *args.server], dtype=args.dtype
+        allow_paths=args.allow_paths,
+        trusted=[*args.models, *args.server],
+        dtype=args.dtype,
+        processes=args.processes,
     )
     # Offer only what can work here: installed catalogue models (plus what the operator named) and
     # the GPU device settings only where a GPU is visible.

@@ -776,31 +776,40 @@ def load_members(
     allow_paths: bool = True,
     trust_remote_code: bool = False,
     progress: Progress | None = None,
+    processes: bool = False,
 ) -> list[Member]:
     """Load each of `names` on the devices plan_devices(len(names), device) gives, in order.
+
+    With `processes`, each model is loaded in a worker process of its own (processes.ProcessMember:
+    members at once then do not take turns holding the GIL); a served member stays here.
 
     Duplicate names load twice; whether that is allowed is the caller's decision.
     """
     devices = plan_devices(len(names), device) if device_map is None else [device] * len(names)
-    members = []
+    members: list[Member] = []
     for i, (name, dev) in enumerate(zip(names, devices, strict=True)):
 
         def scaled(fraction: float, message: str, i: int = i) -> None:
             if progress is not None:
                 progress((i + fraction) / len(names), message)
 
-        members.append(
-            load_member(
-                name,
-                device=dev,
-                dtype=dtype,
-                device_map=device_map,
-                cache_dir=cache_dir,
-                allow_paths=allow_paths,
-                trust_remote_code=trust_remote_code,
-                progress=scaled,
-            )
+        options: dict[str, Any] = dict(
+            device=dev,
+            dtype=dtype,
+            device_map=device_map,
+            cache_dir=cache_dir,
+            allow_paths=allow_paths,
+            trust_remote_code=trust_remote_code,
         )
+        if processes and not _is_server(name):
+            from .processes import ProcessMember
+            from .workers import cpu_cores
+
+            scaled(0.0, f"loading {name} in a process of its own")
+            threads = max(1, cpu_cores() // len(names)) if dev.startswith("cpu") else None
+            members.append(ProcessMember.from_catalogue(name, threads=threads, **options))
+        else:
+            members.append(load_member(name, progress=scaled, **options))
     return members
 
 

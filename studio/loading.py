@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from specfuse.members import Member
@@ -28,11 +28,13 @@ class SharedLoader:
         allow_paths: bool = False,
         trusted: Sequence[str] = (),
         dtype: str = "auto",
+        processes: bool = False,
     ) -> None:
         self.load = load  # None: specfuse.catalogue.load_member, imported on first use (it brings torch)
         self.allow_paths = allow_paths
         self.trusted = frozenset(trusted)  # paths or hub ids the operator named on the command line
         self.dtype = dtype
+        self.processes = processes  # each model in a worker process of its own (specfuse.processes)
         self._members: dict[tuple[str, str], Member] = {}
         self._lock = threading.Lock()
 
@@ -44,15 +46,22 @@ class SharedLoader:
                     from specfuse.catalogue import load_member
 
                     self.load = load_member
-                allow = self.allow_paths or name in self.trusted
-                self._members[key] = self.load(
-                    name,
+                options: dict[str, Any] = dict(
                     device=device,
                     dtype=self.dtype,
-                    allow_paths=allow,
+                    allow_paths=self.allow_paths or name in self.trusted,
                     allow_servers=name in self.trusted,  # server specs: the operator's only, never typed
-                    progress=progress,
                 )
+                from specfuse.remote import is_server_spec
+
+                if self.processes and not is_server_spec(name):
+                    from specfuse.processes import ProcessMember
+
+                    progress(0.0, f"loading {name} in a process of its own")
+                    self._members[key] = ProcessMember.from_catalogue(name, **options)
+                    progress(1.0, f"{name} loaded")
+                else:
+                    self._members[key] = self.load(name, progress=progress, **options)
             return self._members[key]
 
 

@@ -183,6 +183,23 @@ def test_operator_named_hub_ids_load_without_allowing_user_paths():
     assert seen == {"org/model": True, "smollm2-135m": False}
 
 
+def test_with_processes_the_loader_loads_each_model_once_in_a_process_of_its_own(tiny_checkpoints):
+    from specfuse.processes import ProcessMember
+
+    path = tiny_checkpoints[0]
+    loader, said = SharedLoader(trusted=[path], processes=True), []
+    member = loader(path, "cpu", lambda f, s: said.append(s))
+    try:
+        assert isinstance(member, ProcessMember) and member.alive and member.name == path
+        assert loader(path, "cpu", lambda f, s: None) is member
+        assert said[0] == f"loading {path} in a process of its own"
+        answer = Ensemble([member, tiny_member("qwen-merges")], EnsembleConfig(max_new_tokens=8)).run("Hi")
+        assert answer.answer
+    finally:
+        member.close()
+    assert not member.alive
+
+
 def test_a_space_reads_its_start_arguments_from_spaces_config(monkeypatch):
     monkeypatch.delenv("SPECFUSE_APP_ARGS", raising=False)
     monkeypatch.delenv("SPACE_ID", raising=False)

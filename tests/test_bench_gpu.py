@@ -51,7 +51,9 @@ def test_the_command_adds_one_process_per_member_and_writes_its_report(tmp_path,
     report = json.loads(out.read_text())
     assert set(report["modes"]) == {"off", "on", "processes"}
     mode = report["modes"]["processes"]
-    assert mode["tokens"] == 20 and math.isfinite(mode["overhead_vs_slowest"]) and mode["speedup_vs_in_turn"] > 0
+    assert (
+        mode["tokens"] == 20 and math.isfinite(mode["overhead_vs_slowest"]) and mode["speedup_vs_in_turn"] > 0
+    )
     assert mode["answer"].isascii() and mode["answer"].isprintable()
     assert "at once (one process per member)" in capsys.readouterr().out
 

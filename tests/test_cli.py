@@ -34,6 +34,26 @@ def test_streams_the_answer_and_writes_its_trace(tiny_checkpoints, tmp_path):
     assert saved.members == tuple(tiny_checkpoints)
 
 
+def test_members_in_processes_of_their_own_give_the_same_answer(tiny_checkpoints, tmp_path):
+    models = ",".join(tiny_checkpoints)
+    answers = []
+    for extra in ((), ("--processes",)):
+        trace = tmp_path / f"run{len(answers)}.json"
+        code, out, err = run_cli(
+            "--models", models, "--max-new-tokens", "16", *extra, "--trace", str(trace), "Hi"
+        )
+        assert code == 0, err
+        answers.append(out)
+        assert load_trace(trace).members == tuple(tiny_checkpoints)
+    assert answers[0] == answers[1] and answers[0].strip()
+
+
+def test_processes_refuse_a_model_listed_twice(tiny_checkpoints):
+    path = tiny_checkpoints[0]
+    code, _, err = run_cli("--models", f"{path},{path}", "--temperature", "0.8", "--processes", "Hi")
+    assert code == 2 and "with --processes, list each model once" in err
+
+
 def test_the_same_model_twice_shares_its_weights_when_sampling(tiny_checkpoints, tmp_path):
     path, trace = tiny_checkpoints[0], tmp_path / "twice.json"
     code, out, err = run_cli(
