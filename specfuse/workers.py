@@ -192,8 +192,9 @@ def member_stream(member: Any) -> Any:
 
 def run_concurrently(members: Sequence[Member], mode: str) -> bool:
     """Whether `parallel=mode` runs these members at the same time. "auto": when they sit on several
-    devices (servers, GPUs), or share a CPU with at least two cores to divide. Several members on
-    one GPU take turns under "auto": CUDA streams ("on") are built but not yet measured on a GPU."""
+    devices (servers, GPUs, worker processes), or share a CPU with at least two cores to divide.
+    Several members in this process on one GPU take turns under "auto": threads with a CUDA stream
+    each ("on") were slower than taking turns on an H100 (the GIL); worker processes were 1.64x faster."""
     if mode != "auto" or len(members) < 2:
         return mode == "on" and len(members) > 1
     devices = {str(getattr(m, "device", "cpu")) for m in members}
