@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +214,26 @@ def mode_figures(
         "decode_steps_saved": sum(c.reused_tokens for r in run.rounds for c in r.candidates),
         "answer": run.rounds[-1].text,
     }
+
+
+def time_mode(
+    members: Sequence[Any], config: EnsembleConfig, prompt: str, singles: dict[str, Any], repeats: int
+) -> dict[str, Any]:
+    """One full run and `repeats` one-round runs of the ensemble, against the members alone."""
+    ensemble = Ensemble(members, config)
+    run = timed_stream(ensemble, prompt, config)
+    firsts = [timed_stream(ensemble, prompt, replace(config, max_rounds=1)) for _ in range(repeats)]
+    return mode_figures(run, firsts, singles)
+
+
+def process_mode(
+    workers: Sequence[Any], config: EnsembleConfig, prompt: str, singles: dict[str, Any], repeats: int
+) -> dict[str, Any]:
+    """time_mode for members in worker processes of their own (processes.ProcessMember), after a
+    full-length warm-up: their processes are fresh, the other modes' members are not."""
+    config = replace(config, parallel="auto")  # members in processes run at once under auto
+    Ensemble(workers, config).run(prompt)
+    return time_mode(workers, config, prompt, singles, repeats)
 
 
 def compare_in_turn(turns: dict[str, Any], at_once: dict[str, Any]) -> None:

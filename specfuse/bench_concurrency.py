@@ -28,9 +28,9 @@ from .bench import (
     compare_in_turn,
     cpu_model,
     generate_alone,
-    mode_figures,
     parse_models,
-    timed_stream,
+    process_mode,
+    time_mode,
     write_report,
 )
 from .config import EnsembleConfig
@@ -78,11 +78,12 @@ def run_concurrency(
     for exit_ in (False, True):
         for parallel in ("off", "on"):
             config = replace(base, exit=exit_, parallel=parallel)
-            ensemble = Ensemble(members, config)
-            run = timed_stream(ensemble, prompt, config)
-            firsts = [timed_stream(ensemble, prompt, replace(config, max_rounds=1)) for _ in range(repeats)]
-            figures = {"exit": exit_, "parallel": parallel, **mode_figures(run, firsts, singles)}
-            modes[f"exit {'on' if exit_ else 'off'}, parallel {parallel}"] = figures
+            figures = time_mode(members, config, prompt, singles, repeats)
+            modes[f"exit {'on' if exit_ else 'off'}, parallel {parallel}"] = {
+                "exit": exit_,
+                "parallel": parallel,
+                **figures,
+            }
     for state in ("off", "on"):
         compare_in_turn(modes[f"exit {state}, parallel off"], modes[f"exit {state}, parallel on"])
     return {
@@ -104,6 +105,31 @@ def run_concurrency(
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
     }
+
+
+def time_in_processes(
+    report: dict[str, Any], names: Sequence[str], dtype: str, repeats: int
+) -> dict[str, Any]:
+    """Exit off, each member in a worker process of its own with its thread share (no handing on of
+    cores between processes), against the same members alone; compared with members in turn."""
+    from .processes import ProcessMember
+
+    shares = report["thread_shares"]
+    workers = [ProcessMember.from_catalogue(n, dtype=dtype, threads=shares[n]) for n in names]
+    try:
+        config = EnsembleConfig(
+            segment_len=report["segment_len"],
+            max_new_tokens=report["max_new_tokens"],
+            stop_strings=(),
+            exit=False,
+        )
+        mode = {"exit": False, "parallel": "processes"}
+        mode |= process_mode(workers, config, report["prompt"], report["single"], repeats)
+    finally:
+        for w in workers:
+            w.close()
+    compare_in_turn(report["modes"]["exit off, parallel off"], mode)
+    return mode
 
 
 # -- bare decoding: in turn, threads, processes --------------------------------------------------------
@@ -231,7 +257,9 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"  {key:30} {value:6.3f} ≤ {bound}  {verdict}")
     for name, m in report["modes"].items():
         if "same_answer_as_in_turn" in m:
-            turns = report["modes"][name.replace("parallel on", "parallel off")]["answer"]
+            turns = report["modes"][
+                name.replace("parallel on", "parallel off").replace("processes", "parallel off")
+            ]["answer"]
             lines.append(
                 f"{name}: same answer as in turn: {m['same_answer_as_in_turn']} (the first "
                 f"{m['common_prefix_chars']} of {len(turns)} characters agree; one thread per member "
@@ -261,6 +289,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="first-segment runs per mode (median)")
     parser.add_argument("--prompt", default=LONG_PROMPT, help="the prompt (default: a long numbered list)")
     parser.add_argument("--no-workers", action="store_true", help="skip the threads-vs-processes timing")
+    parser.add_argument(
+        "--no-processes", action="store_true", help="skip the ensemble with one worker process per member"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -277,6 +308,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             segment_len=args.segment_len,
             repeats=args.repeats,
         )
+        if not args.no_processes:
+            report["modes"]["exit off, processes"] = time_in_processes(
+                report, names, args.dtype, args.repeats
+            )
         if not args.no_workers:
             del members
             report["workers"] = compare_workers(names, args.dtype, min(60, args.max_new_tokens), args.prompt)

@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .bench import compare_in_turn, generate_alone, mode_figures, peak_rss_gb, timed_stream, write_report
+from .bench import compare_in_turn, generate_alone, peak_rss_gb, process_mode, time_mode, write_report
 from .config import EnsembleConfig
 from .engine import Ensemble
 from .errors import SpecfuseError
@@ -194,17 +194,7 @@ class _Memory:
         return sum(torch.cuda.max_memory_allocated(d) for d in self.gpus) / 1024**3
 
 
-def time_mode(
-    members: Sequence[Any], config: EnsembleConfig, prompt: str, singles: dict[str, Any], repeats: int
-) -> dict[str, Any]:
-    """One full run and `repeats` one-round runs of the ensemble, against the members alone."""
-    ensemble = Ensemble(members, config)
-    run = timed_stream(ensemble, prompt, config)
-    firsts = [timed_stream(ensemble, prompt, replace(config, max_rounds=1)) for _ in range(repeats)]
-    return mode_figures(run, firsts, singles)
-
-
-def add_process_mode(report: dict[str, Any], members: Sequence[Any], repeats: int = 3) -> None:
+def add_process_mode(report: dict[str, Any], workers: Sequence[Any], repeats: int = 3) -> None:
     """Time the ensemble with each member in a process of its own (`processes.ProcessMember`), the
     same members as in `report`'s other modes, and add it as the mode "processes"."""
     import torch
@@ -215,11 +205,9 @@ def add_process_mode(report: dict[str, Any], members: Sequence[Any], repeats: in
         exit=False,
         stop_strings=(),
         prior="uniform",
-        parallel="auto",
     )
-    Ensemble(members, config).run(report["prompt"])  # warm-up at full length, as the other modes
-    mode = time_mode(members, config, report["prompt"], report["single"], repeats)
-    gpus = sorted({m.child_device for m in members if m.child_device.startswith("cuda")})
+    mode = process_mode(workers, config, report["prompt"], report["single"], repeats)
+    gpus = sorted({w.child_device for w in workers if w.child_device.startswith("cuda")})
     # Another process's allocations are not this one's to count: the device's memory in use instead.
     used = [torch.cuda.mem_get_info(d) for d in gpus]
     mode["peak_gb"] = sum(total - free for free, total in used) / 1024**3 if gpus else peak_rss_gb()

@@ -31,6 +31,20 @@ def test_every_mode_reports_finite_ratios_and_says_whether_answers_match(tiny_me
     json.dumps(report)
 
 
+def test_the_ensemble_in_worker_processes_is_a_mode_beside_the_others(tiny_checkpoints):
+    from specfuse.catalogue import load_member
+
+    members = [load_member(p, dtype="float32") for p in tiny_checkpoints]
+    report = bench_concurrency.run_concurrency(members, max_new_tokens=20, segment_len=5, repeats=1)
+    mode = bench_concurrency.time_in_processes(report, tiny_checkpoints, "float32", repeats=1)
+    report["modes"]["exit off, processes"] = mode
+    assert (
+        mode["tokens"] == 20 and math.isfinite(mode["overhead_vs_slowest"]) and mode["speedup_vs_in_turn"] > 0
+    )
+    assert mode["answer"] == report["modes"]["exit off, parallel off"]["answer"]  # fp32: the same argmaxes
+    assert "exit off, processes" in bench_concurrency.format_table(report)
+
+
 @pytest.mark.slow
 def test_threads_and_processes_both_decode_every_member(monkeypatch):
     monkeypatch.setenv("SPECFUSE_CACHE", REAL_MODEL_CACHE)  # the children load the converted model
