@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import multiprocessing
 import pickle
+import signal
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +57,7 @@ class ProcessMember:
         self._process.start()
         child.close()
         self._lock = threading.Lock()
-        self._dropped: list[int] = []  # handles garbage-collected here, sent with the next call
+        self._dropped: deque[int] = deque()  # handles collected here, sent with the next call
         try:
             if not self._conn.poll(start_timeout):
                 raise MemberError(
@@ -115,11 +118,11 @@ class ProcessMember:
 
     def _call(self, method: str, *args: Any) -> Any:
         with self._lock:
-            dropped, self._dropped[:] = list(self._dropped), []
+            dropped = [self._dropped.popleft() for _ in range(len(self._dropped))]  # atomic pops
             try:
                 self._conn.send((method, args, dropped))
                 status, value = self._conn.recv()
-            except (EOFError, OSError, BrokenPipeError) as e:
+            except (EOFError, OSError) as e:
                 code = self._process.exitcode
                 raise MemberError(
                     f"{self.name}: its worker process ended (exit code {code}) during {method}"
@@ -134,11 +137,7 @@ class ProcessMember:
 
     def close(self) -> None:
         """End the worker process (also done when this object is collected or Python exits)."""
-        closer = getattr(self, "_closer", None)
-        if closer is not None:
-            closer()
-        else:
-            _close(self._conn, self._process)
+        self._closer()
 
 
 def _close(conn: Any, process: Any) -> None:
@@ -156,6 +155,7 @@ def _close(conn: Any, process: Any) -> None:
 
 def _serve(conn: Any, build: Callable[[], Any], threads: int | None) -> None:
     """Build the member, then answer calls until told to close or the parent goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
     if threads is not None:
         import torch
 
@@ -181,11 +181,14 @@ def _serve(conn: Any, build: Callable[[], Any], threads: int | None) -> None:
             reply: tuple[str, Any] = ("ok", handlers[method](*args))
         except BaseException as e:
             reply = ("error", _portable(e))
-        conn.send(reply)
+        try:  # pickled whole before anything is written: a failure leaves the pipe clean
+            conn.send(reply)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:
+            conn.send(("error", RuntimeError(f"{method}: its result cannot be sent back: {e}")))
 
 
 def _handlers(member: Any, states: dict[int, Any]) -> dict[str, Callable[..., Any]]:
-    counter = iter(range(1 << 62))
+    counter = itertools.count()
 
     def start(prompt: str, settings: MemberSettings) -> int:
         handle = next(counter)
@@ -210,9 +213,7 @@ def _handlers(member: Any, states: dict[int, Any]) -> dict[str, Callable[..., An
         "score": lambda h, candidates: list(member.score(states[h], candidates)),
         "accept": lambda h, text: member.accept(states[h], text),
         "draft_many": many("draft_many"),
-        "verify_many": lambda handles, candidates: [
-            list(scores) for scores in member.verify_many([states[h] for h in handles], candidates)
-        ],
+        "verify_many": many("verify_many"),
         "prompt_surprise": lambda h: member.prompt_surprise(states[h]),
         "held": lambda: len(states),  # states not yet released (for tests and leak checks)
     }
