@@ -165,8 +165,8 @@ class LiveRun:
 
     The page sends Stop and the run's /cancel separately, and under load the cancel can take
     seconds to land: a run update sent after Stop's answer hid "stopped by the user". So Stop
-    halts the run itself, waits for its end and answers from `trace`, which is what the page
-    shows last, whatever the order of the two requests.
+    halts the run itself, waits for its end and answers from `trace`; the halted run's own last
+    update says "stopped" too, so whichever the page shows last, it says so.
     """
 
     trace: Trace | None = None
@@ -226,6 +226,8 @@ class Studio:
                 ):
                     live.trace = update.get(self.trace, live.trace)
                     yield update
+                if live.halt.is_set():  # Gradio re-sends a run's last update when it completes,
+                    yield self.stopped(live.trace)  # maybe after Stop's answer: let both say it
             finally:  # a halted or cancelled run too: Stop waits for this, so it answers last
                 live.ended.set()
                 if self.live.get(session) is live:
@@ -464,6 +466,10 @@ class Studio:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(live.ended.wait(), STOP_WAIT_S)
             trace = live.trace
+        return self.stopped(trace)
+
+    def stopped(self, trace: Trace | None) -> Update:
+        """The status and the trace download of a run the user stopped."""
         if trace is None or not trace.rounds:  # stopped while round 1 was still being drafted
             return {
                 self.display.status: "Nothing to keep: stopped by the user before round 1 was decided.",

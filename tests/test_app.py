@@ -376,6 +376,7 @@ def test_stop_alone_ends_the_session_run_and_answers_with_its_last_round(served,
     sent = round_updates(job.outputs())
     kept = load_trace(path_of(path))
     assert "stopped by the user" in status and len(kept.rounds) == int(sent[-1][SLIDER]["value"]) >= 2
+    assert "stopped by the user" in job.outputs()[-1][STATUS]  # the run's own last word agrees
 
 
 def test_in_worker_halt_ends_the_stream_and_closes_the_generator():
