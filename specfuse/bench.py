@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import math
+import multiprocessing
 import os
 import platform
 import resource
@@ -234,6 +235,28 @@ def process_mode(
     config = replace(config, parallel="auto")  # members in processes run at once under auto
     Ensemble(workers, config).run(prompt)
     return time_mode(workers, config, prompt, singles, repeats)
+
+
+def race_in_processes(child: Any, arguments: Sequence[tuple[Any, ...]], timeout: float) -> float:
+    """Seconds from a common start to the last of one spawned process per argument tuple finishing.
+
+    Each process runs `child(*arguments, ready, results, go)`: it loads and warms up, puts on
+    `ready`, waits for `go`, does the timed work and puts on `results`; loading is not timed."""
+    spawn = multiprocessing.get_context("spawn")
+    ready, results, go = spawn.Queue(), spawn.Queue(), spawn.Event()
+    procs = [spawn.Process(target=child, args=(*args, ready, results, go)) for args in arguments]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=timeout)
+    began = time.perf_counter()
+    go.set()
+    for _ in procs:
+        results.get(timeout=timeout)
+    seconds = time.perf_counter() - began
+    for p in procs:
+        p.join()
+    return seconds
 
 
 def compare_in_turn(turns: dict[str, Any], at_once: dict[str, Any]) -> None:

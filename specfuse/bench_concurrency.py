@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import multiprocessing
 import os
 import statistics
 import sys
@@ -30,6 +29,7 @@ from .bench import (
     generate_alone,
     parse_models,
     process_mode,
+    race_in_processes,
     time_mode,
     write_report,
 )
@@ -169,23 +169,9 @@ def compare_workers(
     torch.set_num_threads(cores)
     del members
 
-    spawn = multiprocessing.get_context("spawn")
-    ready, results, go = spawn.Queue(), spawn.Queue(), spawn.Event()
-    procs = [
-        spawn.Process(target=_decode_child, args=(n, dtype, shares[n], prompt, tokens, ready, results, go))
-        for n in names
-    ]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        ready.get(timeout=600)
-    began = time.perf_counter()
-    go.set()
-    for _ in procs:
-        results.get(timeout=600)
-    in_processes = time.perf_counter() - began
-    for p in procs:
-        p.join()
+    in_processes = race_in_processes(
+        _decode_child, [(n, dtype, shares[n], prompt, tokens) for n in names], timeout=600
+    )
     return {
         "tokens": tokens,
         "dtype": dtype,

@@ -28,7 +28,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .bench import compare_in_turn, generate_alone, peak_rss_gb, process_mode, time_mode, write_report
+from .bench import (
+    compare_in_turn,
+    generate_alone,
+    peak_rss_gb,
+    process_mode,
+    race_in_processes,
+    time_mode,
+    write_report,
+)
 from .config import EnsembleConfig
 from .engine import Ensemble
 from .errors import SpecfuseError
@@ -305,8 +313,6 @@ def compare_workers(
     Why processes: at batch 1 a decoding step of a Hugging Face model is mostly Python launching
     kernels, and threads take turns holding the GIL; a process per member has its own.
     """
-    import multiprocessing
-
     import torch
 
     count = len(SHAPES[shapes])
@@ -345,25 +351,9 @@ def compare_workers(
     if device.startswith("cuda"):
         torch.cuda.empty_cache()  # the processes build their own copies
 
-    spawn = multiprocessing.get_context("spawn")
-    ready, results, go = spawn.Queue(), spawn.Queue(), spawn.Event()
-    procs = [
-        spawn.Process(
-            target=_decode_child, args=(shapes, i, device, dtype_name, prompt, tokens, ready, results, go)
-        )
-        for i in range(count)
-    ]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        ready.get(timeout=900)
-    began = time.perf_counter()
-    go.set()
-    for _ in procs:
-        results.get(timeout=900)
-    in_processes = time.perf_counter() - began
-    for p in procs:
-        p.join()
+    in_processes = race_in_processes(
+        _decode_child, [(shapes, i, device, dtype_name, prompt, tokens) for i in range(count)], timeout=900
+    )
     return {
         "tokens": tokens,
         "in_turn_s": in_turn,
