@@ -90,8 +90,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--preload", action="store_true", help="load the default members before serving")
     parser.add_argument(
         "--processes",
-        action="store_true",
-        help="each model in a worker process of its own: members at once on a GPU (docs/gpu.md)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="each model in a worker process of its own (default: where that measured faster: on a "
+        "GPU, or a CPU with 8 or more cores; docs/gpu.md)",
     )
     parser.add_argument("--queue-size", type=int, default=16, help="requests waiting at most")
     parser.add_argument("--concurrency", type=int, default=1, help="runs at once (the members are shared)")
@@ -112,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         allow_paths=args.allow_paths,
         trusted=[*args.models, *args.server],
         dtype=args.dtype,
-        processes=args.processes,
+        processes="auto" if args.processes is None else args.processes,
     )
     # Offer only what can work here: installed catalogue models (plus what the operator named) and
     # the GPU device settings only where a GPU is visible.

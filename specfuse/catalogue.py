@@ -776,16 +776,25 @@ def load_members(
     allow_paths: bool = True,
     trust_remote_code: bool = False,
     progress: Progress | None = None,
-    processes: bool = False,
+    processes: bool | str = False,
 ) -> list[Member]:
     """Load each of `names` on the devices plan_devices(len(names), device) gives, in order.
 
-    With `processes`, each model is loaded in a worker process of its own (processes.ProcessMember:
-    members at once then do not take turns holding the GIL); a served member stays here.
+    With `processes` (True, or "auto": where processes.processes_pay_off), each model is loaded in
+    a worker process of its own (processes.ProcessMember: members at once then do not take turns
+    holding the GIL); a served member stays here. Worker processes are spawned: a script that calls
+    this with processes must guard its own top level with `if __name__ == "__main__":`.
 
     Duplicate names load twice; whether that is allowed is the caller's decision.
     """
     devices = plan_devices(len(names), device) if device_map is None else [device] * len(names)
+    from .processes import wanted
+    from .workers import cpu_cores
+
+    if processes == "auto" and device_map is not None:
+        processes = False  # "auto" is for whole members, not a model spread over devices
+    local = [d for name, d in zip(names, devices, strict=True) if not _is_server(name)]
+    processes = wanted(processes, local, cpu_cores() if processes == "auto" else 0)
     members: list[Member] = []
     for i, (name, dev) in enumerate(zip(names, devices, strict=True)):
 
@@ -803,7 +812,6 @@ def load_members(
         )
         if processes and not _is_server(name):
             from .processes import ProcessMember
-            from .workers import cpu_cores
 
             scaled(0.0, f"loading {name} in a process of its own")
             threads = max(1, cpu_cores() // len(names)) if dev.startswith("cpu") else None

@@ -20,7 +20,7 @@ import pickle
 import signal
 import threading
 import weakref
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,9 +28,36 @@ from typing import Any
 from .config import MemberSettings
 from .errors import MemberError
 from .records import Candidate
+from .workers import member_size
 
 # What a member may offer beyond the Member protocol; the proxy offers the same, no more.
 OPTIONAL = ("draft_many", "verify_many", "prompt_surprise")
+
+# From this many cores up, members sharing a CPU decode faster in processes than in threads.
+# `python -m specfuse.bench_gpu --shapes trio --device cpu` (the default trio's shapes, bf16, exit
+# off) on a Xeon, speed-up over members in turn, processes / threads: 4 cores 1.05x / 1.02x, 8 cores
+# 1.71x / 1.25x, 16 cores 1.54x / 1.10x; the real trio on 2 cores (bench_concurrency) 1.14x / 1.23x.
+MIN_CPU_CORES = 8
+
+
+def processes_pay_off(devices: Sequence[str], cores: int) -> bool:
+    """Whether members on `devices` (one entry per member) run faster each in a worker process of
+    its own than in threads of this one: when several share a GPU (three 7-9B members on one H100:
+    1.64x faster than in turn, threads 0.91x) or a CPU with MIN_CPU_CORES cores or more."""
+    shared = [device for device, count in Counter(devices).items() if count > 1]
+    return any(d.startswith("cuda") or (d.startswith("cpu") and cores >= MIN_CPU_CORES) for d in shared)
+
+
+def wanted(mode: bool | str, devices: Sequence[str], cores: int) -> bool:
+    """`processes` as the CLI, the app and load_members take it: True/"on", False/"off" or "auto"
+    (processes_pay_off for these devices)."""
+    if mode in (True, "on"):
+        return True
+    if mode in (False, "off"):
+        return False
+    if mode == "auto":
+        return processes_pay_off(devices, cores)
+    raise ValueError(f"processes must be 'auto', 'on' or 'off', not {mode!r}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,6 +108,7 @@ class ProcessMember:
         self.device = f"{self.child_device} in process {self._process.pid}"
         if info["trust"] is not None:
             self.trust = info["trust"]
+        self.parameters: float | None = info["parameters"]  # what workers.member_size weighs
         for method in OPTIONAL:
             if method in info["methods"]:
                 setattr(self, method, functools.partial(self._forward, method))
@@ -108,6 +136,15 @@ class ProcessMember:
 
     def accept(self, state: ProcessState, text: str) -> None:
         self._call("accept", state.id, text)
+
+    def set_threads(self, threads: int) -> None:
+        """The worker process's torch intra-op threads: its share of a CPU it shares with others
+        (workers.MemberWorkers sets it for each run)."""
+        self._call("threads", threads)
+
+    def threads_now(self) -> int:
+        """The worker process's torch intra-op threads now."""
+        return self._call("threads_now")
 
     def _forward(self, method: str, states: Any, *args: Any) -> Any:
         """draft_many / verify_many (a list of states) and prompt_surprise (one state)."""
@@ -157,9 +194,7 @@ def _serve(conn: Any, build: Callable[[], Any], threads: int | None) -> None:
     """Build the member, then answer calls until told to close or the parent goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
     if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
+        _set_threads(threads)
     try:
         member = build()
     except BaseException as e:  # reported to the parent, which raises it
@@ -187,6 +222,18 @@ def _serve(conn: Any, build: Callable[[], Any], threads: int | None) -> None:
             conn.send(("error", RuntimeError(f"{method}: its result cannot be sent back: {e}")))
 
 
+def _set_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _threads_now() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def _handlers(member: Any, states: dict[int, Any]) -> dict[str, Callable[..., Any]]:
     counter = itertools.count()
 
@@ -201,6 +248,7 @@ def _handlers(member: Any, states: dict[int, Any]) -> dict[str, Callable[..., An
             "device": str(getattr(member, "device", "cpu")),
             "trust": getattr(member, "trust", None),
             "methods": [m for m in OPTIONAL if hasattr(member, m)],
+            "parameters": member_size(member) if hasattr(member, "model") else None,
         }
 
     def many(method: str) -> Callable[..., Any]:
@@ -215,6 +263,8 @@ def _handlers(member: Any, states: dict[int, Any]) -> dict[str, Callable[..., An
         "draft_many": many("draft_many"),
         "verify_many": many("verify_many"),
         "prompt_surprise": lambda h: member.prompt_surprise(states[h]),
+        "threads": _set_threads,
+        "threads_now": _threads_now,
         "held": lambda: len(states),  # states not yet released (for tests and leak checks)
     }
     return out
@@ -229,4 +279,4 @@ def _portable(error: BaseException) -> BaseException:
         return RuntimeError(f"{type(error).__name__}: {error}")
 
 
-__all__ = ["ProcessMember", "ProcessState"]
+__all__ = ["MIN_CPU_CORES", "ProcessMember", "ProcessState", "processes_pay_off", "wanted"]

@@ -12,6 +12,7 @@ them. A member's intra-op threads are set in its own thread, sized by its parame
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -19,6 +20,8 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from .errors import MemberError
 
 if TYPE_CHECKING:
     from .members import Member
@@ -65,7 +68,14 @@ def member_size(member: Member) -> float:
     model = getattr(member, "model", None)
     if model is not None and hasattr(model, "num_parameters"):
         return float(model.num_parameters())
-    return 1.0
+    return float(getattr(member, "parameters", None) or 1.0)  # a member in a worker process says
+
+
+def _shares_cpu(member: Any) -> bool:
+    """A member whose torch work runs on this machine's CPU: here (a model) or in a worker process
+    (set_threads). A server's or a test double's work is not ours to divide."""
+    on_cpu = str(getattr(member, "device", "cpu")).startswith("cpu")
+    return on_cpu and (hasattr(member, "model") or hasattr(member, "set_threads"))
 
 
 class MemberWorkers:
@@ -74,11 +84,12 @@ class MemberWorkers:
     same thread, so its caches and stream stay where they were made."""
 
     def __init__(self, members: Sequence[Member]) -> None:
-        on_cpu = [m for m in members if _on_cpu(m) and hasattr(m, "model")]
+        on_cpu = [m for m in members if _shares_cpu(m)]
         cores = cpu_cores()
         self.sizes = {m.name: member_size(m) for m in on_cpu} if len(on_cpu) > 1 else {}
         self.shares = thread_shares(self.sizes, cores)  # all of them at work
         self.cores = cores
+        self.in_processes = [m for m in members if m.name in self.shares and hasattr(m, "set_threads")]
         self.busy: set[str] = set()  # CPU members inside a call right now
         self.lock = threading.Lock()
         self.pools = {m.name: ThreadPoolExecutor(1, thread_name_prefix=f"specfuse-{m.name}") for m in members}
@@ -123,10 +134,9 @@ class MemberWorkers:
     def shutdown(self) -> None:
         for pool in self.pools.values():
             pool.shutdown(wait=True)
-
-
-def _on_cpu(member: Any) -> bool:
-    return str(getattr(member, "device", "cpu")).startswith("cpu")
+        for member in self.in_processes:  # alone, or in another ensemble, it gets every core again
+            with contextlib.suppress(MemberError):  # its process is gone: the run says why already
+                member.set_threads(self.cores)
 
 
 _local = threading.local()  # on a member's worker thread: its workers, its name, its threads now
@@ -164,7 +174,9 @@ def _keep_process_count(cores: int) -> None:
 def _set_up(workers: MemberWorkers, member: Any, share: int | None) -> None:
     import torch
 
-    if share is not None:
+    if share is not None and hasattr(member, "set_threads"):  # a member in a worker process
+        member.set_threads(share)
+    elif share is not None:
         # torch sizes a thread's OpenMP team lazily, from the process-wide count, at the thread's
         # first parallel op. Asking for the count runs that now, so the share set next stays.
         torch.get_num_threads()

@@ -28,13 +28,13 @@ class SharedLoader:
         allow_paths: bool = False,
         trusted: Sequence[str] = (),
         dtype: str = "auto",
-        processes: bool = False,
+        processes: bool | str = False,
     ) -> None:
         self.load = load  # None: specfuse.catalogue.load_member, imported on first use (it brings torch)
         self.allow_paths = allow_paths
         self.trusted = frozenset(trusted)  # paths or hub ids the operator named on the command line
         self.dtype = dtype
-        self.processes = processes  # each model in a worker process of its own (specfuse.processes)
+        self.processes = processes  # True, False or "auto": each model in a worker process of its own
         self._members: dict[tuple[str, str], Member] = {}
         self._lock = threading.Lock()
 
@@ -52,11 +52,13 @@ class SharedLoader:
                     allow_paths=self.allow_paths or name in self.trusted,
                     allow_servers=name in self.trusted,  # server specs: the operator's only, never typed
                 )
+                from specfuse.processes import ProcessMember, wanted
                 from specfuse.remote import is_server_spec
+                from specfuse.workers import cpu_cores
 
-                if self.processes and not is_server_spec(name):
-                    from specfuse.processes import ProcessMember
-
+                # The app's ensembles put several members on the device they choose.
+                in_process = wanted(self.processes, [device, device], cpu_cores())
+                if in_process and not is_server_spec(name):
                     progress(0.0, f"loading {name} in a process of its own")
                     self._members[key] = ProcessMember.from_catalogue(name, **options)
                     progress(1.0, f"{name} loaded")

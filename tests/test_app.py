@@ -200,6 +200,23 @@ def test_with_processes_the_loader_loads_each_model_once_in_a_process_of_its_own
     assert not member.alive
 
 
+def test_the_loaders_auto_uses_processes_only_on_a_cpu_with_eight_cores_or_more(
+    tiny_checkpoints, monkeypatch
+):
+    from specfuse.members import HFMember
+    from specfuse.processes import ProcessMember
+
+    path = tiny_checkpoints[1]
+    monkeypatch.setattr("specfuse.workers.cpu_cores", lambda: 4)
+    assert type(SharedLoader(trusted=[path], processes="auto")(path, "cpu", lambda f, s: None)) is HFMember
+    monkeypatch.setattr("specfuse.workers.cpu_cores", lambda: 8)
+    member = SharedLoader(trusted=[path], processes="auto")(path, "cpu", lambda f, s: None)
+    try:
+        assert type(member) is ProcessMember
+    finally:
+        member.close()
+
+
 def test_a_space_reads_its_start_arguments_from_spaces_config(monkeypatch):
     monkeypatch.delenv("SPECFUSE_APP_ARGS", raising=False)
     monkeypatch.delenv("SPACE_ID", raising=False)

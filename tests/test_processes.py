@@ -8,8 +8,10 @@ import functools
 import pytest
 
 from specfuse import Ensemble, EnsembleConfig, MemberError
-from specfuse.processes import ProcessMember
-from specfuse.workers import run_concurrently
+from specfuse.catalogue import load_members
+from specfuse.members import HFMember
+from specfuse.processes import ProcessMember, processes_pay_off, wanted
+from specfuse.workers import MemberWorkers, cpu_cores, run_concurrently, thread_shares
 
 from .conftest import TINY_SPECS, tiny_member
 
@@ -78,3 +80,53 @@ def test_a_worker_that_dies_gives_a_member_error_naming_it():
     with pytest.raises(MemberError, match=f"{NAMES[0]}: its worker process ended"):
         Ensemble([member, tiny_member(NAMES[1])], EnsembleConfig(max_new_tokens=8)).run("Hi")
     member.close()
+
+
+def test_the_engine_gives_each_cpu_worker_process_its_share_then_every_core_again(in_processes):
+    assert [m.parameters for m in in_processes] == [tiny_member(n).model.num_parameters() for n in NAMES]
+    cores = cpu_cores()
+    workers = MemberWorkers(in_processes)
+    try:
+        assert workers.shares == thread_shares({m.name: m.parameters for m in in_processes}, cores)
+        assert [m.threads_now() for m in in_processes] == [workers.shares[m.name] for m in in_processes]
+    finally:
+        workers.shutdown()
+    assert [m.threads_now() for m in in_processes] == [cores] * len(in_processes)
+
+
+@pytest.mark.parametrize(
+    ("devices", "cores", "expected"),
+    [
+        (["cpu"] * 3, 2, False),  # two cores: threads measured faster (1.23x vs 1.14x)
+        (["cpu"] * 3, 4, False),  # about even (1.02x vs 1.05x): threads load faster
+        (["cpu"] * 3, 8, True),  # processes 1.71x, threads 1.25x
+        (["cpu"], 16, False),  # one member: nothing runs at the same time
+        (["cuda:0"] * 3, 16, True),  # one GPU shared: processes 1.64x, threads 0.91x
+        (["cuda:0", "cuda:1"], 16, False),  # a GPU each: threads already run them at once
+    ],
+)
+def test_auto_picks_processes_where_they_measured_faster(devices, cores, expected):
+    assert processes_pay_off(devices, cores) is expected
+    assert wanted("auto", devices, cores) is expected
+    assert wanted("on", devices, cores) and wanted(True, devices, cores)
+    assert not wanted("off", devices, cores) and not wanted(False, devices, cores)
+
+
+def test_an_unknown_processes_setting_says_what_it_takes():
+    with pytest.raises(ValueError, match="'auto', 'on' or 'off', not 'sometimes'"):
+        wanted("sometimes", ["cpu"], 2)
+
+
+def test_load_members_auto_follows_the_cores(tiny_checkpoints, monkeypatch):
+    paths = tiny_checkpoints[:2]
+    monkeypatch.setattr("specfuse.workers.cpu_cores", lambda: 2)
+    assert all(type(m) is HFMember for m in load_members(paths, processes="auto"))
+    monkeypatch.setattr("specfuse.workers.cpu_cores", lambda: 16)
+    assert all(type(m) is HFMember for m in load_members(paths, processes="auto", device_map="auto"))
+    members = load_members(paths, processes="auto")
+    try:
+        assert all(type(m) is ProcessMember for m in members)
+        assert [m.threads_now() for m in members] == [8, 8]  # the cores divided until a run sets shares
+    finally:
+        for m in members:
+            m.close()
