@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specfuse.errors import ConfigError, ModelLoadError, SpecfuseError, UnknownModelError
+from specfuse.processes import ProcessMember, wanted
 from specfuse.prompts import CHAT, QA_COMPLETION, PromptFormat
+from specfuse.workers import cpu_cores
 
 if TYPE_CHECKING:
     from specfuse.members import HFMember, Member
@@ -788,9 +790,6 @@ def load_members(
     Duplicate names load twice; whether that is allowed is the caller's decision.
     """
     devices = plan_devices(len(names), device) if device_map is None else [device] * len(names)
-    from .processes import wanted
-    from .workers import cpu_cores
-
     if processes == "auto" and device_map is not None:
         processes = False  # "auto" is for whole members, not a model spread over devices
     local = [d for name, d in zip(names, devices, strict=True) if not _is_server(name)]
@@ -811,8 +810,6 @@ def load_members(
             trust_remote_code=trust_remote_code,
         )
         if processes and not _is_server(name):
-            from .processes import ProcessMember
-
             scaled(0.0, f"loading {name} in a process of its own")
             threads = max(1, cpu_cores() // len(names)) if dev.startswith("cpu") else None
             members.append(ProcessMember.from_catalogue(name, threads=threads, **options))

@@ -119,9 +119,9 @@ def test_an_unknown_processes_setting_says_what_it_takes():
 
 def test_load_members_auto_follows_the_cores(tiny_checkpoints, monkeypatch):
     paths = tiny_checkpoints[:2]
-    monkeypatch.setattr("specfuse.workers.cpu_cores", lambda: 2)
+    monkeypatch.setattr("specfuse.catalogue.cpu_cores", lambda: 2)
     assert all(type(m) is HFMember for m in load_members(paths, processes="auto"))
-    monkeypatch.setattr("specfuse.workers.cpu_cores", lambda: 16)
+    monkeypatch.setattr("specfuse.catalogue.cpu_cores", lambda: 16)
     assert all(type(m) is HFMember for m in load_members(paths, processes="auto", device_map="auto"))
     members = load_members(paths, processes="auto")
     try:
