@@ -41,7 +41,6 @@ from .bench import (
 from .config import EnsembleConfig
 from .engine import Ensemble
 from .errors import SpecfuseError
-from .workers import cpu_cores, member_size, thread_shares
 
 PROMPT = "Write a long story about a lighthouse keeper and the ships she guides home through the storm."
 
@@ -191,22 +190,19 @@ def build_members(shapes: str, devices: Sequence[str], dtype_name: str) -> list[
     return members
 
 
-def build_process_members(
-    shapes: str, devices: Sequence[str], dtype_name: str, threads: Sequence[int | None] | None = None
-) -> list[Any]:
-    """The same members as build_members, each built in a worker process of its own, all at once;
-    `threads`: each process's torch threads (a CPU member's share of the cores)."""
+def build_process_members(shapes: str, devices: Sequence[str], dtype_name: str) -> list[Any]:
+    """The same members as build_members, each built in a worker process of its own, all at once.
+    On a CPU the engine gives each process its thread share for every run (workers.MemberWorkers)."""
     import concurrent.futures
 
     from .processes import ProcessMember
 
     count = len(SHAPES[shapes])
-    shares = list(threads) if threads is not None else [None] * count
     builds = [
         functools.partial(build_one, shapes, i, devices[i % len(devices)], dtype_name) for i in range(count)
     ]
     with concurrent.futures.ThreadPoolExecutor(count) as pool:
-        return list(pool.map(lambda b, t: ProcessMember(b, threads=t), builds, shares))
+        return list(pool.map(ProcessMember, builds))
 
 
 def _auto_dtype(device: str) -> Any:
@@ -542,14 +538,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             members, max_new_tokens=args.max_new_tokens, segment_len=args.segment_len, repeats=args.repeats
         )
         if not args.no_processes:
-            # On a CPU each process gets the thread share its member had at once in this one.
-            shares = thread_shares({m.name: member_size(m) for m in members}, cpu_cores())
-            threads = [shares[m.name] if str(m.device).startswith("cpu") else None for m in members]
             del members  # the worker processes build their own copies: free this one's first
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            workers = build_process_members(args.shapes, devices, args.dtype, threads)
+            workers = build_process_members(args.shapes, devices, args.dtype)
             try:
                 add_process_mode(report, workers, repeats=args.repeats)
             finally:

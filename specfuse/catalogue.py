@@ -793,7 +793,7 @@ def load_members(
     if processes == "auto" and device_map is not None:
         processes = False  # "auto" is for whole members, not a model spread over devices
     local = [d for name, d in zip(names, devices, strict=True) if not _is_server(name)]
-    processes = wanted(processes, local, cpu_cores() if processes == "auto" else 0)
+    processes = wanted(processes, local, cpu_cores())
     members: list[Member] = []
     for i, (name, dev) in enumerate(zip(names, devices, strict=True)):
 
