@@ -50,7 +50,7 @@ bench: install
 	$(PY) -m specfuse.bench
 
 bench-remote: install llama-server
-	$(PY) -m specfuse.bench_remote
+	$(PY) -m specfuse.bench remote
 
 eval: install
 	$(PY) -m specfuse.eval gsm8k --data ../shared/data/gsm8k/dev.jsonl --limit 20

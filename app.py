@@ -69,7 +69,7 @@ def space_arguments() -> list[str] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from specfuse.catalogue import CATALOGUE, DEFAULT_MEMBERS, plan_devices
+    from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS, plan_devices
 
     parser = argparse.ArgumentParser(prog="app.py", description="SpecFuse Studio: the Gradio app.")
     parser.add_argument(
@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     named = [m for m in args.models if m not in CATALOGUE or m in installed]
     choices = list(dict.fromkeys([*installed, *named, *args.server]))
     if args.preload:
-        from specfuse.catalogue import tqdm_progress
+        from specfuse.models.catalogue import tqdm_progress
 
         try:
             for name, dev in zip(args.models, plan_devices(len(args.models), args.device)):

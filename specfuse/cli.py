@@ -24,7 +24,7 @@ from .records import Round
 from .trace import Trace, save_trace
 
 if TYPE_CHECKING:
-    from .members import Member
+    from .members.hf import Member
 
 HELP_WIDTH = 100  # fixed, so that the README's copy of --help does not depend on the terminal
 
@@ -202,7 +202,7 @@ def main(
 
 
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from . import catalogue  # imports torch: only once the flags are known to be sound
+    from .models import catalogue  # imports torch: only once the flags are known to be sound
 
     if args.list_models:
         for name, entry in catalogue.CATALOGUE.items():
@@ -289,9 +289,9 @@ def _load(names: Sequence[str], args: argparse.Namespace, err: TextIO) -> list[M
     """Load each distinct model once; a repeated name becomes another member sharing its weights."""
     from transformers.utils import logging as hf_logging
 
-    from . import catalogue
-    from .members import HFMember
-    from .processes import ProcessMember
+    from .members.hf import HFMember
+    from .members.process import ProcessMember
+    from .models import catalogue
 
     hf_logging.disable_progress_bar()  # one bar of ours, not one per model and per step
     unique = list(dict.fromkeys(names))

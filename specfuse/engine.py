@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from . import feedback
 from .config import EnsembleConfig
 from .errors import ConfigError, MemberError, SpecfuseError
+from .members.workers import MemberWorkers, run_concurrently
 from .records import Candidate, Draft, ExitEvent, MemberTiming, Result, Round, TokenScores, summarize
 from .segments import cut_at_stop, echoes_prompt, repeated_fraction
-from .workers import MemberWorkers, run_concurrently
 
 if TYPE_CHECKING:  # members.py imports torch; the engine itself never needs it
-    from .members import Member
+    from .members.hf import Member
 
 log = logging.getLogger(__name__)
 

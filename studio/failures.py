@@ -1,6 +1,6 @@
 """The failure-case browser's data: an evaluation run folder → one row per problem, and its traces.
 
-Reads the report JSON that specfuse.eval writes (`eval-*.json`: outcomes with system, problem,
+Reads the report JSON that specfuse.eval.cli writes (`eval-*.json`: outcomes with system, problem,
 predicted, correct, gold, traces) defensively, since its format may grow, and finds each trace at
 the path it names or at `<runs>/<system>/<problem>.json`. Knows nothing about Gradio or models.
 """

@@ -34,7 +34,7 @@ def build_demo(
 ) -> gr.Blocks:
     """The whole app. `loader(name, device, progress)` returns a (shared) member; nothing loads here."""
     if choices is None or default_models is None:
-        from specfuse.catalogue import CATALOGUE, DEFAULT_MEMBERS
+        from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 
         choices = list(CATALOGUE) if choices is None else choices
         default_models = DEFAULT_MEMBERS if default_models is None else default_models

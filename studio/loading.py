@@ -1,6 +1,6 @@
 """Members for the app: loaded once and shared across sessions; what this install can offer.
 
-Knows nothing about Gradio. Imports specfuse.catalogue (and with it torch) only when asked.
+Knows nothing about Gradio. Imports specfuse.models.catalogue (and with it torch) only when asked.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from specfuse.members import Member
+    from specfuse.members.hf import Member
 
 DEVICES = ("auto", "cpu", "cuda", "per-gpu")
 
@@ -30,7 +30,9 @@ class SharedLoader:
         dtype: str = "auto",
         processes: bool | str = False,
     ) -> None:
-        self.load = load  # None: specfuse.catalogue.load_member, imported on first use (it brings torch)
+        self.load = (
+            load  # None: specfuse.models.catalogue.load_member, imported on first use (it brings torch)
+        )
         self.allow_paths = allow_paths
         self.trusted = frozenset(trusted)  # paths or hub ids the operator named on the command line
         self.dtype = dtype
@@ -43,7 +45,7 @@ class SharedLoader:
             key = (name, device)
             if key not in self._members:
                 if self.load is None:
-                    from specfuse.catalogue import load_member
+                    from specfuse.models.catalogue import load_member
 
                     self.load = load_member
                 options: dict[str, Any] = dict(
@@ -52,9 +54,9 @@ class SharedLoader:
                     allow_paths=self.allow_paths or name in self.trusted,
                     allow_servers=name in self.trusted,  # server specs: the operator's only, never typed
                 )
-                from specfuse.processes import ProcessMember, wanted
-                from specfuse.remote import is_server_spec
-                from specfuse.workers import cpu_cores
+                from specfuse.members.process import ProcessMember, wanted
+                from specfuse.members.remote import is_server_spec
+                from specfuse.members.workers import cpu_cores
 
                 # The app's ensembles put several members on the device they choose.
                 in_process = wanted(self.processes, [device, device], cpu_cores())
@@ -73,8 +75,8 @@ def same_device(n: int, device: str) -> list[str]:
 
 def installed_models() -> list[str]:
     """The catalogue's models whose packages are installed here (the others cannot load)."""
-    from specfuse.catalogue import CATALOGUE, _locate_chunks  # the catalogue's installed-check
     from specfuse.errors import ModelLoadError
+    from specfuse.models.catalogue import CATALOGUE, _locate_chunks  # the catalogue's installed-check
 
     names = []
     for name, entry in CATALOGUE.items():
@@ -88,6 +90,6 @@ def installed_models() -> list[str]:
 
 def usable_devices() -> list[str]:
     """The device settings that can work on this machine: the GPU ones only where a GPU is visible."""
-    from specfuse.catalogue import _gpu_count
+    from specfuse.models.catalogue import _gpu_count
 
     return list(DEVICES) if _gpu_count() else ["auto", "cpu"]

@@ -21,7 +21,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from specfuse.members import HFMember
+from specfuse.members.hf import HFMember
 
 # The real models' converted cache, read before the autouse fixture points SPECFUSE_CACHE at tmp_path:
 # integration tests reuse it (converting the GGUF files takes minutes; reloading takes seconds).
@@ -152,7 +152,7 @@ def tiny_members() -> list[HFMember]:
 @pytest.fixture(scope="session")
 def real_members():
     """The three default models from their PyPI packages, loaded once for the whole session."""
-    from specfuse.catalogue import DEFAULT_MEMBERS, load_member
+    from specfuse.models.catalogue import DEFAULT_MEMBERS, load_member
 
     return {name: load_member(name, cache_dir=REAL_MODEL_CACHE) for name in DEFAULT_MEMBERS}
 

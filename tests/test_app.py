@@ -184,7 +184,7 @@ def test_operator_named_hub_ids_load_without_allowing_user_paths():
 
 
 def test_with_processes_the_loader_loads_each_model_once_in_a_process_of_its_own(tiny_checkpoints):
-    from specfuse.processes import ProcessMember
+    from specfuse.members.process import ProcessMember
 
     path = tiny_checkpoints[0]
     loader, said = SharedLoader(trusted=[path], processes=True), []
@@ -203,13 +203,13 @@ def test_with_processes_the_loader_loads_each_model_once_in_a_process_of_its_own
 def test_the_loaders_auto_uses_processes_only_on_a_cpu_with_eight_cores_or_more(
     tiny_checkpoints, monkeypatch
 ):
-    from specfuse.members import HFMember
-    from specfuse.processes import ProcessMember
+    from specfuse.members.hf import HFMember
+    from specfuse.members.process import ProcessMember
 
     path = tiny_checkpoints[1]
-    monkeypatch.setattr("specfuse.workers.cpu_cores", lambda: 4)
+    monkeypatch.setattr("specfuse.members.workers.cpu_cores", lambda: 4)
     assert type(SharedLoader(trusted=[path], processes="auto")(path, "cpu", lambda f, s: None)) is HFMember
-    monkeypatch.setattr("specfuse.workers.cpu_cores", lambda: 8)
+    monkeypatch.setattr("specfuse.members.workers.cpu_cores", lambda: 8)
     member = SharedLoader(trusted=[path], processes="auto")(path, "cpu", lambda f, s: None)
     try:
         assert type(member) is ProcessMember
@@ -541,7 +541,7 @@ def test_the_branch_view_escapes_both_answers_and_marks_where_they_part():
 
 
 def test_a_cpu_only_install_offers_no_gpu_device_and_no_uninstalled_model(monkeypatch):
-    from specfuse import catalogue
+    from specfuse.models import catalogue
     from studio import loading
 
     monkeypatch.setattr(catalogue, "_gpu_count", lambda: 0)
@@ -554,7 +554,7 @@ def test_a_cpu_only_install_offers_no_gpu_device_and_no_uninstalled_model(monkey
 
 
 def test_the_cuda_error_tells_an_app_user_what_to_do(monkeypatch):
-    from specfuse import catalogue
+    from specfuse.models import catalogue
 
     monkeypatch.setattr(catalogue, "_gpu_count", lambda: 0)
     studio = handlers.Studio(lambda *a: None, [], False, catalogue.plan_devices, None, None, None)  # type: ignore[arg-type]

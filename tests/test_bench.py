@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from specfuse import bench
+from specfuse.bench import core as bench
 from specfuse.records import MemberTiming
 
 from .test_eval import hand_round

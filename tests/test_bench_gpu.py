@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from specfuse import bench_gpu
+from specfuse.bench import gpu as bench_gpu
 
 from .conftest import REAL_MODEL_CACHE
 
@@ -28,7 +28,7 @@ def test_the_real_shapes_have_the_published_sizes(name):
 def test_the_trio_shapes_are_the_installed_models_shapes(name):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from specfuse.catalogue import CATALOGUE, ensure_cached
+    from specfuse.models.catalogue import CATALOGUE, ensure_cached
 
     arch, values = bench_gpu.SHAPES["trio"][name]
     shaped = bench_gpu.build_model(arch, values, "meta", torch.bfloat16, seed=0)

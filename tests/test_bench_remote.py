@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specfuse.bench_remote import format_report, llama_server, llama_server_binary
+from specfuse.bench.remote import format_report, llama_server, llama_server_binary
 from specfuse.errors import SpecfuseError
 
 

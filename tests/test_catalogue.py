@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from specfuse import catalogue
-from specfuse.catalogue import (
+from specfuse.errors import ConfigError, ModelLoadError, UnknownModelError
+from specfuse.models import catalogue
+from specfuse.models.catalogue import (
     CATALOGUE,
     DEFAULT_MEMBERS,
     MARKER,
@@ -29,7 +30,6 @@ from specfuse.catalogue import (
     resolve_dtype,
     tqdm_progress,
 )
-from specfuse.errors import ConfigError, ModelLoadError, UnknownModelError
 from specfuse.prompts import CHAT, QA_COMPLETION
 
 

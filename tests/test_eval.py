@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from specfuse import eval as ev
-from specfuse import eval_report, stats, variants
 from specfuse.config import EnsembleConfig
 from specfuse.errors import ConfigError
+from specfuse.eval import cli as ev
+from specfuse.eval import report as eval_report
+from specfuse.eval import stats, variants
 
 from . import builders
 from .scripted import ScriptedMember
@@ -442,9 +443,9 @@ def test_failure_cases_list_both_directions_against_the_best_member(tmp_path):
 
 
 def tiny_cli(monkeypatch, tiny_members):
-    import specfuse.bench
+    import specfuse.bench.core
 
-    monkeypatch.setattr(specfuse.bench, "parse_models", lambda values: [m.name for m in tiny_members])
+    monkeypatch.setattr(specfuse.bench.core, "parse_models", lambda values: [m.name for m in tiny_members])
     monkeypatch.setattr(ev, "_load", lambda names, dtype: list(tiny_members))
 
 
@@ -498,7 +499,7 @@ def test_throughput_runs_both_ways_and_reports_the_ratio(tiny_members):
 def test_a_singles_trace_stays_valid_when_only_ensemble_settings_change():
     """Singles are shared by every study: a new ensemble default must not invalidate them, while a
     new budget must."""
-    from specfuse.runs import _differences
+    from specfuse.eval.runs import _differences
 
     old = EnsembleConfig(max_new_tokens=256, score="logit", repeat_penalty=0.0, exit_min_active=2)
     new = EnsembleConfig(max_new_tokens=256)

@@ -10,9 +10,9 @@ import torch
 from specfuse import EnsembleConfig
 from specfuse.config import MemberSettings
 from specfuse.engine import Ensemble
-from specfuse.members import HFMember
+from specfuse.members.hf import HFMember
+from specfuse.members.workers import run_concurrently
 from specfuse.records import Candidate
-from specfuse.workers import run_concurrently
 
 from .conftest import TINY_SPECS, tiny_member
 

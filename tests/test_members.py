@@ -7,7 +7,7 @@ import torch
 
 from specfuse.config import MemberSettings
 from specfuse.errors import ConfigError, PromptTooLongError
-from specfuse.members import HFMember, Member
+from specfuse.members.hf import HFMember, Member
 from specfuse.prompts import PromptFormat
 
 from .conftest import TINY_SPECS, tiny_member

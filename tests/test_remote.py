@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from specfuse.catalogue import check_member_name, load_member
 from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Ensemble
 from specfuse.errors import ConfigError, MemberError, UnknownModelError
-from specfuse.members import Member
-from specfuse.remote import ENGINES, RemoteMember, parse_server_spec
-from specfuse.workers import run_concurrently
+from specfuse.members.hf import Member
+from specfuse.members.remote import ENGINES, RemoteMember, parse_server_spec
+from specfuse.members.workers import run_concurrently
+from specfuse.models.catalogue import check_member_name, load_member
 
 from .conftest import tiny_member
 from .remote_stub import StubServer
@@ -88,7 +88,7 @@ def whole_token_mean(member, state, cand):
     """The local mean log-prob over the tokens llama-server can force (no split UTF-8 character)."""
     import torch
 
-    from specfuse.drafting import scored_tokens
+    from specfuse.members.drafting import scored_tokens
 
     keep, _, tail = scored_tokens(
         member.encode, state.ids, state.prompt_len, state.answer, cand.text, cand.final, member.end_marker
@@ -254,7 +254,7 @@ def test_only_the_operator_may_name_a_server():
 
 
 def test_load_member_reaches_a_server_with_a_tokenizer_folder(tiny_checkpoints):
-    from specfuse.members import HFMember
+    from specfuse.members.hf import HFMember
 
     folder = tiny_checkpoints[0]  # llama-bytes
     base = load_member(folder, dtype="float32")
@@ -274,7 +274,7 @@ def test_the_cli_takes_a_server_spec_among_its_models(tiny_checkpoints):
     import io
 
     from specfuse.cli import main
-    from specfuse.members import HFMember
+    from specfuse.members.hf import HFMember
 
     folder, other = tiny_checkpoints
     base = load_member(folder, dtype="float32")
@@ -292,7 +292,7 @@ def test_the_cli_takes_a_server_spec_among_its_models(tiny_checkpoints):
 
 
 def test_served_members_support_log_probs_only(local):
-    from specfuse.remote import supported_scores
+    from specfuse.members.remote import supported_scores
 
     stub, remote = served("vllm", local["llama-bytes"])
     stub.stop()

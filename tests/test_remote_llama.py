@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 
 from specfuse import EnsembleConfig, Trace, load_trace, save_trace
-from specfuse.bench_remote import gguf_of, llama_server, llama_server_binary
-from specfuse.catalogue import load_member
+from specfuse.bench.remote import gguf_of, llama_server, llama_server_binary
 from specfuse.config import MemberSettings
 from specfuse.engine import Ensemble
+from specfuse.members.remote import RemoteMember
+from specfuse.models.catalogue import load_member
 from specfuse.records import Candidate
-from specfuse.remote import RemoteMember
 
 from .conftest import REAL_MODEL_CACHE
 from .test_integration import check_invariants

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from specfuse.config import MemberSettings
+from specfuse.members.scoring import Block, OutputHead, common_prefix_len, pack
 from specfuse.records import Candidate
-from specfuse.scoring import Block, OutputHead, common_prefix_len, pack
 
 from .conftest import TINY_SPECS
 

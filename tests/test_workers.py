@@ -9,11 +9,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specfuse import workers as workers_module
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble
+from specfuse.members import workers as workers_module
+from specfuse.members.workers import MemberWorkers, rebalance, run_concurrently, thread_shares
 from specfuse.records import Draft, Round
-from specfuse.workers import MemberWorkers, rebalance, run_concurrently, thread_shares
 
 from .scripted import ScriptedMember
 

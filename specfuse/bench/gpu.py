@@ -1,10 +1,10 @@
 """The GPU timing benchmark: three random-weight members with real 7–9B shapes, members at once on
 CUDA streams against members in turn, beside each member's own `generate`.
 
-    python -m specfuse.bench_gpu                      # Qwen2.5-7B, Llama-3.1-8B, Gemma-2-9B shapes, bf16
-    python -m specfuse.bench_gpu --devices cuda:0,cuda:1,cuda:2   # one member per GPU
-    python -m specfuse.bench_gpu --shapes tiny --device cpu      # the same code path, in seconds
-    python -m specfuse.bench_gpu --shapes trio --device cpu      # the default trio's shapes on a CPU
+    python -m specfuse.bench gpu                      # Qwen2.5-7B, Llama-3.1-8B, Gemma-2-9B shapes, bf16
+    python -m specfuse.bench gpu --devices cuda:0,cuda:1,cuda:2   # one member per GPU
+    python -m specfuse.bench gpu --shapes tiny --device cpu      # the same code path, in seconds
+    python -m specfuse.bench gpu --shapes trio --device cpu      # the default trio's shapes on a CPU
 
 Timing does not depend on the weights, so no checkpoint is needed: each model is built from its
 real config with random weights, directly on its device. The vocabulary keeps its real size (the
@@ -29,7 +29,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .bench import (
+from ..config import EnsembleConfig
+from ..engine import Ensemble
+from ..errors import SpecfuseError
+from .core import (
     compare_in_turn,
     generate_alone,
     peak_rss_gb,
@@ -38,9 +41,6 @@ from .bench import (
     time_mode,
     write_report,
 )
-from .config import EnsembleConfig
-from .engine import Ensemble
-from .errors import SpecfuseError
 
 PROMPT = "Write a long story about a lighthouse keeper and the ships she guides home through the storm."
 
@@ -174,8 +174,8 @@ def ascii_head(model: Any, tokenizer: Any) -> None:
 def build_members(shapes: str, devices: Sequence[str], dtype_name: str) -> list[Any]:
     import torch
 
-    from .members import HFMember
-    from .prompts import QA_COMPLETION
+    from ..members.hf import HFMember
+    from ..prompts import QA_COMPLETION
 
     dtype = getattr(torch, dtype_name) if dtype_name != "auto" else _auto_dtype(devices[0])
     tokenizer = byte_tokenizer()
@@ -195,7 +195,7 @@ def build_process_members(shapes: str, devices: Sequence[str], dtype_name: str) 
     On a CPU the engine gives each process its thread share for every run (workers.MemberWorkers)."""
     import concurrent.futures
 
-    from .processes import ProcessMember
+    from ..members.process import ProcessMember
 
     count = len(SHAPES[shapes])
     builds = [
@@ -324,8 +324,8 @@ def build_one(shapes: str, index: int, device: str, dtype_name: str) -> Any:
     """Member `index` of `shapes`, alone (what one worker process builds for itself)."""
     import torch
 
-    from .members import HFMember
-    from .prompts import QA_COMPLETION
+    from ..members.hf import HFMember
+    from ..prompts import QA_COMPLETION
 
     name, (arch, values) = list(SHAPES[shapes].items())[index]
     dtype = getattr(torch, dtype_name) if dtype_name != "auto" else _auto_dtype(device)
@@ -476,7 +476,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m specfuse.bench_gpu",
+        prog="python -m specfuse.bench gpu",
         description="Three random-weight members with real 7-9B shapes: members at once on CUDA streams "
         "against members in turn, beside each member's generate alone.",
     )
@@ -552,7 +552,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     report["command"] = " ".join(
-        ["python -m specfuse.bench_gpu", *(argv if argv is not None else sys.argv[1:])]
+        ["python -m specfuse.bench gpu", *(argv if argv is not None else sys.argv[1:])]
     )
     write_report(report, format_table(report), args.json)
     return 0

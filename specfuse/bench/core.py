@@ -23,10 +23,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .config import EnsembleConfig
-from .engine import Ensemble
-from .errors import SpecfuseError
-from .records import Round
+from ..config import EnsembleConfig
+from ..engine import Ensemble
+from ..errors import SpecfuseError
+from ..records import Round
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +282,7 @@ def rss_alone(names: Sequence[str], dtype: str) -> dict[str, float]:
     loads each model alone and generates 32 tokens with it."""
     out = {}
     for name in ("baseline", *names):
-        cmd = [sys.executable, "-m", "specfuse.bench", "--rss-child", name, "--dtype", dtype]
+        cmd = [sys.executable, "-m", "specfuse.bench.core", "--rss-child", name, "--dtype", dtype]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=900)
         if done.returncode != 0:
             raise SpecfuseError(f"measuring {name} alone failed: {done.stderr.strip().splitlines()[-1:]}")
@@ -291,7 +291,7 @@ def rss_alone(names: Sequence[str], dtype: str) -> dict[str, float]:
 
 
 def _rss_child(name: str, dtype: str) -> None:
-    from .catalogue import load_member
+    from ..models.catalogue import load_member
 
     if name != "baseline":
         member = load_member(name, dtype=dtype)
@@ -540,8 +540,8 @@ def format_table(report: dict[str, Any]) -> str:
 def parse_models(values: Sequence[str] | None) -> list[str]:
     """Model names from --models (space- or comma-separated; default: the trio), checked before any
     loading: a catalogue name or an existing checkpoint folder, since no hub is reachable."""
-    from .catalogue import CATALOGUE, DEFAULT_MEMBERS, check_member_name
-    from .errors import UnknownModelError
+    from ..errors import UnknownModelError
+    from ..models.catalogue import CATALOGUE, DEFAULT_MEMBERS, check_member_name
 
     names = [n for arg in (values or DEFAULT_MEMBERS) for n in arg.split(",") if n]
     for name in names:
@@ -587,7 +587,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _rss_child(args.rss_child, args.dtype)
         return 0
 
-    from .catalogue import load_member, tqdm_progress
+    from ..models.catalogue import load_member, tqdm_progress
 
     tokens = args.max_new_tokens or (160 if args.quick else 440)
     try:

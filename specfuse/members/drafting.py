@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .prompts import PromptFormat
+from ..prompts import PromptFormat
+from ..segments import REPLACEMENT, cut_at_stop, trim_to_word_boundary
 from .scoring import common_prefix_len
-from .segments import REPLACEMENT, cut_at_stop, trim_to_word_boundary
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

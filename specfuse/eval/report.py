@@ -1,6 +1,6 @@
 """The evaluation's report: summary and paired tables, Plotly charts, failure cases and a Markdown page.
 
-Works on Outcome lists (specfuse.eval) and the pure statistics of specfuse.stats; knows nothing about
+Works on Outcome lists (specfuse.eval.cli) and the pure statistics of specfuse.eval.stats; knows nothing about
 models or how the runs were made.
 """
 
@@ -19,8 +19,8 @@ from .stats import paired, text_metrics, wilson
 from .variants import describe
 
 if TYPE_CHECKING:
-    from .config import EnsembleConfig
-    from .eval import Outcome, Problem
+    from ..config import EnsembleConfig
+    from .cli import Outcome, Problem
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +300,7 @@ def results_page(
     lines += [f"Interactive chart: [{name}.html]({name}.html)", ""]
     lines += [
         "Loop share: answers that end in one block (≤ 8 sentences or lines, or ≤ 24 words) repeated ≥ 3 "
-        "times in a row, the last copy possibly cut off (`specfuse.stats.ends_in_loop`). "
+        "times in a row, the last copy possibly cut off (`specfuse.eval.stats.ends_in_loop`). "
         "distinct-n: unique word n-grams / all word n-grams, averaged over answers. seconds_per_problem: "
         "the runs' own wall time (batched runs overlap, so their sum exceeds the evaluation's wall time).",
         "",
@@ -309,7 +309,7 @@ def results_page(
         lines += ["## Paired comparisons", ""]
         lines += [
             "Same problems; only_system / only_baseline are the discordant pairs; p: exact two-sided McNemar "
-            "(binomial test of the discordant pairs, `specfuse.stats.mcnemar_exact`).",
+            "(binomial test of the discordant pairs, `specfuse.eval.stats.mcnemar_exact`).",
             "",
             markdown_table(document["paired"]),
         ]

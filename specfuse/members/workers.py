@@ -4,7 +4,7 @@ share of the CPU cores or its own CUDA stream.
 Why threads: torch releases the GIL inside every kernel, so members whose forward passes overlap
 keep the cores busy while the other one is in Python. One worker process per member would add
 copying every candidate and score across a pipe and a copy of torch per member, and it decoded no
-faster than threads in any run of `python -m specfuse.bench_concurrency`.
+faster than threads in any run of `python -m specfuse.bench concurrency`.
 
 Why shares: on one CPU, two members each asking for all the cores make the OpenMP teams fight over
 them. A member's intra-op threads are set in its own thread, sized by its parameter count.
@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import MemberError
+from ..errors import MemberError
 
 if TYPE_CHECKING:
-    from .members import Member
+    from .hf import Member
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specfuse.errors import ConfigError, ModelLoadError, SpecfuseError, UnknownModelError
-from specfuse.processes import ProcessMember, wanted
+from specfuse.members.process import ProcessMember, wanted
+from specfuse.members.workers import cpu_cores
 from specfuse.prompts import CHAT, QA_COMPLETION, PromptFormat
-from specfuse.workers import cpu_cores
 
 if TYPE_CHECKING:
-    from specfuse.members import HFMember, Member
+    from specfuse.members.hf import HFMember, Member
 
 log = logging.getLogger(__name__)
 
@@ -564,7 +564,7 @@ def _is_hub_id(name: str) -> bool:
 
 
 def _is_server(name: str) -> bool:
-    from specfuse.remote import is_server_spec
+    from specfuse.members.remote import is_server_spec
 
     return is_server_spec(name)
 
@@ -591,7 +591,7 @@ def _load_hub(req: LoadRequest) -> HFMember:
 
 def _load_server(req: LoadRequest) -> Member:
     """A member served by SGLang, vLLM or llama-server: only its tokenizer loads here."""
-    from specfuse.remote import RemoteMember, parse_server_spec
+    from specfuse.members.remote import RemoteMember, parse_server_spec
 
     spec = parse_server_spec(req.name)
     req.progress(0.5, f"{spec.name}: loading the tokenizer ({spec.tokenizer})")
@@ -763,7 +763,7 @@ def _load_hf(
     report(1.0, f"{name_or_path}: ready on {member_device}")
 
     # Imported here so this module imports before (and without) members.py.
-    from specfuse.members import HFMember
+    from specfuse.members.hf import HFMember
 
     return HFMember(name_or_path, model, tokenizer, prompt_format=prompt_format, device=member_device)
 

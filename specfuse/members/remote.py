@@ -22,13 +22,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..config import MemberSettings
+from ..errors import ConfigError, MemberError, PromptTooLongError, SpecfuseError
+from ..prompts import CHAT, PromptFormat
+from ..records import Candidate
+from ..segments import REPLACEMENT
 from . import drafting
-from .config import MemberSettings
 from .drafting import UTF8_GRACE_TOKENS
-from .errors import ConfigError, MemberError, PromptTooLongError, SpecfuseError
-from .prompts import CHAT, PromptFormat
-from .records import Candidate
-from .segments import REPLACEMENT
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -1,4 +1,4 @@
-"""Members in turn against members at the same time, in one run: `python -m specfuse.bench_concurrency`.
+"""Members in turn against members at the same time, in one run: `python -m specfuse.bench concurrency`.
 
 For each of exit off / on, the ensemble runs the same prompt with parallel="off" (members take
 turns, each with every core) and parallel="on" (one thread per member with its share of the cores,
@@ -22,7 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .bench import (
+from ..config import EnsembleConfig
+from ..engine import Ensemble
+from ..errors import SpecfuseError
+from ..members.workers import member_size, thread_shares
+from .core import (
     LONG_PROMPT,
     compare_in_turn,
     cpu_model,
@@ -33,10 +37,6 @@ from .bench import (
     time_mode,
     write_report,
 )
-from .config import EnsembleConfig
-from .engine import Ensemble
-from .errors import SpecfuseError
-from .workers import member_size, thread_shares
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def time_in_processes(
 ) -> dict[str, Any]:
     """Exit off, each member in a worker process of its own with its thread share (no handing on of
     cores between processes), against the same members alone; compared with members in turn."""
-    from .processes import ProcessMember
+    from ..members.process import ProcessMember
 
     shares = report["thread_shares"]
     workers = [ProcessMember.from_catalogue(n, dtype=dtype, threads=shares[n]) for n in names]
@@ -142,7 +142,7 @@ def compare_workers(
     the cores, at once in threads, and at once in one process per member (each with its thread share)."""
     import torch
 
-    from .catalogue import load_member
+    from ..models.catalogue import load_member
 
     members = [load_member(n, dtype=dtype) for n in names]
     shares = thread_shares({m.name: member_size(m) for m in members}, torch.get_num_threads())
@@ -189,7 +189,7 @@ def _decode_child(
 ) -> None:
     import torch
 
-    from .catalogue import load_member
+    from ..models.catalogue import load_member
 
     torch.set_num_threads(share)
     member = load_member(name, dtype=dtype)
@@ -264,7 +264,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m specfuse.bench_concurrency",
+        prog="python -m specfuse.bench concurrency",
         description="Members in turn against members at the same time (threads with core shares), "
         "exit off and on, beside each member alone; and threads against processes for bare decoding.",
     )
@@ -282,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from .catalogue import load_member, tqdm_progress
+    from ..models.catalogue import load_member, tqdm_progress
 
     try:
         names = parse_models(args.models)
@@ -304,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecfuseError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    report["command"] = " ".join(["python -m specfuse.bench_concurrency", *(argv or sys.argv[1:])])
+    report["command"] = " ".join(["python -m specfuse.bench concurrency", *(argv or sys.argv[1:])])
     write_report(report, format_table(report), args.json)
     return 0
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SpecfuseError
+from ..errors import SpecfuseError
 
 INSTRUCTION = 'Solve the problem step by step. End your reply with "The answer is N." where N is a number.'
 _NUMBER = r"-?\$?\s?\d[\d,]*(?:\.\d+)?"

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .config import EnsembleConfig
-from .engine import Ensemble
-from .errors import ConfigError, SpecfuseError, TraceError
+from ..config import EnsembleConfig
+from ..engine import Ensemble
+from ..errors import ConfigError, SpecfuseError, TraceError
+from ..records import Round
+from ..trace import Trace, load_trace, save_trace
 from .problems import Outcome, Problem, extract_answer, load_problems, majority
-from .records import Round
-from .trace import Trace, load_trace, save_trace
 from .variants import DEFAULT_ENSEMBLES, build_configs
 
 log = logging.getLogger(__name__)

@@ -25,10 +25,10 @@ For views over an evaluation (the app's failure-case browser):
 - `systems_of(outcomes) -> list[str]`, and `disagreements(outcomes, a, b)`: the problems only a got
   right and those only b got right, as (outcome of a, outcome of b) pairs.
 
-The code behind this command line: `specfuse.problems` (data, answers, Outcome), `specfuse.runs`
-(systems, batched resumable runs, load_outcomes), `specfuse.variants` (built-in systems and
---variant parsing), `specfuse.stats` (wilson, paired, mcnemar_exact, ends_in_loop, distinct_n) and
-`specfuse.eval_report` (tables, charts, failure cases, the Markdown page). This module re-exports
+The code behind this command line: `specfuse.eval.problems` (data, answers, Outcome), `specfuse.eval.runs`
+(systems, batched resumable runs, load_outcomes), `specfuse.eval.variants` (built-in systems and
+--variant parsing), `specfuse.eval.stats` (wilson, paired, mcnemar_exact, ends_in_loop, distinct_n) and
+`specfuse.eval.report` (tables, charts, failure cases, the Markdown page). This module re-exports
 their main names and holds the throughput benchmark and the CLI.
 """
 
@@ -47,9 +47,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .config import EnsembleConfig
-from .engine import Ensemble
-from .errors import ConfigError, SpecfuseError
+from ..config import EnsembleConfig
+from ..engine import Ensemble
+from ..errors import ConfigError, SpecfuseError
 from .problems import (
     INSTRUCTION,
     OPEN_PROMPTS,
@@ -260,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             problems = load_problems(args.data, args.problems)
         else:
             problems = open_problems()[: args.problems]
-        from .bench import parse_models
+        from ..bench.core import parse_models
 
         names = parse_models(args.models)
         systems = parse_systems(getattr(args, "systems", None))
@@ -274,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps(report, indent=1) + "\n")
             return 0
-        from . import eval_report
+        from . import report as eval_report
 
         outcomes = evaluate(
             members, problems, args.runs, config=config, systems=systems, variants=variants,
@@ -301,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _load(names: Sequence[str], dtype: str) -> list[Any]:
-    from .catalogue import load_member, tqdm_progress
+    from ..models.catalogue import load_member, tqdm_progress
 
     return [load_member(n, dtype=dtype, progress=tqdm_progress(f"loading {n}")) for n in names]
 

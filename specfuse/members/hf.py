@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 from transformers import DynamicCache
 
+from ..config import MemberSettings
+from ..errors import ConfigError, PromptTooLongError
+from ..prompts import CHAT, PromptFormat
+from ..records import Candidate, TokenScores
 from . import drafting, workers
-from .config import MemberSettings
-from .errors import ConfigError, PromptTooLongError
-from .prompts import CHAT, PromptFormat
-from .records import Candidate, TokenScores
 from .scoring import Block, OutputHead, common_prefix_len, float_mask, pack_rows, sliding_window_of
 
 if TYPE_CHECKING:

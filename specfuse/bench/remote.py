@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .errors import SpecfuseError
+from ..errors import SpecfuseError
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def llama_server_binary() -> Path:
 
 def gguf_of(name: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """The verified GGUF file of a catalogue model (assembled into the cache when it comes in parts)."""
-    from .catalogue import CATALOGUE, assemble_gguf, cache_root
+    from ..models.catalogue import CATALOGUE, assemble_gguf, cache_root
 
     return assemble_gguf(CATALOGUE[name], cache_root(cache_dir) / "gguf")
 
@@ -87,8 +87,8 @@ def llama_server(
 
 
 def _run(members: Sequence[Any], prompt: str, max_new_tokens: int, parallel: str) -> dict[str, float]:
-    from .config import EnsembleConfig
-    from .engine import Ensemble
+    from ..config import EnsembleConfig
+    from ..engine import Ensemble
 
     config = EnsembleConfig(score="logprob", max_new_tokens=max_new_tokens, parallel=parallel)
     ensemble = Ensemble(members, config)
@@ -120,8 +120,8 @@ def run(
     """
     from contextlib import ExitStack
 
-    from .catalogue import load_member
-    from .remote import parse_server_spec
+    from ..members.remote import parse_server_spec
+    from ..models.catalogue import load_member
 
     if servers:
         names = [parse_server_spec(s).tokenizer for s in servers]
@@ -154,10 +154,10 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .catalogue import DEFAULT_MEMBERS
+    from ..models.catalogue import DEFAULT_MEMBERS
 
     parser = argparse.ArgumentParser(
-        prog="python -m specfuse.bench_remote",
+        prog="python -m specfuse.bench remote",
         description="The trio in-process vs one llama-server each (issue 10). Run on an idle machine.",
     )
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MEMBERS), help="catalogue names")

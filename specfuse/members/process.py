@@ -2,7 +2,7 @@
 
 Why: at batch 1 a decoding step of a Hugging Face model is mostly Python launching kernels. Members
 in threads of one process take turns holding the GIL, so on one GPU they decoded no faster at once
-than in turn (`python -m specfuse.bench_gpu`, H100: threads 1.26×, one process per member 2.18× for
+than in turn (`python -m specfuse.bench gpu`, H100: threads 1.26×, one process per member 2.18× for
 bare decoding). A `ProcessMember` builds its member inside a spawned process and forwards the Member
 calls over a pipe; the engine runs such members at the same time under `parallel="auto"`.
 
@@ -25,16 +25,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .config import MemberSettings
-from .errors import MemberError
-from .records import Candidate
+from ..config import MemberSettings
+from ..errors import MemberError
+from ..records import Candidate
 from .workers import member_size
 
 # What a member may offer beyond the Member protocol; the proxy offers the same, no more.
 OPTIONAL = ("draft_many", "verify_many", "prompt_surprise")
 
 # From this many cores up, members sharing a CPU decode faster in processes than in threads.
-# `python -m specfuse.bench_gpu --shapes trio --device cpu` (the default trio's shapes, bf16, exit
+# `python -m specfuse.bench gpu --shapes trio --device cpu` (the default trio's shapes, bf16, exit
 # off) on a Xeon, speed-up over members in turn, processes / threads: 4 cores 1.05x / 1.02x, 8 cores
 # 1.71x / 1.25x, 16 cores 1.54x / 1.10x; the real trio on 2 cores (bench_concurrency) 1.14x / 1.23x.
 MIN_CPU_CORES = 8
@@ -117,7 +117,7 @@ class ProcessMember:
     @classmethod
     def from_catalogue(cls, name_or_path: str, *, threads: int | None = None, **load: Any) -> ProcessMember:
         """`catalogue.load_member(name_or_path, **load)`, in a process of its own."""
-        from .catalogue import load_member
+        from ..models.catalogue import load_member
 
         return cls(functools.partial(load_member, name_or_path, **load), threads=threads)
 

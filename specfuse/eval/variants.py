@@ -16,8 +16,8 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from .config import PAPER, EnsembleConfig
-from .errors import ConfigError
+from ..config import PAPER, EnsembleConfig
+from ..errors import ConfigError
 
 # System name → (the settings that differ from the evaluation's base config, one line of help).
 BUILTIN: dict[str, tuple[dict[str, Any], str]] = {

@@ -1,0 +1,8 @@
+"""`python -m specfuse.eval`: the evaluation's command line (cli.py)."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
