@@ -1,34 +1,39 @@
-"""The round loop: draft → verify → choose → feedback → accept → exit, yielding one Round per cycle.
+"""The round loop, yielding one Round per cycle. One round is seven steps, in this order:
 
-Knows nothing about tokenizers, tensors or devices: members hide them behind the Member protocol,
-and the arithmetic lives in feedback.py. Several prompts can run in lockstep (stream_many): each
-phase then asks a member once for all the prompts it serves, which a member may batch.
+1. draft     each active member continues its own context for at most L tokens
+2. verify    each verifier scores every candidate in one packed pass (raw z_ij)
+3. choose    normalize each verifier's row, aggregate with the weights so far, pick the winner
+4. feedback  reward the drafters and update the weights (after the choice)
+5. stop      append the winner to the answer; decide whether the run ends
+6. exit      members whose candidates keep losing stop drafting
+7. accept    every member that plays on appends the winner to its own context
+
+Ensemble._round calls them in that order, by these names. Knows nothing about tokenizers, tensors
+or devices: members hide them behind the Member protocol (members/protocol.py), and the arithmetic
+lives in feedback.py. Several prompts can run in lockstep (stream_many): each member step then asks
+a member once for all the prompts it serves, which a member may batch.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from . import feedback
 from .config import EnsembleConfig
-from .errors import ConfigError, MemberError, SpecfuseError
-from .members.workers import MemberWorkers, run_concurrently
+from .errors import ConfigError
+from .members.protocol import Member, Verdict
+from .members.workers import MemberCalls, run_concurrently
 from .records import Candidate, Draft, ExitEvent, MemberTiming, Result, Round, TokenScores, summarize
 from .segments import cut_at_stop, echoes_prompt, repeated_fraction
-
-if TYPE_CHECKING:  # members.py imports torch; the engine itself never needs it
-    from .members.hf import Member
 
 log = logging.getLogger(__name__)
 
 MAX_PROMPT_CHARS = 100_000  # far beyond any small model's context; stops pasted files early
 TYPED = "you"  # the origin of a segment a person typed into a branch
-
-T = TypeVar("T")
 
 
 class Ensemble:
@@ -37,6 +42,12 @@ class Ensemble:
     def __init__(self, members: Sequence[Member], config: EnsembleConfig | None = None) -> None:
         if not members:
             raise ConfigError("an ensemble needs at least one member")
+        for m in members:
+            if not isinstance(m, Member):
+                raise ConfigError(
+                    f"{m!r} is not a member: it must offer everything in specfuse.members.protocol.Member "
+                    "(subclass BaseMember there for the optional parts)"
+                )
         names = [m.name for m in members]
         if len(set(names)) != len(names):
             raise ConfigError(f"member names must be unique, got {', '.join(names)}")
@@ -124,7 +135,7 @@ class Ensemble:
         for run in runs:
             check_prompt(run.prompt)
         config = runs[0].config if runs else self.config
-        calls = _Calls(self.members, run_concurrently(self.members, config.parallel))
+        calls = MemberCalls(self.members, run_concurrently(self.members, config.parallel))
         waiting = list(range(len(runs)))
         live: list[int] = []
         try:
@@ -147,36 +158,77 @@ class Ensemble:
             calls.shutdown()
 
     def _round(
-        self, live: list[tuple[int, _Run]], calls: _Calls
+        self, live: list[tuple[int, _Run]], calls: MemberCalls
     ) -> Generator[tuple[int, Draft], None, list[Round]]:
-        """One round of every run: the members' work batched across runs, the rest per run. Yields
-        each candidate as it arrives; returns the rounds."""
+        """One round of every live run, steps 1-7 in order. The members' steps (draft, verify,
+        accept) are asked once per member for all the runs it serves; the others are per run.
+        Yields each candidate as it arrives; returns the rounds."""
         runs = [run for _, run in live]
-        by_id = {id(run): (i, run) for i, run in live}
         for run in runs:
             run.begin_round()
+        yield from self._draft(live, calls)  # 1
+        self._verify(runs, calls)  # 2
+        for run in runs:
+            run.choose()  # 3
+            run.feedback()  # 4
+            run.stop()  # 5
+            run.exit()  # 6
+        accepted = self._accept(runs, calls)  # 7
+        return [run.record(accepted) for run in runs]
 
-        # 1. Draft: each active member continues its own context for at most L tokens.
-        drafted = {}
-        for key, out in calls.arrivals("draft", [(m, run, run.budget) for run in runs for m in run.drafting]):
+    @staticmethod
+    def _draft(live: list[tuple[int, _Run]], calls: MemberCalls) -> Iterator[tuple[int, Draft]]:
+        """1. Draft: each active member continues its own context for at most L tokens."""
+        by_id = {id(run): (i, run) for i, run in live}
+        drafted: dict[tuple[str, int], tuple[Candidate, float]] = {}
+        work = [(m, run, run.play.budget) for _, run in live for m in run.play.drafting]
+        for key, out in calls.draft(work):
             drafted[key] = out
             i, run = by_id[key[1]]
             yield i, Draft(run.k, out[0], time.perf_counter() - run.began)
-        for run in runs:
+        for _, run in live:
             run.take_candidates(drafted)
 
-        # 2. Verify: each verifier scores every candidate in one packed pass (raw z_ij).
-        verified = calls.phase(
-            "score", [(m, run, run.candidates) for run in runs if run.scorable for m in run.verifiers]
-        )
-
-        # 3-6. Per run: normalize, aggregate, choose, feedback, stop, exit.
+    @staticmethod
+    def _verify(runs: list[_Run], calls: MemberCalls) -> None:
+        """2. Verify: each verifier scores every candidate in one packed pass (raw z_ij)."""
+        work = [
+            (m, run, run.play.candidates) for run in runs if run.play.scorable for m in run.play.verifiers
+        ]
+        verdicts = calls.verify(work)
         for run in runs:
-            run.decide(verified)
+            run.take_scores(verdicts)
 
-        # 7. Every member that plays on appends the winner's text to its own context.
-        accepted = calls.phase("accept", [(m, run, run.winner_text) for run in runs for m in run.accepting])
-        return [run.record(accepted) for run in runs]
+    @staticmethod
+    def _accept(runs: list[_Run], calls: MemberCalls) -> dict[tuple[str, int], tuple[None, float]]:
+        """7. Accept: every member that plays on appends the winner's text to its own context."""
+        return calls.accept([(m, run, run.winner_text) for run in runs for m in run.play.accepting])
+
+
+@dataclass
+class _Play:
+    """The round being played by one run: made afresh each round, turned into a Round by record()."""
+
+    began: float
+    drafting: list[str]  # A_k
+    verifiers: list[str]
+    budget: int  # tokens each drafter may add this round
+    candidates: tuple[Candidate, ...] = ()
+    scorable: bool = False  # some candidate has text (or ends the answer)
+    raw: list[list[float]] = field(default_factory=list)  # [verifiers][candidates]: z_ij
+    details: tuple[tuple[TokenScores, ...], ...] = ()
+    draft_s: dict[str, float] = field(default_factory=dict)
+    verify_s: dict[str, float] = field(default_factory=dict)
+    scores: list[list[float]] = field(default_factory=list)  # normalized ŝ_ij
+    y: list[float] = field(default_factory=list)  # aggregate per candidate
+    eligible: list[bool] = field(default_factory=list)
+    chosen: int = 0
+    margin: float = 0.0
+    rewards: list[float] = field(default_factory=list)
+    after: list[float] = field(default_factory=list)  # weights after feedback
+    stop_reason: str | None = None
+    exits: list[ExitEvent] = field(default_factory=list)
+    accepting: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -189,41 +241,20 @@ class _Run:
     start: Sequence[Round] = ()
     forced: str | None = None
     origin: str = TYPED
-    states: dict[str, Any] = field(default_factory=dict)
-    # Filled in by resume(), then carried from round to round.
+    states: dict[str, Any] = field(default_factory=dict)  # each member's state for this request
+    # Set by resume(), then carried from round to round.
     k: int = 0
     weights: list[float] = field(default_factory=list)
-    quality: dict[str, float] = field(default_factory=dict)
+    quality: dict[str, float] = field(default_factory=dict)  # Q_i: cumulative aggregate scores
     active: list[str] = field(default_factory=list)
     exited: list[str] = field(default_factory=list)
     answer: str = ""
     tokens: int = 0
     began: float = 0.0
     done: bool = False
-    # The round being played.
-    round_began: float = 0.0
-    drafting: list[str] = field(default_factory=list)
-    verifiers: list[str] = field(default_factory=list)
-    budget: int = 0
-    candidates: tuple[Candidate, ...] = ()
-    scorable: bool = False
-    raw: list[list[float]] = field(default_factory=list)
-    details: tuple[tuple[TokenScores, ...], ...] = ()
-    scores: list[list[float]] = field(default_factory=list)
-    y: list[float] = field(default_factory=list)
-    eligible: list[bool] = field(default_factory=list)
-    chosen: int = 0
-    margin: float = 0.0
-    rewards: list[float] = field(default_factory=list)
-    after: list[float] = field(default_factory=list)
-    winner: Candidate | None = None
-    stop_reason: str | None = None
-    exits: list[ExitEvent] = field(default_factory=list)
-    accepting: list[str] = field(default_factory=list)
-    draft_s: dict[str, float] = field(default_factory=dict)
-    verify_s: dict[str, float] = field(default_factory=dict)
+    play: _Play = field(default_factory=lambda: _Play(0.0, [], [], 0))
 
-    def resume(self, calls: _Calls) -> None:
+    def resume(self, calls: MemberCalls) -> None:
         """Set the run's starting point: round 1, or the round after a branch's `start` rounds."""
         n = len(self.names)
         given = self.config.initial_weights
@@ -258,50 +289,53 @@ class _Run:
         self.tokens = sum(r.winner.num_tokens for r in self.start)
         self.k = last.k
         playing = [*self.active, *(self.exited if self.config.exited_verify else [])]
-        calls.phase("accept", [(m, self, self.answer) for m in self.names if m in playing])
+        calls.accept([(m, self, self.answer) for m in self.names if m in playing])
 
     def begin_round(self) -> None:
         self.k += 1
-        self.round_began = time.perf_counter()
         cfg = self.config
-        self.drafting = list(self.active)
-        self.verifiers = [
-            m for m in self.names if m in self.active or (cfg.exited_verify and m in self.exited)
-        ]
-        self.budget = min(cfg.segment_len, cfg.max_new_tokens - self.tokens)
+        verifiers = [m for m in self.names if m in self.active or (cfg.exited_verify and m in self.exited)]
+        budget = min(cfg.segment_len, cfg.max_new_tokens - self.tokens)
+        self.play = _Play(time.perf_counter(), list(self.active), verifiers, budget)
 
-    def take_candidates(self, drafted: dict[tuple[str, int], tuple[Any, float]]) -> None:
-        candidates = [drafted[(m, id(self))][0] for m in self.drafting]
-        self.draft_s = {c.member: c.seconds for c in candidates}
+    def take_candidates(self, drafted: dict[tuple[str, int], tuple[Candidate, float]]) -> None:
+        play = self.play
+        candidates = [drafted[(m, id(self))][0] for m in play.drafting]
+        play.draft_s = {c.member: c.seconds for c in candidates}
         if self.forced is not None and not any(c.text == self.forced for c in candidates):
             # A typed segment joins the round as one more candidate, scored by every verifier.
             candidates.append(Candidate(self.origin, self.forced, _count_tokens(self.forced), False, 0.0))
-        self.candidates = tuple(candidates)
-        self.scorable = any(c.text or c.final for c in self.candidates)
+        play.candidates = tuple(candidates)
+        play.scorable = any(c.text or c.final for c in play.candidates)
 
-    def decide(self, verified: dict[tuple[str, int], tuple[Any, float]]) -> None:
-        cfg, names, candidates = self.config, self.names, self.candidates
-        index = {m: i for i, m in enumerate(names)}
-        if self.scorable:
-            rows = [verified[(m, id(self))][0] for m in self.verifiers]
-            self.raw = [list(z) for z, _ in rows]
-            self.details = tuple(d for _, d in rows) if all(d for _, d in rows) else ()
-            self.verify_s = {m: verified[(m, id(self))][1] for m in self.verifiers}
+    def take_scores(self, verdicts: dict[tuple[str, int], tuple[Verdict, float]]) -> None:
+        play = self.play
+        if play.scorable:
+            rows = [verdicts[(m, id(self))][0] for m in play.verifiers]
+            play.raw = [list(z) for z, _ in rows]
+            play.details = tuple(d for _, d in rows) if all(d for _, d in rows) else ()
+            play.verify_s = {m: verdicts[(m, id(self))][1] for m in play.verifiers}
         else:  # every draft came back empty: nothing to choose from
-            self.raw = [[0.0] * len(candidates) for _ in self.verifiers]
-            self.details, self.verify_s = (), {}
+            play.raw = [[0.0] * len(play.candidates) for _ in play.verifiers]
 
-        # 3. Normalize each verifier's row, aggregate with the weights learned so far, choose.
-        self.scores = feedback.normalize(self.raw, cfg.normalization)
-        voting = [self.weights[index[v]] for v in self.verifiers]
-        drafters = [c.member for c in candidates]
+    def choose(self) -> None:
+        """3. Choose: normalize each verifier's row, aggregate with the weights learned so far, pick."""
+        cfg, play = self.config, self.play
+        candidates = play.candidates
+        play.scores = feedback.normalize(play.raw, cfg.normalization)
         y = feedback.aggregate(
-            self.scores, voting, self.verifiers, drafters, cfg.self_scores, cfg.aggregation, cfg.outlier_gap
+            play.scores,
+            self._voting(),
+            play.verifiers,
+            [c.member for c in candidates],
+            cfg.self_scores,
+            cfg.aggregation,
+            cfg.outlier_gap,
         )
         if cfg.repeat_penalty:
             repeated = [repeated_fraction(self.answer, c.text) for c in candidates]
             y = feedback.penalize_repeats(y, repeated, cfg.repeat_penalty)
-        self.y = y
+        play.y = y
         # An empty non-final draft never wins; nor, with the echo guard, a candidate that would
         # leave the answer a verbatim piece of the prompt (unless every candidate would).
         eligible = [bool(c.text or c.final) for c in candidates]
@@ -311,56 +345,64 @@ class _Run:
                 for ok, c in zip(eligible, candidates)
             ]
             eligible = fresh if any(fresh) else eligible
-        self.eligible = eligible
+        play.eligible = eligible
         pool = [j for j, ok in enumerate(eligible) if ok] or list(range(len(candidates)))
         if self.forced is not None:  # a branch: this round's winner is given
             chosen = next(j for j, c in enumerate(candidates) if c.text == self.forced)
             others = [y[j] for j in range(len(y)) if j != chosen]
-            self.chosen, self.margin = chosen, (y[chosen] - max(others)) if others else 0.0
+            play.chosen, play.margin = chosen, (y[chosen] - max(others)) if others else 0.0
         else:
-            self.chosen, self.margin = feedback.choose(y, pool)
+            play.chosen, play.margin = feedback.choose(y, pool)
 
-        # 4. Feedback *after* the choice, so round k is judged with weights from rounds < k.
-        # SpecEM: the reference updated the weights before using them in the same round.
-        drafted = len(self.drafting)  # a typed candidate (last) earns no reward
-        self.rewards = [0.0] * len(candidates)
-        self.after = self.weights
-        if cfg.feedback:
-            drafted_scores = [row[:drafted] for row in self.scores]
-            judges = voting if cfg.weighted_rewards else None
-            self.rewards[:drafted] = feedback.rewards(drafted_scores, self.verifiers, self.drafting, judges)
-            if drafted > 1:
-                eta = feedback.learning_rate(cfg.learning_rate, len(names), self.k)
-                self.after = feedback.update_weights(
-                    self.weights, names, self.drafting, self.rewards[:drafted], eta
-                )
+    def feedback(self) -> None:
+        """4. Feedback *after* the choice, so round k is judged with weights from rounds < k.
+        SpecEM: the reference updated the weights before using them in the same round."""
+        cfg, play = self.config, self.play
+        drafted = len(play.drafting)  # a typed candidate (last) earns no reward
+        play.rewards = [0.0] * len(play.candidates)
+        play.after = self.weights
+        if not cfg.feedback:
+            return
+        drafted_scores = [row[:drafted] for row in play.scores]
+        judges = self._voting() if cfg.weighted_rewards else None
+        play.rewards[:drafted] = feedback.rewards(drafted_scores, play.verifiers, play.drafting, judges)
+        if drafted > 1:
+            eta = feedback.learning_rate(cfg.learning_rate, len(self.names), self.k)
+            play.after = feedback.update_weights(
+                self.weights, self.names, play.drafting, play.rewards[:drafted], eta
+            )
 
-        # 5. Append the winner; decide the stop.
-        winner = candidates[self.chosen]
-        stop_reason: str | None = None
+    def stop(self) -> None:
+        """5. Stop: append the winner to the answer and decide whether the run ends here."""
+        cfg, play = self.config, self.play
+        winner = play.candidates[play.chosen]
+        reason: str | None = None
         cut = _stop_string_cut(self.answer, winner.text, cfg.stop_strings)
         if cut is not None:
             winner = replace(winner, text=winner.text[:cut], final=True)
-            self.candidates = candidates[: self.chosen] + (winner,) + candidates[self.chosen + 1 :]
-            stop_reason = "stop"
-        self.winner = winner
+            play.candidates = play.candidates[: play.chosen] + (winner,) + play.candidates[play.chosen + 1 :]
+            reason = "stop"
         self.answer += winner.text
         self.tokens += winner.num_tokens
-        if not self.scorable:
-            stop_reason = "empty"
-        elif stop_reason is None and winner.final:
-            stop_reason = "final"
-        elif stop_reason is None and self.tokens >= cfg.max_new_tokens:
-            stop_reason = "budget"
-        elif stop_reason is None and cfg.max_rounds is not None and self.k >= cfg.max_rounds:
-            stop_reason = "rounds"
-        self.stop_reason = stop_reason
+        if not play.scorable:
+            reason = "empty"
+        elif reason is None and winner.final:
+            reason = "final"
+        elif reason is None and self.tokens >= cfg.max_new_tokens:
+            reason = "budget"
+        elif reason is None and cfg.max_rounds is not None and self.k >= cfg.max_rounds:
+            reason = "rounds"
+        play.stop_reason = reason
 
-        # 6. Model exit: members whose candidates keep losing stop drafting.
-        for j, m in enumerate(self.drafting):
-            self.quality[m] += y[j]
-        self.exits = []
-        if cfg.exit and stop_reason is None:
+    def exit(self) -> None:
+        """6. Exit: members whose candidates keep losing stop drafting; then who accepts the winner."""
+        cfg, play = self.config, self.play
+        for j, m in enumerate(play.drafting):
+            self.quality[m] += play.y[j]
+        play.exits = []
+        if play.stop_reason is not None:
+            return  # the run ends: nobody exits, nobody needs the winner in its context
+        if cfg.exit:
             for d in feedback.exit_decisions(
                 self.quality,
                 self.active,
@@ -370,7 +412,7 @@ class _Run:
                 cfg.exit_temperature,
                 cfg.exit_min_active,
             ):
-                self.exits.append(
+                play.exits.append(
                     ExitEvent(
                         member=d.member,
                         k=self.k,
@@ -380,54 +422,57 @@ class _Run:
                         f"after {self.k} rounds (cumulative quality {self.quality[d.member]:.3f})",
                     )
                 )
-        self.accepting = []
-        if stop_reason is None:
-            leaving = {e.member for e in self.exits}
-            playing = [m for m in self.active if m not in leaving]
-            judging = [*self.exited, *leaving] if cfg.exited_verify else []
-            self.accepting = [m for m in names if m in playing or m in judging]
+        leaving = {e.member for e in play.exits}
+        playing = [m for m in self.active if m not in leaving]
+        judging = [*self.exited, *leaving] if cfg.exited_verify else []
+        play.accepting = [m for m in self.names if m in playing or m in judging]
+
+    def _voting(self) -> list[float]:
+        """The verifiers' weights this round (the weights learned in rounds < k)."""
+        index = {m: i for i, m in enumerate(self.names)}
+        return [self.weights[index[v]] for v in self.play.verifiers]
 
     @property
     def winner_text(self) -> str:
-        return self.candidates[self.chosen].text
+        return self.play.candidates[self.play.chosen].text
 
-    def record(self, accepted: dict[tuple[str, int], tuple[Any, float]]) -> Round:
+    def record(self, accepted: dict[tuple[str, int], tuple[None, float]]) -> Round:
         """The round as a plain record; then the run moves on (or ends)."""
-        assert self.winner is not None
-        accept_s = {m: accepted[(m, id(self))][1] for m in self.accepting}
+        play = self.play
+        accept_s = {m: accepted[(m, id(self))][1] for m in play.accepting}
         now = time.perf_counter()
         rnd = Round(
             k=self.k,
             members=self.names,
-            active=tuple(self.drafting),
-            verifiers=tuple(self.verifiers),
-            candidates=self.candidates,
-            raw_scores=_freeze(self.raw),
-            scores=_freeze(self.scores),
-            aggregate=tuple(self.y),
-            chosen=self.chosen,
-            margin=self.margin,
+            active=tuple(play.drafting),
+            verifiers=tuple(play.verifiers),
+            candidates=play.candidates,
+            raw_scores=_freeze(play.raw),
+            scores=_freeze(play.scores),
+            aggregate=tuple(play.y),
+            chosen=play.chosen,
+            margin=play.margin,
             weights_before=tuple(self.weights),
-            weights_after=tuple(self.after),
-            rewards=tuple(self.rewards),
-            exits=tuple(self.exits),
+            weights_after=tuple(play.after),
+            rewards=tuple(play.rewards),
+            exits=tuple(play.exits),
             timings=tuple(
-                MemberTiming(m, self.draft_s.get(m, 0.0), self.verify_s.get(m, 0.0), accept_s.get(m, 0.0))
+                MemberTiming(m, play.draft_s.get(m, 0.0), play.verify_s.get(m, 0.0), accept_s.get(m, 0.0))
                 for m in self.names
             ),
-            seconds=now - self.round_began,
+            seconds=now - play.began,
             elapsed=now - self.began,
             text=self.answer,
-            stop_reason=self.stop_reason,
-            eligible=tuple(self.eligible),
-            token_scores=self.details,
+            stop_reason=play.stop_reason,
+            eligible=tuple(play.eligible),
+            token_scores=play.details,
         )
         self.forced = None  # only the branch round is forced
-        self.weights = self.after
-        for e in self.exits:
+        self.weights = play.after
+        for e in play.exits:
             self.active.remove(e.member)
             self.exited.append(e.member)
-        self.done = self.stop_reason is not None
+        self.done = play.stop_reason is not None
         return rnd
 
 
@@ -482,101 +527,3 @@ def _stop_string_cut(answer: str, text: str, stops: Sequence[str]) -> int | None
 
 def _freeze(matrix: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], ...]:
     return tuple(tuple(float(v) for v in row) for row in matrix)
-
-
-Work = tuple[str, _Run, Any]  # (member name, run, the phase's argument for that run)
-
-
-class _Calls:
-    """The members' work for one phase of a round, over every run that needs it: timed, batched
-    per member when the member can batch, concurrently across members (workers.py) when asked to,
-    and re-raising a failure with the member's name and the phase."""
-
-    def __init__(self, members: Sequence[Member], concurrent: bool) -> None:
-        self.members = {m.name: m for m in members}
-        self.workers = MemberWorkers(members) if concurrent else None
-
-    def start(self, runs: Sequence[_Run]) -> None:
-        def begin(m: str, group: list[_Run]) -> list[Any]:
-            member = self.members[m]
-            i = list(self.members).index(m)
-            return [member.start(r.prompt, r.config.member_settings(i)) for r in group]
-
-        out = self._by_member([(m, r, None) for r in runs for m in self.members], "start", begin)
-        for (m, key), (state, _) in out:
-            next(r for r in runs if id(r) == key).states[m] = state
-
-    def surprise(self, m: str, run: _Run) -> float | None:
-        """The member's surprise at the prompt (nats per byte), when it can tell (prior weights)."""
-        measure = getattr(self.members[m], "prompt_surprise", None)
-        return None if measure is None else measure(run.states[m])
-
-    def trust(self, m: str) -> float | None:
-        return getattr(self.members[m], "trust", None)
-
-    def phase(self, phase: str, work: Sequence[Work]) -> dict[tuple[str, int], tuple[Any, float]]:
-        """Run `phase` for every (member, run, argument); results by (member, id(run))."""
-        return dict(self.arrivals(phase, work))
-
-    def arrivals(
-        self, phase: str, work: Sequence[Work]
-    ) -> Iterator[tuple[tuple[str, int], tuple[Any, float]]]:
-        """phase(), one result at a time, as each member finishes (the fastest first)."""
-        return self._by_member(work, phase, getattr(self, f"_{phase}"))
-
-    def _draft(self, m: str, group: list[_Run], budgets: list[int]) -> list[Candidate]:
-        member, states = self.members[m], [r.states[m] for r in group]
-        if hasattr(member, "draft_many"):
-            return list(member.draft_many(states, budgets))
-        return [member.draft(s, b) for s, b in zip(states, budgets)]
-
-    def _score(
-        self, m: str, group: list[_Run], candidates: list[Sequence[Candidate]]
-    ) -> list[tuple[list[float], tuple[TokenScores, ...]]]:
-        """Raw scores z_i· and, from members that keep it, the token-level evidence behind them."""
-        member, states = self.members[m], [r.states[m] for r in group]
-        if not hasattr(member, "verify_many"):
-            return [(list(member.score(s, c)), ()) for s, c in zip(states, candidates)]
-        out = []
-        for run, details in zip(group, member.verify_many(states, candidates)):
-            z = [d.mean(run.config.score) for d in details]
-            out.append((z, tuple(details)))
-        return out
-
-    def _accept(self, m: str, group: list[_Run], texts: list[str]) -> list[None]:
-        member = self.members[m]
-        for r, t in zip(group, texts):
-            member.accept(r.states[m], t)
-        return [None] * len(group)
-
-    def _by_member(
-        self, work: Sequence[Work], phase: str, call: Callable[..., list[Any]]
-    ) -> Iterator[tuple[tuple[str, int], tuple[Any, float]]]:
-        groups: dict[str, list[tuple[_Run, Any]]] = {}
-        for m, run, arg in work:
-            groups.setdefault(m, []).append((run, arg))
-
-        def timed(m: str) -> list[tuple[Any, float]]:
-            runs = [r for r, _ in groups[m]]
-            began = time.perf_counter()
-            try:
-                outs = call(m, runs, [a for _, a in groups[m]]) if phase != "start" else call(m, runs)
-            except SpecfuseError:
-                raise
-            except Exception as e:  # re-raised with the member's name, never swallowed
-                raise MemberError(f"{m}: {phase} failed: {type(e).__name__}: {e}") from e
-            each = (time.perf_counter() - began) / max(1, len(runs))  # a batch's time, shared out
-            return [(o, each) for o in outs]
-
-        names = list(groups)
-        if self.workers is None:
-            finished: Iterator[tuple[str, list[tuple[Any, float]]]] = ((m, timed(m)) for m in names)
-        else:
-            finished = self.workers.as_completed(timed, names)
-        for m, outs in finished:
-            for (run, _), out in zip(groups[m], outs):
-                yield (m, id(run)), out
-
-    def shutdown(self) -> None:
-        if self.workers is not None:
-            self.workers.shutdown()

@@ -7,10 +7,11 @@ import time
 from collections.abc import Callable, Sequence
 
 from specfuse.config import MemberSettings
+from specfuse.members.protocol import BaseMember
 from specfuse.records import Candidate
 
 
-class ScriptedMember:
+class ScriptedMember(BaseMember):
     def __init__(
         self,
         name: str,

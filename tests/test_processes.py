@@ -40,9 +40,16 @@ def test_an_ensemble_of_process_members_gives_the_same_rounds_as_members_here(in
 
 
 def test_process_members_run_at_the_same_time_under_auto(in_processes):
-    assert all(" in process " in m.device for m in in_processes)
+    # `device` is the device; `host` tells the engine each member works in a place of its own.
+    assert all(m.device == "cpu" and m.host.startswith("process ") for m in in_processes)
+    assert len({m.host for m in in_processes}) == len(in_processes)
     assert run_concurrently(in_processes, "auto") and not run_concurrently(in_processes, "off")
-    assert hasattr(in_processes[0], "verify_many")  # HFMember batches: the proxy does too
+    # HFMember batches and keeps token evidence: the proxy forwards both.
+    member = in_processes[0]
+    states = [member.start(p, EnsembleConfig().member_settings(0)) for p in ("Hi", "Yo")]
+    drafts = member.draft_many(states, [3, 3])
+    verdicts = member.score_many(states, [drafts, drafts])
+    assert len(verdicts) == 2 and all(len(z) == 2 and len(ev) == 2 for z, ev in verdicts)
 
 
 def test_batched_runs_through_process_members_match_one_at_a_time(in_processes):

@@ -9,7 +9,7 @@ import pytest
 from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Ensemble
 from specfuse.errors import ConfigError, MemberError, UnknownModelError
-from specfuse.members.hf import Member
+from specfuse.members.protocol import Member
 from specfuse.members.remote import ENGINES, RemoteMember, parse_server_spec
 from specfuse.members.workers import run_concurrently
 from specfuse.models.catalogue import check_member_name, load_member
@@ -48,7 +48,7 @@ def test_a_remote_member_implements_the_protocol(local):
     stub, remote = served("vllm", local["llama-bytes"])
     try:
         assert isinstance(remote, Member)
-        assert remote.device == stub.url
+        assert remote.host == stub.url and remote.device == "server"  # where it works; no local device
     finally:
         stub.stop()
 

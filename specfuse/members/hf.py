@@ -1,4 +1,4 @@
-"""The Member protocol and HFMember: one Hugging Face causal LM's drafting, scoring and KV cache.
+"""HFMember: one Hugging Face causal LM in this process, its drafting, scoring and KV cache.
 
 A member is shared by all runs; everything per request (token ids, cache, random generator) lives
 in the state object that start() returns. Knows nothing about the other members or the weights.
@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
@@ -20,28 +20,13 @@ from ..errors import ConfigError, PromptTooLongError
 from ..prompts import CHAT, PromptFormat
 from ..records import Candidate, TokenScores
 from . import drafting, workers
+from .protocol import BaseMember, Member, Verdict  # noqa: F401 (Member: until every caller imports it from protocol)
 from .scoring import Block, OutputHead, common_prefix_len, float_mask, pack_rows, sliding_window_of
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
-
-
-@runtime_checkable
-class Member(Protocol):
-    """One model in the ensemble. Its state is opaque to the engine: a KV cache, token ids, anything."""
-
-    name: str
-    device: str
-
-    def start(self, prompt: str, settings: MemberSettings) -> Any: ...
-
-    def draft(self, state: Any, max_new_tokens: int) -> Candidate: ...
-
-    def score(self, state: Any, candidates: Sequence[Candidate]) -> list[float]: ...
-
-    def accept(self, state: Any, text: str) -> None: ...
 
 
 @dataclass
@@ -75,8 +60,8 @@ class HFState:
     trimmed: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
-class HFMember:
-    """A transformers causal LM as an ensemble member (any architecture, any tokenizer)."""
+class HFMember(BaseMember):
+    """A transformers causal LM as an ensemble member (any architecture, any tokenizer), in this process."""
 
     def __init__(
         self,
@@ -97,6 +82,7 @@ class HFMember:
         self.tokenizer = tokenizer
         self.prompt_format = prompt_format
         self.device = device or str(model.get_input_embeddings().weight.device)
+        self.parameters = float(model.num_parameters())  # the size workers divide a CPU's cores by
         self.base = model.base_model  # the decoder without its output head
         self.head = OutputHead(model)
         self.dtype: torch.dtype = next(model.get_input_embeddings().parameters()).dtype
@@ -235,8 +221,17 @@ class HFMember:
 
     def score(self, state: HFState, candidates: Sequence[Candidate]) -> list[float]:
         """Raw scores z_i· of all candidates in one forward pass (verify-in-line)."""
-        (details,) = self.verify_many([state], [candidates])
-        return [d.mean(state.settings.score) for d in details]
+        ((z, _),) = self.score_many([state], [candidates])
+        return z
+
+    def score_many(
+        self, states: Sequence[HFState], candidates: Sequence[Sequence[Candidate]]
+    ) -> list[Verdict]:
+        """Every request's raw scores, all requests in one forward pass, with the token evidence."""
+        out = []
+        for state, details in zip(states, self.verify_many(states, candidates)):
+            out.append(([d.mean(state.settings.score) for d in details], tuple(details)))
+        return out
 
     @torch.inference_mode()
     def verify_many(

@@ -13,7 +13,6 @@ settings, candidates and scores, never a file or anything a user uploads.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import multiprocessing
 import pickle
@@ -28,10 +27,7 @@ from typing import Any
 from ..config import MemberSettings
 from ..errors import MemberError
 from ..records import Candidate
-from .workers import member_size
-
-# What a member may offer beyond the Member protocol; the proxy offers the same, no more.
-OPTIONAL = ("draft_many", "verify_many", "prompt_surprise")
+from .protocol import BaseMember, Member, Verdict
 
 # From this many cores up, members sharing a CPU decode faster in processes than in threads.
 # `python -m specfuse.bench gpu --shapes trio --device cpu` (the default trio's shapes, bf16, exit
@@ -67,7 +63,7 @@ class ProcessState:
     id: int
 
 
-class ProcessMember:
+class ProcessMember(BaseMember):
     """A member built by `build()` in a process of its own, used like any other member.
 
     `build` must be picklable (a module-level function or a functools.partial of one), because the
@@ -102,24 +98,12 @@ class ProcessMember:
         if status == "error":
             _close(self._conn, self._process)
             raise info
-        self.name: str = info["name"]
-        self.child_device: str = info["device"]
-        # Unique per process: the engine runs members on different devices at the same time.
-        self.device = f"{self.child_device} in process {self._process.pid}"
-        if info["trust"] is not None:
-            self.trust = info["trust"]
-        self.parameters: float | None = info["parameters"]  # what workers.member_size weighs
-        for method in OPTIONAL:
-            if method in info["methods"]:
-                setattr(self, method, functools.partial(self._forward, method))
+        self.name = info["name"]
+        self.device = info["device"]  # the device its weights are on, in that process
+        self.host = f"process {self._process.pid}"  # the engine runs members in other places at once
+        self.trust = info["trust"]
+        self.parameters = info["parameters"]
         self._closer = weakref.finalize(self, _close, self._conn, self._process)
-
-    @classmethod
-    def from_catalogue(cls, name_or_path: str, *, threads: int | None = None, **load: Any) -> ProcessMember:
-        """`catalogue.load_member(name_or_path, **load)`, in a process of its own."""
-        from ..models.catalogue import load_member
-
-        return cls(functools.partial(load_member, name_or_path, **load), threads=threads)
 
     # ---- the Member protocol ------------------------------------------------------------------------
 
@@ -137,6 +121,17 @@ class ProcessMember:
     def accept(self, state: ProcessState, text: str) -> None:
         self._call("accept", state.id, text)
 
+    def draft_many(self, states: Sequence[ProcessState], budgets: Sequence[int]) -> list[Candidate]:
+        return self._call("draft_many", [s.id for s in states], list(budgets))
+
+    def score_many(
+        self, states: Sequence[ProcessState], candidates: Sequence[Sequence[Candidate]]
+    ) -> list[Verdict]:
+        return self._call("score_many", [s.id for s in states], [list(c) for c in candidates])
+
+    def prompt_surprise(self, state: ProcessState) -> float | None:
+        return self._call("prompt_surprise", state.id)
+
     def set_threads(self, threads: int) -> None:
         """The worker process's torch intra-op threads: its share of a CPU it shares with others
         (workers.MemberWorkers sets it for each run)."""
@@ -145,11 +140,6 @@ class ProcessMember:
     def threads_now(self) -> int:
         """The worker process's torch intra-op threads now."""
         return self._call("threads_now")
-
-    def _forward(self, method: str, states: Any, *args: Any) -> Any:
-        """draft_many / verify_many (a list of states) and prompt_surprise (one state)."""
-        ids = [s.id for s in states] if isinstance(states, (list, tuple)) else states.id
-        return self._call(method, ids, *args)
 
     # ---- the pipe ---------------------------------------------------------------------------------
 
@@ -234,7 +224,7 @@ def _threads_now() -> int:
     return torch.get_num_threads()
 
 
-def _handlers(member: Any, states: dict[int, Any]) -> dict[str, Callable[..., Any]]:
+def _handlers(member: Member, states: dict[int, Any]) -> dict[str, Callable[..., Any]]:
     counter = itertools.count()
 
     def start(prompt: str, settings: MemberSettings) -> int:
@@ -245,14 +235,10 @@ def _handlers(member: Any, states: dict[int, Any]) -> dict[str, Callable[..., An
     def describe() -> dict[str, Any]:
         return {
             "name": member.name,
-            "device": str(getattr(member, "device", "cpu")),
-            "trust": getattr(member, "trust", None),
-            "methods": [m for m in OPTIONAL if hasattr(member, m)],
-            "parameters": member_size(member) if hasattr(member, "model") else None,
+            "device": member.device,
+            "trust": member.trust,
+            "parameters": member.parameters,
         }
-
-    def many(method: str) -> Callable[..., Any]:
-        return lambda handles, *args: getattr(member, method)([states[h] for h in handles], *args)
 
     out: dict[str, Callable[..., Any]] = {
         "describe": describe,
@@ -260,8 +246,8 @@ def _handlers(member: Any, states: dict[int, Any]) -> dict[str, Callable[..., An
         "draft": lambda h, n: member.draft(states[h], n),
         "score": lambda h, candidates: list(member.score(states[h], candidates)),
         "accept": lambda h, text: member.accept(states[h], text),
-        "draft_many": many("draft_many"),
-        "verify_many": many("verify_many"),
+        "draft_many": lambda handles, budgets: member.draft_many([states[h] for h in handles], budgets),
+        "score_many": lambda handles, cands: member.score_many([states[h] for h in handles], cands),
         "prompt_surprise": lambda h: member.prompt_surprise(states[h]),
         "threads": _set_threads,
         "threads_now": _threads_now,

@@ -29,6 +29,7 @@ from ..records import Candidate
 from ..segments import REPLACEMENT
 from . import drafting
 from .drafting import UTF8_GRACE_TOKENS
+from .protocol import BaseMember
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -440,7 +441,7 @@ def supported_scores(member: object) -> tuple[str, ...]:
     return tuple(getattr(member, "scores", ("logit", "logprob")))
 
 
-class RemoteMember:
+class RemoteMember(BaseMember):
     """A model served by SGLang, vLLM or llama-server, as an ensemble member."""
 
     scores = ("logprob",)  # what score settings it supports
@@ -464,7 +465,8 @@ class RemoteMember:
         self.name = name
         self.engine = engine
         self.url = url.rstrip("/")
-        self.device = self.url  # members on different servers run concurrently (engine: parallel="auto")
+        self.device = "server"  # its weights are the server's business
+        self.host = self.url  # members on different servers run at the same time (parallel="auto")
         self.tokenizer = tokenizer
         self.prompt_format = prompt_format
         self.http = Http(name, engine, self.url, timeout)

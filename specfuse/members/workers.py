@@ -1,5 +1,6 @@
-"""Where members' work runs when they run at the same time: one thread per member, each with its
-share of the CPU cores or its own CUDA stream.
+"""How the members' part of a step runs (MemberCalls): once per member for all the requests it
+serves, timed, a failure named; and, when members run at the same time, where: one thread per
+member, each with its share of the CPU cores or its own CUDA stream.
 
 Why threads: torch releases the GIL inside every kernel, so members whose forward passes overlap
 keep the cores busy while the other one is in Python. One worker process per member would add
@@ -16,15 +17,16 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from ..errors import MemberError
-
-if TYPE_CHECKING:
-    from .hf import Member
+from ..config import EnsembleConfig
+from ..errors import MemberError, SpecfuseError
+from ..records import Candidate
+from .protocol import Member, Verdict, in_this_process, shares_cpu
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -63,33 +65,18 @@ def thread_shares(sizes: Mapping[str, float], cores: int) -> dict[str, int]:
     return shares
 
 
-def member_size(member: Member) -> float:
-    """Parameters (or 1.0 when the member does not say: a server, a test double)."""
-    model = getattr(member, "model", None)
-    if model is not None and hasattr(model, "num_parameters"):
-        return float(model.num_parameters())
-    return float(getattr(member, "parameters", None) or 1.0)  # a member in a worker process says
-
-
-def _shares_cpu(member: Any) -> bool:
-    """A member whose torch work runs on this machine's CPU: here (a model) or in a worker process
-    (set_threads). A server's or a test double's work is not ours to divide."""
-    on_cpu = str(getattr(member, "device", "cpu")).startswith("cpu")
-    return on_cpu and (hasattr(member, "model") or hasattr(member, "set_threads"))
-
-
 class MemberWorkers:
     """One single-thread executor per member, set up once: a CPU member's thread gets its share of
     the intra-op threads, a CUDA member's thread its own stream. The same member always runs on the
     same thread, so its caches and stream stay where they were made."""
 
     def __init__(self, members: Sequence[Member]) -> None:
-        on_cpu = [m for m in members if _shares_cpu(m)]
+        on_cpu = [m for m in members if shares_cpu(m)]
         cores = cpu_cores()
-        self.sizes = {m.name: member_size(m) for m in on_cpu} if len(on_cpu) > 1 else {}
+        self.sizes = {m.name: float(m.parameters or 1.0) for m in on_cpu} if len(on_cpu) > 1 else {}
         self.shares = thread_shares(self.sizes, cores)  # all of them at work
         self.cores = cores
-        self.in_processes = [m for m in members if m.name in self.shares and hasattr(m, "set_threads")]
+        self.in_processes = [m for m in members if m.name in self.shares and not in_this_process(m)]
         self.busy: set[str] = set()  # CPU members inside a call right now
         self.lock = threading.Lock()
         self.pools = {m.name: ThreadPoolExecutor(1, thread_name_prefix=f"specfuse-{m.name}") for m in members}
@@ -171,10 +158,10 @@ def _keep_process_count(cores: int) -> None:
     _RESTORER.submit(torch.set_num_threads, cores)
 
 
-def _set_up(workers: MemberWorkers, member: Any, share: int | None) -> None:
+def _set_up(workers: MemberWorkers, member: Member, share: int | None) -> None:
     import torch
 
-    if share is not None and hasattr(member, "set_threads"):  # a member in a worker process
+    if share is not None and not in_this_process(member):  # a member in a worker process
         member.set_threads(share)
     elif share is not None:
         # torch sizes a thread's OpenMP team lazily, from the process-wide count, at the thread's
@@ -182,7 +169,7 @@ def _set_up(workers: MemberWorkers, member: Any, share: int | None) -> None:
         torch.get_num_threads()
         torch.set_num_threads(share)
         _local.workers, _local.name, _local.threads = workers, member.name, share
-    elif hasattr(member, "model") and str(getattr(member, "device", "")).startswith("cuda"):
+    elif in_this_process(member) and member.device.startswith("cuda"):
         torch.cuda.set_stream(member_stream(member))  # this thread's current stream
 
 
@@ -203,11 +190,114 @@ def member_stream(member: Any) -> Any:
 
 
 def run_concurrently(members: Sequence[Member], mode: str) -> bool:
-    """Whether `parallel=mode` runs these members at the same time. "auto": when they sit on several
-    devices (servers, GPUs, worker processes), or share a CPU with at least two cores to divide.
+    """Whether `parallel=mode` runs these members at the same time. "auto": when they work in several
+    places (servers, GPUs, worker processes), or share a CPU with at least two cores to divide.
     Several members in this process on one GPU take turns under "auto": threads with a CUDA stream
     each ("on") were slower than taking turns on an H100 (the GIL); worker processes were 1.64x faster."""
     if mode != "auto" or len(members) < 2:
         return mode == "on" and len(members) > 1
-    devices = {str(getattr(m, "device", "cpu")) for m in members}
-    return len(devices) > 1 or (all(d.startswith("cpu") for d in devices) and cpu_cores() > 1)
+    places = {(m.host, m.device) for m in members}
+    return len(places) > 1 or (all(m.device.startswith("cpu") for m in members) and cpu_cores() > 1)
+
+
+# ---- the members' part of one step of a round ---------------------------------------------------
+
+
+class Request(Protocol):
+    """What MemberCalls needs of one request in progress (the engine's run)."""
+
+    prompt: str
+    config: EnsembleConfig
+    states: dict[str, Any]  # each member's state for this request
+
+
+Work = tuple[str, "Request", Any]  # (member name, run, the step's argument for that run)
+Done = tuple[tuple[str, int], tuple[T, float]]  # ((member name, id(run)), (result, seconds))
+
+
+class MemberCalls:
+    """The members' part of a step, over every run that needs it: one call per member for all the
+    runs it serves (members batch them), members at the same time (workers.py) when asked to,
+    timed, and a failure re-raised with the member's name and the step."""
+
+    def __init__(self, members: Sequence[Member], concurrent: bool) -> None:
+        self.members = {m.name: m for m in members}
+        self.workers = MemberWorkers(members) if concurrent else None
+
+    def start(self, runs: Sequence[Request]) -> None:
+        index = {name: i for i, name in enumerate(self.members)}
+
+        def begin(m: str, group: list[Request], _: list[None]) -> list[Any]:
+            member = self.members[m]
+            return [member.start(r.prompt, r.config.member_settings(index[m])) for r in group]
+
+        for (m, key), (state, _) in self._by_member(
+            "start", [(m, r, None) for r in runs for m in self.members], begin
+        ):
+            next(r for r in runs if id(r) == key).states[m] = state
+
+    def surprise(self, m: str, run: Request) -> float | None:
+        """The member's surprise at the prompt (nats per byte), when it can tell (prior weights)."""
+        return self.members[m].prompt_surprise(run.states[m])
+
+    def trust(self, m: str) -> float | None:
+        return self.members[m].trust
+
+    def draft(self, work: Sequence[Work]) -> Iterator[Done[Candidate]]:
+        """Each member's candidates, yielded as each member finishes (the fastest first)."""
+
+        def draft(m: str, group: list[Request], budgets: list[int]) -> list[Candidate]:
+            return self.members[m].draft_many([r.states[m] for r in group], budgets)
+
+        return self._by_member("draft", work, draft)
+
+    def verify(self, work: Sequence[Work]) -> dict[tuple[str, int], tuple[Verdict, float]]:
+        """Each verifier's raw scores z_i· (and token evidence, from members that keep it)."""
+
+        def verify(m: str, group: list[Request], candidates: list[Sequence[Candidate]]) -> list[Verdict]:
+            return self.members[m].score_many([r.states[m] for r in group], candidates)
+
+        return dict(self._by_member("score", work, verify))
+
+    def accept(self, work: Sequence[Work]) -> dict[tuple[str, int], tuple[None, float]]:
+        """Each member appends the text to each request's context; the seconds it took."""
+
+        def accept(m: str, group: list[Request], texts: list[str]) -> list[None]:
+            member = self.members[m]
+            for r, t in zip(group, texts):
+                member.accept(r.states[m], t)
+            return [None] * len(group)
+
+        return dict(self._by_member("accept", work, accept))
+
+    def _by_member(
+        self, step: str, work: Sequence[Work], call: Callable[[str, list[Request], list[Any]], list[T]]
+    ) -> Iterator[Done[T]]:
+        groups: dict[str, list[tuple[Request, Any]]] = {}
+        for m, run, arg in work:
+            groups.setdefault(m, []).append((run, arg))
+
+        def timed(m: str) -> list[tuple[T, float]]:
+            runs = [r for r, _ in groups[m]]
+            began = time.perf_counter()
+            try:
+                outs = call(m, runs, [a for _, a in groups[m]])
+            except SpecfuseError:
+                raise
+            except Exception as e:  # re-raised with the member's name, never swallowed
+                raise MemberError(f"{m}: {step} failed: {type(e).__name__}: {e}") from e
+            each = (time.perf_counter() - began) / max(1, len(runs))  # a batch's time, shared out
+            return [(o, each) for o in outs]
+
+        names = list(groups)
+        if self.workers is None:
+            finished: Iterator[tuple[str, list[tuple[T, float]]]] = ((m, timed(m)) for m in names)
+        else:
+            finished = self.workers.as_completed(timed, names)
+        for m, outs in finished:
+            for (run, _), out in zip(groups[m], outs):
+                yield (m, id(run)), out
+
+    def shutdown(self) -> None:
+        if self.workers is not None:
+            self.workers.shutdown()

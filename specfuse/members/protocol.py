@@ -1,0 +1,118 @@
+"""What a member is: the four calls every back end answers, the capabilities it may offer beyond
+them (each with a default in BaseMember), and what it tells the engine about where it runs.
+
+Knows nothing about tensors, tokenizers, servers or processes: hf.py, remote.py and process.py
+implement this protocol, and a new back end needs nothing but this file. Stdlib only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from ..config import MemberSettings
+from ..records import Candidate, TokenScores
+
+HERE = "this process"  # a member's `host` when its work runs in the engine's own process
+
+# What a verifier says of one request's candidates: the raw scores z_i· and, from members that keep
+# it, the token-level evidence behind them (one TokenScores per candidate; empty when not kept).
+Verdict = tuple[list[float], tuple[TokenScores, ...]]
+
+
+@runtime_checkable
+class Member(Protocol):
+    """One model in the ensemble. A member is shared by all runs; everything that belongs to one
+    request (token ids, caches, a random generator) lives in the state that start() returns, which
+    the engine never looks into."""
+
+    name: str  # unique within an ensemble; shown in every view
+    device: str  # where its weights are: "cpu", "cuda:0", …; "server" for a served model
+    host: str  # where its work runs: HERE, "process 1234" (a worker process), or a server's address
+    trust: float | None  # its starting say under prior="trust" (evidence); None: no evidence
+    parameters: float | None  # its size, to divide a shared CPU's cores; None: not ours to divide
+
+    # -- required: the round's calls for one request -------------------------------------------------
+
+    def start(self, prompt: str, settings: MemberSettings) -> Any:
+        """A new request's state: the prompt in the member's own format, ready to draft from."""
+        ...
+
+    def draft(self, state: Any, max_new_tokens: int) -> Candidate:
+        """Continue the request's context by at most `max_new_tokens` tokens (step 1, draft)."""
+        ...
+
+    def score(self, state: Any, candidates: Sequence[Candidate]) -> list[float]:
+        """Raw scores z_i· of every candidate in the request's context (step 2, verify)."""
+        ...
+
+    def accept(self, state: Any, text: str) -> None:
+        """Append the winner's text to the request's context (step 7, accept)."""
+        ...
+
+    # -- optional capabilities (BaseMember gives each a default) -----------------------------------
+
+    def draft_many(self, states: Sequence[Any], budgets: Sequence[int]) -> list[Candidate]:
+        """draft() for several requests at once; a member that can batch them does it in one pass."""
+        ...
+
+    def score_many(self, states: Sequence[Any], candidates: Sequence[Sequence[Candidate]]) -> list[Verdict]:
+        """score() for several requests at once, with the token-level evidence when the member keeps it."""
+        ...
+
+    def prompt_surprise(self, state: Any) -> float | None:
+        """Nats per byte of the prompt's own text (prior="prompt"); None: the member cannot tell."""
+        ...
+
+    def set_threads(self, threads: int) -> None:
+        """The CPU threads its work may use from now on, when that work runs in a process of its own
+        (members in the engine's process get their share on their worker thread instead)."""
+        ...
+
+
+class BaseMember:
+    """The optional half of the protocol, done the simple way: a back end subclasses this, writes
+    the four required calls, and overrides a capability only when it can do better."""
+
+    name: str
+    device: str = "cpu"
+    host: str = HERE
+    trust: float | None = None
+    parameters: float | None = None
+
+    def start(self, prompt: str, settings: MemberSettings) -> Any:
+        raise NotImplementedError
+
+    def draft(self, state: Any, max_new_tokens: int) -> Candidate:
+        raise NotImplementedError
+
+    def score(self, state: Any, candidates: Sequence[Candidate]) -> list[float]:
+        raise NotImplementedError
+
+    def accept(self, state: Any, text: str) -> None:
+        raise NotImplementedError
+
+    def draft_many(self, states: Sequence[Any], budgets: Sequence[int]) -> list[Candidate]:
+        return [self.draft(s, b) for s, b in zip(states, budgets)]
+
+    def score_many(self, states: Sequence[Any], candidates: Sequence[Sequence[Candidate]]) -> list[Verdict]:
+        return [(list(self.score(s, c)), ()) for s, c in zip(states, candidates)]
+
+    def prompt_surprise(self, state: Any) -> float | None:
+        return None
+
+    def set_threads(self, threads: int) -> None:
+        return None
+
+
+def in_this_process(member: Member) -> bool:
+    return member.host == HERE
+
+
+def shares_cpu(member: Member) -> bool:
+    """Its torch work runs on this machine's CPU (here or in a worker process), so it takes a share
+    of the cores; a server's work, or a member that does not give its size, is not ours to divide."""
+    return member.device.startswith("cpu") and member.parameters is not None
+
+
+__all__ = ["HERE", "BaseMember", "Member", "Verdict", "in_this_process", "shares_cpu"]
