@@ -83,25 +83,29 @@ def save_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
     return path
 
 
-def load_trace(path: str | os.PathLike[str]) -> Trace:
+def load_trace(path: str | os.PathLike[str], max_bytes: int = MAX_TRACE_BYTES) -> Trace:
+    """Read and validate the trace at `path`; a file over `max_bytes` is refused before it is read."""
     path = Path(path)
     try:
         size = path.stat().st_size
     except OSError as e:
         raise TraceError(f"cannot read trace {str(path)!r}: {e.strerror or e}") from e
-    if size > MAX_TRACE_BYTES:
-        raise TraceError(f"trace {path.name!r} is {size:,} bytes; the limit is {MAX_TRACE_BYTES:,}")
+    if size > max_bytes:
+        raise TraceError(f"trace {path.name!r} is {size:,} bytes; the limit is {max_bytes:,}")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise TraceError(f"cannot read trace {path.name!r}: {e}") from e
-    return parse_trace(text)
+        with path.open(encoding="utf-8") as f:
+            text = f.read(max_bytes + 1)  # characters ≤ bytes; the file may have grown since stat
+    except OSError as e:
+        raise TraceError(f"cannot read trace {path.name!r}: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise TraceError(f"trace {path.name!r} is not UTF-8 text: {e}") from e
+    return parse_trace(text, max_bytes)
 
 
-def parse_trace(text: str | bytes) -> Trace:
+def parse_trace(text: str | bytes, max_bytes: int = MAX_TRACE_BYTES) -> Trace:
     """Validate and rebuild a trace from JSON text (this version or an older one)."""
-    if len(text) > MAX_TRACE_BYTES:
-        raise TraceError(f"the trace is {len(text):,} bytes; the limit is {MAX_TRACE_BYTES:,}")
+    if len(text) > max_bytes:
+        raise TraceError(f"the trace is {len(text):,} bytes; the limit is {max_bytes:,}")
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as e:

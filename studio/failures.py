@@ -1,33 +1,28 @@
 """The failure-case browser's data: an evaluation run folder → one row per problem, and its traces.
 
-Reads the report JSON that specfuse.eval.cli writes (`eval-*.json`: outcomes with system, problem,
-predicted, correct, gold, traces) defensively, since its format may grow, and finds each trace at
-the path it names or at `<runs>/<system>/<problem>.json`. Knows nothing about Gradio or models.
+Reads the newest evaluation report under the folder (RESULTS-*.json, or eval-*.json from older
+runs) with the evaluation's own reader, `specfuse.eval.runs.load_outcomes`, and names the best
+member as the report does (`specfuse.eval.report.best_single_system`). Finds each answer's trace at
+the path its outcome names, or at `<runs>/<system>/<problem>.json`. Knows nothing about Gradio or
+models.
 """
 
 from __future__ import annotations
 
-import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
+
+from specfuse.eval.problems import Outcome
+from specfuse.eval.report import best_single_system
+from specfuse.eval.runs import EvalError, load_outcomes
 
 ENSEMBLE = "ensemble"
 SINGLE = "single-"
 FILTERS = ("all problems", "ensemble wrong, best member right", "ensemble right, best member wrong")
-
-
-@dataclass(frozen=True)
-class Outcome:
-    system: str
-    problem: str
-    predicted: str | None
-    correct: bool
-    gold: str | None
-    trace: Path | None  # the (first) trace of this answer, when it can be found
 
 
 @dataclass(frozen=True)
@@ -52,6 +47,10 @@ class EvalRun:
     def get(self, system: str, problem: str) -> Outcome | None:
         return next((o for o in self.outcomes if o.system == system and o.problem == problem), None)
 
+    def trace(self, o: Outcome) -> Path | None:
+        """The (first) trace of this answer, when it can be found."""
+        return _trace_path(self.folder, o.system, o.problem, o.traces)
+
 
 def _reports(folder: Path) -> list[Path]:
     """Evaluation reports (write_reports' JSON: RESULTS-*.json, or eval-*.json from older runs)."""
@@ -59,9 +58,9 @@ def _reports(folder: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
-def _trace_path(folder: Path, system: str, problem: str, named: list[Any]) -> Path | None:
+def _trace_path(folder: Path, system: str, problem: str, named: Sequence[str]) -> Path | None:
     for name in named:
-        if isinstance(name, str) and name:
+        if name:
             for candidate in (Path(name), folder / name):
                 if candidate.is_file():
                     return candidate
@@ -77,42 +76,13 @@ def load_eval(folder: str | Path) -> EvalRun:
     folder = Path(folder)
     reports = _reports(folder)
     if not reports:
-        raise ValueError(f"no evaluation report (eval-*.json) under {folder}")
+        raise ValueError(f"no evaluation report (RESULTS-*.json or eval-*.json) under {folder}")
     try:
-        document = json.loads(reports[0].read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{reports[0]} is not a readable report: {e}") from e
-    rows = document.get("outcomes") if isinstance(document, dict) else None
-    if not isinstance(rows, list):
-        raise ValueError(f"{reports[0]} has no outcomes list")
-    outcomes = []
-    for row in rows:
-        if not isinstance(row, dict) or "system" not in row or "problem" not in row:
-            continue
-        system, problem = str(row["system"]), str(row["problem"])
-        traces = row.get("traces") or []
-        outcomes.append(
-            Outcome(
-                system,
-                problem,
-                None if row.get("predicted") is None else str(row["predicted"]),
-                bool(row.get("correct")),
-                None if row.get("gold") is None else str(row["gold"]),
-                _trace_path(folder, system, problem, traces if isinstance(traces, list) else [traces]),
-            )
-        )
-    return EvalRun(folder, tuple(outcomes), _best_member(outcomes, document))
-
-
-def _best_member(outcomes: list[Outcome], document: dict[str, Any]) -> str | None:
-    named = (document.get("failure_cases") or {}).get("best_member")
-    if isinstance(named, str) and named:
-        return named
-    scores: dict[str, int] = {}
-    for o in outcomes:
-        if o.system.startswith(SINGLE):
-            scores[o.system.removeprefix(SINGLE)] = scores.get(o.system.removeprefix(SINGLE), 0) + o.correct
-    return max(scores, key=lambda m: scores[m]) if scores else None
+        outcomes = load_outcomes(reports[0])
+    except EvalError as e:
+        raise ValueError(str(e)) from e
+    best = best_single_system(outcomes)
+    return EvalRun(folder, tuple(outcomes), best.removeprefix(SINGLE) if best is not None else None)
 
 
 def mark(o: Outcome | None) -> str:

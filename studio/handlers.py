@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import os
 import tempfile
 import threading
 import time
@@ -30,11 +29,10 @@ from specfuse import (
     TraceError,
     UnknownModelError,
     dump_trace,
-    parse_trace,
 )
 from specfuse.engine import TYPED, check_prompt
 from specfuse.records import Branch, Draft
-from specfuse.trace import MAX_TRACE_BYTES
+from specfuse.trace import MAX_TRACE_BYTES, load_trace
 
 from . import failures, settings, views
 from .panels import Controls, Failures, Views
@@ -498,16 +496,10 @@ class Studio:
     def load_trace_file(self, path: str | None, view_name: str) -> Update:
         if not path:
             return unchanged()
-        size = os.path.getsize(path)
-        if size > limits["trace_bytes"]:
-            raise gr.Error(f"The trace is {size:,} bytes; the limit is {limits['trace_bytes']:,}.")
         try:
-            with open(path, "rb") as f:
-                trace = parse_trace(f.read().decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise gr.Error(f"The trace is not UTF-8 text: {e}") from e
+            trace = load_trace(path, max_bytes=limits["trace_bytes"])
         except TraceError as e:
-            raise gr.Error(f"Not a valid specfuse trace: {e}") from e
+            raise gr.Error(f"Cannot replay this file: {e}") from e
         if not trace.rounds:
             raise gr.Error("The trace has no rounds to replay.")
         note = f"replayed from a trace of {len(trace.members)} members"
@@ -539,18 +531,19 @@ class FailureBrowser:
             return unchanged()
         problem = str(row[0])
         mine = self.run.get(self.run.ensemble(), problem)
-        if mine is None or mine.trace is None:
+        found = self.run.trace(mine) if mine is not None else None
+        if mine is None or found is None:
             raise gr.Error(f"No ensemble trace found for problem {problem!r} in {self.run.folder}.")
-        update = self.studio.load_trace_file(str(mine.trace), view_name)
+        update = self.studio.load_trace_file(str(found), view_name)
         ensemble_text = views.plain_answer(update[self.studio.trace].rounds)
         columns = [(f"ensemble ({failures.mark(mine)})", ensemble_text)]
         if self.run.best_member:
             best = self.run.get(f"{failures.SINGLE}{self.run.best_member}", problem)
             if best is not None:
-                text = best.predicted or ""
-                if best.trace is not None:
-                    with contextlib.suppress(OSError, SpecfuseError, IndexError):  # else its answer
-                        text = parse_trace(best.trace.read_text(encoding="utf-8")).rounds[-1].text
+                text, theirs = best.predicted or "", self.run.trace(best)
+                if theirs is not None:
+                    with contextlib.suppress(SpecfuseError, IndexError):  # else its answer
+                        text = load_trace(theirs, max_bytes=limits["trace_bytes"]).rounds[-1].text
                 columns.append((f"{self.run.best_member} alone ({failures.mark(best)})", text))
         note = f"problem {problem}: the ensemble's trace, replayed"
         update[self.studio.display.status] = views.status_markdown(update[self.studio.trace].rounds, note)

@@ -597,3 +597,10 @@ def test_the_failure_browser_compares_the_best_ensemble_variant_when_no_system_i
     assert run.ensemble() == "guarded" and run.best_member == "q"
     assert list(failures.problems_table(run, failures.FILTERS[1])["problem"]) == ["p1"]
     assert list(failures.problems_table(run, failures.FILTERS[2])["problem"]) == ["p2"]
+    assert run.trace(run.outcomes[0]) is None
+    (tmp_path / "runs" / "single-q").mkdir(parents=True)
+    (tmp_path / "runs" / "single-q" / "p1.json").write_text("{}")  # found where eval puts it
+    assert run.trace(run.outcomes[0]) == tmp_path / "runs" / "single-q" / "p1.json"
+    (tmp_path / "RESULTS-gsm8k.json").write_text(_json.dumps({"outcomes": [{"problem": "p1"}]}))
+    with pytest.raises(ValueError, match="not an evaluation report"):
+        failures.load_eval(tmp_path)

@@ -417,6 +417,17 @@ def test_reports_write_the_page_tables_charts_and_cases_and_load_back(tmp_path):
     assert [(a.problem, b.problem) for a, b in both["only_a"]] == [("gsm8k-0000", "gsm8k-0000")]
 
 
+def test_a_report_row_may_leave_out_the_run_figures_but_not_its_system(tmp_path):
+    path = tmp_path / "RESULTS-x.json"
+    row = {"system": "ensemble", "problem": "p1", "predicted": "7", "correct": True, "later": 1}
+    path.write_text(json.dumps({"outcomes": [row | {"traces": "runs/ensemble/p1.json"}]}))
+    (outcome,) = ev.load_outcomes(path)
+    assert outcome == ev.Outcome("ensemble", "p1", "7", True, 0.0, 0, 0, ("runs/ensemble/p1.json",))
+    path.write_text(json.dumps({"outcomes": [{"problem": "p1", "predicted": "7", "correct": True}]}))
+    with pytest.raises(ev.EvalError, match="not an evaluation report: an outcome without a system"):
+        ev.load_outcomes(path)
+
+
 def test_failure_cases_list_both_directions_against_the_best_member(tmp_path):
     def outcome(system, problem, correct, trace="t.json"):
         return ev.Outcome(system, problem, "1" if correct else "2", correct, 1.0, 1, 1, (trace,))

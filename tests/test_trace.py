@@ -178,6 +178,17 @@ def test_oversized_and_missing_files_are_refused(tmp_path):
         load_trace(tmp_path / "missing.json")
 
 
+def test_load_trace_takes_a_lower_limit_and_refuses_text_that_is_not_utf8(trace, tmp_path):
+    path = save_trace(trace, tmp_path / "run.json")
+    with pytest.raises(TraceError, match="the limit is 1,000"):
+        load_trace(path, max_bytes=1000)
+    assert load_trace(path, max_bytes=path.stat().st_size) == trace
+    latin = tmp_path / "latin.json"
+    latin.write_bytes(b'{"schema": "caf\xe9"}')
+    with pytest.raises(TraceError, match="not UTF-8"):
+        load_trace(latin)
+
+
 @dataclasses.dataclass(frozen=True)
 class Later:
     """A record as someone might add one later: the reader handles its types without a change."""

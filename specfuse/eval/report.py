@@ -1,7 +1,7 @@
 """The evaluation's report: summary and paired tables, Plotly charts, failure cases and a Markdown page.
 
-Works on Outcome lists (specfuse.eval.cli) and the pure statistics of specfuse.eval.stats; knows nothing about
-models or how the runs were made.
+Works on Outcome lists (specfuse.eval.problems) and the pure statistics of specfuse.eval.stats; knows
+nothing about models or how the runs were made.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .variants import describe
 
 if TYPE_CHECKING:
     from ..config import EnsembleConfig
-    from .cli import Outcome, Problem
+    from .problems import Outcome, Problem
 
 log = logging.getLogger(__name__)
 

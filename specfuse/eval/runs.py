@@ -358,11 +358,7 @@ def load_outcomes(path: str | os.PathLike[str], data: str | os.PathLike[str] | N
     if path.is_file():
         try:
             document = json.loads(path.read_text(encoding="utf-8"))
-            fields_ = set(Outcome.__dataclass_fields__)
-            return [
-                Outcome(**{**{k: v for k, v in row.items() if k in fields_}, "traces": tuple(row["traces"])})
-                for row in document["outcomes"]
-            ]
+            return [_report_outcome(row) for row in document["outcomes"]]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise EvalError(f"{path.name} is not an evaluation report: {e}") from e
     if not path.is_dir():
@@ -395,6 +391,19 @@ def load_outcomes(path: str | os.PathLike[str], data: str | os.PathLike[str] | N
             problem = Problem(pid, "", gold.get(pid))
             outcomes.append(_outcome(system, problem, found))
     return outcomes
+
+
+# A report row needs system, problem, predicted and correct; the run figures may be left out (a report
+# written by hand or by another tool), and keys this version does not know are ignored.
+_OPTIONAL: dict[str, Any] = {"seconds": 0.0, "rounds": 0, "draft_calls": 0, "traces": ()}
+
+
+def _report_outcome(row: Any) -> Outcome:
+    if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("system", "problem")):
+        raise ValueError(f"an outcome without a system and a problem: {str(row)[:200]}")
+    known = {k: v for k, v in row.items() if k in Outcome.__dataclass_fields__}
+    traces = known.get("traces") or ()
+    return Outcome(**_OPTIONAL | known | {"traces": (traces,) if isinstance(traces, str) else tuple(traces)})
 
 
 def systems_of(outcomes: Iterable[Outcome]) -> list[str]:
