@@ -376,23 +376,23 @@ class _Run:
         """5. Stop: append the winner to the answer and decide whether the run ends here."""
         cfg, play = self.config, self.play
         winner = play.candidates[play.chosen]
-        reason: str | None = None
+        stop_reason: str | None = None
         cut = _stop_string_cut(self.answer, winner.text, cfg.stop_strings)
         if cut is not None:
             winner = replace(winner, text=winner.text[:cut], final=True)
             play.candidates = play.candidates[: play.chosen] + (winner,) + play.candidates[play.chosen + 1 :]
-            reason = "stop"
+            stop_reason = "stop"
         self.answer += winner.text
         self.tokens += winner.num_tokens
         if not play.scorable:
-            reason = "empty"
-        elif reason is None and winner.final:
-            reason = "final"
-        elif reason is None and self.tokens >= cfg.max_new_tokens:
-            reason = "budget"
-        elif reason is None and cfg.max_rounds is not None and self.k >= cfg.max_rounds:
-            reason = "rounds"
-        play.stop_reason = reason
+            stop_reason = "empty"
+        elif stop_reason is None and winner.final:
+            stop_reason = "final"
+        elif stop_reason is None and self.tokens >= cfg.max_new_tokens:
+            stop_reason = "budget"
+        elif stop_reason is None and cfg.max_rounds is not None and self.k >= cfg.max_rounds:
+            stop_reason = "rounds"
+        play.stop_reason = stop_reason
 
     def exit(self) -> None:
         """6. Exit: members whose candidates keep losing stop drafting; then who accepts the winner."""

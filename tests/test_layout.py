@@ -1,0 +1,118 @@
+"""The package's shape, checked statically: a layout by concept, no import circles, small modules,
+and an engine that asks members nothing outside their protocol."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("specfuse", "studio")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every project module `name` imports, wherever the import stands (TYPE_CHECKING blocks and
+    function bodies included: a circle dodged by a late import is still a circle)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_circle_among_the_project_modules():
+    modules = _modules()
+    known = set(modules)
+    # A package's __init__ may name its submodules; a submodule importing its own package's
+    # __init__ is how Python imports it, not a dependency of ours.
+    graph = {
+        name: {t for t in _imports(name, path, known) if not name.startswith(t + ".")}
+        for name, path in modules.items()
+    }
+    assert _cycle(graph) is None, f"import circle: {' -> '.join(_cycle(graph) or [])}"
+
+
+def test_the_cycle_check_finds_a_circle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_method_stays_flat_and_small_and_every_module_is_small():
+    flat = sorted(p.name for p in (ROOT / "specfuse").glob("*.py"))
+    assert len(flat) <= 16, flat
+    sources = [
+        *ROOT.glob("*.py"),
+        *(p for d in (*PACKAGES, "tests", "tools") for p in (ROOT / d).rglob("*.py")),
+    ]
+    long = {str(p.relative_to(ROOT)): n for p in sources if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, f"over 600 lines: {long}"
+
+
+def test_concepts_live_in_their_folders():
+    for package in ("members", "models", "eval", "bench"):
+        assert (ROOT / "specfuse" / package / "__init__.py").is_file()
+    protocol = ROOT / "specfuse" / "members" / "protocol.py"
+    imported = {
+        n.module or "" for n in ast.walk(ast.parse(protocol.read_text())) if isinstance(n, ast.ImportFrom)
+    }
+    assert not any("torch" in m or "transformers" in m for m in imported)  # a back end reads it alone
+
+
+def test_the_engine_asks_members_nothing_outside_their_protocol():
+    for name in ("engine.py", "members/workers.py"):
+        tree = ast.parse((ROOT / "specfuse" / name).read_text())
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+        probes = [
+            n.lineno
+            for n in calls
+            if n.func.id in ("hasattr", "getattr")  # type: ignore[attr-defined]
+            and not (isinstance(n.args[0], ast.Name) and n.args[0].id == "_local")  # our thread-local
+        ]
+        assert not probes, f"{name}: hasattr/getattr at lines {probes}"
