@@ -4,7 +4,7 @@ The public API. `Ensemble.stream(prompt)` yields one `Round` per draft → verif
 every view (app, CLI, trace, benchmark, evaluation) consumes that stream.
 """
 
-__version__ = "0.2.0"  # pyproject.toml reads it; CHANGELOG.md says what changed
+__version__ = "0.3.0"  # pyproject.toml reads it; CHANGELOG.md says what changed
 
 from .config import EnsembleConfig, MemberSettings
 from .engine import Ensemble

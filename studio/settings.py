@@ -74,9 +74,13 @@ def widget(field: dataclasses.Field, kind: Any, optional: bool, value: Any) -> g
         if meta.get("widget") == "radio":
             return gr.Radio(list(meta["choices"]), value=value, **common)
         return gr.Dropdown(list(meta["choices"]), value=value, **common)
+    if kind in (int, float) and optional:
+        # A text box, not a Number: an empty Number turns into 0 when its accordion opens, and
+        # Gradio then refuses every run with a message that names no field (issue 24, item 9).
+        return gr.Textbox("" if value is None else str(value), placeholder="empty: no limit", **common)
     if kind in (int, float):
         step = meta.get("step", 1 if kind is int else 0.01)
-        if low is not None and high is not None and not optional:
+        if low is not None and high is not None:
             return gr.Slider(low, high, value=value, step=step, **common)
         precision = 0 if kind is int else None
         return gr.Number(value, precision=precision, step=step, minimum=low, maximum=high, **common)
@@ -102,11 +106,33 @@ def build_settings(defaults: EnsembleConfig) -> dict[str, gr.components.Componen
     return widgets
 
 
+def _number(value: Any, name: str) -> float:
+    """A form number: sliders and number boxes send floats, text boxes and API callers strings."""
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise ConfigError(f"{_label(name).lower()} must be a number, got {value[:40]!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{_label(name).lower()} must be a number, got {type(value).__name__}")
+    return value
+
+
 def _whole(value: Any, name: str) -> int:
-    """A form number that must be a whole number (sliders and number boxes send floats)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+    """A form number that must be a whole number."""
+    number = _number(value, name)
+    if number != number or number in (float("inf"), float("-inf")) or number != int(number):
         raise ConfigError(f"{_label(name).lower()} must be a whole number, got {value!r}")
-    return int(value)
+    return int(number)
+
+
+def _flag(value: Any, name: str) -> bool:
+    """A checkbox: True/False, or an API caller's "true"/"false" (bool("false") would be True)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ConfigError(f"{_label(name).lower()} must be true or false, got {str(value)[:40]!r}")
 
 
 def config_from_form(values: Mapping[str, Any]) -> EnsembleConfig:
@@ -119,14 +145,14 @@ def config_from_form(values: Mapping[str, Any]) -> EnsembleConfig:
         if f.name not in values:
             continue
         value = values[f.name]
-        if optional and (value is None or value == ""):
+        if optional and (value is None or (isinstance(value, str) and not value.strip())):
             kwargs[f.name] = None
         elif kind is bool:
-            kwargs[f.name] = bool(value)
+            kwargs[f.name] = _flag(value, f.name)
         elif kind is int:
             kwargs[f.name] = _whole(value, f.name)
         elif kind is float:
-            kwargs[f.name] = value
+            kwargs[f.name] = _number(value, f.name)
         elif typing.get_origin(kind) is tuple:
             text = value if isinstance(value, str) else "\n".join(value or ())
             kwargs[f.name] = tuple(line for line in text.split("\n") if line)

@@ -11,7 +11,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import gradio as gr
 import plotly.io as pio
 import pytest
 from gradio_client import Client, handle_file
@@ -19,7 +18,7 @@ from gradio_client.exceptions import AppError
 
 import app
 from specfuse import ConfigError, Ensemble, EnsembleConfig, ModelLoadError, Trace, dump_trace, load_trace
-from studio import SharedLoader, handlers, settings, views
+from studio import SharedLoader, handlers, views
 
 from .conftest import TINY_SPECS, tiny_member
 from .scripted import ScriptedMember
@@ -112,31 +111,6 @@ def test_panels_at_round_k_show_that_round_the_weights_up_to_it_and_the_whole_an
     spans = shown["answer"].value
     assert "".join(span["token"] for span in spans) == trace.rounds[-1].text
     assert [i for i, span in enumerate(spans) if span["class_or_confidence"] == views.SELECTED] == [2]
-
-
-def test_the_settings_form_has_a_widget_for_every_config_field():
-    with gr.Blocks():
-        form = settings.build_settings(EnsembleConfig())
-    assert sorted(form) == sorted(f.name for f in dataclasses.fields(EnsembleConfig))
-    assert isinstance(form["feedback"], gr.Checkbox)
-    assert isinstance(form["normalization"], gr.Radio) and isinstance(form["parallel"], gr.Dropdown)
-    assert isinstance(form["exit_threshold"], gr.Slider) and isinstance(form["seed"], gr.Number)
-    assert form["top_p"].minimum == 0.05  # the override table narrows what the metadata allows
-    assert form["segment_len"].info == EnsembleConfig.__dataclass_fields__["segment_len"].metadata["help"]
-
-
-def test_the_config_is_read_back_from_the_form_by_field_name():
-    values = {f.name: getattr(EnsembleConfig(), f.name) for f in dataclasses.fields(EnsembleConfig)}
-    values |= {"segment_len": 4.0, "max_rounds": None, "stop_strings": "END\n\nSTOP", "feedback": False}
-    config = settings.config_from_form(values)
-    assert config.segment_len == 4 and config.max_rounds is None and not config.feedback
-    assert config.stop_strings == ("END", "STOP")
-    assert settings.config_from_form({"max_rounds": 3.0}).max_rounds == 3
-
-
-def test_make_config_refuses_fractional_whole_numbers():
-    with pytest.raises(ConfigError, match="segment len must be a whole number"):
-        settings.config_from_form({"segment_len": 2.5})
 
 
 def test_member_names_from_a_trace_never_reach_plotly_as_html():
