@@ -55,6 +55,7 @@ bench-remote: install llama-server
 eval: install
 	$(PY) -m specfuse.eval gsm8k --data ../shared/data/gsm8k/dev.jsonl --limit 20
 
+# docs/cli.md's copy of `specfuse --help` (tests/test_cli.py checks it is current)
 readme-help: install
 	$(PY) tools/readme_help.py --write
 

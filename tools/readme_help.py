@@ -1,6 +1,7 @@
-"""Paste `specfuse --help` into README.md between its markers (--write), or check it is current.
+"""Paste `specfuse --help` into docs/cli.md between its markers (--write), or check it is current.
 
-The README's CLI section is generated, never typed: tests/test_cli.py runs the check.
+The CLI reference's help block is generated, never typed: tests/test_cli.py runs the check, and
+`make readme-help` runs --write. (The name is older than docs/: the block used to live in the README.)
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specfuse.cli import build_parser  # noqa: E402
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = ROOT / "docs" / "cli.md"
 BEGIN, END = "<!-- specfuse --help: begin -->", "<!-- specfuse --help: end -->"
 
 
@@ -28,14 +30,18 @@ def current(text: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--write", action="store_true", help="rewrite README.md in place")
+    parser.add_argument("--write", action="store_true", help=f"rewrite {TARGET.relative_to(ROOT)} in place")
     args = parser.parse_args()
-    text = README.read_text(encoding="utf-8")
+    name = TARGET.relative_to(ROOT)
+    text = TARGET.read_text(encoding="utf-8")
+    if BEGIN not in text or END not in text:
+        print(f"{name} lacks the markers {BEGIN} … {END}", file=sys.stderr)
+        return 1
     if args.write:
-        README.write_text(text.replace(current(text), block()), encoding="utf-8")
+        TARGET.write_text(text.replace(current(text), block()), encoding="utf-8")
         return 0
     if current(text) != block():
-        print("README.md's CLI help is stale: run `make readme-help`", file=sys.stderr)
+        print(f"{name}'s CLI help is stale: run `make readme-help`", file=sys.stderr)
         return 1
     return 0
 
