@@ -69,7 +69,8 @@ def space_arguments() -> list[str] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS, plan_devices
+    from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
+    from specfuse.models.devices import plan_devices
 
     parser = argparse.ArgumentParser(prog="app.py", description="SpecFuse Studio: the Gradio app.")
     parser.add_argument(
@@ -122,11 +123,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     named = [m for m in args.models if m not in CATALOGUE or m in installed]
     choices = list(dict.fromkeys([*installed, *named, *args.server]))
     if args.preload:
-        from specfuse.models.catalogue import tqdm_progress
+        from specfuse.models.loading import load_each, tqdm_progress
 
         try:
-            for name, dev in zip(args.models, plan_devices(len(args.models), args.device)):
-                loader(name, dev, tqdm_progress(name))
+            load_each(
+                args.models, plan_devices(len(args.models), args.device), loader, tqdm_progress("loading")
+            )
         except SpecfuseError as e:
             parser.exit(2, f"error: {e}\n")
     demo = build_demo(

@@ -24,7 +24,7 @@ from .records import Round
 from .trace import Trace, save_trace
 
 if TYPE_CHECKING:
-    from .members.hf import Member
+    from .members.protocol import Member
 
 HELP_WIDTH = 100  # fixed, so that the README's copy of --help does not depend on the terminal
 
@@ -202,10 +202,10 @@ def main(
 
 
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .models import catalogue  # imports torch: only once the flags are known to be sound
+    from .models.catalogue import CATALOGUE
 
     if args.list_models:
-        for name, entry in catalogue.CATALOGUE.items():
+        for name, entry in CATALOGUE.items():
             print(f"{name:<20} {entry.params:>6}  {entry.licence}", file=out)
         return 0
     config = config_from_args(args)
@@ -286,22 +286,15 @@ def check_writable(path: str) -> None:
 
 
 def _load(names: Sequence[str], args: argparse.Namespace, err: TextIO) -> list[Member]:
-    """Load each distinct model once; a repeated name becomes another member sharing its weights."""
+    """The members, loaded as the flags say; a model listed twice shares its weights (load_members)."""
     from transformers.utils import logging as hf_logging
 
-    from .members.hf import HFMember
-    from .members.process import ProcessMember
-    from .models import catalogue
+    from .models.loading import load_members
 
     hf_logging.disable_progress_bar()  # one bar of ours, not one per model and per step
-    unique = list(dict.fromkeys(names))
-    # A model listed twice shares its weights between two members in this process.
-    processes = "auto" if args.processes is None else args.processes
-    if processes == "auto" and len(unique) < len(names):
-        processes = False
     with _progress_bar(err, args.quiet) as progress:
-        loaded = catalogue.load_members(
-            unique,
+        members = load_members(
+            names,
             device=args.device,
             dtype=args.dtype,
             device_map=args.device_map,
@@ -309,31 +302,9 @@ def _load(names: Sequence[str], args: argparse.Namespace, err: TextIO) -> list[M
             allow_paths=True,  # the person at the command line is the operator
             trust_remote_code=args.trust_remote_code,
             progress=progress,
-            processes=processes,
+            processes="auto" if args.processes is None else args.processes,
         )
         progress(1.0, "loaded")
-    by_name = dict(zip(unique, loaded))
-    members: list[Member] = []
-    seen: dict[str, int] = {}
-    for name in names:
-        seen[name] = seen.get(name, 0) + 1
-        base = by_name[name]
-        if seen[name] == 1:
-            members.append(base)
-        elif isinstance(base, ProcessMember):
-            raise ConfigError(f"{name}: with --processes, list each model once")
-        elif not isinstance(base, HFMember):  # a served member: its server holds the weights
-            raise ConfigError(f"{name} is served by an inference server; list it once")
-        else:
-            members.append(
-                HFMember(
-                    f"{name}#{seen[name]}",
-                    base.model,
-                    base.tokenizer,
-                    prompt_format=base.prompt_format,
-                    device=base.device,
-                )
-            )
     return members
 
 

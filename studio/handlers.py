@@ -251,26 +251,26 @@ class Studio:
         return run
 
     def load(self, names: list[str], device: str, progress: Callable[..., Any]) -> list[Member]:
+        """The members from the shared loader, placed by `plan_devices` (models.loading.load_each)."""
+        from specfuse.models.loading import load_each  # brings torch: only once members load
+
         try:
             devices = self.plan_devices(len(names), device)
         except ConfigError as e:  # its advice names the CLI flag; an app user picks from the form
             raise ConfigError(
                 str(e).replace("use --device cpu", "choose Device “cpu” (or “auto”) under Settings")
             ) from e
-        loaded: list[Member] = []
-        for i, (name, dev) in enumerate(zip(names, devices)):
 
-            def report_load(fraction: float, message: str, i: int = i) -> None:
-                progress((i + fraction) / len(names), desc=message)
-
-            report_load(0.0, f"loading {name}")
+        def one(name: str, dev: str, report: Callable[[float, str], None]) -> Member:
+            report(0.0, f"loading {name}")
             try:
-                loaded.append(self.loader(name, dev, report_load))
+                return self.loader(name, dev, report)
             except SpecfuseError:
                 raise
             except Exception as e:  # the app's edge: any load failure is a message, not a crash
                 raise ModelLoadError(f"{name}: could not load: {type(e).__name__}: {e}") from e
-        return loaded
+
+        return load_each(names, devices, one, lambda fraction, message: progress(fraction, desc=message))
 
     @gpu
     def stream_run(

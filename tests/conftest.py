@@ -152,7 +152,8 @@ def tiny_members() -> list[HFMember]:
 @pytest.fixture(scope="session")
 def real_members():
     """The three default models from their PyPI packages, loaded once for the whole session."""
-    from specfuse.models.catalogue import DEFAULT_MEMBERS, load_member
+    from specfuse.models.catalogue import DEFAULT_MEMBERS
+    from specfuse.models.loading import load_member
 
     return {name: load_member(name, cache_dir=REAL_MODEL_CACHE) for name in DEFAULT_MEMBERS}
 

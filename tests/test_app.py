@@ -181,9 +181,9 @@ def test_the_loaders_auto_uses_processes_only_on_a_cpu_with_eight_cores_or_more(
     from specfuse.members.process import ProcessMember
 
     path = tiny_checkpoints[1]
-    monkeypatch.setattr("specfuse.members.workers.cpu_cores", lambda: 4)
+    monkeypatch.setattr("specfuse.models.loading.cpu_cores", lambda: 4)
     assert type(SharedLoader(trusted=[path], processes="auto")(path, "cpu", lambda f, s: None)) is HFMember
-    monkeypatch.setattr("specfuse.members.workers.cpu_cores", lambda: 8)
+    monkeypatch.setattr("specfuse.models.loading.cpu_cores", lambda: 8)
     member = SharedLoader(trusted=[path], processes="auto")(path, "cpu", lambda f, s: None)
     try:
         assert type(member) is ProcessMember
@@ -515,10 +515,10 @@ def test_the_branch_view_escapes_both_answers_and_marks_where_they_part():
 
 
 def test_a_cpu_only_install_offers_no_gpu_device_and_no_uninstalled_model(monkeypatch):
-    from specfuse.models import catalogue
+    from specfuse.models import catalogue, devices
     from studio import loading
 
-    monkeypatch.setattr(catalogue, "_gpu_count", lambda: 0)
+    monkeypatch.setattr(devices, "gpu_count", lambda: 0)
     assert loading.usable_devices() == ["auto", "cpu"]
     missing = dataclasses.replace(
         catalogue.CATALOGUE["qwen2.5-coder-1.5b"], chunks=lambda: (_ for _ in ()).throw(ImportError("x"))
@@ -528,10 +528,10 @@ def test_a_cpu_only_install_offers_no_gpu_device_and_no_uninstalled_model(monkey
 
 
 def test_the_cuda_error_tells_an_app_user_what_to_do(monkeypatch):
-    from specfuse.models import catalogue
+    from specfuse.models import devices
 
-    monkeypatch.setattr(catalogue, "_gpu_count", lambda: 0)
-    studio = handlers.Studio(lambda *a: None, [], False, catalogue.plan_devices, None, None, None)  # type: ignore[arg-type]
+    monkeypatch.setattr(devices, "gpu_count", lambda: 0)
+    studio = handlers.Studio(lambda *a: None, [], False, devices.plan_devices, None, None, None)  # type: ignore[arg-type]
     with pytest.raises(ConfigError) as error:
         studio.load(["a", "b"], "cuda", lambda *a, **k: None)
     assert "--device" not in str(error.value) and "under Settings" in str(error.value)

@@ -32,7 +32,7 @@ def test_every_mode_reports_finite_ratios_and_says_whether_answers_match(tiny_me
 
 
 def test_the_ensemble_in_worker_processes_is_a_mode_beside_the_others(tiny_checkpoints):
-    from specfuse.models.catalogue import load_member
+    from specfuse.models.loading import load_member
 
     members = [load_member(p, dtype="float32") for p in tiny_checkpoints]
     report = bench_concurrency.run_concurrency(members, max_new_tokens=20, segment_len=5, repeats=1)

@@ -28,7 +28,8 @@ def test_the_real_shapes_have_the_published_sizes(name):
 def test_the_trio_shapes_are_the_installed_models_shapes(name):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from specfuse.models.catalogue import CATALOGUE, ensure_cached
+    from specfuse.models.cache import ensure_cached
+    from specfuse.models.catalogue import CATALOGUE
 
     arch, values = bench_gpu.SHAPES["trio"][name]
     shaped = bench_gpu.build_model(arch, values, "meta", torch.bfloat16, seed=0)

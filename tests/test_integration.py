@@ -11,7 +11,7 @@ from specfuse import EnsembleConfig, Trace, load_trace, save_trace
 from specfuse.cli import main
 from specfuse.config import MemberSettings
 from specfuse.engine import Ensemble
-from specfuse.models.catalogue import load_member
+from specfuse.models.loading import load_member
 from specfuse.records import Candidate
 
 from .conftest import REAL_MODEL_CACHE

@@ -12,7 +12,7 @@ from specfuse.errors import ConfigError, MemberError, UnknownModelError
 from specfuse.members.protocol import Member
 from specfuse.members.remote import ENGINES, RemoteMember, parse_server_spec
 from specfuse.members.workers import run_concurrently
-from specfuse.models.catalogue import check_member_name, load_member
+from specfuse.models.loading import check_member_name, load_member
 
 from .conftest import tiny_member
 from .remote_stub import StubServer

@@ -11,7 +11,7 @@ from specfuse.bench.remote import gguf_of, llama_server, llama_server_binary
 from specfuse.config import MemberSettings
 from specfuse.engine import Ensemble
 from specfuse.members.remote import RemoteMember
-from specfuse.models.catalogue import load_member
+from specfuse.models.loading import load_member
 from specfuse.records import Candidate
 
 from .conftest import REAL_MODEL_CACHE

@@ -112,10 +112,10 @@ def time_in_processes(
 ) -> dict[str, Any]:
     """Exit off, each member in a worker process of its own with its thread share (no handing on of
     cores between processes), against the same members alone; compared with members in turn."""
-    from ..members.process import ProcessMember
+    from ..models.loading import load_in_process
 
     shares = report["thread_shares"]
-    workers = [ProcessMember.from_catalogue(n, dtype=dtype, threads=shares[n]) for n in names]
+    workers = [load_in_process(n, dtype=dtype, threads=shares[n]) for n in names]
     try:
         config = EnsembleConfig(
             segment_len=report["segment_len"],
@@ -142,9 +142,9 @@ def compare_workers(
     the cores, at once in threads, and at once in one process per member (each with its thread share)."""
     import torch
 
-    from ..models.catalogue import load_member
+    from ..models.loading import load_members
 
-    members = [load_member(n, dtype=dtype) for n in names]
+    members = load_members(names, dtype=dtype)
     shares = thread_shares({m.name: member_size(m) for m in members}, torch.get_num_threads())
     for m in members:
         generate_alone(m, prompt, 4)
@@ -189,7 +189,7 @@ def _decode_child(
 ) -> None:
     import torch
 
-    from ..models.catalogue import load_member
+    from ..models.loading import load_member
 
     torch.set_num_threads(share)
     member = load_member(name, dtype=dtype)
@@ -282,11 +282,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from ..models.catalogue import load_member, tqdm_progress
+    from ..models.loading import load_members, tqdm_progress
 
     try:
         names = parse_models(args.models)
-        members = [load_member(n, dtype=args.dtype, progress=tqdm_progress(f"loading {n}")) for n in names]
+        members = load_members(names, dtype=args.dtype, progress=tqdm_progress("loading"))
         report = run_concurrency(
             members,
             prompt=args.prompt,

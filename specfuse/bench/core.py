@@ -291,7 +291,7 @@ def rss_alone(names: Sequence[str], dtype: str) -> dict[str, float]:
 
 
 def _rss_child(name: str, dtype: str) -> None:
-    from ..models.catalogue import load_member
+    from ..models.loading import load_member
 
     if name != "baseline":
         member = load_member(name, dtype=dtype)
@@ -541,7 +541,8 @@ def parse_models(values: Sequence[str] | None) -> list[str]:
     """Model names from --models (space- or comma-separated; default: the trio), checked before any
     loading: a catalogue name or an existing checkpoint folder, since no hub is reachable."""
     from ..errors import UnknownModelError
-    from ..models.catalogue import CATALOGUE, DEFAULT_MEMBERS, check_member_name
+    from ..models.catalogue import CATALOGUE, DEFAULT_MEMBERS
+    from ..models.loading import check_member_name
 
     names = [n for arg in (values or DEFAULT_MEMBERS) for n in arg.split(",") if n]
     for name in names:
@@ -587,12 +588,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _rss_child(args.rss_child, args.dtype)
         return 0
 
-    from ..models.catalogue import load_member, tqdm_progress
+    from ..models.loading import load_members, tqdm_progress
 
     tokens = args.max_new_tokens or (160 if args.quick else 440)
     try:
         names = parse_models(args.models)
-        members = [load_member(n, dtype=args.dtype, progress=tqdm_progress(f"loading {n}")) for n in names]
+        members = load_members(names, dtype=args.dtype, progress=tqdm_progress("loading"))
         bench_kwargs = dict(
             prompt=args.prompt,
             max_new_tokens=tokens,

@@ -36,7 +36,8 @@ def llama_server_binary() -> Path:
 
 def gguf_of(name: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """The verified GGUF file of a catalogue model (assembled into the cache when it comes in parts)."""
-    from ..models.catalogue import CATALOGUE, assemble_gguf, cache_root
+    from ..models.cache import assemble_gguf, cache_root
+    from ..models.catalogue import CATALOGUE
 
     return assemble_gguf(CATALOGUE[name], cache_root(cache_dir) / "gguf")
 
@@ -121,11 +122,11 @@ def run(
     from contextlib import ExitStack
 
     from ..members.remote import parse_server_spec
-    from ..models.catalogue import load_member
+    from ..models.loading import load_members
 
     if servers:
         names = [parse_server_spec(s).tokenizer for s in servers]
-    local = [load_member(n, dtype=dtype) for n in names]
+    local = load_members(names, dtype=dtype)
     report: dict[str, Any] = {"models": list(names), "prompt": prompt, "max_new_tokens": max_new_tokens}
     report["in_process"] = _run(local, prompt, max_new_tokens, "off")
     del local
@@ -133,7 +134,7 @@ def run(
         if not servers:
             urls = [stack.enter_context(llama_server(gguf_of(n), threads=threads)) for n in names]
             servers = [f"llama-server:{u}#{n}?tokenizer={n}" for n, u in zip(names, urls)]
-        served = [load_member(spec) for spec in servers]
+        served = load_members(servers)
         report["llama_server"] = _run(served, prompt, max_new_tokens, "auto")
         report["servers"] = list(servers)
     report["load_average"] = os.getloadavg()

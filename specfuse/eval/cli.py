@@ -301,9 +301,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _load(names: Sequence[str], dtype: str) -> list[Any]:
-    from ..models.catalogue import load_member, tqdm_progress
+    from ..models.loading import load_members, tqdm_progress
 
-    return [load_member(n, dtype=dtype, progress=tqdm_progress(f"loading {n}")) for n in names]
+    return load_members(names, dtype=dtype, progress=tqdm_progress("loading"))
 
 
 if __name__ == "__main__":

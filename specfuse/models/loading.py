@@ -1,0 +1,476 @@
+"""Names → members: the one loading path, for one member or an ensemble, here, in processes or served.
+
+Knows nothing about drafting, scoring or rounds: it hands back members and stops there.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specfuse.errors import ConfigError, ModelLoadError, UnknownModelError
+from specfuse.members.process import ProcessMember, wanted
+from specfuse.members.workers import cpu_cores
+from specfuse.prompts import CHAT, QA_COMPLETION, PromptFormat
+
+from .cache import Progress, assemble_gguf, cache_root, cached_folder, ensure_cached, no_progress
+from .catalogue import CATALOGUE
+from .devices import gpu_count, plan_devices, resolve_dtype
+
+if TYPE_CHECKING:
+    import torch
+
+    from specfuse.members.hf import HFMember
+    from specfuse.members.protocol import Member
+
+log = logging.getLogger(__name__)
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+MemberLoad = Callable[..., "Member"]  # load_member's signature: (name, *, device, progress, **options)
+
+
+# ---- one name → one member, here ------------------------------------------------------------------
+
+
+def _unknown(name: str, allow_paths: bool) -> UnknownModelError:
+    hint = " Give a local checkpoint folder or a hub id (owner/name)." if allow_paths else ""
+    return UnknownModelError(f"Unknown model {name!r}; known: {', '.join(CATALOGUE)}.{hint}")
+
+
+def _offline() -> bool:
+    # huggingface_hub reads HF_HUB_OFFLINE once at import; read it per call so tests and users can
+    # set it late.
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _hub_failure(name: str, e: BaseException) -> str:
+    """Why a hub id did not load, and the next step that fits how HF_HUB_OFFLINE is set."""
+    detail = (str(e).splitlines() or [type(e).__name__])[0][:200]
+    if _offline():
+        return (
+            f"Could not load {name!r}: HF_HUB_OFFLINE is set, so only the local hub cache is used, and "
+            "the repo is not in it. Unset HF_HUB_OFFLINE to download it (needs a connection), or give "
+            f"a local checkpoint folder. ({detail})"
+        )
+    return (
+        f"Could not load {name!r} from the Hugging Face hub: it is unreachable or the repo does not "
+        "exist. Check the id and the connection, set HF_HUB_OFFLINE=1 to use only the local cache "
+        f"(and skip retries), or give a local checkpoint folder. ({detail})"
+    )
+
+
+def _from_pretrained(
+    source: str | Path,
+    dtype: torch.dtype,
+    device_map: Any,
+    trust_remote_code: bool,
+    local_only: bool,
+    gguf_file: str | None = None,
+) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": local_only}
+    if gguf_file is not None:
+        kwargs["gguf_file"] = gguf_file
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device_map, **kwargs)
+    return model, tokenizer
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """How to load one member: what load_member was asked, for every loader alike."""
+
+    name: str
+    device: str
+    dtype: str
+    device_map: str | dict[str, Any] | None
+    cache_dir: str | os.PathLike[str] | None
+    trust_remote_code: bool
+    progress: Progress
+
+
+@dataclass(frozen=True)
+class Loader:
+    """One way to name a member. The first loader whose `matches` accepts a name loads it."""
+
+    kind: str  # "catalogue", "server", "folder", "gguf", "hub"
+    matches: Callable[[str], bool]
+    trust: str  # who may use it: "anyone", "paths" (the operator's own files and hub ids), "servers"
+    load: Callable[[LoadRequest], Member]
+
+
+def _is_dir(name: str) -> bool:
+    return Path(name).expanduser().is_dir()
+
+
+def _is_gguf(name: str) -> bool:
+    path = Path(name).expanduser()
+    return path.is_file() and path.suffix == ".gguf"
+
+
+def _is_hub_id(name: str) -> bool:
+    return bool(_HUB_ID.match(name)) and not Path(name).expanduser().exists()
+
+
+def _is_server(name: str) -> bool:
+    from specfuse.members.remote import is_server_spec
+
+    return is_server_spec(name)
+
+
+def _load_catalogue(req: LoadRequest) -> HFMember:
+    entry = CATALOGUE[req.name]
+    member = _load_hf(req, ensure_cached(entry, req.cache_dir, req.progress), None, True, entry.prompt_format)
+    member.trust = entry.trust
+    return member
+
+
+def _load_folder(req: LoadRequest) -> HFMember:
+    return _load_hf(req, Path(req.name).expanduser(), None, True, None)
+
+
+def _load_gguf(req: LoadRequest) -> HFMember:
+    path = Path(req.name).expanduser()  # de-quantized at every load: slow, uncached
+    return _load_hf(req, path.parent, path.name, True, None)
+
+
+def _load_hub(req: LoadRequest) -> HFMember:
+    return _load_hf(req, req.name, None, _offline(), None)
+
+
+def _load_server(req: LoadRequest) -> Member:
+    """A member served by SGLang, vLLM or llama-server: only its tokenizer loads here."""
+    from specfuse.members.remote import RemoteMember, parse_server_spec
+
+    spec = parse_server_spec(req.name)
+    req.progress(0.5, f"{spec.name}: loading the tokenizer ({spec.tokenizer})")
+    tokenizer, prompt_format, eos = load_tokenizer(spec.tokenizer, req.cache_dir, req.progress)
+    member = RemoteMember(
+        spec.name,
+        spec.engine,
+        spec.url,
+        tokenizer,
+        prompt_format=prompt_format,
+        timeout=spec.timeout,
+        model=spec.model,
+        generation_eos=eos,
+    )
+    req.progress(0.9, f"{spec.name}: reaching {spec.url}")
+    member.connect()
+    req.progress(1.0, f"{spec.name}: ready at {spec.url}")
+    return member
+
+
+def load_tokenizer(
+    source: str, cache_dir: str | os.PathLike[str] | None = None, progress: Progress = no_progress
+) -> tuple[Any, PromptFormat, Any]:
+    """A model's tokenizer without its weights: (tokenizer, prompt format, generation eos ids).
+
+    `source`: a catalogue name (its converted folder when cached, else its GGUF file), a local
+    folder, a .gguf file, or a hub id.
+    """
+    from transformers import AutoTokenizer, GenerationConfig
+
+    entry = CATALOGUE.get(source)
+    gguf_file = None
+    if entry is not None:
+        folder = cached_folder(entry, cache_dir)
+        if folder is None:
+            gguf = assemble_gguf(entry, cache_root(cache_dir) / "gguf", progress)
+            folder, gguf_file = gguf.parent, gguf.name
+        where: str | Path = folder
+    elif _is_dir(source):
+        where = Path(source).expanduser()
+    elif _is_gguf(source):
+        path = Path(source).expanduser()
+        where, gguf_file = path.parent, path.name
+    elif _is_hub_id(source):
+        where = source
+    else:
+        raise UnknownModelError(
+            f"Unknown tokenizer {source!r} for a served member; give a catalogue name "
+            f"({', '.join(CATALOGUE)}), a local folder, a .gguf file or a hub id with ?tokenizer="
+        )
+    kwargs: dict[str, Any] = {"local_files_only": _offline() if isinstance(where, str) else True}
+    if gguf_file is not None:
+        kwargs["gguf_file"] = gguf_file
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"Could not load the tokenizer {source!r}: {e}") from e
+    try:
+        eos = GenerationConfig.from_pretrained(where, **kwargs).eos_token_id
+    except (OSError, ValueError, KeyError, TypeError):
+        eos = None  # no generation config: the tokenizer's own end tokens are used
+    if entry is not None:
+        prompt_format = entry.prompt_format
+    else:
+        prompt_format = CHAT if getattr(tokenizer, "chat_template", None) else QA_COMPLETION
+    return tokenizer, prompt_format, eos
+
+
+# The order matters: a server spec holds slashes, a hub id looks like a relative path.
+LOADERS: tuple[Loader, ...] = (
+    Loader("catalogue", lambda name: name in CATALOGUE, "anyone", _load_catalogue),
+    Loader("server", _is_server, "servers", _load_server),
+    Loader("folder", _is_dir, "paths", _load_folder),
+    Loader("gguf", _is_gguf, "paths", _load_gguf),
+    Loader("hub", _is_hub_id, "paths", _load_hub),
+)
+
+
+def check_member_name(name: str, *, allow_paths: bool = True, allow_servers: bool | None = None) -> Loader:
+    """The loader for `name`, or the error that says why it cannot be a member.
+
+    The one place member names are checked, for the CLI, the app, the benchmark and the evaluation.
+    `allow_servers` (default: as `allow_paths`) admits server specs; the app allows them only for
+    the specs the operator gave at start, so that a browser user can never make it reach a URL.
+    """
+    allow_servers = allow_paths if allow_servers is None else allow_servers
+    allowed = {"anyone": True, "paths": allow_paths, "servers": allow_servers}
+    for loader in LOADERS:
+        if loader.matches(name):
+            if allowed[loader.trust]:
+                return loader
+            if loader.kind == "server":
+                raise UnknownModelError(
+                    f"Unknown model {name!r}: only the operator names servers (with start-up flags)."
+                )
+            raise _unknown(name, allow_paths=False)
+    if allow_paths and (os.sep in name or name.startswith((".", "~"))):
+        raise ModelLoadError(f"No checkpoint folder at {name!r}; give an existing folder.")
+    raise _unknown(name, allow_paths=allow_paths)
+
+
+def load_member(
+    name_or_path: str,
+    *,
+    device: str = "cpu",
+    dtype: str = "auto",
+    device_map: str | dict[str, Any] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    allow_paths: bool = True,
+    allow_servers: bool | None = None,
+    trust_remote_code: bool = False,
+    progress: Progress | None = None,
+) -> Member:
+    """Load a catalogue model, a local checkpoint folder (or .gguf file), a hub id or a server spec
+    (`ENGINE:URL#NAME?tokenizer=...`, see remote.py) as a member.
+
+    `device` is one torch device ("cpu", "cuda", "cuda:1", "auto"); `device_map` ("auto" or a
+    dict) instead lets accelerate spread one model over several GPUs. Catalogue models are cached
+    as safetensors under `cache_dir` (default $SPECFUSE_CACHE or ~/.cache/specfuse).
+    """
+    loader = check_member_name(name_or_path, allow_paths=allow_paths, allow_servers=allow_servers)
+    request = LoadRequest(
+        name_or_path, device, dtype, device_map, cache_dir, trust_remote_code, progress or no_progress
+    )
+    return loader.load(request)
+
+
+def _load_hf(
+    req: LoadRequest,
+    source: str | Path,
+    gguf_file: str | None,
+    local_only: bool,
+    prompt_format: PromptFormat | None,
+) -> HFMember:
+    """Load a transformers model from `source` (a folder, a GGUF file's folder or a hub id)."""
+    device = req.device
+    if req.device_map is None:
+        device = plan_devices(1, device)[0]
+        torch_dtype = resolve_dtype(req.dtype, device)
+    else:
+        torch_dtype = resolve_dtype(req.dtype, "cuda" if gpu_count() else "cpu")
+    name_or_path, report = req.name, req.progress
+    report(0.9, f"{name_or_path}: loading")
+    start = time.perf_counter()
+    try:
+        model, tokenizer = _from_pretrained(
+            source, torch_dtype, req.device_map, req.trust_remote_code, local_only, gguf_file
+        )
+    except OSError as e:  # includes ConnectionError and huggingface_hub's offline errors
+        if isinstance(source, str):
+            raise ModelLoadError(_hub_failure(name_or_path, e)) from e
+        raise ModelLoadError(f"Could not load {name_or_path!r} from {source}: {e}") from e
+    except (ValueError, KeyError, ImportError) as e:
+        raise ModelLoadError(f"Could not load {name_or_path!r}: {e}") from e
+    model.eval()
+    if req.device_map is None:
+        model.to(device)
+    member_device = str(model.get_input_embeddings().weight.device)
+    if prompt_format is None:
+        prompt_format = CHAT if getattr(tokenizer, "chat_template", None) else QA_COMPLETION
+    log.info(
+        "%s: loaded %s (%s) on %s in %.1f s",
+        name_or_path,
+        type(model).__name__,
+        torch_dtype,
+        member_device,
+        time.perf_counter() - start,
+    )
+    report(1.0, f"{name_or_path}: ready on {member_device}")
+    from specfuse.members.hf import HFMember  # brings transformers: only once a model loads here
+
+    return HFMember(name_or_path, model, tokenizer, prompt_format=prompt_format, device=member_device)
+
+
+# ---- an ensemble: placement, worker processes, a model listed twice -------------------------------
+
+
+def load_in_process(
+    name_or_path: str, *, threads: int | None = None, load: MemberLoad | None = None, **options: Any
+) -> ProcessMember:
+    """`load(name_or_path, **options)` (load_member by default) in a worker process of its own.
+
+    `threads`: the process's torch intra-op threads (a CPU member's share of the cores); None leaves
+    torch's default. `load` and `options` go to a spawned process, so they must pickle.
+    """
+    build = functools.partial(load or load_member, name_or_path, **options)
+    return ProcessMember(build, threads=threads)
+
+
+def share_weights(member: Member, name: str) -> Member:
+    """Another member called `name` on `member`'s weights: a model listed twice, sampled with
+    another seed, costs its memory once."""
+    from specfuse.members.hf import HFMember
+
+    if not isinstance(member, HFMember):
+        raise ConfigError(f"{member.name} cannot share its weights with a second member; list it once")
+    return HFMember(
+        name, member.model, member.tokenizer, prompt_format=member.prompt_format, device=member.device
+    )
+
+
+def load_each(
+    names: Sequence[str],
+    devices: Sequence[str],
+    load: Callable[[str, str, Progress], Member],
+    progress: Progress | None = None,
+) -> list[Member]:
+    """`load(name, device, progress)` for each name on its device, in order; member i of n reports
+    its progress as the i-th n-th part of the whole."""
+    members: list[Member] = []
+    for i, (name, device) in enumerate(zip(names, devices, strict=True)):
+
+        def step(fraction: float, message: str, i: int = i) -> None:
+            if progress is not None:
+                progress((i + fraction) / len(names), message)
+
+        members.append(load(name, device, step))
+    return members
+
+
+def load_members(
+    names: Sequence[str],
+    *,
+    device: str = "cpu",
+    devices: Sequence[str] | None = None,
+    dtype: str = "auto",
+    device_map: str | dict[str, Any] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    allow_paths: bool = True,
+    allow_servers: bool | None = None,
+    trusted: Collection[str] = (),
+    trust_remote_code: bool = False,
+    progress: Progress | None = None,
+    processes: bool | str = False,
+    ensemble_devices: Sequence[str] | None = None,
+    load: MemberLoad | None = None,
+) -> list[Member]:
+    """The members of one ensemble, in the order of `names`: the one loading path of the CLI, the
+    app, the benchmarks and the evaluation.
+
+    Where: `devices` (one per name), else plan_devices over the distinct names and `device`; with
+    `device_map` accelerate spreads each model over the devices instead. Which names: catalogue names
+    always, paths and hub ids with `allow_paths`, server specs with `allow_servers` (default: as
+    `allow_paths`), and any name in `trusted` (the operator's own) as if both were allowed.
+
+    `processes` (True/"on", False/"off" or "auto": where processes.processes_pay_off on the devices
+    of `ensemble_devices`, default these members'): each model loads in a worker process of its own,
+    with an equal share of the cores until a run sets its share; a served member stays here. Worker
+    processes are spawned: a script that loads with processes must guard its top level with
+    `if __name__ == "__main__":`.
+
+    A model listed twice loads once: each later listing is another member, `name#2`, … on the same
+    weights (share_weights). A worker process or a server cannot share, so with processes on, or a
+    server spec listed twice, that is a ConfigError; under "auto" a repeated model keeps every
+    member here. Whether a repeat makes sense (only when sampling) is the caller's decision.
+
+    `load` loads one member here (default load_member; the app passes its own, tests a scripted one).
+    """
+    load_here = load or load_member
+    distinct = list(dict.fromkeys(names))
+    repeated = [n for n in distinct if names.count(n) > 1]
+    if devices is not None:
+        if len(devices) != len(names):
+            raise ConfigError(f"{len(devices)} devices for {len(names)} members")
+        placed = [devices[names.index(n)] for n in distinct]
+    else:
+        placed = plan_devices(len(distinct), device) if device_map is None else [device] * len(distinct)
+    for name in repeated:
+        if _is_server(name):
+            raise ConfigError(f"{name} is served by an inference server; list it once")
+    if processes == "auto" and (device_map is not None or repeated):
+        processes = False  # "auto" is for whole members, each listed once
+    local = [d for n, d in zip(distinct, placed) if not _is_server(n)]
+    in_processes = wanted(processes, ensemble_devices or local, cpu_cores())
+    if in_processes and repeated:
+        raise ConfigError(f"{repeated[0]}: with --processes, list each model once")
+    sharing = len(ensemble_devices or distinct)
+
+    def one(name: str, place: str, step: Progress) -> Member:
+        options: dict[str, Any] = dict(
+            device=place,
+            dtype=dtype,
+            device_map=device_map,
+            cache_dir=cache_dir,
+            allow_paths=allow_paths or name in trusted,
+            allow_servers=(allow_paths if allow_servers is None else allow_servers) or name in trusted,
+            trust_remote_code=trust_remote_code,
+        )
+        if not in_processes or _is_server(name):
+            return load_here(name, progress=step, **options)
+        step(0.0, f"loading {name} in a process of its own")
+        threads = max(1, cpu_cores() // sharing) if place.startswith("cpu") else None
+        member = load_in_process(name, threads=threads, load=load_here, **options)
+        step(1.0, f"{name} loaded")
+        return member
+
+    loaded = dict(zip(distinct, load_each(distinct, placed, one, progress)))
+    members: list[Member] = []
+    seen: dict[str, int] = {}
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        first = loaded[name]
+        members.append(first if seen[name] == 1 else share_weights(first, f"{name}#{seen[name]}"))
+    return members
+
+
+# ---- progress on a terminal -----------------------------------------------------------------------
+
+
+def tqdm_progress(desc: str) -> Progress:
+    """A progress callback that drives a tqdm bar on stderr, closed when the fraction reaches 1."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=100, desc=desc, file=sys.stderr, bar_format="{percentage:3.0f}%|{bar:20}| {desc}")
+
+    def update(fraction: float, message: str) -> None:
+        bar.n = round(100 * min(max(fraction, 0.0), 1.0))
+        bar.set_description_str(message, refresh=False)
+        bar.refresh()
+        if fraction >= 1.0:
+            bar.close()
+
+    return update
