@@ -1,6 +1,6 @@
 """Take the README screenshot (assets/screenshot.png) and the example trace (assets/example-trace.json).
 
-A real run: the catalogue's default members, loaded through specfuse.catalogue.load_member, answer
+A real run: the catalogue's default members, loaded through specfuse.models.loading.load_member, answer
 the GSM8K example in the app, driven by Playwright in Debian's chromium. On a shared 2-core machine
 wrap it so it does not overlap other heavy jobs:
 
@@ -47,7 +47,7 @@ def free_port() -> int:
 def main() -> None:
     from playwright.sync_api import sync_playwright
 
-    from specfuse.catalogue import CATALOGUE, DEFAULT_MEMBERS
+    from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-new-tokens", type=int, default=48)

@@ -15,8 +15,8 @@ from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specfuse.catalogue import load_member  # noqa: E402
 from specfuse.config import MemberSettings  # noqa: E402
+from specfuse.models.loading import load_member  # noqa: E402
 
 PROMPT = "Write a long story about a dragon."
 TOKENS = 40

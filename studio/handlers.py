@@ -38,7 +38,7 @@ from . import failures, settings, views
 from .panels import Controls, Failures, Views
 
 if TYPE_CHECKING:  # members.py brings torch; the app needs it only once models load
-    from specfuse.members.hf import Member
+    from specfuse.members.protocol import Member
 
 try:  # On a Hugging Face ZeroGPU Space this grants a GPU per call; elsewhere it changes nothing.
     import spaces

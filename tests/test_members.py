@@ -7,7 +7,8 @@ import torch
 
 from specfuse.config import MemberSettings
 from specfuse.errors import ConfigError, PromptTooLongError
-from specfuse.members.hf import HFMember, Member
+from specfuse.members.hf import HFMember
+from specfuse.members.protocol import Member
 from specfuse.prompts import PromptFormat
 
 from .conftest import TINY_SPECS, tiny_member

@@ -25,13 +25,12 @@ from typing import Any
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import SpecfuseError
-from ..members.workers import member_size, thread_shares
-from .core import (
-    LONG_PROMPT,
+from ..members.workers import thread_shares
+from .core import LONG_PROMPT, parse_models
+from .measure import (
     compare_in_turn,
     cpu_model,
     generate_alone,
-    parse_models,
     process_mode,
     race_in_processes,
     time_mode,
@@ -93,7 +92,9 @@ def run_concurrency(
         "torch": torch.__version__,
         "models": [m.name for m in members],
         "dtypes": {m.name: str(m.dtype).replace("torch.", "") for m in members},
-        "thread_shares": thread_shares({m.name: member_size(m) for m in members}, torch.get_num_threads()),
+        "thread_shares": thread_shares(
+            {m.name: float(m.parameters or 1.0) for m in members}, torch.get_num_threads()
+        ),
         "prompt": prompt,
         "segment_len": segment_len,
         "max_new_tokens": max_new_tokens,
@@ -145,7 +146,7 @@ def compare_workers(
     from ..models.loading import load_members
 
     members = load_members(names, dtype=dtype)
-    shares = thread_shares({m.name: member_size(m) for m in members}, torch.get_num_threads())
+    shares = thread_shares({m.name: float(m.parameters or 1.0) for m in members}, torch.get_num_threads())
     for m in members:
         generate_alone(m, prompt, 4)
     began = time.perf_counter()

@@ -32,7 +32,7 @@ from typing import Any
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import SpecfuseError
-from .core import (
+from .measure import (
     compare_in_turn,
     generate_alone,
     peak_rss_gb,
@@ -246,7 +246,7 @@ def add_process_mode(report: dict[str, Any], workers: Sequence[Any], repeats: in
         prior="uniform",
     )
     mode = process_mode(workers, config, report["prompt"], report["single"], repeats)
-    gpus = sorted({w.child_device for w in workers if w.child_device.startswith("cuda")})
+    gpus = sorted({w.device for w in workers if w.device.startswith("cuda")})
     # Another process's allocations are not this one's to count: the device's memory in use instead.
     used = [torch.cuda.mem_get_info(d) for d in gpus]
     mode["peak_gb"] = sum(total - free for free, total in used) / 1024**3 if gpus else peak_rss_gb()

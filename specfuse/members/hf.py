@@ -20,7 +20,7 @@ from ..errors import ConfigError, PromptTooLongError
 from ..prompts import CHAT, PromptFormat
 from ..records import Candidate, TokenScores
 from . import drafting, workers
-from .protocol import BaseMember, Member, Verdict  # noqa: F401 (Member: until every caller imports it from protocol)
+from .protocol import BaseMember, Verdict
 from .scoring import Block, OutputHead, common_prefix_len, float_mask, pack_rows, sliding_window_of
 
 if TYPE_CHECKING:

@@ -1,0 +1,290 @@
+"""What the benchmarks measure and how: timed runs, round and phase figures, members alone, modes
+(in turn, at once, in processes), peak memory and the report file. Shared by every benchmark.
+
+Knows nothing about which benchmark asks, nor about answer quality.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import multiprocessing
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..config import EnsembleConfig
+from ..engine import Ensemble
+from ..errors import SpecfuseError
+from ..records import Round
+
+log = logging.getLogger(__name__)
+
+EARLY, LATE = (2, 11), (31, 40)  # rounds compared by round_time_ratio_late_early (inclusive)
+
+
+@dataclass(frozen=True)
+class TimedRun:
+    """One ensemble run as the benchmark saw it: its rounds and the wall clock around stream()."""
+
+    rounds: tuple[Round, ...]
+    seconds: float  # from calling stream() (prompt prefill included) to the last round
+    first_segment_s: float  # from calling stream() to the first round
+    first_candidate_s: float = math.nan  # from calling stream() to the first candidate (Draft)
+
+
+# -- small measurements --------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    """The CPU's "model name" from /proc/cpuinfo (or platform.processor() elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident set size so far, in GB.
+
+    From VmHWM in /proc/self/status: ru_maxrss would do, but Linux carries it across fork and exec,
+    so a child started by a big parent reports the parent's peak.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024**2  # kB
+    except OSError:
+        pass
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kib * (1 if sys.platform != "darwin" else 1 / 1024) / 1024**2
+
+
+def timed_stream(ensemble: Ensemble, prompt: str, config: EnsembleConfig) -> TimedRun:
+    """Run the ensemble to the end, timing from the call (members' prefill included)."""
+    began = time.perf_counter()
+    first = first_candidate = math.nan
+    rounds: list[Round] = []
+    for event in ensemble.events(prompt, config):
+        if math.isnan(first_candidate):
+            first_candidate = time.perf_counter() - began
+        if isinstance(event, Round):
+            if not rounds:
+                first = time.perf_counter() - began
+            rounds.append(event)
+    return TimedRun(tuple(rounds), time.perf_counter() - began, first, first_candidate)
+
+
+def generate_alone(member: Any, prompt: str, max_new_tokens: int) -> tuple[int, float]:
+    """(new tokens, seconds) of the member alone: transformers' generate, greedy, with a KV cache.
+
+    The prompt is the member's own context (`member.prompt_ids`), as in the ensemble. The model's
+    generation defaults are replaced by a plain config so that no repetition penalty leaks in.
+    """
+    import torch
+    from transformers import GenerationConfig
+
+    ids = torch.tensor([member.prompt_ids(prompt)], device=member.device)
+    pad = member.tokenizer.pad_token_id
+    eos = sorted(member.stop_token_ids)
+    config = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,  # same length for every member: no early end-of-sequence
+        use_cache=True,
+        eos_token_id=eos,
+        pad_token_id=pad if pad is not None else eos[0],
+    )
+    began = time.perf_counter()
+    with torch.inference_mode():
+        out = member.model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config
+        )
+    return int(out.shape[1] - ids.shape[1]), time.perf_counter() - began
+
+
+def mean_round_seconds(rounds: Sequence[Round], first: int, last: int) -> float:
+    """Mean wall time of rounds first..last (k, inclusive) that exist; nan when none do."""
+    picked = [r.seconds for r in rounds if first <= r.k <= last]
+    return statistics.fmean(picked) if picked else math.nan
+
+
+def median_round_seconds(rounds: Sequence[Round], first: int, last: int) -> float:
+    picked = [r.seconds for r in rounds if first <= r.k <= last]
+    return statistics.median(picked) if picked else math.nan
+
+
+def late_early_ranges(n_rounds: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The issue's rounds 2–11 and 31–40; for a shorter run, the last ten rounds (or halves) that exist."""
+    if n_rounds >= LATE[1]:
+        return EARLY, LATE
+    if n_rounds >= 2 * EARLY[1] - 1:
+        return EARLY, (n_rounds - 9, n_rounds)
+    half = max(1, (n_rounds - 1) // 2)  # a short run: its first and second halves, round 1 left out
+    return (2, 1 + half), (n_rounds - half + 1, n_rounds)
+
+
+def phase_shares(rounds: Sequence[Round]) -> dict[str, float]:
+    """Share of the summed round time spent drafting, verifying, accepting, and in the engine."""
+    total = sum(r.seconds for r in rounds) or math.nan
+    draft = sum(t.draft_s for r in rounds for t in r.timings)
+    verify = sum(t.verify_s for r in rounds for t in r.timings)
+    accept = sum(t.accept_s for r in rounds for t in r.timings)
+    return {
+        "draft_share": draft / total,
+        "verify_share": verify / total,
+        "accept_share": accept / total,
+        "engine_share": (total - draft - verify - accept) / total,
+    }
+
+
+def accept_ms_per_member(rounds: Sequence[Round], last_k: int | None = None) -> dict[str, float]:
+    """Mean accept time per round for each member, in ms (rounds that accepted: not the last)."""
+    out: dict[str, list[float]] = {}
+    for r in rounds:
+        if r.stop_reason is not None or (last_k is not None and r.k > last_k):
+            continue
+        for t in r.timings:
+            out.setdefault(t.member, []).append(t.accept_s * 1000)
+    return {m: statistics.fmean(v) for m, v in out.items() if v}
+
+
+def phase_ms_per_member(rounds: Sequence[Round]) -> dict[str, dict[str, float]]:
+    """Mean draft / verify / accept ms per round for each member."""
+    out: dict[str, dict[str, float]] = {}
+    for name in rounds[0].members:
+        rows = [t for r in rounds for t in r.timings if t.member == name]
+        out[name] = {
+            phase: 1000 * statistics.fmean(getattr(t, phase) for t in rows)
+            for phase in ("draft_s", "verify_s", "accept_s")
+        }
+    return out
+
+
+def tokens_of(rounds: Sequence[Round]) -> int:
+    return sum(r.winner.num_tokens for r in rounds)
+
+
+def mode_figures(
+    run: TimedRun, firsts: Sequence[TimedRun], singles: dict[str, dict[str, float]]
+) -> dict[str, Any]:
+    """One ensemble run against its members alone (`singles`: each one's s_per_token and
+    first_segment_s): time per token and its ratio to their sum and to the slowest, the first
+    candidate and first segment (medians over the one-round runs `firsts`), late/early rounds, and
+    the decode steps saved by taking over trimmed tokens."""
+    s_per_token = run.seconds / max(tokens_of(run.rounds), 1)
+    first_segment = statistics.median(f.first_segment_s for f in firsts)
+    early, late = late_early_ranges(len(run.rounds))
+    return {
+        "tokens": tokens_of(run.rounds),
+        "rounds": len(run.rounds),
+        "s_per_token": s_per_token,
+        "tokens_per_s": 1 / s_per_token,
+        "overhead_vs_single_sum": s_per_token / sum(s["s_per_token"] for s in singles.values()),
+        "overhead_vs_slowest": s_per_token / max(s["s_per_token"] for s in singles.values()),
+        "round_time_ratio_late_early": mean_round_seconds(run.rounds, *late)
+        / mean_round_seconds(run.rounds, *early),
+        "first_candidate_s": statistics.median(f.first_candidate_s for f in firsts),
+        "first_segment_s": first_segment,
+        "first_segment_ratio": first_segment / max(s["first_segment_s"] for s in singles.values()),
+        "drafters_per_round": statistics.fmean(len(r.active) for r in run.rounds),
+        "decode_steps_saved": sum(c.reused_tokens for r in run.rounds for c in r.candidates),
+        "answer": run.rounds[-1].text,
+    }
+
+
+def time_mode(
+    members: Sequence[Any], config: EnsembleConfig, prompt: str, singles: dict[str, Any], repeats: int
+) -> dict[str, Any]:
+    """One full run and `repeats` one-round runs of the ensemble, against the members alone."""
+    ensemble = Ensemble(members, config)
+    run = timed_stream(ensemble, prompt, config)
+    firsts = [timed_stream(ensemble, prompt, replace(config, max_rounds=1)) for _ in range(repeats)]
+    return mode_figures(run, firsts, singles)
+
+
+def process_mode(
+    workers: Sequence[Any], config: EnsembleConfig, prompt: str, singles: dict[str, Any], repeats: int
+) -> dict[str, Any]:
+    """time_mode for members in worker processes of their own (processes.ProcessMember), after a
+    full-length warm-up: their processes are fresh, the other modes' members are not."""
+    config = replace(config, parallel="auto")  # members in processes run at once under auto
+    Ensemble(workers, config).run(prompt)
+    return time_mode(workers, config, prompt, singles, repeats)
+
+
+def race_in_processes(child: Any, arguments: Sequence[tuple[Any, ...]], timeout: float) -> float:
+    """Seconds from a common start to the last of one spawned process per argument tuple finishing.
+
+    Each process runs `child(*arguments, ready, results, go)`: it loads and warms up, puts on
+    `ready`, waits for `go`, does the timed work and puts on `results`; loading is not timed."""
+    spawn = multiprocessing.get_context("spawn")
+    ready, results, go = spawn.Queue(), spawn.Queue(), spawn.Event()
+    procs = [spawn.Process(target=child, args=(*args, ready, results, go)) for args in arguments]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=timeout)
+    began = time.perf_counter()
+    go.set()
+    for _ in procs:
+        results.get(timeout=timeout)
+    seconds = time.perf_counter() - began
+    for p in procs:
+        p.join()
+    return seconds
+
+
+def compare_in_turn(turns: dict[str, Any], at_once: dict[str, Any]) -> None:
+    """Add to `at_once` its speed-up over members in turn and how far the two answers agree."""
+    at_once["speedup_vs_in_turn"] = turns["s_per_token"] / at_once["s_per_token"]
+    at_once["same_answer_as_in_turn"] = turns["answer"] == at_once["answer"]
+    at_once["common_prefix_chars"] = len(os.path.commonprefix([turns["answer"], at_once["answer"]]))
+
+
+def write_report(report: dict[str, Any], table: str, path: Path | None) -> None:
+    """Print the table; write the report as JSON to `path` when given."""
+    print(table)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1, allow_nan=True) + "\n")
+
+
+# -- memory of each model alone: one child process each -----------------------------------------------
+
+
+def rss_alone(names: Sequence[str], dtype: str) -> dict[str, float]:
+    """Peak RSS (GB) of a fresh process that imports the stack only ("baseline"), and of one that
+    loads each model alone and generates 32 tokens with it."""
+    out = {}
+    for name in ("baseline", *names):
+        cmd = [sys.executable, "-m", "specfuse.bench.core", "--rss-child", name, "--dtype", dtype]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=900)
+        if done.returncode != 0:
+            raise SpecfuseError(f"measuring {name} alone failed: {done.stderr.strip().splitlines()[-1:]}")
+        out[name] = float(json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_gb"])
+    return out
+
+
+def rss_child(name: str, dtype: str) -> None:
+    from ..models.loading import load_member
+
+    if name != "baseline":
+        member = load_member(name, dtype=dtype)
+        generate_alone(member, "Say hello.", 32)
+    print(json.dumps({"peak_rss_gb": peak_rss_gb()}))
+
+
+# -- the benchmark ---------------------------------------------------------------------------------------
