@@ -17,6 +17,7 @@ from typing import Any
 import gradio as gr
 
 from specfuse import SpecfuseError
+from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from specfuse.trace import MAX_TRACE_BYTES
 from studio import DEVICES, SharedLoader, build_demo
 from studio.loading import installed_models, usable_devices
@@ -69,7 +70,6 @@ def space_arguments() -> list[str] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
     from specfuse.models.devices import plan_devices
 
     parser = argparse.ArgumentParser(prog="app.py", description="SpecFuse Studio: the Gradio app.")

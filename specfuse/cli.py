@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from .config import EnsembleConfig
 from .engine import Ensemble, check_prompt
 from .errors import ConfigError, SpecfuseError
+from .models.catalogue import CATALOGUE
 from .records import Round
 from .trace import Trace, save_trace
 
@@ -202,7 +203,6 @@ def main(
 
 
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .models.catalogue import CATALOGUE
 
     if args.list_models:
         for name, entry in CATALOGUE.items():

@@ -12,6 +12,7 @@ from typing import Any
 import gradio as gr
 
 from specfuse import EnsembleConfig
+from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 
 from .failures import FILTERS, load_eval, problems_table
 from .handlers import DevicePlan, FailureBrowser, Loader, Studio
@@ -34,8 +35,6 @@ def build_demo(
 ) -> gr.Blocks:
     """The whole app. `loader(name, device, progress)` returns a (shared) member; nothing loads here."""
     if choices is None or default_models is None:
-        from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
-
         choices = list(CATALOGUE) if choices is None else choices
         default_models = DEFAULT_MEMBERS if default_models is None else default_models
     choices = list(choices)

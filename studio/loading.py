@@ -10,6 +10,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from specfuse.models import catalogue
+
 if TYPE_CHECKING:
     from specfuse.members.protocol import Member
     from specfuse.models.loading import MemberLoad
@@ -69,9 +71,7 @@ def same_device(n: int, device: str) -> list[str]:
 
 def installed_models() -> list[str]:
     """The catalogue's models whose packages are installed here (the others cannot load)."""
-    from specfuse.models.catalogue import installed_models
-
-    return installed_models()
+    return catalogue.installed_models()
 
 
 def usable_devices() -> list[str]:

@@ -18,7 +18,8 @@ from typing import Any
 
 from ..config import EnsembleConfig
 from ..engine import Ensemble
-from ..errors import SpecfuseError
+from ..errors import SpecfuseError, UnknownModelError
+from ..models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from .measure import (
     accept_ms_per_member,
     cpu_model,
@@ -289,8 +290,6 @@ def format_table(report: dict[str, Any]) -> str:
 def parse_models(values: Sequence[str] | None) -> list[str]:
     """Model names from --models (space- or comma-separated; default: the trio), checked before any
     loading: a catalogue name or an existing checkpoint folder, since no hub is reachable."""
-    from ..errors import UnknownModelError
-    from ..models.catalogue import CATALOGUE, DEFAULT_MEMBERS
     from ..models.loading import check_member_name
 
     names = [n for arg in (values or DEFAULT_MEMBERS) for n in arg.split(",") if n]

@@ -32,6 +32,8 @@ from typing import Any
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import SpecfuseError
+from ..members.process import ProcessMember
+from ..prompts import QA_COMPLETION
 from .measure import (
     compare_in_turn,
     generate_alone,
@@ -175,7 +177,6 @@ def build_members(shapes: str, devices: Sequence[str], dtype_name: str) -> list[
     import torch
 
     from ..members.hf import HFMember
-    from ..prompts import QA_COMPLETION
 
     dtype = getattr(torch, dtype_name) if dtype_name != "auto" else _auto_dtype(devices[0])
     tokenizer = byte_tokenizer()
@@ -194,8 +195,6 @@ def build_process_members(shapes: str, devices: Sequence[str], dtype_name: str) 
     """The same members as build_members, each built in a worker process of its own, all at once.
     On a CPU the engine gives each process its thread share for every run (workers.MemberWorkers)."""
     import concurrent.futures
-
-    from ..members.process import ProcessMember
 
     count = len(SHAPES[shapes])
     builds = [
@@ -325,7 +324,6 @@ def build_one(shapes: str, index: int, device: str, dtype_name: str) -> Any:
     import torch
 
     from ..members.hf import HFMember
-    from ..prompts import QA_COMPLETION
 
     name, (arch, values) = list(SHAPES[shapes].items())[index]
     dtype = getattr(torch, dtype_name) if dtype_name != "auto" else _auto_dtype(device)

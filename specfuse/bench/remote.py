@@ -21,7 +21,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ..config import EnsembleConfig
+from ..engine import Ensemble
 from ..errors import SpecfuseError
+from ..models.cache import assemble_gguf, cache_root
+from ..models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +40,6 @@ def llama_server_binary() -> Path:
 
 def gguf_of(name: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """The verified GGUF file of a catalogue model (assembled into the cache when it comes in parts)."""
-    from ..models.cache import assemble_gguf, cache_root
-    from ..models.catalogue import CATALOGUE
 
     return assemble_gguf(CATALOGUE[name], cache_root(cache_dir) / "gguf")
 
@@ -88,8 +90,6 @@ def llama_server(
 
 
 def _run(members: Sequence[Any], prompt: str, max_new_tokens: int, parallel: str) -> dict[str, float]:
-    from ..config import EnsembleConfig
-    from ..engine import Ensemble
 
     config = EnsembleConfig(score="logprob", max_new_tokens=max_new_tokens, parallel=parallel)
     ensemble = Ensemble(members, config)
@@ -121,7 +121,7 @@ def run(
     """
     from contextlib import ExitStack
 
-    from ..members.remote import parse_server_spec
+    from ..members.remote import parse_server_spec  # brings transformers: only when serving
     from ..models.loading import load_members
 
     if servers:
@@ -155,7 +155,6 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ..models.catalogue import DEFAULT_MEMBERS
 
     parser = argparse.ArgumentParser(
         prog="python -m specfuse.bench remote",
