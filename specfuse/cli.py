@@ -10,7 +10,6 @@ import argparse
 import contextlib
 import dataclasses
 import logging
-import os
 import sys
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -212,8 +211,12 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     prompt = read_prompt(args.prompt)
     check_prompt(prompt)
     names = parse_models(args.models, config.sampling)
-    if args.trace:
+    if args.trace is not None:
         check_writable(args.trace)  # before minutes of loading, not after the answer
+    from .models.loading import check_member_name  # brings torch: only once the flags are sound
+
+    for name in names:  # an unknown name is refused before any note, bar or loading
+        check_member_name(name)
     if len(names) == 1 and not args.quiet:
         print(
             f"specfuse: note: one member ({names[0]}) means plain decoding by that model, no ensemble; "
@@ -233,7 +236,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 print(progress_line(r), file=err)
     finally:  # an interrupted run still leaves its trace
         trace = dataclasses.replace(trace, rounds=tuple(rounds))
-        if args.trace and rounds:
+        if args.trace is not None and rounds:
             try:
                 save_trace(trace, Path(args.trace).expanduser())
             except OSError as e:
@@ -274,15 +277,33 @@ def read_prompt(arg: str | None) -> str:
 
 
 def check_writable(path: str) -> None:
-    """Refuse a trace path that could not be written: a folder, a missing or read-only parent."""
-    target = Path(path).expanduser()
+    """Refuse a trace path that could not be written, before minutes of loading: empty, a folder, an
+    unknown ~user, a missing parent, or a place that refuses a file (read-only, /proc, …).
+
+    Permission bits say too little (root passes every os.access check, /proc refuses files anyway),
+    so the file is really opened for appending: an existing one is left as it was, a new one removed.
+    """
+    if not path.strip():
+        raise ConfigError("--trace is empty; give a file name, e.g. run.json")
+    try:
+        target = Path(path).expanduser()
+    except RuntimeError as e:  # "~nosuchuser/…": no such home directory
+        raise ConfigError(f"--trace {path!r}: {e}; give a path without ~user") from None
     parent = target.parent
     if target.is_dir():
         raise ConfigError(f"--trace {path!r} is a folder; give a file name, e.g. {path.rstrip('/')}/run.json")
     if not parent.is_dir():
         raise ConfigError(f"--trace {path!r}: the folder {str(parent)!r} does not exist; create it first")
-    if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise ConfigError(f"--trace {path!r}: no permission to write there; choose another path")
+    existed = target.exists()
+    try:
+        with open(target, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        raise ConfigError(
+            f"--trace {path!r} cannot be written ({e.strerror or e}); choose another path"
+        ) from None
+    if not existed:
+        target.unlink(missing_ok=True)
 
 
 def _load(names: Sequence[str], args: argparse.Namespace, err: TextIO) -> list[Member]:
@@ -317,6 +338,11 @@ def _progress_bar(err: TextIO, quiet: bool) -> Iterator[Callable[[float, str], N
     from tqdm import tqdm
 
     bar = tqdm(total=100, desc="loading", file=err, bar_format="{percentage:3.0f}%|{bar:20}| {desc}")
+    # A warning logged while the bar is drawn (the cache rebuilding a file, say) would print onto the
+    # bar's line: while it is shown, log lines go through tqdm, which moves the bar below them.
+    root = logging.getLogger()
+    handlers = root.handlers
+    root.handlers = [_BarHandler(err, handlers)]
 
     def update(fraction: float, message: str) -> None:
         bar.n = round(100 * min(max(fraction, 0.0), 1.0))
@@ -326,7 +352,23 @@ def _progress_bar(err: TextIO, quiet: bool) -> Iterator[Callable[[float, str], N
     try:
         yield update
     finally:
+        root.handlers = handlers
         bar.close()  # ends the bar's line (tqdm writes the newline), also when loading failed
+
+
+class _BarHandler(logging.Handler):
+    """Log records formatted as the CLI's own handlers would, written above a tqdm bar."""
+
+    def __init__(self, stream: TextIO, handlers: Sequence[logging.Handler]) -> None:
+        super().__init__()
+        self.stream = stream
+        self.formatter = next((h.formatter for h in handlers if h.formatter), None)
+        self.level = min((h.level for h in handlers), default=logging.NOTSET)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(self.format(record), file=self.stream)
 
 
 if __name__ == "__main__":

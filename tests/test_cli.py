@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -110,11 +111,59 @@ def test_invalid_utf8_on_stdin_exits_2_before_loading(monkeypatch):
 
 def test_a_loading_error_starts_on_its_own_line_after_the_progress_bar(tiny_checkpoints, tmp_path, capsys):
     """The bar was left open, so the error was printed at the end of its line."""
-    code = main(["--models", f"{tiny_checkpoints[0]},{tmp_path}/not-there/", "hi"])
+    (tmp_path / "empty").mkdir()  # a folder passes the name check; it fails while loading
+    code = main(["--models", f"{tiny_checkpoints[0]},{tmp_path}/empty", "hi"])
     err = capsys.readouterr().err
     assert code == 2 and "%|" in err  # the bar was drawn
     lines = err.split("\n")
-    assert any(line.startswith("specfuse: error: No checkpoint folder") for line in lines), err
+    assert any(line.startswith("specfuse: error: ") for line in lines), err
+
+
+@pytest.mark.parametrize("trace", ["", "~no-such-user-xyz/t.json", "/proc/t.json"])
+def test_a_trace_path_that_cannot_be_written_is_refused_before_loading(trace, monkeypatch):
+    """Issue 24, item 10: '~nosuchuser' was a traceback, /proc passed the check as root and failed
+    after the whole answer, and an empty path ran and silently wrote nothing."""
+    monkeypatch.setattr("specfuse.cli._load", lambda *a: pytest.fail("loaded models for a doomed run"))
+    code, out, err = run_cli("--models", "smollm2-135m,gemma3-270m", "--trace", trace, "hi")
+    assert code == 2 and out == ""
+    assert err.startswith("specfuse: error: --trace") and err.count("\n") == 1, err
+
+
+def test_the_trace_check_leaves_no_file_behind_and_an_existing_one_unchanged(tmp_path):
+    from specfuse.cli import check_writable
+
+    check_writable(str(tmp_path / "new.json"))
+    assert not (tmp_path / "new.json").exists()
+    (tmp_path / "old.json").write_text("keep")
+    check_writable(str(tmp_path / "old.json"))
+    assert (tmp_path / "old.json").read_text() == "keep"
+
+
+def test_an_unknown_model_is_refused_before_the_note_and_the_bar(monkeypatch):
+    """`--models nonexistent` printed the one-member note and a loading bar before its error, and
+    the known-models list named a catalogue model that is not installed."""
+    code, out, err = run_cli("--models", "nonexistent", "hi")
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith("specfuse: error: Unknown model 'nonexistent'; installed: smollm2-135m")
+    assert "not installed here: qwen2.5-coder-1.5b" in err and "%|" not in err
+
+
+def test_a_warning_logged_while_loading_prints_above_the_bar_not_on_its_line(tiny_checkpoints, monkeypatch):
+    from specfuse.models import loading
+
+    load_members = loading.load_members
+
+    def warn_then_load(names, **options):
+        options["progress"](0.5, "half way")
+        logging.getLogger("specfuse.models.cache").warning("rebuilding a damaged file")
+        return load_members(names, **options)
+
+    monkeypatch.setattr(loading, "load_members", warn_then_load)
+    code, _, err = run_cli("--models", ",".join(tiny_checkpoints), "--max-new-tokens", "4", "hi")
+    assert code == 0
+    line = next(line for line in err.split("\n") if "rebuilding a damaged file" in line)
+    # What follows the bar's last carriage return is the log line itself, from its first character.
+    assert line.rsplit("\r", 1)[-1].startswith("WARNING"), repr(line)
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from specfuse.members.workers import cpu_cores
 from specfuse.prompts import CHAT, QA_COMPLETION, PromptFormat
 
 from .cache import Progress, assemble_gguf, cache_root, cached_folder, ensure_cached, no_progress
-from .catalogue import CATALOGUE
+from .catalogue import CATALOGUE, installed_models
 from .devices import gpu_count, plan_devices, resolve_dtype
 
 if TYPE_CHECKING:
@@ -43,7 +43,12 @@ MemberLoad = Callable[..., "Member"]  # load_member's signature: (name, *, devic
 
 def _unknown(name: str, allow_paths: bool) -> UnknownModelError:
     hint = " Give a local checkpoint folder or a hub id (owner/name)." if allow_paths else ""
-    return UnknownModelError(f"Unknown model {name!r}; known: {', '.join(CATALOGUE)}.{hint}")
+    installed = installed_models()
+    missing = [m for m in CATALOGUE if m not in installed]
+    absent = f" (also in the catalogue, not installed here: {', '.join(missing)})" if missing else ""
+    return UnknownModelError(
+        f"Unknown model {name!r}; installed: {', '.join(installed) or 'none'}{absent}.{hint}"
+    )
 
 
 def _offline() -> bool:
