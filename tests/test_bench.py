@@ -25,8 +25,16 @@ def test_the_report_has_every_figure_the_issue_asks_for_and_all_are_finite(tiny_
         "peak_rss_gb",
         "ensemble_s_per_token",
         "single_sum_s_per_token",
+        "floor_sum_s_per_token",
+        "ensemble_floor_ratio",
     ):
         assert math.isfinite(report[key]), key
+    for single in report["single"].values():  # each member's decode time beside its floor
+        assert single["floor_ratio"] == pytest.approx(single["s_per_token"] / single["floor_s_per_token"])
+        assert single["floor_ratio"] > 1  # nothing decodes faster than reading its weights once
+    assert report["floor_sum_s_per_token"] == pytest.approx(
+        sum(s["floor_s_per_token"] for s in report["single"].values())
+    )
     assert report["cpu_model"] and set(report["dtypes"].values()) == {"float32"}
     assert set(report["single"]) == {m.name for m in tiny_members}
     accept = report["accept_cost"]
@@ -34,6 +42,7 @@ def test_the_report_has_every_figure_the_issue_asks_for_and_all_are_finite(tiny_
     assert all(m.reuse_verified_kv for m in tiny_members)  # the switch is put back
     json.dumps(report)  # JSON-ready
     table = bench.format_table(report)
+    assert "read bandwidth: cpu" in table and table.count("× the floor") == len(tiny_members) + 1
     for key, value, bound, holds in bench.verdicts(report):
         line = next(line for line in table.splitlines() if line.startswith(key + " "))
         assert holds == (value <= bound) and line.endswith("PASS" if holds else "MISS"), line
@@ -51,6 +60,17 @@ def test_late_and_early_rounds_are_the_issues_ranges_or_what_exists():
     assert bench.late_early_ranges(25) == ((2, 11), (16, 25))
     early, late = bench.late_early_ranges(9)
     assert early == (2, 5) and late == (6, 9)
+
+
+def test_phase_shares_with_members_at_once_are_shares_of_wall_time():
+    """Members at once overlap: summing their times gave a draft share of 1.96 and an engine share of
+    -1.41 in one run (issue 21). A phase lasts as long as its slowest member."""
+    timings = (MemberTiming("m", 0.5, 0.2, 0.1), MemberTiming("n", 0.6, 0.1, 0.1))
+    rounds = [hand_round(1, "a", timings=timings, seconds=1.0)]
+    shares = bench.phase_shares(rounds, concurrent=True)
+    assert shares["draft_share"] == pytest.approx(0.6) and shares["verify_share"] == pytest.approx(0.2)
+    assert shares["engine_share"] == pytest.approx(0.1) and sum(shares.values()) == pytest.approx(1.0)
+    assert bench.phase_shares(rounds)["engine_share"] < 0  # in-turn arithmetic would not fit them
 
 
 def test_phase_shares_add_up_to_one():

@@ -18,7 +18,13 @@ def test_every_mode_reports_finite_ratios_and_says_whether_answers_match(tiny_me
         "exit off, parallel off", "exit off, parallel on", "exit on, parallel off", "exit on, parallel on"
     ]  # fmt: skip
     for mode in report["modes"].values():
-        for key in ("s_per_token", "overhead_vs_single_sum", "overhead_vs_slowest", "first_segment_ratio"):
+        for key in (
+            "s_per_token",
+            "overhead_vs_single_sum",
+            "overhead_vs_slowest",
+            "first_segment_ratio",
+            "floor_ratio",
+        ):
             assert math.isfinite(mode[key]) and mode[key] > 0, key
         assert 0 < mode["first_candidate_s"] <= mode["first_segment_s"]
         assert 0 <= mode["decode_steps_saved"] < mode["tokens"] * 3
@@ -28,6 +34,8 @@ def test_every_mode_reports_finite_ratios_and_says_whether_answers_match(tiny_me
     assert set(report["thread_shares"]) == {m.name for m in tiny_members}
     table = bench_concurrency.format_table(report)
     assert "overhead_vs_single_sum" in table and "exit on, parallel on" in table
+    assert table.count("× the floor") == len(report["single"])  # each member beside its floor
+    assert all(s["floor_ratio"] > 1 for s in report["single"].values())
     json.dumps(report)
 
 

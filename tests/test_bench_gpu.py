@@ -51,7 +51,13 @@ def test_the_whole_benchmark_runs_on_tiny_shapes_and_reports_finite_ratios():
     report = bench_gpu.run_gpu_bench(members, max_new_tokens=20, segment_len=5, repeats=1)
     for parallel in ("off", "on"):
         mode = report["modes"][parallel]
-        for key in ("s_per_token", "overhead_vs_single_sum", "overhead_vs_slowest", "first_segment_ratio"):
+        for key in (
+            "s_per_token",
+            "overhead_vs_single_sum",
+            "overhead_vs_slowest",
+            "first_segment_ratio",
+            "floor_ratio",
+        ):
             assert math.isfinite(mode[key]) and mode[key] > 0, key
         assert mode["tokens"] == 20
         # Random weights behind the biased head: printable ASCII, one byte per token.
@@ -59,6 +65,8 @@ def test_the_whole_benchmark_runs_on_tiny_shapes_and_reports_finite_ratios():
     assert report["modes"]["on"]["same_answer_as_in_turn"] is True
     table = bench_gpu.format_table(report)
     assert "at once (threads)" in table and "× the slowest member alone" in table  # no CUDA streams on a CPU
+    assert table.count("× the floor") == len(report["single"])  # each member beside its floor
+    assert all(s["floor_ratio"] > 1 for s in report["single"].values())
     json.dumps(report)
 
 

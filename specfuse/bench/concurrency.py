@@ -27,6 +27,7 @@ from ..engine import Ensemble
 from ..errors import SpecfuseError
 from ..members.workers import thread_shares
 from .core import LONG_PROMPT, parse_models
+from .floor import add_floors, bandwidths, floor_lines, member_floors
 from .measure import (
     compare_in_turn,
     cpu_model,
@@ -69,6 +70,8 @@ def run_concurrency(
         n, seconds = generate_alone(m, prompt, max_new_tokens)
         first = statistics.median(generate_alone(m, prompt, segment_len)[1] for _ in range(repeats))
         singles[m.name] = {"s_per_token": seconds / max(n, 1), "first_segment_s": first}
+    bandwidth = bandwidths(members)
+    floor_sum = add_floors(singles, member_floors(members, bandwidth))
     single_sum = sum(s["s_per_token"] for s in singles.values())
     slowest = max(s["s_per_token"] for s in singles.values())
     slowest_first = max(s["first_segment_s"] for s in singles.values())
@@ -100,6 +103,8 @@ def run_concurrency(
         "max_new_tokens": max_new_tokens,
         "single": singles,
         "single_sum_s_per_token": single_sum,
+        "bandwidth_bytes_per_s": bandwidth,
+        "floor_sum_s_per_token": floor_sum,
         "slowest_single_s_per_token": slowest,
         "slowest_single_first_segment_s": slowest_first,
         "modes": modes,
@@ -218,6 +223,12 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(
             f"  {name:24} alone: {1000 * s['s_per_token']:6.1f} ms/token, "
             f"first {report['segment_len']} tokens {s['first_segment_s']:.3f} s"
+        )
+    if "floor_sum_s_per_token" in report:  # reports written before the floor was measured lack it
+        lines += floor_lines(report["single"], report["bandwidth_bytes_per_s"])
+        ratios = ", ".join(f"{name} {m['floor_ratio']:.2f}" for name, m in report["modes"].items())
+        lines.append(
+            f"  ensemble × the sum of floors ({1000 * report['floor_sum_s_per_token']:.1f} ms): {ratios}"
         )
     lines += [
         f"  sum of members alone {1000 * report['single_sum_s_per_token']:.1f} ms/token, slowest "

@@ -19,7 +19,9 @@ from typing import Any
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import SpecfuseError, UnknownModelError
+from ..members.workers import run_concurrently
 from ..models.catalogue import CATALOGUE, DEFAULT_MEMBERS
+from .floor import add_floors, bandwidths, floor_lines, member_floors
 from .measure import (
     accept_ms_per_member,
     cpu_model,
@@ -129,7 +131,9 @@ def run_bench(
     steps.close()
 
     early, late = late_early_ranges(len(main.rounds))
-    shares = phase_shares(main.rounds)
+    shares = phase_shares(main.rounds, concurrent=run_concurrently(members, parallel))
+    bandwidth = bandwidths(members)
+    floor_sum = add_floors(singles, member_floors(members, bandwidth))
     seconds_per_token = main.seconds / max(tokens, 1)
     single_sum = sum(s["s_per_token"] for s in singles.values())
     slowest_first = max(s["first_segment_s"] for s in singles.values())
@@ -173,6 +177,9 @@ def run_bench(
         "ensemble_seconds": main.seconds,
         "ensemble_s_per_token": seconds_per_token,
         "ensemble_tokens_per_s": tokens / main.seconds,
+        "bandwidth_bytes_per_s": bandwidth,
+        "floor_sum_s_per_token": floor_sum,  # the members' floors together (they all decode each token)
+        "ensemble_floor_ratio": seconds_per_token / floor_sum,
         "single": singles,
         "single_sum_s_per_token": single_sum,
         "overhead_vs_single_sum": seconds_per_token / single_sum,
@@ -252,8 +259,9 @@ def format_table(report: dict[str, Any]) -> str:
         "",
         f"rounds {e[0]}–{e[1]} / {la[0]}–{la[1]}: "
         f"{report['round_s_early']:.3f} s / {report['round_s_late']:.3f} s",
-        f"shares: draft {report['draft_share']:.3f} · verify {report['verify_share']:.3f} · "
-        f"accept {report['accept_share']:.3f} · engine {report['engine_share']:.3f}",
+        f"shares of the rounds' wall time: draft {report['draft_share']:.3f} · verify "
+        f"{report['verify_share']:.3f} · accept {report['accept_share']:.3f} · "
+        f"engine {report['engine_share']:.3f}",
         f"ensemble: {1000 * report['ensemble_s_per_token']:.1f} ms/token "
         f"({report['ensemble_tokens_per_s']:.1f} tok/s); sum of singles "
         f"{1000 * report['single_sum_s_per_token']:.1f} ms/token",
@@ -262,6 +270,13 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(
             f"  {name:24} alone: {1000 * s['s_per_token']:6.1f} ms/token ({s['tokens_per_s']:.1f} tok/s), "
             f"first {report['segment_len']} tokens {s['first_segment_s']:.3f} s"
+        )
+    if "floor_sum_s_per_token" in report:  # reports written before the floor was measured lack it
+        lines += floor_lines(report["single"], report["bandwidth_bytes_per_s"])
+        lines.append(
+            f"  ensemble {1000 * report['ensemble_s_per_token']:.1f} ms/token | sum of floors "
+            f"{1000 * report['floor_sum_s_per_token']:.1f} ms | "
+            f"{report['ensemble_floor_ratio']:.2f}× the floor"
         )
     lines += [
         f"decode steps saved by taking over trimmed tokens: {report['decode_steps_saved']} "

@@ -34,6 +34,7 @@ from ..engine import Ensemble
 from ..errors import SpecfuseError
 from ..members.process import ProcessMember
 from ..prompts import QA_COMPLETION
+from .floor import add_floors, bandwidths, floor_lines, member_floors
 from .measure import (
     compare_in_turn,
     generate_alone,
@@ -287,6 +288,8 @@ def run_gpu_bench(
             "first_segment_s": first,
             "peak_gb": memory.peak_gb(),
         }
+    bandwidth = bandwidths(members)
+    floor_sum = add_floors(singles, member_floors(members, bandwidth))
     single_sum = sum(s["s_per_token"] for s in singles.values())
     slowest = max(s["s_per_token"] for s in singles.values())
     slowest_first = max(s["first_segment_s"] for s in singles.values())
@@ -309,6 +312,8 @@ def run_gpu_bench(
         "max_new_tokens": max_new_tokens,
         "single": singles,
         "single_sum_s_per_token": single_sum,
+        "bandwidth_bytes_per_s": bandwidth,
+        "floor_sum_s_per_token": floor_sum,
         "slowest_single_s_per_token": slowest,
         "slowest_single_first_segment_s": slowest_first,
         "modes": modes,
@@ -433,6 +438,12 @@ def format_table(report: dict[str, Any]) -> str:
             f"  {name:14} on {report['devices'][name]:7} {report['parameters'][name] / 1e9:5.2f} B params "
             f"alone: {1000 * s['s_per_token']:7.1f} ms/token ({s['tokens_per_s']:.1f} tok/s), first "
             f"{report['segment_len']} tokens {s['first_segment_s']:.3f} s, peak {s['peak_gb']:.1f} GB"
+        )
+    if "floor_sum_s_per_token" in report:  # reports written before the floor was measured lack it
+        lines += floor_lines(report["single"], report["bandwidth_bytes_per_s"])
+        ratios = ", ".join(f"{name} {m['floor_ratio']:.2f}" for name, m in report["modes"].items())
+        lines.append(
+            f"  ensemble × the sum of floors ({1000 * report['floor_sum_s_per_token']:.1f} ms): {ratios}"
         )
     lines += [
         "",

@@ -136,12 +136,20 @@ def late_early_ranges(n_rounds: int) -> tuple[tuple[int, int], tuple[int, int]]:
     return (2, 1 + half), (n_rounds - half + 1, n_rounds)
 
 
-def phase_shares(rounds: Sequence[Round]) -> dict[str, float]:
-    """Share of the summed round time spent drafting, verifying, accepting, and in the engine."""
+def phase_shares(rounds: Sequence[Round], concurrent: bool = False) -> dict[str, float]:
+    """Each phase's share of the rounds' wall time: drafting, verifying, accepting, and the engine's
+    own work (the rest). Members in turn spend a phase's wall time one after another (the sum of
+    their times); members at once overlap, so a phase lasts as long as its slowest member. Summing
+    member time regardless (as before) gave shares past 1 with members at once (draft 1.96, engine
+    -1.41 in one run)."""
     total = sum(r.seconds for r in rounds) or math.nan
-    draft = sum(t.draft_s for r in rounds for t in r.timings)
-    verify = sum(t.verify_s for r in rounds for t in r.timings)
-    accept = sum(t.accept_s for r in rounds for t in r.timings)
+
+    def wall(times: list[float]) -> float:
+        return max(times, default=0.0) if concurrent else sum(times)
+
+    draft = sum(wall([t.draft_s for t in r.timings]) for r in rounds)
+    verify = sum(wall([t.verify_s for t in r.timings]) for r in rounds)
+    accept = sum(wall([t.accept_s for t in r.timings]) for r in rounds)
     return {
         "draft_share": draft / total,
         "verify_share": verify / total,
@@ -194,6 +202,9 @@ def mode_figures(
         "tokens_per_s": 1 / s_per_token,
         "overhead_vs_single_sum": s_per_token / sum(s["s_per_token"] for s in singles.values()),
         "overhead_vs_slowest": s_per_token / max(s["s_per_token"] for s in singles.values()),
+        # The members' floors together: every member decodes every token (exit off), so their sum is
+        # the least time per token the ensemble could take on this machine (floor.py).
+        "floor_ratio": s_per_token / sum(s.get("floor_s_per_token", math.nan) for s in singles.values()),
         "round_time_ratio_late_early": mean_round_seconds(run.rounds, *late)
         / mean_round_seconds(run.rounds, *early),
         "first_candidate_s": statistics.median(f.first_candidate_s for f in firsts),

@@ -1,0 +1,92 @@
+"""The memory-bandwidth floor: the fastest a member could decode on this machine, as a figure.
+
+Decoding one token reads every weight once, so a member's time per token cannot fall below
+(bytes of weights read per token) / (the memory's read bandwidth). Each benchmark prints every
+member's decode time beside its floor and their ratio, and the ensemble's time per token beside the
+sum of its members' floors, so that "how far from the hardware" is a number, not a feeling.
+
+Knows nothing about the ensemble: it measures a device's read bandwidth and a model's bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+BANDWIDTH_MB = 512  # large enough to leave every cache far behind, small enough for any test box
+
+
+def read_bandwidth(device: str = "cpu", megabytes: int = BANDWIDTH_MB, repeats: int = 5) -> float:
+    """Bytes per second this device reads: the best of `repeats` sums over a `megabytes` tensor (a
+    sum reads each byte once and writes nothing, which is what decoding does to its weights)."""
+    import torch
+
+    data = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first pass warms up (page faults, kernel start)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+        began = time.perf_counter()
+        data.sum().item()
+        best = min(best, time.perf_counter() - began)
+    return data.numel() * data.element_size() / best
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes of weights one decoding step reads: every parameter once, except an input embedding
+    that is not also the output head (a step gathers one of its rows, not the whole table)."""
+    embedding = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight.data_ptr() == embedding.data_ptr()
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() in seen or (p is embedding and not tied):
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    return total
+
+
+def member_floors(members: Sequence[Any], bandwidth: Mapping[str, float]) -> dict[str, dict[str, float]]:
+    """Each member's bytes per token and floor in seconds per token, on its own device's bandwidth."""
+    out = {}
+    for m in members:
+        kind = "cuda" if str(m.device).startswith("cuda") else "cpu"
+        nbytes = weight_bytes(m.model)
+        out[m.name] = {"weight_bytes": nbytes, "floor_s_per_token": nbytes / bandwidth[kind]}
+    return out
+
+
+def bandwidths(members: Sequence[Any]) -> dict[str, float]:
+    """The read bandwidth of every kind of device the members sit on (bytes per second)."""
+    kinds = {"cuda" if str(m.device).startswith("cuda") else "cpu" for m in members}
+    out = {"cpu": read_bandwidth("cpu")}
+    if "cuda" in kinds:
+        device = next(str(m.device) for m in members if str(m.device).startswith("cuda"))
+        out["cuda"] = read_bandwidth(device)
+    return out
+
+
+def add_floors(singles: dict[str, dict[str, float]], floors: Mapping[str, Mapping[str, float]]) -> float:
+    """Put each member's floor and `floor_ratio` (its time per token alone / its floor) into
+    `singles`; return the sum of the members' floors (what the ensemble's time is set beside)."""
+    for name, single in singles.items():
+        single.update(floors[name])
+        single["floor_ratio"] = single["s_per_token"] / floors[name]["floor_s_per_token"]
+    return sum(f["floor_s_per_token"] for f in floors.values())
+
+
+def floor_lines(singles: Mapping[str, Mapping[str, float]], bandwidth: Mapping[str, float]) -> list[str]:
+    """The floor table of a benchmark's printout: bandwidth, then one line per member."""
+    lines = ["read bandwidth: " + ", ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in bandwidth.items())]
+    for name, s in singles.items():
+        lines.append(
+            f"  {name:<22} {1000 * s['s_per_token']:8.1f} ms/token alone | floor "
+            f"{1000 * s['floor_s_per_token']:6.1f} ms ({s['weight_bytes'] / 1e9:.2f} GB) | "
+            f"{s['floor_ratio']:.2f}× the floor"
+        )
+    return lines
+
+
+__all__ = ["add_floors", "bandwidths", "floor_lines", "member_floors", "read_bandwidth", "weight_bytes"]
