@@ -2,18 +2,39 @@
 
 It speaks each engine's JSON (the fields RemoteMember uses) on 127.0.0.1, on a free port, and
 computes with a real model, so the numbers a remote member reads are real. Faults on demand:
-`slow` (seconds to wait before answering), `malformed` (answer non-JSON), `stop()` (vanish).
+`slow` (seconds to wait before answering), `malformed` (answer non-JSON), `stop()` (vanish), and
+`fault` (every request) or `next_faults` (one each, for the next requests) naming one of FAULTS.
+It records each request's path, payload and headers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
+
+# What a misbehaving server does instead of answering:
+FAULTS = (
+    "hang",  # never answers
+    "trickle",  # sends its headers, then one byte every `trickle_s`
+    "malformed",  # 200 with a body that is not JSON
+    "shape",  # 200 with JSON of the wrong shape
+    "html",  # 200 with an HTML page (a proxy's or a login page)
+    "http500",  # an internal error, with an HTML body
+    "http503",  # "loading the model, try again"
+    "reset",  # closes the connection without answering
+    "dies",  # sends its headers and part of the body, then closes the connection
+    "redirect",  # 307 to `redirect_to`
+    "big",  # 200 with a JSON body of `big_bytes`, its length announced
+    "flood",  # the same without a length: the body ends when the connection does
+)
+HTML = b"<html><body><h1>Oops</h1><a href='https://attacker.example/'>click</a></body></html>"
 
 
 class StubServer:
@@ -25,13 +46,28 @@ class StubServer:
         self.trim_stop = trim_stop  # leave out the stop token it ended at (as some servers do)
         self.slow = 0.0
         self.malformed = False
+        self.fault: str | None = None  # on every request
+        self.next_faults: list[str] = []  # one per request, before `fault`
+        self.trickle_s = 0.2
+        self.redirect_to = "http://127.0.0.1:9/elsewhere"
+        self.big_bytes = 10_000
+        self.stopped = threading.Event()  # ends hanging and trickling answers
         self.requests: list[tuple[str, dict]] = []
+        self.headers: list[dict[str, str]] = []
+        self.clients: list[tuple[str, int]] = []  # each request's client address: one per connection
+        self.connections: set[socket.socket] = set()
         self.lock = threading.Lock()  # one request at a time, as one GPU would
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as real servers: clients reuse connections
+
             def log_message(self, *args) -> None:
                 pass
+
+            def setup(self) -> None:
+                super().setup()
+                stub.connections.add(self.connection)
 
             def do_GET(self) -> None:
                 self._answer(None)
@@ -42,8 +78,14 @@ class StubServer:
 
             def _answer(self, payload) -> None:
                 stub.requests.append((self.path, payload))
+                stub.headers.append(dict(self.headers))
+                stub.clients.append(self.client_address)
                 if stub.slow:
                     time.sleep(stub.slow)
+                fault = stub.next_faults.pop(0) if stub.next_faults else stub.fault
+                if fault is not None:
+                    stub.misbehave(self, fault)
+                    return
                 if stub.malformed:
                     body = b"{this is not json"
                 else:
@@ -70,8 +112,68 @@ class StubServer:
         self.thread.start()
 
     def stop(self) -> None:
+        """Vanish as a killed server does: no new connections, the open ones cut."""
+        self.stopped.set()
         self.server.shutdown()
         self.server.server_close()
+        for connection in list(self.connections):
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+
+    # -- faults ------------------------------------------------------------------------------------
+
+    def misbehave(self, handler: BaseHTTPRequestHandler, fault: str) -> None:
+        def send(status: int, body: bytes, kind="application/json", length=None, **headers) -> None:
+            handler.send_response(status)
+            handler.send_header("Content-Type", kind)
+            handler.send_header("Content-Length", str(len(body) if length is None else length))
+            for key, value in headers.items():
+                handler.send_header(key, value)
+            handler.end_headers()
+            handler.wfile.write(body)
+            handler.wfile.flush()
+
+        def cut() -> None:  # the connection ends here
+            handler.close_connection = True
+            handler.connection.shutdown(socket.SHUT_RDWR)
+
+        if fault == "hang":
+            self.stopped.wait(300)
+        elif fault == "trickle":
+            send(200, b"", length=1000)
+            for _ in range(1000):
+                if self.stopped.wait(self.trickle_s):
+                    break
+                try:
+                    handler.wfile.write(b" ")
+                    handler.wfile.flush()
+                except OSError:  # the client gave up
+                    break
+        elif fault == "malformed":
+            send(200, b"{this is not json")
+        elif fault == "shape":
+            send(200, b'{"unexpected": ["shape"]}')
+        elif fault == "html":
+            send(200, HTML, kind="text/html")
+        elif fault in ("http500", "http503"):
+            send(int(fault[4:]), HTML, kind="text/html")
+        elif fault == "reset":
+            cut()
+        elif fault == "dies":
+            send(200, b'{"tokens": [1, 2', length=1000)
+            cut()
+        elif fault == "redirect":
+            send(307, b"", Location=self.redirect_to)
+        elif fault == "big":
+            send(200, json.dumps({"padding": "x" * self.big_bytes}).encode())
+        elif fault == "flood":
+            handler.send_response(200)
+            handler.send_header("Content-Type", "application/json")
+            handler.end_headers()
+            handler.wfile.write(json.dumps({"padding": "x" * self.big_bytes}).encode())
+            cut()
+        else:
+            raise ValueError(f"unknown fault {fault!r}; one of {FAULTS}")
 
     # -- the model ---------------------------------------------------------------------------------
 

@@ -315,3 +315,128 @@ def test_the_app_lets_only_the_operators_servers_through():
     for name in (operator, "vllm:http://169.254.169.254:80#typed"):
         loader(name, "cpu", lambda fraction, message: None)
     assert seen == {operator: True, "vllm:http://169.254.169.254:80#typed": False}
+
+
+# ---- the transport: deadline, retries, redirects, proxies, size caps, credentials -------------------
+
+
+def test_a_trickling_server_is_cut_off_at_the_overall_deadline(local):
+    """One byte every 0.2 s never trips a per-read timeout of 1 s; the request's deadline ends it."""
+    import time
+
+    stub, remote = served("llama-server", local["llama-bytes"], timeout=1.0)
+    try:
+        state = remote.start("hi", LOGPROB)
+        stub.fault, stub.trickle_s = "trickle", 0.2
+        began = time.monotonic()
+        with pytest.raises(MemberError, match=rf"{stub.url} did not answer /completion within 1 s"):
+            remote.draft(state, 5)
+        assert time.monotonic() - began < 1.5
+    finally:
+        stub.stop()
+
+
+def test_connections_are_pooled_and_503s_and_resets_are_retried(local):
+    member = local["llama-bytes"]
+    stub, remote = served("sglang", member)
+    try:
+        state = remote.start("hi", LOGPROB)
+        expected = remote.draft(state, 6).text
+        assert len(set(stub.clients)) == 1  # every request so far on one kept-alive connection
+        stub.next_faults = ["http503", "reset", "http503"]
+        assert remote.draft(state, 6).text == expected
+        stub.fault = "http503"
+        with pytest.raises(MemberError, match=r"answered HTTP 503 to /generate \(after 4 tries\): <html>"):
+            remote.draft(state, 6)
+    finally:
+        stub.stop()
+
+
+def test_a_redirect_is_not_followed(local):
+    stub, remote = served("sglang", local["llama-bytes"])
+    elsewhere = StubServer("sglang", local["llama-bytes"])
+    try:
+        state = remote.start("hi", LOGPROB)
+        stub.fault, stub.redirect_to = "redirect", elsewhere.url + "/generate"
+        with pytest.raises(MemberError, match=r"HTTP 307 to /generate, a redirect .* not followed"):
+            remote.draft(state, 5)
+        assert elsewhere.requests == []
+    finally:
+        stub.stop()
+        elsewhere.stop()
+
+
+@pytest.mark.parametrize("fault", ["big", "flood"])
+def test_an_answer_beyond_the_size_cap_is_a_member_error(local, fault):
+    stub, remote = served("vllm", local["llama-bytes"])
+    try:
+        state = remote.start("hi", LOGPROB)
+        remote.http.max_body = 5000
+        stub.fault, stub.big_bytes = fault, 20_000
+        with pytest.raises(MemberError, match=r"answered /v1/completions with more than 5,000 bytes"):
+            remote.draft(state, 5)
+    finally:
+        stub.stop()
+
+
+def test_an_error_body_is_read_only_in_part(local):
+    stub, remote = served("vllm", local["llama-bytes"])
+    try:
+        state = remote.start("hi", LOGPROB)
+        stub.fault = "http500"
+        with pytest.raises(MemberError, match=r"answered HTTP 500 to /v1/completions: <html>") as info:
+            remote.draft(state, 5)
+        assert len(str(info.value)) < 500
+    finally:
+        stub.stop()
+
+
+def test_the_environments_proxy_is_used_only_when_the_spec_asks(local, monkeypatch):
+    member = local["llama-bytes"]
+    stub, remote = served("vllm", member)
+    proxy = StubServer("vllm", member)
+    proxy.fault = "http500"  # a proxy that records what reaches it
+    for var in ("HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(var, proxy.url)
+    for var in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    try:
+        remote.connect()  # the default: straight to the server
+        assert proxy.requests == [] and stub.requests
+        through = RemoteMember("via", "vllm", stub.url, member.tokenizer, timeout=5, proxy="env")
+        with pytest.raises(MemberError, match="via: .* answered HTTP 500 to /v1/models"):
+            through.connect()
+        assert proxy.requests[0][0] == stub.url + "/v1/models"  # a proxy gets the absolute URL
+    finally:
+        stub.stop()
+        proxy.stop()
+
+
+def test_credentials_in_a_url_are_sent_as_basic_auth_and_never_shown(local):
+    import base64
+
+    member = local["llama-bytes"]
+    stub = StubServer("vllm", member)
+    secret_url = stub.url.replace("http://", "http://alice:s%40cr3t@")
+    spec = parse_server_spec(f"vllm:{secret_url}?tokenizer=x&proxy=env")
+    assert (spec.url, spec.auth, spec.proxy) == (stub.url, ("alice", "s@cr3t"), "env")
+    assert spec.name == f"vllm@{stub.url.removeprefix('http://')}" and "cr3t" not in repr(spec)
+    with pytest.raises(ConfigError) as bad:
+        parse_server_spec(f"vllm:{secret_url}?colour=red")
+    assert "cr3t" not in str(bad.value) and "***@" in str(bad.value)
+    try:
+        for remote in (
+            RemoteMember(spec.name, "vllm", spec.url, member.tokenizer, auth=spec.auth),
+            RemoteMember("m", "vllm", secret_url, member.tokenizer),
+        ):
+            remote.connect()
+            expected = "Basic " + base64.b64encode(b"alice:s@cr3t").decode()
+            assert stub.headers[-1]["Authorization"] == expected
+            shown = f"{remote!r} {remote.url} {remote.host} {remote.http.where()}"
+            assert "cr3t" not in shown and "alice" not in shown and "***@127.0.0.1" in shown
+        stub.stop()
+        with pytest.raises(MemberError, match=r"m: the vllm server at http://\*\*\*@127") as down:
+            remote.connect()
+        assert "cr3t" not in str(down.value)
+    finally:
+        stub.stop()

@@ -4,41 +4,39 @@ One RemoteMember per server URL, with a small adapter per engine for its JSON. T
 cuts and scored tokens are computed on the client with the model's own tokenizer, through the same
 functions as HFMember (drafting.py), so a model behaves alike in-process and served; the server's
 prefix cache stands in for our KV cache. Servers return log-probabilities, never raw logits, so a
-remote member scores with score="logprob" only. Stdlib HTTP; knows nothing about the other members.
+remote member scores with score="logprob" only. How requests travel (deadlines, retries, size caps,
+credentials) is transport.py's; this module knows nothing about the other members.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import math
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..config import MemberSettings
-from ..errors import ConfigError, MemberError, PromptTooLongError, SpecfuseError
+from ..errors import ConfigError, PromptTooLongError
 from ..prompts import CHAT, PromptFormat
 from ..records import Candidate
 from ..segments import REPLACEMENT
 from . import drafting
 from .drafting import UTF8_GRACE_TOKENS
 from .protocol import BaseMember
+from .transport import PROXY_MODES, Http, redact, split_credentials
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_TIMEOUT_S = 60.0  # each request's whole deadline
 PROBE_TEXT = "Hello, world! Numbers 12345, symbols {}[]<>, accents éàü, 漢字 and emoji 🙂.\n  indented"
-MAX_ERROR_BODY = 300  # characters of a server's error body quoted in a message
+OPTIONS = ("tokenizer", "timeout", "model", "proxy")
 
 
 # ---- naming a served member -----------------------------------------------------------------------
@@ -49,16 +47,21 @@ class ServerSpec:
     """`ENGINE:URL[#NAME][?KEY=VALUE&...]`, e.g. `llama-server:http://127.0.0.1:8080#smollm2?tokenizer=smollm2-135m`.
 
     Options: tokenizer (a catalogue name, a local folder, a .gguf file or a hub id; default NAME),
-    timeout (seconds per request), model (the served model name, vLLM only; default: the first the
-    server lists). Only the operator names servers (command-line flags); browser users pick among them.
+    timeout (each request's whole deadline in seconds: connecting, waiting, reading, retries), model
+    (the served model name, vLLM only; default: the first the server lists), proxy (`env`: through
+    the environment's HTTP(S)_PROXY; default `none`, so prompts never go through a proxy unasked).
+    A URL's `user:password@` is sent as basic auth, kept in `auth`, and never shown. Only the
+    operator names servers (command-line flags); browser users pick among them.
     """
 
     engine: str  # one of ENGINES
-    url: str  # scheme://host:port[/path], without a trailing slash
+    url: str  # scheme://host:port[/path], without credentials or a trailing slash
     name: str  # the member's name
     tokenizer: str
     timeout: float = DEFAULT_TIMEOUT_S
     model: str | None = None
+    proxy: str = "none"  # one of transport.PROXY_MODES
+    auth: tuple[str, str] | None = field(default=None, repr=False)  # (user, password) from the URL
 
 
 def is_server_spec(text: str) -> bool:
@@ -66,86 +69,49 @@ def is_server_spec(text: str) -> bool:
 
 
 def parse_server_spec(spec: str) -> ServerSpec:
-    """Parse and check a server spec; raises ConfigError naming what is wrong."""
+    """Parse and check a server spec; raises ConfigError naming what is wrong (never its credentials)."""
     engine, sep, rest = spec.partition(":")
+    shown = redact(spec)
     if not sep or engine not in ENGINES:
         raise ConfigError(
-            f"Unknown server spec {spec!r}; write ENGINE:URL#NAME with ENGINE one of {', '.join(ENGINES)}, "
+            f"Unknown server spec {shown!r}; write ENGINE:URL#NAME with ENGINE one of {', '.join(ENGINES)}, "
             "e.g. llama-server:http://127.0.0.1:8080#smollm2-135m"
         )
     rest, _, query = rest.partition("?")
     url, _, name = rest.partition("#")
-    parts = urllib.parse.urlsplit(url)
+    url, auth = split_credentials(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018  (reading it checks it)
+    except ValueError as e:
+        raise ConfigError(f"Server spec {shown!r}: {redact(url)!r} has a bad port: {e}") from e
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-        raise ConfigError(f"Server spec {spec!r}: {url!r} is not an http(s)://host:port URL")
+        raise ConfigError(f"Server spec {shown!r}: {redact(url)!r} is not an http(s)://host:port URL")
     try:
         options = dict(urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
     except ValueError as e:
-        raise ConfigError(f"Server spec {spec!r}: cannot read the options {query!r}: {e}") from e
-    unknown = set(options) - {"tokenizer", "timeout", "model"}
+        raise ConfigError(f"Server spec {shown!r}: cannot read the options {redact(query)!r}: {e}") from e
+    unknown = set(options) - set(OPTIONS)
     if unknown:
-        raise ConfigError(f"Server spec {spec!r}: unknown option(s) {', '.join(sorted(unknown))}")
-    name = name or f"{engine}@{parts.netloc}"
+        raise ConfigError(
+            f"Server spec {shown!r}: unknown option(s) {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(OPTIONS)}"
+        )
+    name = name or f"{engine}@{parts.netloc}"  # the netloc without credentials
     tokenizer = options.get("tokenizer") or name
     try:
         timeout = float(options.get("timeout", DEFAULT_TIMEOUT_S))
     except ValueError as e:
-        raise ConfigError(f"Server spec {spec!r}: timeout must be a number of seconds") from e
+        raise ConfigError(f"Server spec {shown!r}: timeout must be a number of seconds") from e
     if not 0 < timeout < math.inf:
-        raise ConfigError(f"Server spec {spec!r}: timeout must be a positive number of seconds")
-    return ServerSpec(engine, url.rstrip("/"), name, tokenizer, timeout, options.get("model") or None)
-
-
-# ---- HTTP --------------------------------------------------------------------------------------------
-
-
-class Http:
-    """JSON over HTTP to one server; every failure becomes a MemberError naming the member and server."""
-
-    def __init__(self, member: str, engine: str, url: str, timeout: float) -> None:
-        self.member, self.engine, self.url, self.timeout = member, engine, url, timeout
-
-    def where(self) -> str:
-        return f"{self.member}: the {self.engine} server at {self.url}"
-
-    def malformed(self, path: str, detail: object) -> MemberError:
-        return MemberError(f"{self.where()} sent a malformed answer to {path} ({detail})")
-
-    @contextmanager
-    def reading(self, what: str) -> Iterator[None]:
-        """Turn a missing key or a wrong type in a server's answer into a MemberError."""
-        try:
-            yield
-        except SpecfuseError:
-            raise
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-            raise self.malformed(what, f"{type(e).__name__}: {e}") from e
-
-    def call(self, path: str, payload: dict[str, Any] | None = None) -> Any:
-        data = None if payload is None else json.dumps(payload).encode()
-        request = urllib.request.Request(
-            self.url + path, data=data, headers={"Content-Type": "application/json"}
+        raise ConfigError(f"Server spec {shown!r}: timeout must be a positive number of seconds")
+    proxy = options.get("proxy", "none")
+    if proxy not in PROXY_MODES:
+        raise ConfigError(
+            f"Server spec {shown!r}: proxy must be one of {', '.join(PROXY_MODES)}, not {proxy!r}"
         )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                body = response.read()
-        except urllib.error.HTTPError as e:
-            detail = e.read().decode("utf-8", "replace")[:MAX_ERROR_BODY]
-            raise MemberError(f"{self.where()} answered HTTP {e.code} to {path}: {detail}") from e
-        except TimeoutError as e:
-            raise MemberError(
-                f"{self.where()} did not answer {path} within {self.timeout:g} s; is it overloaded? "
-                "Raise the spec's ?timeout= or check the server"
-            ) from e
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-            reason = getattr(e, "reason", e)
-            if isinstance(reason, TimeoutError):
-                raise MemberError(f"{self.where()} did not answer {path} within {self.timeout:g} s") from e
-            raise MemberError(f"{self.where()} is unreachable ({reason}); is it running?") from e
-        try:
-            return json.loads(body)
-        except ValueError as e:
-            raise self.malformed(path, f"not JSON: {body[:80]!r}") from e
+    model = options.get("model") or None
+    return ServerSpec(engine, url.rstrip("/"), name, tokenizer, timeout, model, proxy, auth)
 
 
 # ---- one adapter per engine ------------------------------------------------------------------------
@@ -457,19 +423,23 @@ class RemoteMember(BaseMember):
         timeout: float = DEFAULT_TIMEOUT_S,
         model: str | None = None,
         generation_eos: Any = None,
+        auth: tuple[str, str] | None = None,
+        proxy: str = "none",
     ) -> None:
+        """`url` may hold `user:password@` (or give them as `auth`): sent as basic auth, shown as
+        `***@`. `timeout`: each request's whole deadline. `proxy`: "none" or "env"."""
         if engine not in ADAPTERS:
             raise ConfigError(f"{name}: unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
         if prompt_format.kind == "chat" and not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"{name}: the tokenizer has no chat template; use a completion prompt format")
+        self.http = Http(name, engine, url, timeout, auth=auth, proxy=proxy)
         self.name = name
         self.engine = engine
-        self.url = url.rstrip("/")
+        self.url = self.http.url  # credentials shown as ***: this URL appears in messages
         self.device = "server"  # its weights are the server's business
         self.host = self.url  # members on different servers run at the same time (parallel="auto")
         self.tokenizer = tokenizer
         self.prompt_format = prompt_format
-        self.http = Http(name, engine, self.url, timeout)
         self.stop_token_ids = frozenset(drafting.stop_token_ids(tokenizer, generation_eos))
         self.adapter = ADAPTERS[engine](self.http, model, self.stop_token_ids, self.decode)
         self.end_marker = tuple(drafting.end_marker(tokenizer, prompt_format, self.stop_token_ids))
