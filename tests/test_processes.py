@@ -4,6 +4,8 @@ what happened, and the engine running them at the same time."""
 from __future__ import annotations
 
 import functools
+import threading
+import time
 
 import pytest
 
@@ -87,6 +89,44 @@ def test_a_worker_that_dies_gives_a_member_error_naming_it():
     with pytest.raises(MemberError, match=f"{NAMES[0]}: its worker process ended"):
         Ensemble([member, tiny_member(NAMES[1])], EnsembleConfig(max_new_tokens=8)).run("Hi")
     member.close()
+
+
+def hangs_in_draft(name: str):
+    """A tiny member whose drafts never return, as a worker hung in a kernel or a deadlock would
+    (module-level: the spawned worker process builds it)."""
+    member = tiny_member(name)
+
+    def forever(*args, **kwargs):
+        threading.Event().wait()
+
+    member.draft = member.draft_many = forever
+    return member
+
+
+def test_a_worker_that_misses_its_deadline_is_stopped_and_its_member_says_why():
+    member = ProcessMember(functools.partial(hangs_in_draft, NAMES[0]), threads=1, call_timeout=2.0)
+    try:
+        began = time.monotonic()
+        with pytest.raises(
+            MemberError,
+            match=rf"^{NAMES[0]}: its worker process did not answer draft_many within its 2 s deadline",
+        ):
+            Ensemble([member, tiny_member(NAMES[1])], EnsembleConfig(max_new_tokens=8)).run("Hi")
+        assert time.monotonic() - began < 2.0 + 10  # the deadline, then ending the process
+        assert not member.alive
+        with pytest.raises(
+            MemberError,
+            match=rf"{NAMES[0]}: its worker process was stopped after missing its 2 s deadline "
+            "during draft_many; load the member again",
+        ):
+            member.start("Hi", EnsembleConfig().member_settings(0))
+    finally:
+        member.close()
+
+
+def test_a_call_deadline_must_be_positive():
+    with pytest.raises(ValueError, match="call_timeout must be a positive number of seconds"):
+        ProcessMember(functools.partial(tiny_member, NAMES[0]), call_timeout=0)
 
 
 def test_the_engine_gives_each_cpu_worker_process_its_share_then_every_core_again(in_processes):

@@ -8,6 +8,10 @@ calls over a pipe; the engine runs such members at the same time under `parallel
 
 The pipe carries our own objects between our own processes (multiprocessing pickles them): prompts,
 settings, candidates and scores, never a file or anything a user uploads.
+
+Every call has a deadline: a worker that misses it (hung in a kernel, a deadlock, a swap storm) is
+ended, the call raises a MemberError naming the member and the method, and the member stays
+unusable with a message that says why, rather than freezing every run that uses it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ from .protocol import BaseMember, Member, Verdict
 # off) on a Xeon, speed-up over members in turn, processes / threads: 4 cores 1.05x / 1.02x, 8 cores
 # 1.71x / 1.25x, 16 cores 1.54x / 1.10x; the real trio on 2 cores (bench_concurrency) 1.14x / 1.23x.
 MIN_CPU_CORES = 8
+
+# A call's deadline. Generous: a first draft includes the prompt's prefill, which for a 7-9B member
+# on a CPU and a long prompt takes minutes; anything slower is a worker that no longer answers.
+DEFAULT_CALL_TIMEOUT_S = 600.0
 
 
 def processes_pay_off(devices: Sequence[str], cores: int) -> bool:
@@ -69,11 +77,21 @@ class ProcessMember(BaseMember):
     `build` must be picklable (a module-level function or a functools.partial of one), because the
     process is spawned: CUDA cannot be used in a forked child. `threads` sets the process's torch
     intra-op threads (a CPU member's share of the cores); None leaves torch's default.
+    `call_timeout`: each call's deadline in seconds; a worker that misses it is ended.
     """
 
     def __init__(
-        self, build: Callable[[], Any], *, threads: int | None = None, start_timeout: float = 1800
+        self,
+        build: Callable[[], Any],
+        *,
+        threads: int | None = None,
+        start_timeout: float = 1800,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT_S,
     ) -> None:
+        if not call_timeout > 0:
+            raise ValueError(f"call_timeout must be a positive number of seconds, not {call_timeout!r}")
+        self.call_timeout = call_timeout
+        self._stopped: str | None = None  # why the worker was ended, once it was
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
         self._process = context.Process(target=_serve, args=(child, build, threads), daemon=True)
@@ -144,10 +162,18 @@ class ProcessMember(BaseMember):
     # ---- the pipe ---------------------------------------------------------------------------------
 
     def _call(self, method: str, *args: Any) -> Any:
-        with self._lock:
+        with self._lock:  # held at most call_timeout: the worker answers by then or is ended
+            if self._stopped is not None:
+                raise MemberError(f"{self.name}: {self._stopped}; load the member again")
             dropped = [self._dropped.popleft() for _ in range(len(self._dropped))]  # atomic pops
             try:
                 self._conn.send((method, args, dropped))
+                if not self._conn.poll(self.call_timeout):
+                    self._stop(method)
+                    raise MemberError(
+                        f"{self.name}: its worker process did not answer {method} within its "
+                        f"{self.call_timeout:g} s deadline, so it was stopped"
+                    )
                 status, value = self._conn.recv()
             except (EOFError, OSError) as e:
                 code = self._process.exitcode
@@ -157,6 +183,19 @@ class ProcessMember(BaseMember):
         if status == "error":
             raise value
         return value
+
+    def _stop(self, method: str) -> None:
+        """End a worker that missed its deadline: its answer, if it ever came, would be to a call
+        no one waits for, and the pipe would be out of step."""
+        self._stopped = (
+            f"its worker process was stopped after missing its {self.call_timeout:g} s deadline "
+            f"during {method}"
+        )
+        self._process.terminate()
+        self._process.join(5)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
 
     @property
     def alive(self) -> bool:
