@@ -13,7 +13,6 @@ import argparse
 import logging
 import math
 import os
-import statistics
 import sys
 import threading
 import time
@@ -27,11 +26,13 @@ from ..engine import Ensemble
 from ..errors import SpecfuseError
 from ..members.workers import thread_shares
 from .core import LONG_PROMPT, parse_models
-from .floor import add_floors, bandwidths, floor_lines, member_floors
+from .floor import add_floors, bandwidths, member_floors, modes_floor_lines
 from .measure import (
+    alone_summary,
     compare_in_turn,
     cpu_model,
     generate_alone,
+    members_alone,
     process_mode,
     race_in_processes,
     time_mode,
@@ -65,16 +66,9 @@ def run_concurrency(
     for parallel in ("off", "on"):
         Ensemble(members, replace(base, max_rounds=2, parallel=parallel)).run(prompt)
 
-    singles = {}
-    for m in members:
-        n, seconds = generate_alone(m, prompt, max_new_tokens)
-        first = statistics.median(generate_alone(m, prompt, segment_len)[1] for _ in range(repeats))
-        singles[m.name] = {"s_per_token": seconds / max(n, 1), "first_segment_s": first}
+    singles = members_alone(members, prompt, max_new_tokens, segment_len, repeats)
     bandwidth = bandwidths(members)
     floor_sum = add_floors(singles, member_floors(members, bandwidth))
-    single_sum = sum(s["s_per_token"] for s in singles.values())
-    slowest = max(s["s_per_token"] for s in singles.values())
-    slowest_first = max(s["first_segment_s"] for s in singles.values())
 
     modes: dict[str, dict[str, Any]] = {}
     for exit_ in (False, True):
@@ -102,11 +96,9 @@ def run_concurrency(
         "segment_len": segment_len,
         "max_new_tokens": max_new_tokens,
         "single": singles,
-        "single_sum_s_per_token": single_sum,
+        **alone_summary(singles),
         "bandwidth_bytes_per_s": bandwidth,
         "floor_sum_s_per_token": floor_sum,
-        "slowest_single_s_per_token": slowest,
-        "slowest_single_first_segment_s": slowest_first,
         "modes": modes,
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
@@ -224,12 +216,7 @@ def format_table(report: dict[str, Any]) -> str:
             f"  {name:24} alone: {1000 * s['s_per_token']:6.1f} ms/token, "
             f"first {report['segment_len']} tokens {s['first_segment_s']:.3f} s"
         )
-    if "floor_sum_s_per_token" in report:  # reports written before the floor was measured lack it
-        lines += floor_lines(report["single"], report["bandwidth_bytes_per_s"])
-        ratios = ", ".join(f"{name} {m['floor_ratio']:.2f}" for name, m in report["modes"].items())
-        lines.append(
-            f"  ensemble × the sum of floors ({1000 * report['floor_sum_s_per_token']:.1f} ms): {ratios}"
-        )
+    lines += modes_floor_lines(report)
     lines += [
         f"  sum of members alone {1000 * report['single_sum_s_per_token']:.1f} ms/token, slowest "
         f"{1000 * report['slowest_single_s_per_token']:.1f}",

@@ -24,11 +24,13 @@ from ..models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from .floor import add_floors, bandwidths, floor_lines, member_floors
 from .measure import (
     accept_ms_per_member,
+    alone_summary,
     cpu_model,
     generate_alone,
     late_early_ranges,
     mean_round_seconds,
     median_round_seconds,
+    members_alone,
     peak_rss_gb,
     phase_ms_per_member,
     phase_shares,
@@ -76,7 +78,7 @@ def run_bench(
     config = EnsembleConfig(
         segment_len=segment_len, max_new_tokens=max_new_tokens, exit=False, stop_strings=(), parallel=parallel
     )
-    steps = _Steps(6 + len(members), progress)
+    steps = _Steps(7, progress)
 
     steps.next("warm-up")
     for m in members:
@@ -91,18 +93,8 @@ def run_bench(
     tokens = tokens_of(main.rounds)
     log.info("ensemble: %d rounds, %d tokens, %.1f s", len(main.rounds), tokens, main.seconds)
 
-    singles: dict[str, dict[str, float]] = {}
-    for m in members:
-        steps.next(f"{m.name} alone")
-        n, seconds = generate_alone(m, prompt, tokens)
-        first = statistics.median(generate_alone(m, prompt, segment_len)[1] for _ in range(repeats))
-        singles[m.name] = {
-            "tokens": n,
-            "seconds": seconds,
-            "s_per_token": seconds / max(n, 1),
-            "tokens_per_s": n / seconds,
-            "first_segment_s": first,
-        }
+    steps.next("members alone")
+    singles = members_alone(members, prompt, tokens, segment_len, repeats)
 
     steps.next("ensemble, reuse off")
     for m in members:
@@ -135,8 +127,8 @@ def run_bench(
     bandwidth = bandwidths(members)
     floor_sum = add_floors(singles, member_floors(members, bandwidth))
     seconds_per_token = main.seconds / max(tokens, 1)
-    single_sum = sum(s["s_per_token"] for s in singles.values())
-    slowest_first = max(s["first_segment_s"] for s in singles.values())
+    alone = alone_summary(singles)
+    single_sum, slowest_first = alone["single_sum_s_per_token"], alone["slowest_single_first_segment_s"]
     compared = len(off.rounds)
     on_accept = accept_ms_per_member(main.rounds, last_k=compared)
     off_accept = accept_ms_per_member(off.rounds)

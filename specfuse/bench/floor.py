@@ -89,4 +89,24 @@ def floor_lines(singles: Mapping[str, Mapping[str, float]], bandwidth: Mapping[s
     return lines
 
 
-__all__ = ["add_floors", "bandwidths", "floor_lines", "member_floors", "read_bandwidth", "weight_bytes"]
+def modes_floor_lines(report: Mapping[str, Any]) -> list[str]:
+    """floor_lines, then each mode's time per token against the sum of the members' floors (a
+    benchmark with several modes); nothing for a report written before the floor was measured."""
+    if "floor_sum_s_per_token" not in report:
+        return []
+    ratios = ", ".join(f"{name} {m['floor_ratio']:.2f}" for name, m in report["modes"].items())
+    return [
+        *floor_lines(report["single"], report["bandwidth_bytes_per_s"]),
+        f"  ensemble × the sum of floors ({1000 * report['floor_sum_s_per_token']:.1f} ms): {ratios}",
+    ]
+
+
+__all__ = [
+    "add_floors",
+    "bandwidths",
+    "floor_lines",
+    "member_floors",
+    "modes_floor_lines",
+    "read_bandwidth",
+    "weight_bytes",
+]

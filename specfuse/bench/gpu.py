@@ -20,7 +20,6 @@ import functools
 import gc
 import json
 import math
-import statistics
 import sys
 import threading
 import time
@@ -34,10 +33,12 @@ from ..engine import Ensemble
 from ..errors import SpecfuseError
 from ..members.process import ProcessMember
 from ..prompts import QA_COMPLETION
-from .floor import add_floors, bandwidths, floor_lines, member_floors
+from .floor import add_floors, bandwidths, member_floors, modes_floor_lines
 from .measure import (
+    alone_summary,
     compare_in_turn,
     generate_alone,
+    members_alone,
     peak_rss_gb,
     process_mode,
     race_in_processes,
@@ -277,22 +278,9 @@ def run_gpu_bench(
     for parallel in ("off", "on"):
         Ensemble(members, replace(base, parallel=parallel)).run(prompt)
 
-    singles = {}
-    for m in members:
-        memory.start()
-        n, seconds = generate_alone(m, prompt, max_new_tokens)
-        first = statistics.median(generate_alone(m, prompt, segment_len)[1] for _ in range(repeats))
-        singles[m.name] = {
-            "s_per_token": seconds / max(n, 1),
-            "tokens_per_s": n / seconds,
-            "first_segment_s": first,
-            "peak_gb": memory.peak_gb(),
-        }
+    singles = members_alone(members, prompt, max_new_tokens, segment_len, repeats, memory)
     bandwidth = bandwidths(members)
     floor_sum = add_floors(singles, member_floors(members, bandwidth))
-    single_sum = sum(s["s_per_token"] for s in singles.values())
-    slowest = max(s["s_per_token"] for s in singles.values())
-    slowest_first = max(s["first_segment_s"] for s in singles.values())
 
     modes: dict[str, dict[str, Any]] = {}
     for parallel in ("off", "on"):
@@ -311,11 +299,9 @@ def run_gpu_bench(
         "segment_len": segment_len,
         "max_new_tokens": max_new_tokens,
         "single": singles,
-        "single_sum_s_per_token": single_sum,
+        **alone_summary(singles),
         "bandwidth_bytes_per_s": bandwidth,
         "floor_sum_s_per_token": floor_sum,
-        "slowest_single_s_per_token": slowest,
-        "slowest_single_first_segment_s": slowest_first,
         "modes": modes,
         "target_overhead_vs_slowest_at_once": 1.3,
     }
@@ -439,12 +425,7 @@ def format_table(report: dict[str, Any]) -> str:
             f"alone: {1000 * s['s_per_token']:7.1f} ms/token ({s['tokens_per_s']:.1f} tok/s), first "
             f"{report['segment_len']} tokens {s['first_segment_s']:.3f} s, peak {s['peak_gb']:.1f} GB"
         )
-    if "floor_sum_s_per_token" in report:  # reports written before the floor was measured lack it
-        lines += floor_lines(report["single"], report["bandwidth_bytes_per_s"])
-        ratios = ", ".join(f"{name} {m['floor_ratio']:.2f}" for name, m in report["modes"].items())
-        lines.append(
-            f"  ensemble × the sum of floors ({1000 * report['floor_sum_s_per_token']:.1f} ms): {ratios}"
-        )
+    lines += modes_floor_lines(report)
     lines += [
         "",
         f"{'members':9} {'ms/tok':>8} {'tok/s':>7} {'×sum':>6} {'×slowest':>8} {'1st cand':>8} "

@@ -115,6 +115,44 @@ def generate_alone(member: Any, prompt: str, max_new_tokens: int) -> tuple[int, 
     return int(out.shape[1] - ids.shape[1]), time.perf_counter() - began
 
 
+def members_alone(
+    members: Sequence[Any],
+    prompt: str,
+    max_new_tokens: int,
+    segment_len: int,
+    repeats: int,
+    memory: Any = None,
+) -> dict[str, dict[str, float]]:
+    """Each member alone, one after another: its time per token over `max_new_tokens` and its first
+    `segment_len` tokens (median of `repeats`). With `memory` (start() / peak_gb()), each member's peak
+    memory too. What every benchmark sets the ensemble beside."""
+    singles = {}
+    for m in members:
+        if memory is not None:
+            memory.start()
+        n, seconds = generate_alone(m, prompt, max_new_tokens)
+        first = statistics.median(generate_alone(m, prompt, segment_len)[1] for _ in range(repeats))
+        singles[m.name] = {
+            "tokens": n,
+            "seconds": seconds,
+            "s_per_token": seconds / max(n, 1),
+            "tokens_per_s": n / seconds,
+            "first_segment_s": first,
+        }
+        if memory is not None:
+            singles[m.name]["peak_gb"] = memory.peak_gb()
+    return singles
+
+
+def alone_summary(singles: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The members-alone figures every report carries: their sum, the slowest, the slowest first segment."""
+    return {
+        "single_sum_s_per_token": sum(s["s_per_token"] for s in singles.values()),
+        "slowest_single_s_per_token": max(s["s_per_token"] for s in singles.values()),
+        "slowest_single_first_segment_s": max(s["first_segment_s"] for s in singles.values()),
+    }
+
+
 def mean_round_seconds(rounds: Sequence[Round], first: int, last: int) -> float:
     """Mean wall time of rounds first..last (k, inclusive) that exist; nan when none do."""
     picked = [r.seconds for r in rounds if first <= r.k <= last]
