@@ -217,6 +217,27 @@ class MemberSettings:
     measure_prompt: bool = False  # start() also measures the member's surprise at the prompt
 
 
+def _finite_number(value: Any) -> bool:
+    """A real number a float can hold (an int past 1e308 cannot: math.isfinite would raise)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _show(value: Any, width: int = 60) -> str:
+    """A value for an error message, cut short: a setting may come from anyone (an API body)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1:,} digits"
+    try:
+        text = repr(value)
+    except ValueError:  # a container holding an integer too long to print
+        return f"a {type(value).__name__} too large to show"
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def _within(value: float, low: float | None, high: float | None) -> bool:
     return (low is None or value >= low) and (high is None or value <= high)
 
@@ -247,33 +268,31 @@ def _check_field(name: str, value: Any, hint: Any, meta: Mapping[str, Any]) -> A
     if origin is tuple:
         kind = typing.get_args(hint)[0]
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{name} must be a tuple of {kind.__name__}, got {value!r}")
-        if kind is float and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value
-        ):
+            raise ConfigError(f"{name} must be a tuple of {kind.__name__}, got {_show(value)}")
+        if kind is float and all(_finite_number(v) for v in value):
             return tuple(float(v) for v in value)
         if not all(isinstance(v, kind) for v in value):
-            raise ConfigError(f"{name} must be a tuple of {kind.__name__}, got {value!r}")
+            raise ConfigError(f"{name} must be a tuple of {kind.__name__}, got {_show(value)}")
         return tuple(value)
     low, high, choices = meta.get("low"), meta.get("high"), meta.get("choices")
     if hint is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{name} must be true or false, got {value!r}")
+            raise ConfigError(f"{name} must be true or false, got {_show(value)}")
     elif hint is int:
         if not isinstance(value, int) or isinstance(value, bool) or not _within(value, low, high):
-            raise ConfigError(f"{name} must be {_integer_range(low, high)}, got {value!r}")
+            raise ConfigError(f"{name} must be {_integer_range(low, high)}, got {_show(value)}")
     elif hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(f"{name} must be a finite number, got {value!r}")
+        if not _finite_number(value):
+            raise ConfigError(f"{name} must be a finite number, got {_show(value)}")
         if low is not None and high is not None and not low <= value <= high:
-            raise ConfigError(f"{name} must be in [{low:g}, {high:g}], got {value}")
+            raise ConfigError(f"{name} must be in [{low:g}, {high:g}], got {_show(value)}")
         if low is not None and value < low:
-            raise ConfigError(f"{name} must be ≥ {low:g}, got {value}")
+            raise ConfigError(f"{name} must be ≥ {low:g}, got {_show(value)}")
         if high is not None and value > high:
-            raise ConfigError(f"{name} must be ≤ {high:g}, got {value}")
+            raise ConfigError(f"{name} must be ≤ {high:g}, got {_show(value)}")
         value = float(value)
     elif hint is str and not isinstance(value, str):
-        raise ConfigError(f"{name} must be text, got {value!r}")
+        raise ConfigError(f"{name} must be text, got {_show(value)}")
     if choices is not None and value not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {_show(value)}")
     return value

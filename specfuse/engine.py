@@ -17,6 +17,7 @@ a member once for all the prompts it serves, which a member may batch.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -24,7 +25,9 @@ from typing import Any
 
 from . import feedback
 from .config import EnsembleConfig
-from .errors import ConfigError
+from .errors import ConfigError, MemberError
+from .limits import check_prompt as check_prompt
+from .limits import check_request
 from .members.protocol import Member, Verdict
 from .members.workers import MemberCalls, run_concurrently
 from .records import Candidate, Draft, ExitEvent, MemberTiming, Result, Round, TokenScores, summarize
@@ -32,7 +35,6 @@ from .segments import cut_at_stop, echoes_prompt, repeated_fraction
 
 log = logging.getLogger(__name__)
 
-MAX_PROMPT_CHARS = 100_000  # far beyond any small model's context; stops pasted files early
 TYPED = "you"  # the origin of a segment a person typed into a branch
 
 
@@ -132,8 +134,10 @@ class Ensemble:
     # -- the loop ------------------------------------------------------------------------------------
 
     def _lockstep(self, runs: list[_Run], batch_size: int = 1) -> Iterator[tuple[int, Draft | Round]]:
-        for run in runs:
-            check_prompt(run.prompt)
+        for run in runs:  # limits.py: every bound that needs no model, before any model work
+            check_request(run.prompt, run.config, run.start, run.forced)
+            if run.start:
+                _check_branch(run.start, run.names)
         config = runs[0].config if runs else self.config
         calls = MemberCalls(self.members, run_concurrently(self.members, config.parallel))
         waiting = list(range(len(runs)))
@@ -275,7 +279,6 @@ class _Run:
         self.active = list(self.names)
         if not self.start:
             return
-        _check_branch(self.start, self.names, self.forced)
         for rnd in self.start:
             for j, c in enumerate(rnd.candidates):
                 if c.member in self.quality:
@@ -313,6 +316,8 @@ class _Run:
         if play.scorable:
             rows = [verdicts[(m, id(self))][0] for m in play.verifiers]
             play.raw = [list(z) for z, _ in rows]
+            for m, row in zip(play.verifiers, play.raw):
+                _check_finite(m, row, play.candidates)
             play.details = tuple(d for _, d in rows) if all(d for _, d in rows) else ()
             play.verify_s = {m: verdicts[(m, id(self))][1] for m in play.verifiers}
         else:  # every draft came back empty: nothing to choose from
@@ -476,7 +481,7 @@ class _Run:
         return rnd
 
 
-def _check_branch(start: Sequence[Round], names: Sequence[str], forced: str | None) -> None:
+def _check_branch(start: Sequence[Round], names: Sequence[str]) -> None:
     """Refuse a branch point that does not belong to this ensemble or has already ended."""
     if tuple(start[0].members) != tuple(names):
         raise ConfigError(
@@ -487,8 +492,6 @@ def _check_branch(start: Sequence[Round], names: Sequence[str], forced: str | No
         raise ConfigError("the rounds to branch from must be rounds 1..k of one run, in order")
     if any(r.stop_reason for r in start):
         raise ConfigError("the run ended within the rounds to branch from; branch at an earlier round")
-    if forced is not None and not forced:
-        raise ConfigError("the forced segment is empty; type some text or pick a candidate")
 
 
 def _count_tokens(text: str) -> int:
@@ -505,14 +508,17 @@ def _per_prompt(config: EnsembleConfig | Sequence[EnsembleConfig], n: int) -> li
     return configs
 
 
-def check_prompt(prompt: str) -> None:
-    """Refuse a prompt no member could answer: not text, empty, or absurdly long."""
-    if not isinstance(prompt, str):
-        raise ConfigError(f"the prompt must be text, got {type(prompt).__name__}")
-    if not prompt.strip():
-        raise ConfigError("the prompt is empty; type a question or an instruction")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise ConfigError(f"the prompt has {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}")
+def _check_finite(member: str, row: Sequence[float], candidates: Sequence[Candidate]) -> None:
+    """A verifier whose raw scores hold nan or ±inf (damaged weights, a broken server) ends the
+    request with its name: normalizing them would fail with a bare ValueError, or choose at random."""
+    bad = [(v, c.member) for v, c in zip(row, candidates) if not math.isfinite(v)]
+    if bad:
+        value, of = bad[0]
+        raise MemberError(
+            f"{member}: its scores are not finite ({value}, for the candidate of {of}; {len(bad)} of "
+            f"{len(row)}); its weights or its server's answers are damaged (a model file that changed "
+            "on disk?), so this request ends"
+        )
 
 
 def _stop_string_cut(answer: str, text: str, stops: Sequence[str]) -> int | None:

@@ -93,19 +93,28 @@ def load_trace(path: str | os.PathLike[str], max_bytes: int = MAX_TRACE_BYTES) -
     if size > max_bytes:
         raise TraceError(f"trace {path.name!r} is {size:,} bytes; the limit is {max_bytes:,}")
     try:
-        with path.open(encoding="utf-8") as f:
-            text = f.read(max_bytes + 1)  # characters ≤ bytes; the file may have grown since stat
+        with path.open("rb") as f:
+            data = f.read(max_bytes + 1)  # bytes, not characters; the file may have grown since stat
     except OSError as e:
         raise TraceError(f"cannot read trace {path.name!r}: {e.strerror or e}") from e
+    if len(data) > max_bytes:
+        raise TraceError(f"trace {path.name!r} is over {max_bytes:,} bytes; the limit is {max_bytes:,}")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise TraceError(f"trace {path.name!r} is not UTF-8 text: {e}") from e
     return parse_trace(text, max_bytes)
 
 
 def parse_trace(text: str | bytes, max_bytes: int = MAX_TRACE_BYTES) -> Trace:
-    """Validate and rebuild a trace from JSON text (this version or an older one)."""
-    if len(text) > max_bytes:
-        raise TraceError(f"the trace is {len(text):,} bytes; the limit is {max_bytes:,}")
+    """Validate and rebuild a trace from JSON text (this version or an older one); `max_bytes`
+    counts the text's UTF-8 bytes (a character may take four)."""
+    if isinstance(text, str) and len(text) > max_bytes:  # every character takes a byte or more
+        raise TraceError(f"the trace is {len(text):,} characters, over the limit of {max_bytes:,} bytes")
+    # surrogatepass: a lone surrogate (from a JSON-decoded upload) counts its 3 bytes, not a crash
+    size = len(text) if isinstance(text, bytes) else len(text.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise TraceError(f"the trace is {size:,} bytes; the limit is {max_bytes:,}")
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as e:

@@ -184,3 +184,24 @@ def test_the_echo_guard_keeps_a_copy_of_the_prompt_from_winning():
     assert guarded[0].aggregate[0] > guarded[0].aggregate[1]  # the copy did score higher
     unguarded = list(Ensemble(members, EnsembleConfig(echo_guard=False, max_rounds=1)).stream(prompt))
     assert unguarded[0].winner.member == "echo"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_verifier_whose_scores_are_not_finite_ends_the_request_by_name(bad):
+    """Damaged weights give nan scores: the request ends with a reason naming the member, never a
+    bare ValueError from the normalization (the CLI died with a traceback, the app showed "Error")."""
+    judge = lambda text: bad if text == "y " else 1.0  # noqa: E731
+    members = [ScriptedMember("a", ["x "], lambda t: 1.0), ScriptedMember("b", ["y "], judge)]
+    with pytest.raises(
+        MemberError, match=rf"^b: its scores are not finite \({bad}, for the candidate of b; 1 of 2\)"
+    ):
+        list(Ensemble(members).stream("go"))
+
+
+def test_a_member_whose_logits_are_nan_ends_the_request_by_name():
+    damaged = tiny_member("qwen-merges")
+    with torch.no_grad():
+        damaged.model.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")  # one damaged value
+    members = [tiny_member("llama-bytes"), damaged]
+    with pytest.raises(MemberError, match="^qwen-merges: its logits are not finite \\(nan\\) while drafting"):
+        list(Ensemble(members, EnsembleConfig(max_new_tokens=20)).stream("Hi"))

@@ -6,10 +6,18 @@ import pytest
 import torch
 
 from specfuse.config import MemberSettings
-from specfuse.members.scoring import Block, OutputHead, common_prefix_len, pack
+from specfuse.members.scoring import (
+    LOGPROB_ROWS,
+    Block,
+    OutputHead,
+    chunk_mask,
+    common_prefix_len,
+    lay_out,
+    pack,
+)
 from specfuse.records import Candidate
 
-from .conftest import TINY_SPECS
+from .conftest import TINY_SPECS, tiny_member
 
 PROMPT = "Write one line about the sea."
 ANSWER = "The sea is"  # accepted before scoring, so candidates build on a real answer
@@ -108,3 +116,102 @@ def test_float_mask_uses_the_models_dtype():
     packed = pack([Block(0, (1,))], prefix_len=1, dtype=torch.bfloat16, device="cpu")
     assert packed.attention_mask.dtype == torch.bfloat16
     assert float(packed.attention_mask.min()) == float(torch.finfo(torch.bfloat16).min)
+
+
+# -- chunked verification and prefill: memory linear in a long candidate's length, the same scores --
+
+LONG = " ".join(["the sea is wide and the sea is old"] * 6)  # about 200 tokens in every tokenizer
+
+
+def details_of(member, states, candidates):
+    return [[(d.tokens, d.logits, d.logprobs) for d in row] for row in member.verify_many(states, candidates)]
+
+
+def assert_same_details(chunked, whole):
+    for row_c, row_w in zip(chunked, whole, strict=True):
+        for (pieces_c, logits_c, logp_c), (pieces_w, logits_w, logp_w) in zip(row_c, row_w, strict=True):
+            assert pieces_c == pieces_w
+            assert logits_c == pytest.approx(logits_w, abs=1e-5)
+            assert logp_c == pytest.approx(logp_w, abs=1e-5)
+
+
+@pytest.mark.parametrize("spec", list(TINY_SPECS))  # llama, qwen2, gemma3 (sliding window)
+@pytest.mark.parametrize("mode", ["logit", "logprob"])
+def test_chunked_scores_equal_one_pass_in_fp32(spec, mode):
+    whole, chunked = tiny_member(spec), tiny_member(spec)  # the same weights (seeded by spec)
+    chunked.chunk_tokens = 7  # every block is cut, some anchors begin a chunk
+    cands = [cand(t, f) for t, f in TEXTS] + [cand(" " + LONG, False), cand(LONG + ".", True)]
+    settings = MemberSettings(score=mode)
+    states = {}
+    for name, member in (("whole", whole), ("chunked", chunked)):
+        state = member.start(PROMPT, settings)
+        member.accept(state, ANSWER)
+        states[name] = state
+    assert_same_details(
+        details_of(chunked, [states["chunked"]], [cands]), details_of(whole, [states["whole"]], [cands])
+    )
+    assert chunked.score(states["chunked"], cands) == pytest.approx(
+        whole.score(states["whole"], cands), abs=1e-5
+    )
+
+
+@pytest.mark.parametrize("spec", ["llama-bytes", "gemma-meta"])
+def test_chunked_scores_equal_one_pass_for_a_batch_of_requests(spec):
+    """Rows of different lengths (left-padded caches) and different candidates, chunked alike."""
+    whole, chunked = tiny_member(spec), tiny_member(spec)
+    chunked.chunk_tokens = 5
+    rows = [[cand(" blue", False), cand(" " + LONG[:90], False)], [cand(LONG[:60], True)]]
+
+    def states(member):
+        out = [member.start(PROMPT, MemberSettings(score="logprob")), member.start("Hi", MemberSettings())]
+        member.accept(out[0], ANSWER)
+        return out
+
+    assert_same_details(details_of(chunked, states(chunked), rows), details_of(whole, states(whole), rows))
+
+
+@pytest.mark.parametrize("spec", list(TINY_SPECS))
+def test_a_chunked_pass_leaves_the_same_cache_and_accepts_the_same_way(spec):
+    whole, chunked = tiny_member(spec), tiny_member(spec)
+    chunked.chunk_tokens = 4
+    finals = []
+    for member in (whole, chunked):
+        state = member.start(LONG, MemberSettings())  # the prefill is chunked too
+        member.score(state, [cand(" x", False), cand(" " + LONG[:80], False)])
+        member.accept(state, " " + LONG[:80])  # moves the verified keys and values into place
+        member.accept(state, " and more")
+        finals.append((state, member.draft(state, 8).text))
+    (a, text_a), (b, text_b) = finals
+    assert a.ids == b.ids and text_a == text_b
+    assert torch.allclose(a.last_hidden, b.last_hidden, atol=1e-5)
+    for la, lb in zip(a.cache.layers, b.cache.layers, strict=True):
+        assert torch.allclose(la.keys, lb.keys, atol=1e-5) and torch.allclose(la.values, lb.values, atol=1e-5)
+
+
+def test_chunked_prefill_measures_the_same_prompt_surprise():
+    whole, chunked = tiny_member("qwen-merges"), tiny_member("qwen-merges")
+    chunked.chunk_tokens = 3
+    settings = MemberSettings(measure_prompt=True)
+    assert chunked.start(LONG, settings).surprise == pytest.approx(
+        whole.start(LONG, settings).surprise, abs=1e-6
+    )
+
+
+def test_log_probabilities_made_a_few_rows_at_a_time_equal_the_whole_softmax():
+    member = tiny_member("llama-bytes")
+    ids = torch.tensor([member.encode(LONG)])  # more rows than LOGPROB_ROWS
+    assert ids.shape[1] > LOGPROB_ROWS
+    with torch.no_grad():
+        hidden = member.base(input_ids=ids).last_hidden_state[0]
+        whole = torch.log_softmax(member.head.logits(hidden), dim=-1).gather(-1, ids[0][:, None])[:, 0]
+        assert torch.allclose(member.head.token_logprobs(hidden, ids[0]), whole, atol=1e-6)
+
+
+def test_a_chunks_mask_is_the_whole_masks_rows_cut_at_its_last_key():
+    blocks = [Block(4, (1, 2, 3)), Block(2, (7, 8)), Block(5, (9, 9, 9, 9))]
+    whole = pack(blocks, prefix_len=6, dtype=torch.float32, device="cpu", sliding_window=3).attention_mask
+    layout = lay_out([blocks], [6], "cpu")
+    for begin, end in [(0, 4), (4, 8), (8, 9), (2, 9)]:
+        part = chunk_mask(layout, begin, end, torch.float32, sliding_window=3)
+        for kind in ("full_attention", "sliding_attention"):
+            assert torch.equal(part[kind], whole[kind][:, :, begin:end, : 6 + end])

@@ -16,12 +16,21 @@ import torch
 from transformers import DynamicCache
 
 from ..config import MemberSettings
-from ..errors import ConfigError, PromptTooLongError
+from ..errors import ConfigError, MemberError, PromptTooLongError
 from ..prompts import CHAT, PromptFormat
 from ..records import Candidate, TokenScores
 from . import drafting, workers
 from .protocol import BaseMember, Verdict
-from .scoring import Block, OutputHead, common_prefix_len, float_mask, pack_rows, sliding_window_of
+from .scoring import (
+    CHUNK_TOKENS,
+    Block,
+    OutputHead,
+    chunk_mask,
+    common_prefix_len,
+    float_mask,
+    lay_out,
+    sliding_window_of,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -97,6 +106,9 @@ class HFMember(BaseMember):
         # Take over the tokens a won-but-trimmed greedy draft decoded past its word boundary, instead
         # of decoding them again (False: redraft them, for the benchmark's comparison and the tests).
         self.reuse_trimmed = reuse_trimmed
+        # Query tokens per forward pass in verification and prefill (scoring.CHUNK_TOKENS: memory
+        # linear in a long candidate's or prompt's length); tests lower it to chunk short texts.
+        self.chunk_tokens = CHUNK_TOKENS
         # The say this member starts with under prior="trust" (the catalogue's, from evidence); None:
         # unknown, and an ensemble with any unknown member starts uniform.
         self.trust = trust
@@ -187,6 +199,11 @@ class HFMember(BaseMember):
                 hidden = self._forward(taken, states[0].cache)[-1][None]
         while any(c.wants_more for c in cuts):
             logits = self.head.logits(hidden)  # [B, V] float32
+            if bool(logits.isnan().any()):  # argmax would pick token 0 and go on, silently
+                raise MemberError(
+                    f"{self.name}: its logits are not finite (nan) while drafting; its weights are "
+                    "damaged (a model file that changed on disk?), so this request ends"
+                )
             feed = [self.tokenizer.pad_token_id or 0] * rows  # placeholders for finished rows
             for b, (state, cut) in enumerate(zip(states, cuts)):
                 if cut.wants_more:
@@ -247,22 +264,21 @@ class HFMember(BaseMember):
         for state, cands in zip(states, candidates):
             self._drop_packed(state)
             rows.append(self._blocks(state, cands))
+            self._check_fits([b for b, _, _ in rows[-1]])
         cache, pads = self._stacked_cache(states)
-        packed = pack_rows(
-            [[b for b, _, _ in row] for row in rows],
-            [len(s.ids) for s in states],
-            self.dtype,
-            self.device,
-            self.sliding_window,
-        )
-        out = self.base(
-            input_ids=packed.input_ids,
-            position_ids=packed.position_ids,
-            attention_mask=packed.attention_mask,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        hidden_all = out.last_hidden_state  # [B, Q, H]
+        packed = lay_out([[b for b, _, _ in row] for row in rows], [len(s.ids) for s in states], self.device)
+        parts = []  # each chunk's hidden states; its keys and values stay in the cache for the next
+        for begin in range(0, packed.length, self.chunk_tokens):
+            end = min(begin + self.chunk_tokens, packed.length)
+            out = self.base(
+                input_ids=packed.input_ids[:, begin:end],
+                position_ids=packed.position_ids[:, begin:end],
+                attention_mask=chunk_mask(packed, begin, end, self.dtype, self.sliding_window),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            parts.append(out.last_hidden_state)
+        hidden_all = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]  # [B, Q, H]
         results = []
         for r, (state, row) in enumerate(zip(states, rows)):
             hidden = hidden_all[r]
@@ -292,6 +308,18 @@ class HFMember(BaseMember):
             )
             results.append(details)
         return results
+
+    def _check_fits(self, blocks: Sequence[Block]) -> None:
+        """Refuse, before the pass, a candidate that would run past the model's context (a long typed
+        segment; an answer whose tokens in this tokenizer outgrew the budget counted in another's)."""
+        for block in blocks:
+            reach = block.start + len(block.tokens)
+            if reach > self.max_positions:
+                raise PromptTooLongError(
+                    f"{self.name}: a candidate of {len(block.tokens) - 1} tokens after {block.start + 1} "
+                    f"in context would reach position {reach}, beyond the model's context of "
+                    f"{self.max_positions}; shorten the typed segment or the prompt, or lower max_new_tokens"
+                )
 
     def _blocks(
         self, state: HFState, candidates: Sequence[Candidate]
@@ -331,6 +359,11 @@ class HFMember(BaseMember):
                 state.ids, state.answer, state.packed = target, answer, None
                 return
         self._drop_packed(state)
+        if len(target) > self.max_positions:  # a branch's answer from a trace is never verified here
+            raise PromptTooLongError(
+                f"{self.name}: the prompt and the answer take {len(target)} tokens, beyond the model's "
+                f"context of {self.max_positions}; branch at an earlier round or shorten the prompt"
+            )
         keep = min(common_prefix_len(state.ids, target), len(target) - 1)
         state.cache.crop(keep - state.cache.get_seq_length())
         if keep < len(target):
@@ -351,10 +384,14 @@ class HFMember(BaseMember):
         return drafting.tokens_in(self.decode, ids, new, text)
 
     def _forward(self, ids: Sequence[int], cache: DynamicCache) -> torch.Tensor:
-        """Run `ids` after the cache; returns the final hidden states [len(ids), H]."""
-        input_ids = torch.tensor([list(ids)], device=self.device)
-        out = self.base(input_ids=input_ids, past_key_values=cache, use_cache=True)
-        return out.last_hidden_state[0]
+        """Run `ids` after the cache, chunk_tokens at a time (memory linear in a long prompt's
+        length); returns the final hidden states [len(ids), H]."""
+        parts = []
+        for begin in range(0, len(ids), self.chunk_tokens):
+            input_ids = torch.tensor([list(ids[begin : begin + self.chunk_tokens])], device=self.device)
+            out = self.base(input_ids=input_ids, past_key_values=cache, use_cache=True)
+            parts.append(out.last_hidden_state[0])
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def _pick(self, logits: torch.Tensor, state: HFState) -> int:
         """The next token from a [V] float32 row of logits: greedy, or sampled with the request's

@@ -2,7 +2,9 @@
 
 Builds the packed input (blocks of tokens, restarted position ids, a float 4-D mask per attention
 kind) and reads scores off the final hidden states with only the rows of the output head that are
-needed. Knows nothing about texts, chat formats or the round loop: members.py hands it token ids.
+needed. A pack longer than CHUNK_TOKENS is fed in chunks, each with its own rows of the mask, so
+that memory grows linearly with a candidate's length. Knows nothing about texts, chat formats or the
+round loop: hf.py hands it token ids.
 """
 
 from __future__ import annotations
@@ -12,6 +14,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+# Query tokens per forward pass, in verification (packed candidates) and prefill (a prompt, a branch's
+# answer). A pass of C queries after K keys holds a [C, K] mask and [heads, C, K] attention weights:
+# with C fixed, memory grows with K, linearly. Whole, a typed segment of 9k tokens needed a [9k, 9k]
+# mask and attention per head (the app grew by 21 GB and was killed). Ordinary rounds (N candidates
+# of L + 1 tokens) fit in one pass, as do ordinary prompts, so they run as before.
+CHUNK_TOKENS = 512
+# Rows of full-vocabulary logits computed at once for log-probabilities: [rows, V] float32 is 39 MB
+# for 64 rows of a 152k vocabulary, where 9k rows at once would be 5.5 GB, twice (log_softmax).
+LOGPROB_ROWS = 64
 
 # A packed block is one candidate: an *anchor* (the last prefix token it builds on, recomputed at
 # its own position so that it yields the logit of the candidate's first token) followed by the
@@ -70,15 +82,50 @@ def pack_rows(
     device: torch.device | str,
     sliding_window: int | None = None,
 ) -> PackedRows:
-    """Pack each request's blocks into its own batch row (see pack for the visibility rule).
+    """Pack each request's blocks into its own batch row (see pack for the visibility rule), with the
+    mask of all Q packed tokens at once: [B, 1, Q, T + Q], which grows with Q². Verification feeds a
+    Layout chunk by chunk instead (chunk_mask); this whole-mask form is for short packs and tests.
 
     The cache holds T = max(prefix_lens) columns per row, row r left-padded by T - prefix_lens[r]:
     the padding is never visible. Rows shorter than the longest end in placeholder tokens that
     see only themselves.
     """
+    layout = lay_out(rows, prefix_lens, device)
+    return PackedRows(
+        input_ids=layout.input_ids,
+        position_ids=layout.position_ids,
+        offsets=layout.offsets,
+        attention_mask=chunk_mask(layout, 0, layout.length, dtype, sliding_window),
+        length=layout.length,
+    )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each packed token sits and what it may see, as per-token vectors (no Q × Q matrix): the
+    mask of any run of queries is built from it when that run is fed (chunk_mask), so that a long
+    candidate costs memory in proportion to its length, not to its square."""
+
+    input_ids: torch.Tensor  # [B, Q]
+    position_ids: torch.Tensor  # [B, Q]
+    offsets: tuple[tuple[int, ...], ...]  # [B][blocks]: where each block begins in its row
+    length: int  # Q
+    width: int  # T: cached columns per row (left-padded to the longest)
+    q_owner: torch.Tensor  # [B, Q]: block index of each packed token (placeholders: their own)
+    q_start: torch.Tensor  # [B, Q]: its block's anchor position (cached keys below it are visible)
+    k_pos: torch.Tensor  # [B, T + Q]: position of each key (padding: negative)
+    k_owner: torch.Tensor  # [B, T + Q]: -1 for cached keys, else the packed token's owner
+    k_valid: torch.Tensor  # [B, T + Q]: False for left padding
+
+
+def lay_out(
+    rows: Sequence[Sequence[Block]], prefix_lens: Sequence[int], device: torch.device | str
+) -> Layout:
+    """The packed tokens of each request's blocks, one batch row each (see pack_rows)."""
     width = max(prefix_lens)
     q_len = max(sum(len(b.tokens) for b in blocks) for blocks in rows)
-    ids_rows, pos_rows, masks, near_masks, offsets_rows = [], [], [], [], []
+    ids_rows, pos_rows, owner_rows, start_rows, offsets_rows = [], [], [], [], []
+    k_pos_rows, k_owner_rows, k_valid_rows = [], [], []
     for blocks, prefix_len in zip(rows, prefix_lens):
         if not blocks:
             raise ValueError("nothing to pack")
@@ -100,38 +147,56 @@ def pack_rows(
             owner.append(-2 - extra)
             starts.append(0)
         pad = width - prefix_len
-        q_pos = torch.tensor(pos, device=device)  # [Q]
-        q_owner = torch.tensor(owner, device=device)  # [Q]
-        q_start = torch.tensor(starts, device=device)  # [Q]
         cached = torch.arange(width, device=device)
-        k_pos = torch.cat([cached - pad, q_pos])  # [K], K = T + Q
-        k_owner = torch.cat([torch.full((width,), -1, device=device), q_owner])  # [K]
-        k_valid = torch.cat([cached >= pad, torch.ones(q_len, dtype=torch.bool, device=device)])
-        k_index = torch.arange(width + q_len, device=device)  # [K]
-        q_index = torch.arange(q_len, device=device) + width  # [Q]
-        from_cache = (k_owner[None, :] == -1) & k_valid[None, :] & (k_pos[None, :] < q_start[:, None])
-        same_block = (k_owner[None, :] == q_owner[:, None]) & (k_index[None, :] <= q_index[:, None])
-        allowed = from_cache | same_block  # [Q, K]
-        masks.append(allowed)
-        if sliding_window is not None:
-            near_masks.append(allowed & ((q_pos[:, None] - k_pos[None, :]) < sliding_window))
+        q_pos = torch.tensor(pos, device=device)
+        k_pos_rows.append(torch.cat([cached - pad, q_pos]))
+        cache_owner = torch.full((width,), -1, device=device)
+        k_owner_rows.append(torch.cat([cache_owner, torch.tensor(owner, device=device)]))
+        k_valid_rows.append(torch.cat([cached >= pad, torch.ones(q_len, dtype=torch.bool, device=device)]))
         ids_rows.append(ids)
         pos_rows.append(pos)
+        owner_rows.append(owner)
+        start_rows.append(starts)
         offsets_rows.append(tuple(offsets))
-    full = float_mask(torch.stack(masks)[:, None], dtype)  # [B, 1, Q, K]
-    mask: torch.Tensor | dict[str, torch.Tensor] = full
-    if sliding_window is not None:
-        mask = {
-            "full_attention": full,
-            "sliding_attention": float_mask(torch.stack(near_masks)[:, None], dtype),
-        }
-    return PackedRows(
+    return Layout(
         input_ids=torch.tensor(ids_rows, device=device),
         position_ids=torch.tensor(pos_rows, device=device),
         offsets=tuple(offsets_rows),
-        attention_mask=mask,
         length=q_len,
+        width=width,
+        q_owner=torch.tensor(owner_rows, device=device),
+        q_start=torch.tensor(start_rows, device=device),
+        k_pos=torch.stack(k_pos_rows),
+        k_owner=torch.stack(k_owner_rows),
+        k_valid=torch.stack(k_valid_rows),
     )
+
+
+def chunk_mask(
+    layout: Layout, begin: int, end: int, dtype: torch.dtype, sliding_window: int | None = None
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The float mask of packed queries [begin, end) fed after the cache and packed tokens < begin:
+    [B, 1, end - begin, T + end]. A query never sees a packed token after itself, so the keys past
+    `end` are not needed: the rows are exactly those of the whole mask, cut at column T + end."""
+    keys = layout.width + end
+    k_pos, k_owner = layout.k_pos[:, None, :keys], layout.k_owner[:, None, :keys]  # [B, 1, K]
+    q_owner, q_start = layout.q_owner[:, begin:end, None], layout.q_start[:, begin:end, None]  # [B, C, 1]
+    device = layout.k_pos.device
+    k_index = torch.arange(keys, device=device)[None, None, :]
+    q_index = (torch.arange(begin, end, device=device) + layout.width)[None, :, None]
+    # In place, so that a chunk holds a few [C, K] booleans and one float mask at a time.
+    allowed = k_pos < q_start  # [B, C, K]: cached keys before the block's anchor …
+    allowed &= (k_owner == -1) & layout.k_valid[:, None, :keys]  # … that are cached, not padding
+    same_block = k_owner == q_owner
+    same_block &= k_index <= q_index  # the block's own tokens up to the query itself
+    allowed |= same_block
+    del same_block
+    full = float_mask(allowed[:, None], dtype)  # [B, 1, C, K]
+    if sliding_window is None:
+        return full
+    near = k_pos > layout.position_ids[:, begin:end, None] - sliding_window  # within the window
+    near &= allowed
+    return {"full_attention": full, "sliding_attention": float_mask(near[:, None], dtype)}
 
 
 def float_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -194,9 +259,14 @@ class OutputHead:
         return self._finish(raw)
 
     def token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Log-probabilities of `targets`: [T, H], [T] → [T], float32 (needs full rows)."""
-        logp = torch.log_softmax(self.logits(hidden), dim=-1)
-        return logp.gather(-1, targets.to(logp.device)[:, None])[:, 0]
+        """Log-probabilities of `targets`: [T, H], [T] → [T], float32 (needs full rows, made
+        LOGPROB_ROWS at a time: each row's softmax is its own, so the values are the same)."""
+        out = []
+        for begin in range(0, len(hidden), LOGPROB_ROWS):
+            logp = torch.log_softmax(self.logits(hidden[begin : begin + LOGPROB_ROWS]), dim=-1)
+            rows = targets[begin : begin + LOGPROB_ROWS].to(logp.device)
+            out.append(logp.gather(-1, rows[:, None])[:, 0])
+        return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:

@@ -1,0 +1,119 @@
+"""The limits on one request: what each input a user controls may hold, how each bound is derived,
+and check_request, which the engine runs on every request before any model work.
+
+Two kinds of bound. Those here need no model: a prompt's and a typed segment's characters, a branch's
+answer so far (EnsembleConfig bounds the settings: segment length, budget, stop strings). Those that
+depend on a model's context live in the members, which know it (HFMember.max_positions,
+RemoteMember.max_positions): start() refuses a prompt whose tokens and answer budget exceed the
+context before its first forward pass, verify refuses a candidate that would run past it, accept
+refuses an answer that would. docs/limits.md lists them all for operators. Stdlib only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .config import EnsembleConfig
+    from .records import Round
+
+# A prompt: far beyond any small model's context (about 25k tokens of English), so it stops pasted
+# files before they are even tokenized; each member then refuses one that does not fit its context.
+MAX_PROMPT_CHARS = 100_000
+# A branch's answer so far (the text of the rounds it starts from, from a live run or an uploaded
+# trace) joins every member's context just as the prompt does: the same bound.
+MAX_ANSWER_CHARS = MAX_PROMPT_CHARS
+# A typed (or forced) segment stands in for one round's candidate, at most L tokens of a drafter.
+# It may be as long as TYPED_ROUNDS rounds' worth at CHARS_PER_TOKEN characters per token (English
+# averages about 4; 8 leaves room for code and long words), and never shorter than MIN_TYPED_CHARS,
+# so that a sentence or two fits at any L: 400 characters at the default L = 10, 8,192 at the largest
+# L = 256. Unbounded, one segment of 40,000 characters grew the app to 24 GB before verification was
+# chunked. In tokens it is at most 4 per character (UTF-8 bytes, one token each at worst); each
+# verifier also checks that it fits its context, and scores it in chunks (memory linear in length).
+TYPED_ROUNDS = 4
+CHARS_PER_TOKEN = 8
+MIN_TYPED_CHARS = 400
+# The answer budget's ceiling: the largest context of any catalogued model (128k tokens). A member
+# refuses prompt + budget beyond its own context before its first pass; this bounds the members
+# that cannot tell (a server that reports no context). The app's slider stops at 1,024.
+MAX_NEW_TOKENS = 131_072
+# Stop strings are searched at every drafted token and every round: their number and length bound
+# that work (a few markers such as "\nQuestion:" are what they are for).
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 200
+
+
+def typed_segment_chars(config: EnsembleConfig) -> int:
+    """The most characters a forced segment may have under this config (see TYPED_ROUNDS)."""
+    return max(MIN_TYPED_CHARS, TYPED_ROUNDS * CHARS_PER_TOKEN * config.segment_len)
+
+
+def check_prompt(prompt: str) -> None:
+    """Refuse a prompt no member could answer: not text, empty, not encodable, or absurdly long."""
+    if not isinstance(prompt, str):
+        raise ConfigError(f"the prompt must be text, got {type(prompt).__name__}")
+    if not prompt.strip():
+        raise ConfigError("the prompt is empty; type a question or an instruction")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ConfigError(
+            f"the prompt has {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,} (MAX_PROMPT_CHARS)"
+        )
+    _check_encodable(prompt, "the prompt")
+
+
+def check_request(
+    prompt: str, config: EnsembleConfig, start: Sequence[Round] = (), forced: str | None = None
+) -> None:
+    """Everything about one request that can be refused before a member is asked anything. The
+    config is valid already (EnsembleConfig checks itself); these are ceilings on what it costs."""
+    check_prompt(prompt)
+    if config.max_new_tokens > MAX_NEW_TOKENS:
+        raise ConfigError(
+            f"max_new_tokens is {config.max_new_tokens:,}; the limit is {MAX_NEW_TOKENS:,} (MAX_NEW_TOKENS)"
+        )
+    if len(config.stop_strings) > MAX_STOP_STRINGS:
+        raise ConfigError(
+            f"stop_strings has {len(config.stop_strings)} strings; the limit is {MAX_STOP_STRINGS} "
+            "(MAX_STOP_STRINGS)"
+        )
+    longest = max(map(len, config.stop_strings), default=0)
+    if longest > MAX_STOP_STRING_CHARS:
+        raise ConfigError(
+            f"stop_strings holds a string of {longest:,} characters; the limit is "
+            f"{MAX_STOP_STRING_CHARS} (MAX_STOP_STRING_CHARS)"
+        )
+    if start:
+        answer = start[-1].text
+        if len(answer) > MAX_ANSWER_CHARS:
+            raise ConfigError(
+                f"the answer to branch from has {len(answer):,} characters; the limit is "
+                f"{MAX_ANSWER_CHARS:,} (MAX_ANSWER_CHARS); branch at an earlier round"
+            )
+    if forced is None:
+        return
+    if not isinstance(forced, str):
+        raise ConfigError(f"the forced segment must be text, got {type(forced).__name__}")
+    if not forced:
+        raise ConfigError("the forced segment is empty; type some text or pick a candidate")
+    limit = typed_segment_chars(config)
+    if len(forced) > limit:
+        raise ConfigError(
+            f"the forced segment has {len(forced):,} characters; the limit is {limit:,} at segment "
+            f"length {config.segment_len} ({TYPED_ROUNDS} rounds of {config.segment_len} tokens at "
+            f"{CHARS_PER_TOKEN} characters each, at least {MIN_TYPED_CHARS}); type a shorter segment"
+        )
+    _check_encodable(forced, "the forced segment")
+
+
+def _check_encodable(text: str, what: str) -> None:
+    """A lone surrogate (undecodable bytes, or a broken API client) is no text a tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ConfigError(
+            f"{what} holds a character that is not valid text ({text[e.start]!r} at character "
+            f"{e.start}, a lone surrogate); remove it"
+        ) from None
