@@ -20,10 +20,12 @@ DEVICES = ("auto", "cpu", "cuda", "per-gpu")
 
 
 class SharedLoader:
-    """Loads each (name, device) once, under a lock, and hands the same member to every session.
+    """Loads each (name, device) once and hands the same member to every session.
 
     Members are shared, runs are not: every run keeps its own states inside Ensemble.stream().
     How a member loads (who may name what, worker processes) is models.loading.load_members's.
+    No lock is held across a load (which may reach a slow server or read a slow disk): one per
+    (name, device) makes the users who want that member wait for its one load, and no one else.
     """
 
     def __init__(
@@ -41,28 +43,47 @@ class SharedLoader:
         self.dtype = dtype
         self.processes = processes  # True, False or "auto": each model in a worker process of its own
         self._members: dict[tuple[str, str], Member] = {}
-        self._lock = threading.Lock()
+        self._loading: dict[tuple[str, str], threading.Lock] = {}  # one per load under way
+        self._lock = threading.Lock()  # guards the two dicts only, never held across a load
 
     def __call__(self, name: str, device: str, progress: Callable[[float, str], None]) -> Member:
+        key = (name, device)
         with self._lock:
-            key = (name, device)
-            if key not in self._members:
-                from specfuse.models.loading import load_members
+            if key in self._members:
+                return self._members[key]
+            loading = self._loading.setdefault(key, threading.Lock())
+        with loading:  # the users who want this member wait for its one load
+            with self._lock:
+                if key in self._members:  # loaded while we waited
+                    return self._members[key]
+            try:
+                member = self._load(name, device, progress)
+            finally:
+                with self._lock:
+                    # A failed load is tried again by the next user who asks (a waiter here tries
+                    # at once, on the lock it holds).
+                    if self._loading.get(key) is loading:
+                        del self._loading[key]
+            with self._lock:
+                return self._members.setdefault(key, member)
 
-                (self._members[key],) = load_members(
-                    [name],
-                    devices=[device],
-                    # The app's ensembles put two or more members on the device they choose.
-                    ensemble_devices=[device, device],
-                    dtype=self.dtype,
-                    allow_paths=self.allow_paths,
-                    allow_servers=False,  # server specs: the operator's only (trusted), never typed
-                    trusted=self.trusted,
-                    progress=progress,
-                    processes=self.processes,
-                    load=self.load,
-                )
-            return self._members[key]
+    def _load(self, name: str, device: str, progress: Callable[[float, str], None]) -> Member:
+        from specfuse.models.loading import load_members
+
+        (member,) = load_members(
+            [name],
+            devices=[device],
+            # The app's ensembles put two or more members on the device they choose.
+            ensemble_devices=[device, device],
+            dtype=self.dtype,
+            allow_paths=self.allow_paths,
+            allow_servers=False,  # server specs: the operator's only (trusted), never typed
+            trusted=self.trusted,
+            progress=progress,
+            processes=self.processes,
+            load=self.load,
+        )
+        return member
 
 
 def same_device(n: int, device: str) -> list[str]:
