@@ -440,3 +440,23 @@ def test_credentials_in_a_url_are_sent_as_basic_auth_and_never_shown(local):
         assert "cr3t" not in str(down.value)
     finally:
         stub.stop()
+
+
+def test_after_a_refused_answer_the_member_works_on(local):
+    """An answer left unread (too big, an error) must not be read as the next request's answer."""
+    stub, remote = served("sglang", local["llama-bytes"])
+    try:
+        state = remote.start("hi", LOGPROB)
+        before = len(stub.requests)
+        expected = remote.draft(state, 6).text
+        each = len(stub.requests) - before  # requests of one draft, none retried
+        remote.http.max_body = 5000
+        for fault in ("big", "http500", "redirect"):
+            stub.next_faults, stub.big_bytes = [fault], 20_000
+            with pytest.raises(MemberError):
+                remote.draft(state, 6)
+            before = len(stub.requests)
+            assert remote.draft(state, 6).text == expected
+            assert len(stub.requests) - before == each  # no garbled answer, no retry
+    finally:
+        stub.stop()

@@ -274,6 +274,7 @@ class Http:
                 redirect=False,
                 preload_content=False,
             )
+            whole = False
             try:
                 if response.status >= 300:
                     what, rest = self._status_error(path, response)
@@ -282,9 +283,11 @@ class Http:
                     if response.status in RETRY_STATUSES:
                         raise _Again(what, rest)
                     raise MemberError(what + rest)
-                data, _ = self._read(response, path, self.max_body, strict=True)
+                data, whole = self._read(response, path, self.max_body, strict=True)
             finally:
                 expired = watch.stop()  # before the connection can serve another request
+                if not whole:  # an unread rest would be taken for the next request's answer
+                    response.close()
                 response.release_conn()
             if expired:  # the body may look whole where the server had it end by closing
                 raise self._late(path)
