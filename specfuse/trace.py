@@ -194,7 +194,11 @@ def _value(value: Any, hint: Any, where: str, version: int) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TraceError(f"{where}: expected a number, got {_json_name(value)}")
-        if not math.isfinite(value):
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:  # an integer past 1e308: JSON has no bound on digits
+            finite = False
+        if not finite:
             raise TraceError(f"{where}: not a finite number")
         return float(value)
     if hint is int:
