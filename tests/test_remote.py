@@ -270,6 +270,21 @@ def test_load_member_reaches_a_server_with_a_tokenizer_folder(tiny_checkpoints):
         stub.stop()
 
 
+def test_load_member_sends_a_specs_credentials_and_keeps_them_out_of_sight(tiny_checkpoints):
+    """The loader built RemoteMember from the spec's URL alone: the credentials were dropped (401)."""
+    import base64
+
+    folder = tiny_checkpoints[0]
+    stub = StubServer("llama-server", load_member(folder, dtype="float32"))
+    try:
+        secret = stub.url.replace("http://", "http://bob:hunter2@")
+        member = load_member(f"llama-server:{secret}#tiny?tokenizer={folder}")
+        assert stub.headers[-1]["Authorization"] == "Basic " + base64.b64encode(b"bob:hunter2").decode()
+        assert "hunter2" not in f"{member!r} {member.url} {member.host}"
+    finally:
+        stub.stop()
+
+
 def test_the_cli_takes_a_server_spec_among_its_models(tiny_checkpoints):
     import io
 

@@ -169,6 +169,8 @@ def _load_server(req: LoadRequest) -> Member:
         timeout=spec.timeout,
         model=spec.model,
         generation_eos=eos,
+        auth=spec.auth,  # sent as basic auth, never shown (spec.url holds no credentials)
+        proxy=spec.proxy,
     )
     req.progress(0.9, f"{spec.name}: reaching {spec.url}")
     member.connect()
