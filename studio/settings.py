@@ -85,7 +85,7 @@ def widget(field: dataclasses.Field, kind: Any, optional: bool, value: Any) -> g
         precision = 0 if kind is int else None
         return gr.Number(value, precision=precision, step=step, minimum=low, maximum=high, **common)
     if typing.get_origin(kind) is tuple:
-        return gr.Textbox("\n".join(value or ()), lines=2, **common)
+        return gr.Textbox("\n".join(str(v) for v in value or ()), lines=2, **common)
     return gr.Textbox("" if value is None else str(value), **common)
 
 
@@ -126,6 +126,24 @@ def _whole(value: Any, name: str) -> int:
     return int(number)
 
 
+def _items(value: Any, name: str, item: type) -> tuple[Any, ...]:
+    """A one-per-line text box (or an API caller's list) as the field's tuple: stop strings stay
+    text, weights become numbers."""
+    if isinstance(value, str):
+        lines: list[Any] = [line for line in value.split("\n") if line]
+    elif isinstance(value, (list, tuple)):
+        lines = list(value)
+    else:
+        raise ConfigError(
+            f"{_label(name).lower()} must be text with one value per line, got {type(value).__name__}"
+        )
+    if item is str:
+        if not all(isinstance(v, str) for v in lines):
+            raise ConfigError(f"{_label(name).lower()} must be text, one per line")
+        return tuple(lines)
+    return tuple(_whole(v, name) if item is int else _number(v, name) for v in lines)
+
+
 def _flag(value: Any, name: str) -> bool:
     """A checkbox: True/False, or an API caller's "true"/"false" (bool("false") would be True)."""
     if isinstance(value, bool):
@@ -154,8 +172,7 @@ def config_from_form(values: Mapping[str, Any]) -> EnsembleConfig:
         elif kind is float:
             kwargs[f.name] = _number(value, f.name)
         elif typing.get_origin(kind) is tuple:
-            text = value if isinstance(value, str) else "\n".join(value or ())
-            kwargs[f.name] = tuple(line for line in text.split("\n") if line)
+            kwargs[f.name] = _items(value, f.name, typing.get_args(kind)[0])
         else:
             kwargs[f.name] = value
     return EnsembleConfig(**kwargs)

@@ -59,3 +59,17 @@ def test_an_api_callers_strings_are_read_as_what_they_say():
     assert settings.config_from_form({"learning_rate": "0.5"}).learning_rate == 0.5
     with pytest.raises(ConfigError, match="must be a whole number"):
         settings.config_from_form({"segment_len": "nan"})
+
+
+def test_one_per_line_settings_become_the_fields_tuple_or_a_clear_error():
+    """Weights typed one per line were refused as text ('0.5' is not a float); an API caller's 1 or
+    [1] for a one-per-line field was a TypeError traceback (a Hypothesis probe found it)."""
+    assert settings.config_from_form({"initial_weights": "0.5\n0.25"}).initial_weights == (0.5, 0.25)
+    assert settings.config_from_form({"initial_weights": [1, 3]}).initial_weights == (1.0, 3.0)
+    assert settings.config_from_form({"stop_strings": ["END", "STOP"]}).stop_strings == ("END", "STOP")
+    with pytest.raises(ConfigError, match="initial weights must be text with one value per line, got int"):
+        settings.config_from_form({"initial_weights": 1})
+    with pytest.raises(ConfigError, match="stop strings must be text, one per line"):
+        settings.config_from_form({"stop_strings": [1]})
+    with pytest.raises(ConfigError, match="initial weights must be a number, got 'x'"):
+        settings.config_from_form({"initial_weights": "x"})
