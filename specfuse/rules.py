@@ -2,7 +2,9 @@
 
 Pure: it reads a recorded Round (raw scores, weights, token-level evidence) and re-runs only the
 choice, never a model, so the app can show the effect of a rule without running anything again.
-Knows nothing about members or tensors.
+Each rule judges the scores it is defined on: the run's own recorded z_ij, or mean logits or mean
+log-probs rebuilt from the token-level evidence when the run recorded the other kind; each choice
+says which it used. Knows nothing about members or tensors.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ from .errors import ConfigError
 from .records import Round
 from .segments import repeated_fraction
 
+RECORDED = "recorded"  # a rule's score: whatever z_ij the run recorded (its config's score)
+SCORE_NAMES = {"logit": "mean logits", "logprob": "mean log-probs"}
+
 
 @dataclass(frozen=True)
 class Rule:
     name: str
-    score: str = "logit"  # which raw scores: the recorded ones ("logit"), or mean log-probs
+    score: str = RECORDED  # which raw scores: the run's recorded z_ij, or "logit" / "logprob" means
     normalization: str = "zsoftmax"
     aggregation: str = "mean"
     self_scores: bool = True
@@ -26,7 +31,7 @@ class Rule:
 
 
 RULES = (
-    Rule("paper: z / Σz of mean logits", normalization="sum"),
+    Rule("paper: z / Σz of mean logits", score="logit", normalization="sum"),
     Rule("z-softmax, weighted mean"),
     Rule("min-max, weighted mean", normalization="minmax"),
     Rule("mean log-prob", score="logprob"),
@@ -43,27 +48,62 @@ class RuleChoice:
     chosen: int | None  # candidate index, None when the rule cannot judge this round
     member: str | None  # the chosen candidate's drafter
     note: str  # why it could not judge, or "" (the recorded choice is marked by the view)
+    scores: str = ""  # the raw scores it judged, e.g. "mean logits (from the token evidence)"
 
 
-def rule_choices(rnd: Round, rules: tuple[Rule, ...] = RULES) -> list[RuleChoice]:
-    """What each rule picks among the round's eligible candidates, with the weights it was judged with."""
+def rule_choices(
+    rnd: Round, rules: tuple[Rule, ...] = RULES, *, recorded: str | None = None
+) -> list[RuleChoice]:
+    """What each rule picks among the round's eligible candidates, with the weights it was judged with.
+
+    `recorded` is the score kind the run recorded as z_ij (its config's `score`); None when unknown,
+    and then a rule that names a kind always rebuilds it from the token-level evidence.
+    """
     out = []
     for rule in rules:
         try:
-            chosen = choose_by(rnd, rule)
-        except (ConfigError, ValueError) as e:
-            out.append(RuleChoice(rule.name, None, None, str(e).split(";")[0]))
+            raw, used = raw_scores(rnd, rule.score, recorded)
+        except ValueError as e:
+            out.append(RuleChoice(rule.name, None, None, str(e), _label(rule.score, recorded, False)))
             continue
-        out.append(RuleChoice(rule.name, chosen, rnd.candidates[chosen].member, ""))
+        try:
+            chosen = _choose(rnd, rule, raw)
+        except (ConfigError, ValueError) as e:
+            out.append(RuleChoice(rule.name, None, None, str(e).split(";")[0], used))
+            continue
+        out.append(RuleChoice(rule.name, chosen, rnd.candidates[chosen].member, "", used))
     return out
 
 
-def choose_by(rnd: Round, rule: Rule) -> int:
-    raw = [list(row) for row in rnd.raw_scores]
-    if rule.score == "logprob":
-        if not rnd.token_scores or any(not d.logprobs for row in rnd.token_scores for d in row):
-            raise ValueError("log-probabilities were not recorded for this round (run with score logprob)")
-        raw = [[d.mean("logprob") for d in row] for row in rnd.token_scores]
+def _label(score: str, recorded: str | None, rebuilt: bool) -> str:
+    if score == RECORDED:
+        return f"recorded {SCORE_NAMES[recorded]}" if recorded in SCORE_NAMES else "recorded scores"
+    return f"{SCORE_NAMES[score]} (from the token evidence)" if rebuilt else f"recorded {SCORE_NAMES[score]}"
+
+
+def raw_scores(rnd: Round, score: str, recorded: str | None = None) -> tuple[list[list[float]], str]:
+    """The [verifiers][candidates] z_ij a rule judges, and what they are.
+
+    The recorded matrix when it is of that kind; else each verifier's mean over its token-level
+    evidence (the same mean the engine takes). ValueError when the round holds neither.
+    """
+    if score in (RECORDED, recorded):
+        return [list(row) for row in rnd.raw_scores], _label(score, recorded, False)
+    if score not in SCORE_NAMES:
+        raise ValueError(f"unknown score {score!r}; known: {RECORDED}, {', '.join(SCORE_NAMES)}")
+    values = "logprobs" if score == "logprob" else "logits"
+    if not rnd.token_scores or any(not getattr(d, values) for row in rnd.token_scores for d in row):
+        how = "run with score logprob" if score == "logprob" else "older traces and served members lack them"
+        raise ValueError(f"{SCORE_NAMES[score]} were not recorded for this round ({how})")
+    return [[d.mean(score) for d in row] for row in rnd.token_scores], _label(score, recorded, True)
+
+
+def choose_by(rnd: Round, rule: Rule, *, recorded: str | None = None) -> int:
+    """The candidate `rule` picks on this round (ValueError or ConfigError when it cannot judge)."""
+    return _choose(rnd, rule, raw_scores(rnd, rule.score, recorded)[0])
+
+
+def _choose(rnd: Round, rule: Rule, raw: list[list[float]]) -> int:
     scores = feedback.normalize(raw, rule.normalization)
     index = {m: i for i, m in enumerate(rnd.members)}
     weights = [rnd.weights_before[index[v]] for v in rnd.verifiers]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble
-from specfuse.rules import RULES, Rule, choose_by, rule_choices
+from specfuse.rules import RULES, Rule, choose_by, raw_scores, rule_choices
 
 from .scripted import ScriptedMember
 
@@ -36,3 +40,43 @@ def test_the_paper_rule_refuses_negative_scores_and_self_scores_change_the_winne
     assert by_name["paper: z / Σz of mean logits"].chosen is None
     assert by_name["z-softmax, weighted mean"].member == "a"  # a's weight carries its own candidate
     assert by_name["without self-scores"].member == "b"  # without it, b and c back "B"
+
+
+def test_the_paper_rule_judges_mean_logits_rebuilt_from_the_token_evidence_and_says_so(tiny_members):
+    """The row "paper: z / Σz of mean logits" judged the recorded mean log-probs (the default score)
+    and refused every round ("needs positive scores, got [-0.799, …]") although the round held the
+    token logits (issue 24, item 6)."""
+    rnd = next(Ensemble(tiny_members, EnsembleConfig(max_new_tokens=8, exit=False)).stream("Say hi"))
+    assert rnd.token_scores and all(d.logprobs and d.logits for row in rnd.token_scores for d in row)
+    logits = [[d.mean("logit") + 30.0 for d in row] for row in rnd.token_scores]  # real models' ~24
+    shifted = tuple(
+        tuple(dataclasses.replace(d, logits=tuple(v + 30.0 for v in d.logits)) for d in row)
+        for row in rnd.token_scores
+    )
+    positive = dataclasses.replace(rnd, token_scores=shifted)
+    assert all(v < 0 for row in positive.raw_scores for v in row)  # the recorded mean log-probs
+    paper = {c.rule: c for c in rule_choices(positive, recorded="logprob")}["paper: z / Σz of mean logits"]
+    assert paper.chosen is not None and paper.scores == "mean logits (from the token evidence)"
+    # The same choice as on a round that recorded those mean logits as its z_ij.
+    as_logits = dataclasses.replace(positive, raw_scores=tuple(tuple(row) for row in logits))
+    assert paper.chosen == choose_by(as_logits, Rule("z / Σz", normalization="sum"), recorded="logit")
+    assert flat(raw_scores(positive, "logit", "logprob")[0]) == pytest.approx(flat(logits))
+    # Rules on the recorded scores say which kind they are.
+    by_name = {c.rule: c for c in rule_choices(positive, recorded="logprob")}
+    assert by_name["z-softmax, weighted mean"].scores == "recorded mean log-probs"
+    assert by_name["mean log-prob"].scores == "recorded mean log-probs"
+    assert by_name["mean log-prob"].chosen == by_name["z-softmax, weighted mean"].chosen == rnd.chosen
+
+
+def test_a_run_recorded_in_logits_is_judged_on_its_recorded_logits_by_the_paper_rule(tiny_members):
+    rnd = next(Ensemble(tiny_members, EnsembleConfig(max_new_tokens=8, score="logit")).stream("Say hi"))
+    rebuilt, label = raw_scores(rnd, "logit", "logit")
+    assert label == "recorded mean logits" and rebuilt == [list(row) for row in rnd.raw_scores]
+    assert flat(raw_scores(rnd, "logit", "logprob")[0]) == pytest.approx(flat(rebuilt))  # the same means
+    without = dataclasses.replace(rnd, token_scores=())
+    with pytest.raises(ValueError, match="mean log-probs were not recorded"):
+        raw_scores(without, "logprob", "logit")
+
+
+def flat(matrix):
+    return [v for row in matrix for v in row]
