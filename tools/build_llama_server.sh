@@ -3,20 +3,37 @@
 # (PyPI has no llama-server wheel and Debian has no llama.cpp). The binary is cached outside git and
 # reused; the source and the binary are never committed.
 #   usage: tools/build_llama_server.sh [PYTHON]     (env: LLAMA_SERVER_DIR, JOBS)
+# The sdist is pinned by version and SHA-256: pip refuses an archive with another hash
+# (--require-hashes), and the archive is checked again before it is unpacked, so a changed archive
+# (on the index, or left in the source folder) is never compiled. To move to a new version, change
+# VERSION and SHA256 together (the hash PyPI lists for llama_cpp_python-VERSION.tar.gz).
 set -euo pipefail
 PY=${1:-python3}
 VERSION=0.3.36
+SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 DIR=${LLAMA_SERVER_DIR:-${HOME}/.cache/specfuse/llama-server}
 BIN="$DIR/bin/llama-server"
 JOBS=${JOBS:-2}
+ARCHIVE="llama_cpp_python-$VERSION.tar.gz"
 if [ -x "$BIN" ]; then echo "llama-server already built: $BIN"; exit 0; fi
 command -v cmake >/dev/null || { echo "cmake is needed (apt-get install cmake)"; exit 1; }
 GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
 mkdir -p "$DIR/src"
 cd "$DIR/src"
-if [ ! -d "llama_cpp_python-$VERSION" ]; then
-  "$PY" -m pip download -q --no-binary :all: --no-deps "llama-cpp-python==$VERSION" -d .
-  tar xzf "llama_cpp_python-$VERSION.tar.gz"
+# A source tree unpacked from this exact archive carries this stamp; any other tree is unpacked again.
+STAMP="llama_cpp_python-$VERSION/.specfuse-sha256"
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$SHA256" ]; then
+  rm -rf "llama_cpp_python-$VERSION" build
+  echo "llama-cpp-python==$VERSION --hash=sha256:$SHA256" > pinned.txt
+  "$PY" -m pip download -q --no-binary llama-cpp-python --no-deps --require-hashes -r pinned.txt -d .
+  GOT=$(sha256sum "$ARCHIVE" | cut -d' ' -f1)
+  if [ "$GOT" != "$SHA256" ]; then
+    rm -f "$ARCHIVE"
+    echo "refusing $ARCHIVE: its SHA-256 is $GOT, the pinned one is $SHA256" >&2
+    exit 1
+  fi
+  tar xzf "$ARCHIVE"
+  echo "$SHA256" > "$STAMP"
 fi
 SRC="llama_cpp_python-$VERSION/vendor/llama.cpp"
 # No network at build time: no curl, no OpenSSL, no web UI download.
@@ -25,5 +42,6 @@ nice -n 19 cmake -S "$SRC" -B build "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DLLA
   -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >/dev/null
 nice -n 19 cmake --build build --target llama-server -j "$JOBS"
 mkdir -p "$DIR/bin"
-cp build/bin/llama-server "$BIN.tmp" && mv "$BIN.tmp" "$BIN"
+cp build/bin/llama-server "$BIN.tmp"  # one command a line: set -e does not stop inside a && list
+mv "$BIN.tmp" "$BIN"
 echo "built $BIN"
