@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
+import types
+from pathlib import Path
 
 import pytest
 
@@ -265,6 +268,28 @@ def test_variants_load_from_json_and_toml_files(tmp_path):
     (tmp_path / "bad.json").write_text('{"lr2": {"exit": "maybe"}}')
     with pytest.raises(ConfigError, match="bad.json: lr2: exit='maybe'"):
         variants.load_variants(tmp_path / "bad.json")
+
+
+def test_toml_variants_fall_back_to_tomli_where_there_is_no_tomllib(tmp_path, monkeypatch):
+    """Python 3.10 has no tomllib (`import tomllib` crashed there); tomli, declared for < 3.11, parses."""
+    import tomllib
+
+    (tmp_path / "v.toml").write_text("[lr2]\nlearning_rate = 2\n")
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # as on 3.10: `import tomllib` fails
+    stand_in = types.ModuleType("tomli")  # tomli is the parser tomllib was taken from: the same API
+    stand_in.loads = tomllib.loads  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tomli", stand_in)
+    assert variants.toml_parser() is stand_in
+    assert variants.load_variants(tmp_path / "v.toml") == {"lr2": {"learning_rate": 2.0}}
+    monkeypatch.setitem(sys.modules, "tomli", None)
+    with pytest.raises(ConfigError, match="^reading a TOML variants file on Python < 3.11 needs tomli"):
+        variants.load_variants(tmp_path / "v.toml")
+
+
+def test_tomli_is_declared_for_the_pythons_without_tomllib():
+    root = Path(__file__).resolve().parents[1]
+    assert "tomli>=2,<3; python_version < '3.11'" in (root / "pyproject.toml").read_text()
+    assert 'tomli==2.5.0; python_version < "3.11"' in (root / "requirements.txt").read_text()
 
 
 def test_a_named_variant_runs_under_its_own_folder_with_its_config(tmp_path):

@@ -146,6 +146,22 @@ def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
     return name, settings
 
 
+def toml_parser() -> types.ModuleType:
+    """The TOML parser: the standard library's tomllib (Python 3.11+), else tomli, the same parser from
+    PyPI (declared for Python < 3.11)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError as e:
+            raise ConfigError(
+                "reading a TOML variants file on Python < 3.11 needs tomli: pip install tomli "
+                "(or give the variants as JSON)"
+            ) from e
+    return tomllib
+
+
 def load_variants(path: str | Path) -> dict[str, dict[str, Any]]:
     """Named variants from a JSON object or a TOML file: {name: {key: value, …}, …}."""
     path = Path(path)
@@ -153,13 +169,9 @@ def load_variants(path: str | Path) -> dict[str, dict[str, Any]]:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"cannot read variants file {str(path)!r}: {e.strerror or e}") from e
+    parse = toml_parser().loads if path.suffix.lower() == ".toml" else json.loads
     try:
-        if path.suffix.lower() == ".toml":
-            import tomllib
-
-            data: Any = tomllib.loads(text)
-        else:
-            data = json.loads(text)
+        data: Any = parse(text)
     except ValueError as e:
         raise ConfigError(f"{path.name}: not valid {path.suffix.lstrip('.') or 'JSON'}: {e}") from e
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
