@@ -32,7 +32,9 @@ def fake_entry(tmp_path: Path, parts: list[bytes], sha256: str | None = None) ->
     )
 
 
-def save_tiny_checkpoint(folder: Path, chat_template: str | None) -> None:
+def save_tiny_checkpoint(folder: Path, chat_template: str | None, intermediate_size: int = 32) -> None:
+    """A one-layer Llama with a six-word tokenizer; `intermediate_size` sets the weights' size (2**17:
+    25 MB, a file large enough for damage between the blocks a sampled fingerprint reads)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -45,7 +47,7 @@ def save_tiny_checkpoint(folder: Path, chat_template: str | None) -> None:
     config = LlamaConfig(
         vocab_size=len(vocab),
         hidden_size=16,
-        intermediate_size=32,
+        intermediate_size=intermediate_size,
         num_hidden_layers=1,
         num_attention_heads=2,
         num_key_value_heads=2,

@@ -1,4 +1,5 @@
-"""Tests for models/cache.py: GGUF assembly, the converted-model cache, and a damaged cache rebuilt.
+"""Tests for models/cache.py: GGUF assembly, the converted-model cache, and a damaged cache rebuilt
+(truncated, or changed in place with its size and even its mtime kept).
 
 Fast tests use fake chunk files and a tiny saved checkpoint; the one real model load is marked slow.
 """
@@ -9,14 +10,16 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import os
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from specfuse.errors import ModelLoadError
-from specfuse.models.cache import MARKER, assemble_gguf, cached_folder, ensure_cached
+from specfuse.errors import ModelLoadError, UnknownModelError
+from specfuse.models import cache as cache_module
+from specfuse.models.cache import MARKER, assemble_gguf, cached_folder, ensure_cached, verify_cache
 from specfuse.models.catalogue import CATALOGUE
 from specfuse.models.loading import load_member
 from specfuse.prompts import CHAT
@@ -198,3 +201,108 @@ def test_an_older_cache_without_a_manifest_is_kept_when_whole_and_rebuilt_when_n
     assert ensure_cached(tiny_entry, cache) == folder
     assert "without a manifest" in caplog.text
     assert cached_folder(tiny_entry, cache) == folder
+
+
+# ---- silent damage: same size, bytes changed (issue 24, item 5) ------------------------------------
+
+
+def wide_convert(entry, gguf, out, progress):
+    save_tiny_checkpoint(out, "{{ messages }}", intermediate_size=1 << 17)  # model.safetensors: 25 MB
+
+
+@pytest.fixture
+def wide_entry(tiny_entry, monkeypatch):
+    monkeypatch.setattr("specfuse.models.cache._convert", wide_convert)
+    return tiny_entry
+
+
+def overwrite_middle(path: Path, n: int = 1 << 20) -> None:
+    """1 MiB of 0xFF in the middle of the file, its size kept: NaN weights that load without error."""
+    time.sleep(0.05)  # file timestamps tick coarsely (a few ms): the change must come in a later tick
+    with path.open("r+b") as f:
+        f.seek(path.stat().st_size // 2 - n // 2)
+        f.write(b"\xff" * n)
+
+
+def records(folder: Path) -> dict:
+    return json.loads((folder / MARKER).read_text())["files"]
+
+
+def test_a_load_hashes_a_file_only_when_it_changed_since_its_hash_last_matched(
+    tiny_entry, tmp_path, monkeypatch
+):
+    cache = tmp_path / "cache"
+    folder = ensure_cached(tiny_entry, cache)
+    assert all("verified" in r for r in records(folder).values())  # hashed from disk when written
+    hashed: list[str] = []
+    real = cache_module._sha256_file
+    monkeypatch.setattr(cache_module, "_sha256_file", lambda p: hashed.append(p.name) or real(p))
+    assert cached_folder(tiny_entry, cache) == folder and hashed == []  # a normal load reads no bytes
+    # A cache written by specfuse 0.3.0 has no record of a check: its first load hashes every file once.
+    marker = json.loads((folder / MARKER).read_text())
+    for record in marker["files"].values():
+        del record["verified"]
+    (folder / MARKER).write_text(json.dumps(marker))
+    assert cached_folder(tiny_entry, cache) == folder
+    assert sorted(hashed) == sorted(marker["files"])
+    hashed.clear()
+    assert cached_folder(tiny_entry, cache) == folder and hashed == []
+    time.sleep(0.05)  # (a later tick of the file system's clock)
+    (folder / "config.json").touch()  # a new mtime: that file alone is hashed again (and matches)
+    assert cached_folder(tiny_entry, cache) == folder and hashed == ["config.json"]
+
+
+def test_a_megabyte_overwritten_between_the_sampled_blocks_is_rebuilt_at_the_next_load(
+    wide_entry, tmp_path, caplog
+):
+    cache = tmp_path / "cache"
+    load_member(wide_entry.name, cache_dir=cache, dtype="float32")
+    weights = cache / wide_entry.name / "model.safetensors"
+    whole = weights.read_bytes()
+    overwrite_middle(weights)
+    assert weights.stat().st_size == len(whole) and weights.read_bytes() != whole
+    # The 16 blocks that specfuse up to 0.3.0 fingerprinted miss this damage: it had loaded NaNs.
+    size = len(whole)
+    assert (
+        cache_module._sample_sha256(weights, size)
+        == records(weights.parent)["model.safetensors"]["sample_sha256"]
+    )
+    seen: list[str] = []
+    member = load_member(
+        wide_entry.name, cache_dir=cache, dtype="float32", progress=lambda f, m: seen.append(m)
+    )
+    assert weights.read_bytes() == whole
+    assert torch.isfinite(member.model.model.layers[0].mlp.up_proj.weight).all()
+    assert "damaged (model.safetensors has SHA-256" in caplog.text and "rebuilding" in caplog.text
+    assert any("checking the SHA-256" in m for m in seen) and any("rebuilding" in m for m in seen)
+
+
+def test_damage_with_its_mtime_set_back_is_noticed_and_verify_cache_finds_what_timestamps_cannot(
+    wide_entry, tmp_path
+):
+    cache = tmp_path / "cache"
+    folder = ensure_cached(wide_entry, cache)
+    weights = folder / "model.safetensors"
+    whole = weights.read_bytes()
+    before = weights.stat()
+    overwrite_middle(weights)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))  # size and mtime as they were
+    assert weights.stat().st_mtime_ns == before.st_mtime_ns
+    assert cached_folder(wide_entry, cache) is None  # setting the mtime changed the ctime
+    assert ensure_cached(wide_entry, cache) == folder and weights.read_bytes() == whole
+    # Bytes changed with every timestamp kept (a disk fault): a load trusts the recorded check...
+    overwrite_middle(weights)
+    marker = json.loads((folder / MARKER).read_text())
+    stat = weights.stat()
+    stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns}
+    marker["files"]["model.safetensors"]["verified"] = stamp
+    (folder / MARKER).write_text(json.dumps(marker))
+    assert cached_folder(wide_entry, cache) == folder
+    # ... and the explicit check hashes everything, finds it, and makes the next load rebuild.
+    problem = verify_cache(wide_entry.name, cache)
+    assert problem is not None and problem.startswith("damaged (model.safetensors has SHA-256")
+    assert cached_folder(wide_entry, cache) is None
+    assert ensure_cached(wide_entry, cache) == folder and weights.read_bytes() == whole
+    assert verify_cache(wide_entry.name, cache) is None
+    with pytest.raises(UnknownModelError, match="Unknown model 'nope'"):
+        verify_cache("nope", cache)

@@ -1,4 +1,5 @@
-"""The converted-model cache: an entry's GGUF file verified, converted once, checked at every load.
+"""The converted-model cache: an entry's GGUF file verified, converted once, its files' sizes checked
+at every load and their SHA-256 whenever a file changed (or on request: verify_cache).
 
 Knows nothing about devices, dtypes or members: loading.py asks it for a folder and loads from there.
 """
@@ -15,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specfuse.errors import ModelLoadError, SpecfuseError
+from specfuse.errors import ModelLoadError, SpecfuseError, UnknownModelError
 
-from .catalogue import ModelEntry, locate_chunks
+from .catalogue import CATALOGUE, ModelEntry, locate_chunks
 
 log = logging.getLogger(__name__)
 
@@ -99,15 +100,58 @@ def assemble_gguf(entry: ModelEntry, dest_dir: Path, progress: Progress = no_pro
 # ---- the safetensors cache ------------------------------------------------------------------------
 
 
-def cached_folder(entry: ModelEntry, cache_dir: str | os.PathLike[str] | None = None) -> Path | None:
+def cached_folder(
+    entry: ModelEntry, cache_dir: str | os.PathLike[str] | None = None, progress: Progress = no_progress
+) -> Path | None:
     """The entry's complete, intact safetensors folder, or None when absent, unfinished, stale or
-    damaged (a file missing, of another size, or differing from the manifest in its sampled bytes)."""
+    damaged (a file missing, of another size, or with another SHA-256 than the manifest's; see
+    _cache_problem for when the hash is computed)."""
     folder = cache_root(cache_dir) / entry.name
-    return folder if _cache_problem(entry, folder) is None else None
+    return folder if _cache_problem(entry, folder, progress=progress) is None else None
 
 
-def _cache_problem(entry: ModelEntry, folder: Path) -> str | None:
-    """None when `folder` is an intact cache of `entry`; else what is wrong with it, in a few words."""
+def verify_cache(
+    entry: ModelEntry | str, cache_dir: str | os.PathLike[str] | None = None, progress: Progress = no_progress
+) -> str | None:
+    """Hash every file of the entry's cache now, whatever its timestamps say: None when intact, else
+    what is wrong with it ("absent", "damaged (…)", …).
+
+    Loads re-hash a file only when its size, mtime or ctime changed since it last matched (fast);
+    this catches what they cannot: bytes changed with the timestamps kept (a disk fault, a copy that
+    kept them). A damaged file's record is dropped, so the next load rebuilds the entry.
+    """
+    if isinstance(entry, str):
+        if entry not in CATALOGUE:
+            raise UnknownModelError(f"Unknown model {entry!r}; the catalogue has: {', '.join(CATALOGUE)}")
+        entry = CATALOGUE[entry]
+    return _cache_problem(entry, cache_root(cache_dir) / entry.name, full=True, progress=progress)
+
+
+def _stamp(path: Path) -> dict[str, int]:
+    """What the file system says about a file's last change. mtime can be set back (os.utime, a
+    copy that keeps times), but setting it changes ctime, which only the kernel sets."""
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+
+
+def _hash_stamped(path: Path) -> tuple[str, dict[str, int] | None]:
+    """The file's SHA-256, and its stamp when it did not change while it was read (else None)."""
+    before = _stamp(path)
+    digest = _sha256_file(path)
+    return digest, (before if _stamp(path) == before else None)
+
+
+def _cache_problem(
+    entry: ModelEntry, folder: Path, *, full: bool = False, progress: Progress = no_progress
+) -> str | None:
+    """None when `folder` is an intact cache of `entry`; else what is wrong with it, in a few words.
+
+    Every call checks that each file of the manifest is there with its size. A file's SHA-256 is
+    computed when its stamp (size, mtime, ctime) differs from the one recorded when its hash last
+    matched (so on the first load after the cache was written by another specfuse, and after any
+    change), or for every file with `full`; a match is recorded in the marker, so later loads read
+    nothing. A mismatch drops the file's record and reports it damaged.
+    """
     try:
         marker = json.loads((folder / MARKER).read_text())
     except FileNotFoundError:
@@ -119,22 +163,56 @@ def _cache_problem(entry: ModelEntry, folder: Path) -> str | None:
     files = marker.get("files")
     if not isinstance(files, dict) or not files:
         return NO_MANIFEST
-    for rel, expected in files.items():
-        path = folder / rel
+    to_hash = []
+    for rel, record in files.items():
         try:
-            size = path.stat().st_size
+            stamp = _stamp(folder / rel)
         except OSError:
             return f"damaged ({rel} is missing)"
-        if not isinstance(expected, dict) or size != expected.get("size"):
-            return f"damaged ({rel} has {size:,} bytes, the manifest says {expected.get('size')!r})"
-        if _sample_sha256(path, size) != expected.get("sample_sha256"):
-            return f"damaged ({rel} differs from the manifest)"
+        if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
+            return f"damaged (the manifest's record of {rel} is not a size and a hash)"
+        if stamp["size"] != record.get("size"):
+            return f"damaged ({rel} has {stamp['size']:,} bytes, the manifest says {record.get('size')!r})"
+        if full or record.get("verified") != stamp:
+            to_hash.append(rel)
+    if not to_hash:
+        return None
+    why = "as asked" if full else "first load since they were written or changed"
+    progress(0.02, f"{entry.name}: checking the SHA-256 of {len(to_hash)} cache file(s) ({why})")
+    start = time.perf_counter()
+    recorded = False
+    for rel in to_hash:
+        record = files[rel]
+        digest, stamp_read = _hash_stamped(folder / rel)
+        if digest != record["sha256"]:
+            if record.pop("verified", None) is not None:
+                _save_marker(entry, folder, marker)  # so that no load trusts its timestamps again
+            return f"damaged ({rel} has SHA-256 {digest[:16]}…, the manifest says {record['sha256'][:16]}…)"
+        if stamp_read is not None and record.get("verified") != stamp_read:
+            record["verified"] = stamp_read
+            recorded = True
+    if recorded:
+        _save_marker(entry, folder, marker)
+    log.info(
+        "%s: the SHA-256 of %d cache file(s) matched the manifest (%.1f s)",
+        entry.name,
+        len(to_hash),
+        time.perf_counter() - start,
+    )
     return None
 
 
+def _save_marker(entry: ModelEntry, folder: Path, marker: dict[str, Any]) -> None:
+    try:
+        _write_marker(folder, marker)
+    except OSError as e:  # a read-only cache still loads; its files are hashed again at each load
+        log.info("%s: could not record the hash check in %s: %s", entry.name, folder, e)
+
+
 def _sample_sha256(path: Path, size: int) -> str:
-    """A fast fingerprint: SHA-256 of the size and 16 blocks of 64 KiB spread over the file (all of a
-    small file). Loading checks it every time; the full SHA-256 in the manifest is for people."""
+    """SHA-256 of the size and 16 blocks of 64 KiB spread over the file: what specfuse up to 0.3.0
+    checked at each load (no longer: it misses damage between the blocks). Still written to the
+    manifest so that an older specfuse keeps a newer cache instead of converting it again."""
     digest = hashlib.sha256(str(size).encode())
     block = 64 * 1024
     with path.open("rb") as f:
@@ -148,20 +226,21 @@ def _sample_sha256(path: Path, size: int) -> str:
 
 
 def _manifest(folder: Path) -> dict[str, dict[str, Any]]:
-    """Size, SHA-256 and sampled SHA-256 of every file under `folder` (the marker excepted)."""
-    files = {}
+    """Size, SHA-256 (read back from disk) and stamp of every file under `folder` (the marker
+    excepted): the stamp records that this hash matched this file as it is now."""
+    files: dict[str, dict[str, Any]] = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MARKER):
+        digest, stamp = _hash_stamped(path)
         size = path.stat().st_size
-        files[path.relative_to(folder).as_posix()] = {
-            "size": size,
-            "sha256": _sha256_file(path),
-            "sample_sha256": _sample_sha256(path, size),
-        }
+        record: dict[str, Any] = {"size": size, "sha256": digest, "sample_sha256": _sample_sha256(path, size)}
+        if stamp is not None:
+            record["verified"] = stamp
+        files[path.relative_to(folder).as_posix()] = record
     return files
 
 
 def _write_marker(folder: Path, marker: dict[str, Any]) -> None:
-    part = folder / f"{MARKER}.part"
+    part = folder / f"{MARKER}.{os.getpid()}.part"  # two processes may record a check at once
     part.write_text(json.dumps(marker, indent=2) + "\n")
     os.replace(part, folder / MARKER)  # atomic: a marker is complete or absent
 
@@ -226,14 +305,14 @@ def ensure_cached(
     """
     root = cache_root(cache_dir)
     folder = root / entry.name
-    problem = _cache_problem(entry, folder)
+    problem = _cache_problem(entry, folder, progress=progress)
     if problem is None or (problem == NO_MANIFEST and _adopt_legacy(entry, folder)):
         return folder
     if folder.exists():
         log.warning(
             "%s: the cache in %s is %s; rebuilding it from the installed package", entry.name, folder, problem
         )
-        progress(0.0, f"{entry.name}: cache {problem.split(' (')[0]}, rebuilding")
+        progress(0.02, f"{entry.name}: cache {problem.split(' (')[0]}, rebuilding")
     try:
         return _build_cache(entry, root, folder, progress)
     except (SpecfuseError, OSError) as e:
