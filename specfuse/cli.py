@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--trace", default=None, metavar="PATH", help="write the run as a JSON trace")
     add("--quiet", action="store_true", help="no progress on stderr")
     add("--list-models", action="store_true", help="list the catalogue and exit")
+    add(
+        "--verify-cache",
+        action="store_true",
+        help="hash every file of every cached catalogue model now (loads re-hash only files whose size "
+        "or times changed); exit 1 if any is damaged (the next load rebuilds it)",
+    )
     return parser
 
 
@@ -202,11 +208,12 @@ def main(
 
 
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-
     if args.list_models:
         for name, entry in CATALOGUE.items():
             print(f"{name:<20} {entry.params:>6}  {entry.licence}", file=out)
         return 0
+    if args.verify_cache:
+        return _verify_cache(args.cache_dir, out)
     config = config_from_args(args)
     prompt = read_prompt(args.prompt)
     check_prompt(prompt)
@@ -252,6 +259,19 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             file=err,
         )
     return 0
+
+
+def _verify_cache(cache_dir: str | None, out: TextIO) -> int:
+    """--verify-cache: each catalogue model's cache, hashed in full; 1 when any file is damaged."""
+    from .models.cache import verify_cache
+
+    damaged = 0
+    for name in CATALOGUE:
+        problem = verify_cache(name, cache_dir)
+        if problem is not None and not problem.startswith("absent"):
+            damaged += 1
+        print(f"{name:<20} {problem or 'intact'}", file=out)
+    return 1 if damaged else 0
 
 
 def read_prompt(arg: str | None) -> str:

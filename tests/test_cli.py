@@ -212,3 +212,15 @@ def test_python_dash_m_runs_the_cli():
         [sys.executable, "-m", "specfuse", "--help"], cwd=ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0 and "usage: specfuse" in result.stdout
+
+
+def test_verify_cache_hashes_every_cached_model_and_exits_1_on_damage(tmp_path):
+    """--verify-cache: what a load cannot see (bytes changed with their timestamps kept) is found by
+    hashing everything on request; models never cached are listed as absent, not as damage."""
+    code, out, _ = run_cli("--verify-cache", "--cache-dir", str(tmp_path))
+    assert code == 0 and out.count("absent") == out.count("\n") >= 3
+    (tmp_path / "smollm2-135m").mkdir()
+    (tmp_path / "smollm2-135m" / "specfuse-cache.json").write_text("{not json")
+    code, out, _ = run_cli("--verify-cache", "--cache-dir", str(tmp_path))
+    assert code == 1
+    assert any(line.startswith("smollm2-135m") and "not JSON" in line for line in out.splitlines()), out
