@@ -20,7 +20,7 @@ from specfuse import SpecfuseError
 from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from specfuse.trace import MAX_TRACE_BYTES
 from studio import DEVICES, SharedLoader, build_demo
-from studio.loading import installed_models, usable_devices
+from studio.loading import installed_models, served_members, usable_devices
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 
@@ -67,6 +67,15 @@ def space_arguments() -> list[str] | None:
     import yaml  # a Gradio dependency
 
     return shlex.split(str(yaml.safe_load(config.read_text(encoding="utf-8")).get("app_args", "")))
+
+
+def _is_spec(name: str) -> bool:
+    """A served member's spec (ENGINE:URL…); remote.py brings torch, so only names with a URL ask it."""
+    if "://" not in name:
+        return False
+    from specfuse.members.remote import is_server_spec
+
+    return is_server_spec(name)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -118,10 +127,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         processes="auto" if args.processes is None else args.processes,
     )
     # Offer only what can work here: installed catalogue models (plus what the operator named) and
-    # the GPU device settings only where a GPU is visible.
+    # the GPU device settings only where a GPU is visible. Served members by their names only.
     installed = installed_models()
-    named = [m for m in args.models if m not in CATALOGUE or m in installed]
-    choices = list(dict.fromkeys([*installed, *named, *args.server]))
+    specs = [*(m for m in args.models if _is_spec(m)), *args.server]
+    named = [m for m in args.models if m not in specs and (m not in CATALOGUE or m in installed)]
+    try:
+        served = served_members(list(dict.fromkeys(specs)), taken=[*installed, *named])
+    except SpecfuseError as e:
+        parser.exit(2, f"error: {e}\n")
+    name_of = {spec: name for name, spec in served.items()}
+    defaults = [name_of.get(m, m) for m in args.models if m in specs or m in named]
+    choices = list(dict.fromkeys([*installed, *named, *served]))
     if args.preload:
         from specfuse.models.loading import load_each, tqdm_progress
 
@@ -134,13 +150,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     demo = build_demo(
         loader,
         choices=choices,
-        default_models=named,
+        default_models=defaults,
         allow_paths=args.allow_paths,
         device=args.device,
         devices=usable_devices(),
         plan_devices=plan_devices,
         concurrency_limit=args.concurrency,
         eval_dir=args.eval_dir,
+        served=served,
     )
     serve(
         demo,

@@ -1,17 +1,20 @@
-"""The failure-case browser's data: an evaluation run folder → one row per problem, and its traces.
+"""The failure-case browser's data: an evaluation report → one row per problem, and its traces.
 
-Reads the newest evaluation report under the folder (RESULTS-*.json, or eval-*.json from older
-runs) with the evaluation's own reader, `specfuse.eval.runs.load_outcomes`, and names the best
-member as the report does (`specfuse.eval.report.best_single_system`). Finds each answer's trace at
-the path its outcome names, or at `<runs>/<system>/<problem>.json`. Knows nothing about Gradio or
-models.
+Reads an evaluation report (a RESULTS-*.json or eval-*.json file, or the newest under a folder) with
+the evaluation's own reader, `specfuse.eval.runs.load_outcomes`, and names the best member as the
+report does (`specfuse.eval.report.best_single_system`). Finds each answer's trace at the path its
+outcome names, at the copy the report shipped for a failure case (`failure_cases[*].system_copy`
+and `best_copy`, e.g. bench/RESULTS-gsm8k-cases/…), or at `<runs>/<system>/<problem>.json`; a
+relative path is tried from the working directory, the folder and the report's own folder. Knows
+nothing about Gradio or models.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -22,7 +25,14 @@ from specfuse.eval.runs import EvalError, load_outcomes
 
 ENSEMBLE = "ensemble"
 SINGLE = "single-"
-FILTERS = ("all problems", "ensemble wrong, best member right", "ensemble right, best member wrong")
+FILTERS = (
+    "all problems",
+    "ensemble wrong, best member right",
+    "ensemble right, best member wrong",
+    "with a trace to replay",
+)
+TOGETHER_S = 60.0  # reports written this close together count as one batch (see _reports)
+REPLAY = "▶ replay"  # the table's mark for a problem whose ensemble trace is here
 
 
 @dataclass(frozen=True)
@@ -30,9 +40,14 @@ class EvalRun:
     folder: Path
     outcomes: tuple[Outcome, ...]
     best_member: str | None  # the single-* system with the most correct answers (its member name)
+    report: Path | None = None  # the report file read (None: built by hand)
+    copies: dict[tuple[str, str], str] = field(default_factory=dict)  # (system, problem) → shipped copy
 
     def systems(self) -> list[str]:
         return list(dict.fromkeys(o.system for o in self.outcomes))
+
+    def problems(self) -> list[str]:
+        return list(dict.fromkeys(o.problem for o in self.outcomes))
 
     def ensemble(self) -> str:
         """The system compared with the best member: `ensemble` when it ran, else the ensemble system
@@ -44,35 +59,111 @@ class EvalRun:
         right = {s: sum(o.correct for o in self.outcomes if o.system == s) for s in others}
         return max(others, key=lambda s: right[s]) if others else ENSEMBLE
 
-    def get(self, system: str, problem: str) -> Outcome | None:
+    def best(self) -> str | None:
+        """The best member's system name (`single-<member>`)."""
+        return f"{SINGLE}{self.best_member}" if self.best_member else None
+
+    def get(self, system: str | None, problem: str) -> Outcome | None:
         return next((o for o in self.outcomes if o.system == system and o.problem == problem), None)
 
     def trace(self, o: Outcome) -> Path | None:
         """The (first) trace of this answer, when it can be found."""
-        return _trace_path(self.folder, o.system, o.problem, o.traces)
+        named = [*o.traces, self.copies.get((o.system, o.problem), "")]
+        roots = [self.folder, *([self.report.parent] if self.report is not None else [])]
+        return _trace_path(roots, o.system, o.problem, named)
+
+    def label(self, system: str) -> str:
+        """A column title that says which system is the ensemble and which the best member."""
+        if system == self.ensemble():
+            return f"{system} (the ensemble)"
+        if system == self.best():
+            return f"{self.best_member} alone (best member)"
+        return system
+
+    def note(self) -> str:
+        """What the table holds: problems × systems, which is which, how many can be replayed."""
+        systems = self.systems()
+        shown = ", ".join(self.label(s) for s in _ordered(self, systems))
+        ensemble = self.ensemble()
+        replayable = sum(1 for p in self.problems() if (o := self.get(ensemble, p)) and self.trace(o))
+        where = self.report.name if self.report is not None else str(self.folder)
+        return (
+            f"{len(self.problems())} problems × {len(systems)} systems from {where}: {shown}. "
+            f"{replayable} of them have the ensemble's trace here ({REPLAY} in the table); "
+            "the others show both answers without a replay."
+        )
+
+
+def _ordered(run: EvalRun, systems: Sequence[str]) -> list[str]:
+    """The ensemble first, the best member second, then the rest as they came."""
+    first = [s for s in (run.ensemble(), run.best()) if s is not None and s in systems]
+    return [*first, *(s for s in systems if s not in first)]
 
 
 def _reports(folder: Path) -> list[Path]:
-    """Evaluation reports (write_reports' JSON: RESULTS-*.json, or eval-*.json from older runs)."""
+    """Evaluation reports (write_reports' JSON: RESULTS-*.json, or eval-*.json from older runs).
+
+    The newest first; of those written within a minute of it (a fresh clone writes them all at
+    once), the largest: the main study, not a small side one.
+    """
+    if folder.is_file():
+        return [folder]
     found = [p for p in folder.rglob("*.json") if p.name.startswith(("eval-", "RESULTS"))]
-    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+    if not found:
+        return []
+    newest = max(p.stat().st_mtime for p in found)
+    recent = [p for p in found if p.stat().st_mtime >= newest - TOGETHER_S]
+    first = max(recent, key=lambda p: p.stat().st_size)
+    return [first, *sorted((p for p in found if p != first), key=lambda p: -p.stat().st_mtime)]
 
 
-def _trace_path(folder: Path, system: str, problem: str, named: Sequence[str]) -> Path | None:
+def _candidates(root: Path, name: str) -> Iterable[Path]:
+    """`name` under root, and each shorter tail of it (`bench/RESULTS-x-cases/a.json` under bench/)."""
+    parts = Path(name).parts
+    for i in range(len(parts)):
+        yield root.joinpath(*parts[i:])
+
+
+def _trace_path(roots: Sequence[Path], system: str, problem: str, named: Sequence[str]) -> Path | None:
     for name in named:
-        if name:
-            for candidate in (Path(name), folder / name):
+        if not name:
+            continue
+        if Path(name).is_file():
+            return Path(name)
+        for root in roots:
+            for candidate in _candidates(root, name):
                 if candidate.is_file():
                     return candidate
-    for runs in (folder, folder / "runs"):
+    for runs in (roots[0], roots[0] / "runs"):
         candidate = runs / system / f"{problem}.json"
         if candidate.is_file():
             return candidate
     return None
 
 
+def _shipped_copies(report: Path) -> dict[tuple[str, str], str]:
+    """(system, problem) → the trace copy the report shipped for each failure case, both ways."""
+    try:
+        cases = json.loads(report.read_text(encoding="utf-8")).get("failure_cases") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    copies: dict[tuple[str, str], str] = {}
+    for system, found in cases.items() if isinstance(cases, dict) else ():
+        if not isinstance(found, dict):
+            continue
+        best = f"{SINGLE}{found.get('best_member')}"
+        for kind in ("wrong_best_right", "right_best_wrong"):
+            for case in found.get(kind) or ():
+                if not isinstance(case, dict) or not isinstance(case.get("problem"), str):
+                    continue
+                for key, owner in (("system_copy", system), ("best_copy", best)):
+                    if isinstance(case.get(key), str):
+                        copies.setdefault((owner, case["problem"]), case[key])
+    return copies
+
+
 def load_eval(folder: str | Path) -> EvalRun:
-    """The newest evaluation report under `folder`; ValueError when there is none or it is unreadable."""
+    """The report at `folder` (a file) or the newest under it; ValueError when none or unreadable."""
     folder = Path(folder)
     reports = _reports(folder)
     if not reports:
@@ -82,7 +173,13 @@ def load_eval(folder: str | Path) -> EvalRun:
     except EvalError as e:
         raise ValueError(str(e)) from e
     best = best_single_system(outcomes)
-    return EvalRun(folder, tuple(outcomes), best.removeprefix(SINGLE) if best is not None else None)
+    return EvalRun(
+        folder if folder.is_dir() else folder.parent,
+        tuple(outcomes),
+        best.removeprefix(SINGLE) if best is not None else None,
+        reports[0],
+        _shipped_copies(reports[0]),
+    )
 
 
 def mark(o: Outcome | None) -> str:
@@ -92,18 +189,28 @@ def mark(o: Outcome | None) -> str:
 
 
 def problems_table(run: EvalRun, which: str = FILTERS[0]) -> pd.DataFrame:
-    """One row per problem: the gold answer and each system's answer, ✓ or ✗; filtered by `which`."""
-    systems = run.systems()
-    best = f"{SINGLE}{run.best_member}" if run.best_member else None
+    """One row per problem: the gold answer and each system's answer, ✓ or ✗; filtered by `which`.
+
+    The ensemble's column comes first and the best member's second, each titled as such; the last
+    column marks the problems whose ensemble trace can be replayed here.
+    """
+    systems = _ordered(run, run.systems())
+    by = {(o.system, o.problem): o for o in run.outcomes}
+    ensemble, best = run.ensemble(), run.best()
     rows = []
-    for problem in dict.fromkeys(o.problem for o in run.outcomes):
-        mine, theirs = run.get(run.ensemble(), problem), run.get(best, problem) if best else None
+    for problem in run.problems():
+        mine, theirs = by.get((ensemble, problem)), by.get((best, problem)) if best else None
         if which == FILTERS[1] and not (mine and theirs and not mine.correct and theirs.correct):
             continue
         if which == FILTERS[2] and not (mine and theirs and mine.correct and not theirs.correct):
             continue
+        found = mine is not None and run.trace(mine) is not None
+        if which == FILTERS[3] and not found:
+            continue
         gold = next((o.gold for o in run.outcomes if o.problem == problem and o.gold is not None), None)
         rows.append(
-            {"problem": problem, "gold": gold or ""} | {s: mark(run.get(s, problem)) for s in systems}
+            {"problem": problem, "gold": gold or ""}
+            | {run.label(s): mark(by.get((s, problem))) for s in systems}
+            | {"trace": REPLAY if found else ""}
         )
-    return pd.DataFrame(rows, columns=["problem", "gold", *systems])
+    return pd.DataFrame(rows, columns=["problem", "gold", *(run.label(s) for s in systems), "trace"])

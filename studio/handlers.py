@@ -1,7 +1,8 @@
 """The event handlers: each returns (or yields) a {component: value} dict of only what it knows.
 
-Loading, the run stream, stop, replay, segment selection and trace upload. Errors a user can fix
-become one gr.Error. Knows nothing about layout (studio.layout places and wires the components).
+Loading, the run stream, stop, replay, segment selection, branching and trace upload. Errors a
+user can fix become one gr.Error, its text escaped and with no server URL in it (studio.untrusted).
+Knows nothing about layout (studio.layout places and wires the components).
 """
 
 from __future__ import annotations
@@ -9,12 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, cast
 
 import gradio as gr
@@ -28,14 +27,16 @@ from specfuse import (
     Trace,
     TraceError,
     UnknownModelError,
-    dump_trace,
 )
 from specfuse.engine import TYPED, check_prompt
+from specfuse.limits import check_request
 from specfuse.records import Branch, Draft
 from specfuse.trace import MAX_TRACE_BYTES, load_trace
 
-from . import failures, settings, views
-from .panels import Controls, Failures, Views
+from . import settings, views
+from .downloads import TraceFiles
+from .panels import Controls, Views
+from .untrusted import Servers, error
 
 if TYPE_CHECKING:  # members.py brings torch; the app needs it only once models load
     from specfuse.members.protocol import Member
@@ -62,21 +63,23 @@ def unchanged() -> Update:
 
 
 limits = {"trace_bytes": MAX_TRACE_BYTES}  # tests lower it
+TRACE_FILES = TraceFiles()  # every trace download of this process (a bounded folder)
 
 
-def write_trace(trace: Trace) -> str:
-    """The trace as a JSON file in a fresh temp folder, for the download button."""
-    folder = tempfile.mkdtemp(prefix="specfuse-trace-")
-    path = Path(folder) / f"specfuse-trace-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(dump_trace(trace), encoding="utf-8")
-    return str(path)
+def write_trace(trace: Trace, session: str = "", kind: str = "run") -> str:
+    """The trace as a JSON file for the download button (the session's previous one is deleted)."""
+    return TRACE_FILES.write(trace, session, kind)
 
 
-def download_value(trace: Trace | None) -> gr.DownloadButton:
+def download_value(trace: Trace | None, session: str = "", kind: str = "run") -> gr.DownloadButton:
     """The download button: hidden until there is a trace to download."""
     if trace is None or not trace.rounds:
         return gr.DownloadButton(value=None, visible=False)
-    return gr.DownloadButton(value=write_trace(trace), visible=True)
+    return gr.DownloadButton(value=write_trace(trace, session, kind), visible=True)
+
+
+def session_of(request: gr.Request | None) -> str:
+    return (request and request.session_hash) or ""
 
 
 def shown_round(trace: Trace | None, k: int | float | None) -> Round | None:
@@ -183,7 +186,12 @@ class Studio:
     controls: Controls
     display: Views
     trace: gr.State
+    servers: Servers = field(default_factory=Servers)  # served members: name → spec (never shown)
     live: dict[str, LiveRun] = field(default_factory=dict)  # by session
+
+    def error(self, message: object) -> gr.Error:
+        """A message for the page: escaped, and with every served member's URL replaced by its name."""
+        return error(message, self.servers)
 
     # ---- run -----------------------------------------------------------------------------------
 
@@ -216,16 +224,18 @@ class Studio:
             members, prompt, *rest = values
             form = dict(zip(names, rest[: len(names)]))
             device, compare, view, progress, request = rest[len(names) :]
-            session, live = (request and request.session_hash) or "", LiveRun()
+            session, live = session_of(request), LiveRun()
             self.live[session] = live
             try:
                 async for update in in_worker(
-                    self.stream_run(members, prompt, form, device, compare, view, progress), live.halt
+                    self.stream_run(members, prompt, form, device, compare, view, progress, session),
+                    live.halt,
                 ):
                     live.trace = update.get(self.trace, live.trace)
                     yield update
                 if live.halt.is_set():  # Gradio re-sends a run's last update when it completes,
-                    yield self.stopped(live.trace)  # maybe after Stop's answer: let both say it
+                    # maybe after Stop's answer: let both say it (and clear what an earlier run left)
+                    yield self.stopped(live.trace, session) | self.cleared(live.trace)
             finally:  # a halted or cancelled run too: Stop waits for this, so it answers last
                 live.ended.set()
                 if self.live.get(session) is live:
@@ -264,13 +274,16 @@ class Studio:
         def one(name: str, dev: str, report: Callable[[float, str], None]) -> Member:
             report(0.0, f"loading {name}")
             try:
-                return self.loader(name, dev, report)
-            except SpecfuseError:
+                return self.loader(self.servers.spec(name), dev, report)  # a served member's URL
+            except SpecfuseError:  # stays here: its spec goes to the loader, its name to the page
                 raise
             except Exception as e:  # the app's edge: any load failure is a message, not a crash
                 raise ModelLoadError(f"{name}: could not load: {type(e).__name__}: {e}") from e
 
-        return load_each(names, devices, one, lambda fraction, message: progress(fraction, desc=message))
+        def shown(fraction: float, message: str) -> None:
+            progress(fraction, desc=self.servers.scrub(message))  # the bar shows text as text
+
+        return load_each(names, devices, one, shown)
 
     @gpu
     def stream_run(
@@ -282,6 +295,7 @@ class Studio:
         compare: bool,
         view: str,
         progress: Callable[..., Any],
+        session: str = "",
     ) -> Iterator[Update]:
         """Load the members (once, shared), then yield one update per round (and per compared member)."""
         v = self.display
@@ -293,7 +307,7 @@ class Studio:
             loaded = self.load(names, device, progress)
             ensemble = Ensemble(loaded, config)
         except SpecfuseError as e:
-            raise gr.Error(str(e)) from e
+            raise self.error(e) from e
         loading_s = time.perf_counter() - began
         waited_s: float | None = None
         rounds: list[Round] = []
@@ -306,7 +320,8 @@ class Studio:
                     drafts.append(rnd)
                     drafting = rounds[-1].next_drafters if rounds else ensemble.names
                     yield {
-                        **({self.trace: None} if not rounds else {}),  # Stop now keeps no older run
+                        # Round 1's first candidate: Stop now keeps no older run, and none shows.
+                        **(self.cleared(None) if not rounds else {}),
                         v.candidates: views.arriving_value(drafts),
                         v.status: views.arriving_status(
                             drafts, drafting, time.perf_counter() - began, loading_s
@@ -325,7 +340,7 @@ class Studio:
                     v.status: views.status_markdown(rounds, waited_s=waited_s, loading_s=loading_s),
                     v.round: views.slider_value(trace),
                     v.segment: "",
-                    self.controls.download: download_value(trace if done else None),
+                    self.controls.download: download_value(trace if done else None, session),
                     v.compared: views.compare_html([("ensemble", rnd.text)]) if compare else "",
                     v.plain: views.plain_answer(rounds),
                 }
@@ -343,14 +358,29 @@ class Studio:
                     v.status: views.status_markdown(trace.rounds, waited_s=waited_s, loading_s=loading_s),
                     v.round: views.slider_value(trace),
                     v.segment: "",
-                    self.controls.download: download_value(trace),
+                    self.controls.download: download_value(trace, session),
                     v.compared: views.compare_html(columns),
                     v.plain: views.plain_answer(trace.rounds),
                 }
         except SpecfuseError as e:
-            raise gr.Error(str(e)) from e
+            raise self.error(e) from e
         finally:
             stream.close()  # a cancelled job closes this generator: the engine's states go with it
+
+    def cleared(self, trace: Trace | None) -> Update:
+        """Without a trace: every panel an earlier run filled, emptied (the answer under "Nothing to
+        keep" was the previous run's). With one: nothing."""
+        if trace is not None and trace.rounds:
+            return {}
+        v = self.display
+        return {
+            self.trace: None,
+            v.answer: views.answer_component(None),
+            v.plain: "",
+            v.segment: "",
+            v.compared: "",
+            self.controls.download: download_value(None),
+        }
 
     def panels(
         self, trace: Trace | None, k: int | None = None, view: str = views.NORMALIZED, note: str = ""
@@ -366,7 +396,7 @@ class Studio:
         verifiers, candidates = views.pair_choices(rnd)
         chosen = rnd.chosen if rnd is not None else None
         return {
-            w.rules: views.rules_value(rnd),
+            w.rules: views.rules_value(rnd, trace.config.score if trace is not None else None),
             w.verifier: gr.Dropdown(choices=verifiers, value=0 if verifiers else None),
             w.candidate: gr.Dropdown(choices=candidates, value=chosen),
             w.tokens: views.token_html(rnd, 0, chosen, trace.config.score) if trace is not None else "",
@@ -390,9 +420,13 @@ class Studio:
             typed: str,
             device: str,
             progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's way to ask for a tracker)
+            request: Optional[gr.Request] = None,  # noqa: UP045 (Gradio looks for this type)
         ) -> AsyncIterator[Update]:
             """Branch the run shown at round k: force a candidate or a typed segment, then continue."""
-            async for update in in_worker(self.stream_branch(trace, k, pick, typed, device, progress)):
+            session = session_of(request)
+            async for update in in_worker(
+                self.stream_branch(trace, k, pick, typed, device, progress, session)
+            ):
                 yield update
 
         return branch
@@ -406,10 +440,12 @@ class Studio:
         typed: str,
         device: str,
         progress: Callable[..., Any],
+        session: str = "",
     ) -> Iterator[Update]:
         w = self.display.what_if
+        yield self.clear_branch()  # the previous branch (its view, its download) goes at once
         if trace is None or not trace.rounds:
-            raise gr.Error("Run the ensemble or upload a trace first: a branch starts from a run.")
+            raise self.error("Run the ensemble or upload a trace first: a branch starts from a run.")
         k = max(1, min(int(k), len(trace.rounds)))
         rnd = trace.rounds[k - 1]
         if typed and typed.strip():
@@ -417,18 +453,20 @@ class Studio:
         elif pick is not None and 0 <= int(pick) < len(rnd.candidates):
             forced, origin = rnd.candidates[int(pick)].text, rnd.candidates[int(pick)].member
         else:
-            raise gr.Error("Pick a candidate to force, or type a segment.")
+            raise self.error("Pick a candidate to force, or type a segment.")
+        start = trace.rounds[: k - 1]
+        try:  # the engine checks it too; this refuses a bad segment before any loading
+            check_request(trace.prompt, trace.config, start, forced)
+        except SpecfuseError as e:
+            raise self.error(e) from e
         try:
             names = check_members(list(trace.members), self.choices, self.allow_paths)
             loaded = self.load(names, device, progress)
         except SpecfuseError as e:
-            raise gr.Error(
+            raise self.error(
                 f"Branching runs the trace's members ({', '.join(trace.members)}) again, and this app "
                 f"cannot load them: {e} The replay works without them; branching does not."
             ) from e
-        start = trace.rounds[: k - 1]
-        before = start[-1].text if start else ""
-        original = trace.rounds[-1].text
         rounds = list(start)
         stream = cast(
             Generator[Round, None, None],
@@ -437,9 +475,9 @@ class Studio:
         try:
             for new in stream:
                 rounds.append(new)
-                yield {w.branch_view: views.branch_html(original, new.text, before, k, origin)}
+                yield {w.branch_view: views.branch_html(trace.rounds, rounds, k, origin, forced)}
         except SpecfuseError as e:
-            raise gr.Error(str(e)) from e
+            raise self.error(e) from e
         finally:
             stream.close()
         branched = Trace(
@@ -450,23 +488,24 @@ class Studio:
             branch=Branch(trace.id, k, forced, origin),
         )
         yield {
-            w.branch_view: views.branch_html(original, rounds[-1].text, before, k, origin),
-            w.branch_download: download_value(branched),
+            w.branch_view: views.branch_html(trace.rounds, rounds, k, origin, forced),
+            w.branch_download: download_value(branched, session, "branch"),
         }
 
     # ---- after a run ---------------------------------------------------------------------------
 
     async def stop(self, trace: Trace | None, request: gr.Request) -> Update:
         """End the session's run (see `LiveRun`), keep what it produced and offer it as a trace."""
-        live = self.live.get(request.session_hash or "")
+        session = session_of(request)
+        live = self.live.get(session)
         if live is not None:
             live.halt.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(live.ended.wait(), STOP_WAIT_S)
             trace = live.trace
-        return self.stopped(trace)
+        return self.stopped(trace, session)
 
-    def stopped(self, trace: Trace | None) -> Update:
+    def stopped(self, trace: Trace | None, session: str = "") -> Update:
         """The status and the trace download of a run the user stopped."""
         if trace is None or not trace.rounds:  # stopped while round 1 was still being drafted
             return {
@@ -475,7 +514,7 @@ class Studio:
             }
         return {
             self.display.status: views.status_markdown(trace.rounds, "stopped by the user"),
-            self.controls.download: download_value(trace),
+            self.controls.download: download_value(trace, session),
         }
 
     def replay(self, trace: Trace | None, k: float, view_name: str) -> Update:
@@ -493,15 +532,20 @@ class Studio:
         update[self.display.round] = views.slider_value(trace, k)
         return update
 
-    def load_trace_file(self, path: str | None, view_name: str) -> Update:
+    def load_trace_file(
+        self,
+        path: str | None,
+        view_name: str,
+        request: Optional[gr.Request] = None,  # noqa: UP045 (Gradio looks for this type)
+    ) -> Update:
         if not path:
             return unchanged()
         try:
             trace = load_trace(path, max_bytes=limits["trace_bytes"])
         except TraceError as e:
-            raise gr.Error(f"Cannot replay this file: {e}") from e
+            raise self.error(f"Cannot replay this file: {e}") from e
         if not trace.rounds:
-            raise gr.Error("The trace has no rounds to replay.")
+            raise self.error("The trace has no rounds to replay.")
         note = f"replayed from a trace of {len(trace.members)} members"
         return {
             **self.clear_branch(),
@@ -509,43 +553,6 @@ class Studio:
             **self.panels(trace, None, view_name, note),
             self.display.round: views.slider_value(trace),
             self.display.segment: "",
-            self.controls.download: download_value(trace),
+            self.controls.download: download_value(trace, session_of(request)),
             self.display.plain: views.plain_answer(trace.rounds),
         }
-
-
-@dataclass
-class FailureBrowser:
-    """Handlers of the failure-case browser: filter the problems, open one in the replay panels."""
-
-    run: failures.EvalRun
-    studio: Studio
-    panel: Failures
-
-    def filter(self, which: str) -> Update:
-        return {self.panel.table: failures.problems_table(self.run, which)}
-
-    def open(self, view_name: str, evt: gr.SelectData) -> Update:
-        row = evt.row_value if isinstance(evt.row_value, list) else None
-        if not row:
-            return unchanged()
-        problem = str(row[0])
-        mine = self.run.get(self.run.ensemble(), problem)
-        found = self.run.trace(mine) if mine is not None else None
-        if mine is None or found is None:
-            raise gr.Error(f"No ensemble trace found for problem {problem!r} in {self.run.folder}.")
-        update = self.studio.load_trace_file(str(found), view_name)
-        ensemble_text = views.plain_answer(update[self.studio.trace].rounds)
-        columns = [(f"ensemble ({failures.mark(mine)})", ensemble_text)]
-        if self.run.best_member:
-            best = self.run.get(f"{failures.SINGLE}{self.run.best_member}", problem)
-            if best is not None:
-                text, theirs = best.predicted or "", self.run.trace(best)
-                if theirs is not None:
-                    with contextlib.suppress(SpecfuseError, IndexError):  # else its answer
-                        text = load_trace(theirs, max_bytes=limits["trace_bytes"]).rounds[-1].text
-                columns.append((f"{self.run.best_member} alone ({failures.mark(best)})", text))
-        note = f"problem {problem}: the ensemble's trace, replayed"
-        update[self.studio.display.status] = views.status_markdown(update[self.studio.trace].rounds, note)
-        update[self.studio.display.compared] = views.compare_html(columns)
-        return update

@@ -14,10 +14,14 @@ import gradio as gr
 from specfuse import EnsembleConfig
 from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 
-from .failures import FILTERS, load_eval, problems_table
-from .handlers import DevicePlan, FailureBrowser, Loader, Studio
+from .browse import FailureBrowser
+from .failures import FILTERS, EvalRun, load_eval, problems_table
+from .handlers import DevicePlan, Loader, Studio
 from .loading import DEVICES, same_device
-from .panels import controls_panel, failures_panel, views_panel
+from .panels import Failures, controls_panel, failures_panel, views_panel
+from .untrusted import Servers
+
+CACHE_LIFETIME = (3600, 86400)  # Gradio's delete_cache: every hour, files older than a day
 
 
 def build_demo(
@@ -32,28 +36,36 @@ def build_demo(
     concurrency_limit: int | None = 1,
     defaults: dict[str, Any] | None = None,
     eval_dir: str | Path | None = None,
+    served: dict[str, str] | None = None,
 ) -> gr.Blocks:
-    """The whole app. `loader(name, device, progress)` returns a (shared) member; nothing loads here."""
+    """The whole app. `loader(name, device, progress)` returns a (shared) member; nothing loads here.
+
+    `served` maps the operator's name of each served member to its spec: the page offers the name
+    and the loader gets the spec, so no browser user sees a server's URL or options.
+    """
     if choices is None or default_models is None:
         choices = list(CATALOGUE) if choices is None else choices
         default_models = DEFAULT_MEMBERS if default_models is None else default_models
     choices = list(choices)
     config = EnsembleConfig(**(defaults or {}))
 
-    with gr.Blocks(title="SpecFuse Studio") as demo:
+    # Gradio keeps a copy of every file it serves (trace downloads, uploads): a day's worth at most.
+    with gr.Blocks(title="SpecFuse Studio", delete_cache=CACHE_LIFETIME) as demo:
         gr.Markdown(
             "# SpecFuse Studio\nSeveral small language models answer together, one segment per round: "
             "each drafts a candidate, all score all, the best weighted candidate is appended."
         )
         trace = gr.State(None)
+        # The failure browser goes first: the problem opened replays in the panels right below it.
+        study, panel = failures_first(eval_dir) if eval_dir is not None else (None, None)
         with gr.Row():
             with gr.Column(scale=1, min_width=300):
                 controls = controls_panel(choices, default_models, allow_paths, devices, device, config)
             with gr.Column(scale=3, min_width=600):
                 shown = views_panel()
-        studio = Studio(loader, choices, allow_paths, plan_devices, controls, shown, trace)
-        if eval_dir is not None:
-            wire_failures(studio, eval_dir)
+        studio = Studio(loader, choices, allow_paths, plan_devices, controls, shown, trace, Servers(served))
+        if study is not None and panel is not None:
+            wire_failures(studio, study, panel)
 
         run = studio.run_handler()
         on_status = [shown.status]  # one progress bar and one error, on the status line
@@ -137,15 +149,17 @@ def build_demo(
     return demo
 
 
-def wire_failures(studio: Studio, eval_dir: str | Path) -> None:
-    """The failure-case browser over an evaluation folder, below the main row."""
+def failures_first(eval_dir: str | Path) -> tuple[EvalRun | None, Failures]:
+    """The failure-case browser's panel over an evaluation report (its handlers come later)."""
     try:
         run = load_eval(eval_dir)
     except ValueError as e:
-        failures_panel(f"Could not open the evaluation run: {e}", None)
-        return
-    note = f"{len(run.outcomes)} answers from {run.folder}; best member: {run.best_member or 'none'}."
-    panel = failures_panel(note, problems_table(run, FILTERS[0]))
+        return None, failures_panel(f"Could not open the evaluation run: {e}", None)
+    return run, failures_panel(run.note(), problems_table(run, FILTERS[0]))
+
+
+def wire_failures(studio: Studio, run: EvalRun, panel: Failures) -> None:
+    """The failure-case browser's listeners: filter the table, open a problem."""
     browser = FailureBrowser(run, studio, panel)
     shown, controls = studio.display, studio.controls
     panel.filter.change(browser.filter, [panel.filter], [panel.table], api_visibility="private")
@@ -162,6 +176,7 @@ def wire_failures(studio: Studio, eval_dir: str | Path) -> None:
             shown.plain,
             shown.compared,
             *shown.what_if.branch_outputs(),
+            panel.case,
         ],
         api_visibility="private",
         show_progress_on=[shown.status],

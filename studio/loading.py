@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from specfuse.errors import ConfigError
 from specfuse.models import catalogue
 
 if TYPE_CHECKING:
@@ -100,3 +101,26 @@ def usable_devices() -> list[str]:
     from specfuse.models import devices
 
     return list(DEVICES) if devices.gpu_count() else ["auto", "cpu"]
+
+
+def served_members(specs: Sequence[str], taken: Sequence[str] = ()) -> dict[str, str]:
+    """The operator's name (`#NAME`) of each served member → its spec, checked at start.
+
+    Browser users see only the names: a spec's URL and options stay on the server (issue 24,
+    item 4). So each spec needs a #NAME, distinct from the other members offered; ConfigError
+    names the spec's server kind and name, never its URL.
+    """
+    from specfuse.members.remote import parse_server_spec  # brings torch: only with --server
+
+    named: dict[str, str] = {}
+    for spec in specs:
+        parsed = parse_server_spec(spec)
+        if "#" not in spec.partition("?")[0]:
+            raise ConfigError(
+                f"A served member ({parsed.engine}) needs a name, ENGINE:URL#NAME: browser users see "
+                "the name, never the URL."
+            )
+        if parsed.name in named or parsed.name in taken:
+            raise ConfigError(f"Two members are called {parsed.name!r}: give the served one another #NAME.")
+        named[parsed.name] = spec
+    return named

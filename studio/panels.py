@@ -13,7 +13,7 @@ import gradio as gr
 
 from specfuse import EnsembleConfig, report
 
-from . import failures, settings, views
+from . import failures, settings, untrusted, views
 
 EXAMPLES = [
     ["Explain in two sentences why the sky is blue."],
@@ -150,7 +150,6 @@ def views_panel() -> Views:
         datatype=["str", "str", "number", "bool", "bool", "number", "number", "str"],
         interactive=False,
         wrap=True,
-        column_widths=["12%", "40%", "7%", "7%", "8%", "9%", "9%", "8%"],
         elem_id="candidates",
         elem_classes=["sf-fit"],
     )
@@ -200,10 +199,11 @@ def what_if_panel() -> WhatIf:
     """What if another candidate had won? Rules on the same scores, token evidence, a branch."""
     with gr.Accordion("What if another candidate had won?", open=False, elem_id="what-if"):
         rules = gr.Dataframe(
-            label="Which candidate each selection rule would choose (this round's recorded scores)",
+            label="Which candidate each selection rule would choose on this round's scores",
             headers=views.RULE_COLUMNS,
             interactive=False,
             wrap=True,
+            max_height=2000,  # all the rules in view: no scrolling inside a fixed height
             elem_id="rules",
             elem_classes=["sf-fit"],
         )
@@ -243,20 +243,24 @@ class Failures:
     note: gr.Markdown
     filter: gr.Radio
     table: gr.Dataframe
+    case: gr.HTML  # the problem opened: its answers, right under the table
 
 
 def failures_panel(note: str, table: object) -> Failures:
+    """The browser's note (plain text: it names files and systems), filter, table and opened case."""
     with gr.Accordion("Failure cases of an evaluation run", open=True, elem_id="failures"):
-        shown_note = gr.Markdown(note, elem_id="failures-note")
+        shown_note = gr.Markdown(untrusted.md(note), elem_id="failures-note")
         which = gr.Radio(
             list(failures.FILTERS), value=failures.FILTERS[0], label="Show", elem_id="failures-filter"
         )
         problems = gr.Dataframe(
             value=table,
-            label="Problems (click one to replay the ensemble's trace beside the best member's answer)",
+            label="Problems (click one: its answers show below, and the ensemble's trace replays under them)",
             interactive=False,
             wrap=True,
+            max_height=360,
             elem_id="failures-table",
             elem_classes=["sf-fit"],
         )
-    return Failures(shown_note, which, problems)
+        case = gr.HTML(elem_id="failures-case")
+    return Failures(shown_note, which, problems, case)

@@ -2,13 +2,12 @@
 
 Knows nothing about loading, events or layout, never imports torch and does no arithmetic on scores:
 a number the records lack is a function in specfuse.report. Model text and member names are
-untrusted (they come from models and uploaded traces): every piece that reaches HTML, Markdown or a
-Plotly label goes through html.escape.
+untrusted (they come from models and uploaded traces): every piece that reaches HTML or a Plotly
+label goes through `esc`, every piece of the Markdown status line through `md` (studio.untrusted).
 """
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,16 +18,13 @@ import plotly.graph_objects as go
 from specfuse import Round, Trace, answer_spans, report, rules
 from specfuse.records import Draft
 
+from .untrusted import esc, md
+
 # One colour per member, in ensemble order (Plotly's default qualitative palette).
 PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880")
 SELECTED = "▶ selected segment"  # the answer's label for the segment being inspected
 SELECTED_COLOR = "#FFD54F"
 NORMALIZED, RAW = "normalized ŝ", "raw z"
-
-
-def esc(text: object) -> str:
-    """A label for HTML or Plotly (which renders <b>, <a href> and friends in its text): escaped."""
-    return html.escape(str(text), quote=True)
 
 
 def member_colors(members: Sequence[str]) -> dict[str, str]:
@@ -71,7 +67,7 @@ def status_markdown(
     and `loading_s` the part of it spent loading members; the engine's own figure is "round 1".
     """
     if not rounds:
-        return esc(note) if note else "Pick two or more members, type a prompt and press **Run**."
+        return md(note) if note else "Pick two or more members, type a prompt and press **Run**."
     s = report.status(rounds)
     if waited_s is not None:
         loading = f"loading {loading_s:.2f} s + " if loading_s is not None else ""
@@ -86,9 +82,9 @@ def status_markdown(
         f"{s.calls_saved} of {s.calls_made + s.calls_saved} model calls saved by exit",
     ]
     if s.stop_reason:
-        parts.append(f"stopped: {esc(s.stop_reason)}")
+        parts.append(f"stopped: {md(s.stop_reason)}")
     if note:
-        parts.append(esc(note))
+        parts.append(md(note))
     return " · ".join(parts)
 
 
@@ -120,14 +116,14 @@ def arriving_status(
     parts = [
         f"**Round {k}**",
         f"{len(arrived)} of {len(expected)} candidates in: "
-        + ", ".join(f"{esc(d.candidate.member)} {d.elapsed:.2f} s" for d in drafts),
+        + ", ".join(f"{md(d.candidate.member)} {d.elapsed:.2f} s" for d in drafts),
     ]
     if k == 1:
         loading = f" (loading {loading_s:.2f} s)" if loading_s is not None else ""
         parts.append(f"first candidate after {waited_s:.2f} s{loading}")
     waiting = [m for m in expected if m not in arrived]
     if waiting:
-        parts.append("still drafting: " + ", ".join(esc(m) for m in waiting))
+        parts.append("still drafting: " + ", ".join(md(m) for m in waiting))
     return " · ".join(parts)
 
 
@@ -215,18 +211,32 @@ def weights_figure(rounds: Sequence[Round]) -> go.Figure:
         )
     exits = report.exit_points(rounds)
     if len(exits):
+        # Members that exit after the same round sit side by side, each ✕ in its member's colour:
+        # two at nearly the same weight were drawn as one (issue 24, item 10).
+        nth = exits.groupby("round").cumcount().tolist()
+        count = exits.groupby("round")["member"].transform("size").tolist()
+        x = [k + EXIT_SPREAD * (i - (n - 1) / 2) for k, i, n in zip(exits["round"], nth, count)]
         fig.add_trace(
             go.Scatter(
-                x=exits["round"].tolist(),
+                x=x,
                 y=exits["weight"].tolist(),
                 mode="markers",
                 name="exit",
                 text=[esc(m) for m in exits["member"]],
-                marker=dict(symbol="x", size=14, color="black"),
-                hovertemplate="%{text} exited after round %{x}<extra></extra>",
+                customdata=exits["round"].tolist(),
+                marker=dict(
+                    symbol="x",
+                    size=14,
+                    color=[colors.get(str(m), "black") for m in exits["member"]],
+                    line=dict(color="black", width=1),
+                ),
+                hovertemplate="%{text} exited after round %{customdata}<extra></extra>",
             )
         )
     return fig
+
+
+EXIT_SPREAD = 0.25  # rounds between the ✕ of two members that exit after the same round
 
 
 def compare_html(columns: Sequence[tuple[str, str]]) -> str:
@@ -289,21 +299,26 @@ def slider_value(trace: Trace | None, k: int | None = None) -> gr.Slider:
 
 # ---- what if another candidate had won? ---------------------------------------------------------
 
-RULE_COLUMNS = ["rule", "would choose", "candidate", "as recorded"]
+RULE_COLUMNS = ["rule", "judged on", "would choose", "candidate", "as recorded"]
 
 
-def rules_value(rnd: Round | None) -> pd.DataFrame:
-    """Which candidate each selection rule would have chosen on this round's recorded scores."""
+def rules_value(rnd: Round | None, score: str | None = None) -> pd.DataFrame:
+    """Which candidate each selection rule would have chosen on this round, and on which scores.
+
+    `score` is the kind of z_ij the run recorded (its config's score): a rule defined on the other
+    kind (the paper's on mean logits) is judged on that kind, rebuilt from the token evidence.
+    """
     if rnd is None:
         return pd.DataFrame(columns=RULE_COLUMNS)
     rows = [
         {
             "rule": c.rule,
-            "would choose": c.member if c.member is not None else f"— ({c.note})",
-            "candidate": rnd.candidates[c.chosen].text if c.chosen is not None else "",
+            "judged on": c.scores,
+            "would choose": c.member if c.member is not None else "— (cannot judge)",
+            "candidate": rnd.candidates[c.chosen].text if c.chosen is not None else f"({c.note})",
             "as recorded": CHECK if c.chosen == rnd.chosen else "",
         }
-        for c in rules.rule_choices(rnd)
+        for c in rules.rule_choices(rnd, recorded=score)
     ]
     return pd.DataFrame(rows, columns=RULE_COLUMNS)
 
@@ -353,21 +368,62 @@ def token_html(rnd: Round | None, i: int | None, j: int | None, score: str = "lo
     )
 
 
-def branch_html(original: str, branch: str, before: str, k: int, origin: str) -> str:
-    """The original and the branched answer side by side; each one's part from round k on is marked.
+def parting_round(original: Sequence[Round], branch: Sequence[Round]) -> int | None:
+    """The first round whose answer differs between the two runs; None while they agree."""
+    for a, b in zip(original, branch):
+        if a.text != b.text:
+            return a.k
+    if len(original) != len(branch) and branch and branch[-1].stop_reason is not None:
+        return min(len(original), len(branch)) + 1  # one run ended, the other went on
+    return None
 
-    `before` is the answer the two share (rounds < k); every piece is escaped.
+
+NUMERICS = (
+    "The branch forced the very candidate the run chose in round {k}, yet the answers part at round "
+    "{part}: the difference comes from numerics, not from the choice. A branch recomputes the shared "
+    "answer in one pass where the run built it step by step, and the two round differently (most in "
+    "bf16, the app's default on CPU): a later close choice can tip."
+)
+
+
+def branch_html(original: Sequence[Round], branch: Sequence[Round], k: int, origin: str, forced: str) -> str:
+    """The original and the branched answer side by side; each one's part from where they part is marked.
+
+    `branch` holds the branch's rounds so far (the original's rounds before k, then its own). When
+    the forced text is the one the run chose and the answers still differ, says that numerics, not
+    the choice, made the difference. Every piece is escaped.
     """
+    part = parting_round(original, branch)
+    shared = original[part - 2].text if part is not None and part > 1 else ""
+    if part is None:
+        shared = branch[-1].text if branch else ""
 
     def column(title: str, text: str) -> str:
-        shared, own = text[: len(before)], text[len(before) :]
+        own = text[len(shared) :] if text.startswith(shared) else text
+        kept = text[: len(text) - len(own)]
         return (
-            f'<div class="sf-compare-col"><h4>{esc(title)}</h4><pre class="sf-answer">{esc(shared)}'
+            f'<div class="sf-compare-col"><h4>{esc(title)}</h4><pre class="sf-answer">{esc(kept)}'
             f'<mark class="sf-parted">{esc(own)}</mark></pre></div>'
         )
 
+    done = bool(branch) and branch[-1].stop_reason is not None
+    same = k <= len(original) and forced == original[k - 1].winner.text
+    if part is None and done:
+        head = (
+            f"The branch reproduces the original answer: forcing <b>{esc(origin)}</b>'s segment in "
+            f"round {k} changed nothing."
+        )
+    elif part is None:
+        head = f"So far the branch (round {len(branch)}) follows the original."
+    elif same and part > k:
+        head = esc(NUMERICS.format(k=k, part=part))
+    else:
+        head = (
+            f"The answers part at round {part} (marked): the branch forced a segment from "
+            f"<b>{esc(origin)}</b> in round {k}."
+        )
+    texts = (original[-1].text if original else "", branch[-1].text if branch else "")
     return (
-        f"<p>The answers part at round {k} (marked): the branch forced a segment from "
-        f"<b>{esc(origin)}</b>.</p><div class='sf-compare'>"
-        f"{column('original', original)}{column(f'branch from round {k}', branch)}</div>"
+        f"<p class='sf-branch-note'>{head}</p><div class='sf-compare'>"
+        f"{column('original', texts[0])}{column(f'branch from round {k}', texts[1])}</div>"
     )

@@ -488,6 +488,7 @@ def test_the_rule_table_names_a_choice_per_rule_and_marks_the_recorded_one():
     assert list(table.columns) == views.RULE_COLUMNS and len(table) >= 5
     assert (table["as recorded"] == views.CHECK).any()
     assert table["would choose"].str.startswith("— (").any()  # log-probs were not recorded: said so
+    assert table["candidate"].str.contains("not recorded").any()
 
 
 def test_token_evidence_is_escaped_shaded_and_says_when_it_is_missing():
@@ -506,8 +507,10 @@ def test_token_evidence_is_escaped_shaded_and_says_when_it_is_missing():
 
 
 def test_the_branch_view_escapes_both_answers_and_marks_where_they_part():
-    markup = views.branch_html("shared <b>old</b>", "shared <img src=x>", "shared ", 2, "<i>you</i>")
-    assert "<b>old" not in markup and "<img" not in markup and "<i>you" not in markup
+    original = scripted_rounds(max_rounds=3).rounds
+    branch = [original[0], *(dataclasses.replace(r, text=r.text + "<img src=x>") for r in original[1:])]
+    markup = views.branch_html(original, branch, 2, "<i>you</i>", "<img src=x>")
+    assert "<img" not in markup and "<i>you" not in markup and "part at round 2" in markup
     assert markup.count('<mark class="sf-parted">') == 2 and "&lt;img src=x&gt;</mark>" in markup
 
 

@@ -491,6 +491,6 @@ def test_a_failure_case_opens_beside_the_best_members_answer(eval_page):
     page.wait_for_function("!document.querySelector('#failures-table').innerText.includes('p2')")
     page.locator("#failures-table").get_by_text("p1", exact=True).locator("visible=true").first.click()
     page.wait_for_function("document.querySelector('#status').innerText.includes('problem p1')")
-    compared = page.inner_text("#compare-panel")
+    compared = page.inner_text("#failures-case")  # right under the table
     assert "The answer is 5." in compared and "So the answer is 7." in compared and "a alone" in compared
     assert page.locator("#answer .token").count() == 1

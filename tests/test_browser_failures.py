@@ -1,0 +1,93 @@
+"""The failure-case browser over the shipped study (`python app.py --eval-dir bench`), in a browser.
+
+It listed 150 problems and opened none: the report names runs/gsm8k/… traces that are not shipped,
+and the copies it ships (bench/RESULTS-gsm8k-cases/…) were never read. The replay also sat 3,700 px
+above the table, "guarded" was not called the ensemble, and "300 answers" meant 150 problems × 2
+systems (issue 24, item 8).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import app
+from specfuse import load_trace
+
+from .test_browser import TIMEOUT_MS, TINY, free_port
+from .test_browser import browser as browser  # noqa: F401  (the module's chromium, a fixture)
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parent.parent
+REPORT = json.loads((ROOT / "bench" / "RESULTS-gsm8k.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture
+def page(browser, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.chdir(tmp_path)  # the shipped paths must resolve from the folder, not the checkout
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
+    demo = app.build_demo(
+        lambda name, device, progress: None, choices=TINY, default_models=TINY[:2], eval_dir=ROOT / "bench"
+    )
+    _, address, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    try:
+        page.goto(address)
+        page.wait_for_selector("#failures-table")
+        yield page
+    finally:
+        context.close()
+        demo.close()
+
+
+def open_problem(page, problem: str) -> None:
+    page.locator("#failures-table").get_by_text(problem, exact=True).locator("visible=true").first.click()
+    page.wait_for_function(
+        f"document.querySelector('#failures-case').innerText.includes('Problem {problem}')"
+    )
+
+
+def test_the_shipped_study_opens_its_failure_cases_right_under_the_table(page):
+    note = page.inner_text("#failures-note")
+    assert "150 problems × 2 systems" in note and "guarded (the ensemble)" in note
+    assert "best member" in note and "12 of them have the ensemble's trace here" in note
+    assert "guarded (the ensemble)" in page.inner_text("#failures-table")
+
+    page.locator("#plain-box button").first.click()  # the answer as plain text, to compare
+    page.locator("#failures-filter label", has_text="with a trace to replay").click()
+    page.wait_for_function("!document.querySelector('#failures-table').innerText.includes('gsm8k-0000')")
+    cases = REPORT["failure_cases"]["guarded"]
+    for case in (cases["wrong_best_right"][0], cases["right_best_wrong"][0]):
+        problem = case["problem"]
+        open_problem(page, problem)
+        page.wait_for_function(f"document.querySelector('#status').innerText.includes('problem {problem}')")
+        trace = load_trace(ROOT / case["system_copy"])
+        assert page.input_value("#plain textarea") == trace.rounds[-1].text  # replayed exactly
+        shown = page.inner_text("#failures-case")
+        assert f"gold answer {case['gold']}" in shown and "guarded (the ensemble)" in shown
+        assert trace.rounds[-1].text.strip()[:40] in shown  # the ensemble's answer, from its trace
+        assert load_trace(ROOT / case["best_copy"]).rounds[-1].text.strip()[:40] in shown
+    # The answers sit right under the table, and the replay right under them.
+    table, opened = page.locator("#failures").bounding_box(), page.locator("#failures-case").bounding_box()
+    status = page.locator("#status").bounding_box()
+    assert table and opened and status
+    assert opened["y"] < table["y"] + table["height"]  # inside the browser's panel
+    assert 0 <= status["y"] - (table["y"] + table["height"]) < 200
+
+
+def test_a_problem_without_a_trace_shows_both_answers_and_says_why_there_is_no_replay(page):
+    outcomes = {(o["system"], o["problem"]): o for o in REPORT["outcomes"]}
+    open_problem(page, "gsm8k-0003")  # a replay first: it must not stay under another problem
+    page.wait_for_function("document.querySelector('#status').innerText.includes('problem gsm8k-0003')")
+    open_problem(page, "gsm8k-0000")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('no trace')")
+    shown = page.inner_text("#failures-case")
+    assert outcomes[("guarded", "gsm8k-0000")]["answer"].strip()[:40] in shown
+    assert outcomes[("single-qwen2.5-coder-0.5b", "gsm8k-0000")]["answer"].strip()[:40] in shown
+    assert page.locator("#answer .token").count() == 0
+    assert page.locator(".toast-body").count() == 0
