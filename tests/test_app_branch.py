@@ -1,0 +1,50 @@
+"""A branch that forces the run's own winner (issue 24, item 7): in bf16 on CPU it gave another answer
+from a later round while the view said "the answers part at round 2". The view now says where they
+really part and, when the choice was the run's own, that numerics made the difference; a branch that
+changes nothing says it reproduces the run (tiny models, through the app's API)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from gradio_client import Client
+
+from specfuse import load_trace
+from studio import views
+
+from .test_app import DOWNLOAD, TINY, path_of, scripted_rounds
+from .test_app import served as served  # noqa: F401  (the launched app, a fixture)
+
+
+def test_the_same_choice_with_another_answer_is_put_down_to_numerics():
+    original = scripted_rounds(max_rounds=5).rounds
+    k, part = 2, 4  # forced round 2's own winner; the answers part at round 4
+    branch = [
+        *original[: part - 1],
+        *(dataclasses.replace(r, text=r.text + "other ") for r in original[part - 1 :]),
+    ]
+    markup = views.branch_html(
+        original, branch, k, original[k - 1].winner.member, original[k - 1].winner.text
+    )
+    assert "the very candidate the run chose in round 2" in markup and "part at round 4" in markup
+    assert "numerics, not from the choice" in markup and "bf16" in markup
+    # Another choice is the reason itself: no word of numerics.
+    other = views.branch_html(original, branch, k, "you", "typed ")
+    assert "numerics" not in other and "part at round 4" in other
+    assert views.parting_round(original, original) is None
+    same = views.branch_html(original, list(original), k, "b", original[k - 1].winner.text)
+    assert "reproduces the original answer" in same and "numerics" not in same
+
+
+def test_forcing_the_runs_own_winner_through_the_app_reproduces_it(served, tmp_path):  # noqa: F811
+    url, _, downloads, _ = served
+    client = Client(url, verbose=False, download_files=str(downloads))
+    final = client.predict(
+        members=TINY, prompt="Hello there", segment_len=4, max_new_tokens=24, device="cpu", api_name="/run"
+    )
+    trace = load_trace(path_of(final[DOWNLOAD]))
+    pick = trace.rounds[1].chosen
+    view, download = client.predict(k=2, pick=pick, typed="", device="cpu", api_name="/branch")
+    assert "reproduces the original answer" in view, view
+    branch = load_trace(path_of(download))
+    assert branch.rounds[-1].text == trace.rounds[-1].text and branch.branch.k == 2
