@@ -183,3 +183,29 @@ def test_a_stopped_run_before_round_1_keeps_no_earlier_answer(page):
     page.wait_for_function("document.querySelector('#status').innerText.includes('before round 1')")
     assert page.locator("#answer .token").count() == 0 and page.input_value("#plain textarea") == ""
     assert not page.locator("#download").is_visible()
+
+
+def test_the_members_list_shows_a_served_members_name_and_no_url(browser, tmp_path, monkeypatch):  # noqa: F811
+    """The Members dropdown listed raw specs, `?tokenizer=…&timeout=5` and all (issue 24, item 4)."""
+    spec = "llama-server:http://10.9.8.7:8080#served-one?tokenizer=/srv/t&timeout=5"
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
+    demo = app.build_demo(
+        lambda name, device, progress: None,
+        choices=[*TINY, "served-one"],
+        default_models=[TINY[0], "served-one"],
+        served={"served-one": spec},
+    )
+    _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        page = context.new_page()
+        page.goto(url)
+        page.wait_for_selector("#models input[role=combobox]")
+        page.locator("#models input[role=combobox]").click()
+        page.wait_for_selector("ul[role=listbox]")
+        shown = page.inner_text("#models") + page.inner_text("ul[role=listbox]")
+        assert "served-one" in shown and "10.9.8.7" not in shown and "tokenizer" not in shown
+        assert "10.9.8.7" not in page.content()
+    finally:
+        context.close()
+        demo.close()
