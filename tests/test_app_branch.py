@@ -48,3 +48,12 @@ def test_forcing_the_runs_own_winner_through_the_app_reproduces_it(served, tmp_p
     assert "reproduces the original answer" in view, view
     branch = load_trace(path_of(download))
     assert branch.rounds[-1].text == trace.rounds[-1].text and branch.branch.k == 2
+
+
+def test_the_status_mentions_loading_only_when_members_were_loaded():
+    """'(loading 0.00 s)' showed on every run after the first, when nothing loaded."""
+    from specfuse.records import Candidate, Draft
+
+    drafts = [Draft(1, Candidate("a", "x", 1, False, 0.1), 0.2)]
+    assert "loading" not in views.arriving_status(drafts, ["a", "b"], waited_s=0.3, loading_s=0.001)
+    assert "(loading 2.50 s)" in views.arriving_status(drafts, ["a", "b"], waited_s=3.0, loading_s=2.5)
