@@ -197,7 +197,7 @@ class Batch:
         going_on = {id(run) for run in ended if not run.done}
         for run in self.live:
             if id(run) not in going_on:
-                run.states.clear()  # a finished run's caches go now, not at the end
+                run.states.clear()  # cancelled before the round began
         self.live = [run for run in self.live if id(run) in going_on]
 
     def close(self) -> None:
@@ -229,7 +229,10 @@ class Batch:
         accepted = self._accept(runs)  # 7
         runs = yield from self._settle(runs)
         for run in runs:
-            yield run, run.record(accepted)
+            rnd = run.record(accepted)
+            if run.done:
+                run.states.clear()  # a finished run's caches go now, not at the end
+            yield run, rnd
         return runs
 
     def _settle(self, runs: list[_Run]) -> Generator[tuple[_Run, SpecfuseError], None, list[_Run]]:
@@ -238,10 +241,12 @@ class Batch:
         going_on = []
         for run in runs:
             error = self.calls.failures.pop(id(run), None)
+            if error is None and not run.cancelled:
+                going_on.append(run)
+                continue
+            run.states.clear()
             if error is not None:
                 yield run, error
-            elif not run.cancelled:
-                going_on.append(run)
         return going_on
 
     def _draft(
@@ -540,6 +545,9 @@ class _Run:
             self.exited.append(e.member)
         self.done = play.stop_reason is not None
         return rnd
+
+
+Run = _Run  # what a Batch plays: the serving scheduler makes its own, each with its members' names
 
 
 def _check_branch(start: Sequence[Round], names: Sequence[str], forced: str | None) -> None:
