@@ -154,14 +154,11 @@ class Ensemble:
 
 
 class Batch:
-    """One rolling batch of runs over loaded members, the one round loop: runs join between rounds,
-    every live run plays one round per step (each member asked once per step for all the runs it
-    serves), and a run leaves the moment it finishes, fails or is cancelled, its states dropped.
-
-    Ensemble plays its runs here; so does the serving scheduler (specfuse/serve), whose runs come
-    and go at any time and may each use their own subset of the members (a _Run's `names`). A
-    member that fails ends only the runs its failed call served: they come out of join() or step()
-    with the error (a MemberError naming it), and the others go on.
+    """The one round loop: runs join between rounds, every live run plays a round per step (each
+    member asked once per step for all the runs it serves), and a run leaves the moment it ends,
+    fails or is cancelled, its states dropped. Ensemble and the serving scheduler play runs here;
+    a run may use a subset of the members (its `names`). A failed member call ends only the runs it
+    served: they come out of join() or step() with the error (naming the member); the others go on.
     """
 
     def __init__(self, members: Sequence[Member], concurrent: bool) -> None:
@@ -189,9 +186,8 @@ class Batch:
                 yield run, error
 
     def step(self) -> Iterator[tuple[_Run, Draft | Round | SpecfuseError]]:
-        """One round of every live run: each Draft as it arrives, then each run's Round, or the error
-        that ended a run. Cancelled runs (run.cancelled, set from any thread) leave between steps and
-        between the round's member phases. Afterwards `live` holds the runs that go on."""
+        """One round of every live run: each Draft as it arrives, then each Round, or the error that
+        ended a run. A run cancelled from any thread (run.cancelled) leaves at the next phase."""
         runs = [run for run in self.live if not run.cancelled]
         ended = yield from self._round(runs)
         going_on = {id(run) for run in ended if not run.done}

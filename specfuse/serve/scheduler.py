@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ..config import EnsembleConfig
@@ -110,7 +110,7 @@ class Ticket:
         finally:
             self.cancel()
 
-    async def aevents(self) -> AsyncIterator[Event]:
+    async def aevents(self) -> AsyncGenerator[Event, None]:
         """events() for an asyncio consumer, never blocking its loop. Closing it early cancels."""
         loop = asyncio.get_running_loop()
         arrived = asyncio.Event()
