@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import ConfigError, SpecfuseError
+from ..errors import ConfigError, PromptTooLongError, SpecfuseError
 from ..records import Round
 from ..trace import Trace, dump_trace
 from . import schema
@@ -198,7 +198,9 @@ async def _next_round(
 
 
 def _as_api_error(e: SpecfuseError) -> ApiError:
-    if isinstance(e, ConfigError):  # e.g. a prompt over a member's context window
+    if isinstance(e, PromptTooLongError):  # over a member's context window with the budget
+        return ApiError(413, str(e), code="context_length_exceeded")
+    if isinstance(e, ConfigError):
         return ApiError(400, str(e))
     if isinstance(e, SchedulerClosed):
         return ApiError(503, str(e), type="server_error")

@@ -137,7 +137,8 @@ def _serve(args: argparse.Namespace) -> int:
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
     threading.Thread(target=load, name="specfuse-load", daemon=True).start()
     log.info("listening on http://%s:%d/v1 (loading %s)", args.host, args.port, ", ".join(names))
-    server.run()
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C after shutting down
+        server.run()
     scheduler = app.state.serving.scheduler
     if scheduler is not None:
         scheduler.close()
