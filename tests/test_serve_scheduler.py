@@ -169,3 +169,20 @@ def test_bad_requests_are_refused_before_they_queue_or_end_with_the_reason(tiny_
         assert ticket.state == "failed" and scheduler.stats()["running"] == 0
     finally:
         scheduler.close()
+
+
+def test_members_loaded_later_join_between_rounds(tiny_members):
+    scheduler = Scheduler(tiny_members[:2], batch_size=4)
+    try:
+        early = scheduler.submit(PROMPTS[0], LONG)
+        next(early.events(timeout=60))  # it is under way
+        with pytest.raises(ConfigError, match="unknown members"):
+            scheduler.submit(PROMPTS[1], SHORT, members=[tiny_members[2].name])
+        scheduler.add_members(tiny_members[2:])
+        late = scheduler.submit(PROMPTS[1], SHORT, members=[tiny_members[2].name, tiny_members[0].name])
+        _, rounds = collect(late)
+        early.cancel()
+    finally:
+        scheduler.close()
+    assert scheduler.names == tuple(m.name for m in tiny_members)
+    same_rounds(solo(tiny_members, [tiny_members[2].name, tiny_members[0].name], PROMPTS[1], SHORT), rounds)

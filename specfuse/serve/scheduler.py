@@ -21,7 +21,7 @@ from ..config import EnsembleConfig
 from ..engine import TYPED, Batch, Ensemble, Run, check_prompt
 from ..errors import ConfigError, SpecfuseError
 from ..members.protocol import Member
-from ..members.workers import run_concurrently
+from ..members.workers import MemberCalls, run_concurrently
 from ..records import Draft, Result, Round, summarize
 from ..trace import Trace, new_trace_id
 
@@ -247,6 +247,13 @@ class Scheduler:
             ticket.run.cancelled = True  # the loop drops it from the batch within a phase
             self._cond.notify_all()
 
+    def add_members(self, members: Sequence[Member]) -> None:
+        """Members loaded later (the app loads a model the first time someone picks it): requests may
+        name them from now on. The batch takes them on between rounds; names must be new."""
+        with self._cond:
+            self.ensemble = Ensemble([*self.ensemble.members, *members], self.config)
+            self._cond.notify_all()
+
     def stats(self) -> dict[str, int]:
         """Requests running and waiting now, and the limits (for a health check or a status line)."""
         with self._cond:
@@ -291,6 +298,11 @@ class Scheduler:
                         self._cond.wait()
                     if self._closed:
                         break
+                    members = self.ensemble.members
+                    if members != tuple(self._batch.calls.members.values()):  # add_members: between rounds
+                        self._batch.calls.shutdown()
+                        concurrent = run_concurrently(members, self.config.parallel)
+                        self._batch.calls = MemberCalls(members, concurrent, isolate=True)
                     room = self.batch_size - len(self._batch.live)
                     joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
                     for ticket in joining:
