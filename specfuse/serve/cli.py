@@ -134,7 +134,10 @@ def _serve(args: argparse.Namespace) -> int:
             log.error("loading failed: %s", e)
             server.should_exit = True
 
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
+    served = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=10
+    )
+    server = uvicorn.Server(served)
     threading.Thread(target=load, name="specfuse-load", daemon=True).start()
     log.info("listening on http://%s:%d/v1 (loading %s)", args.host, args.port, ", ".join(names))
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C after shutting down
