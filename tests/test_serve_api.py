@@ -231,3 +231,22 @@ def test_messages_render_to_one_prompt():
         ]
     )
     assert transcript == "System: Be brief.\n\nUser: 2+2?\n\nAssistant: 4\n\nUser: And 3+3?"
+
+
+def test_a_request_past_the_time_limit_is_cancelled_with_a_504_or_an_error_event(tiny_members):
+    scheduler = Scheduler(tiny_members, BASE, batch_size=2)
+    try:
+        with running(create_app(scheduler, limits=Limits(request_timeout_s=1.5))) as url:
+            endless = {"max_tokens": 1000, "specfuse": {"max_rounds": 500, "segment_len": 2, "exit": False}}
+            body = {"model": "specfuse", "messages": [{"role": "user", "content": PROMPT}], **endless}
+            whole = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+            assert whole.status_code == 504 and whole.json()["error"]["code"] == "timeout"
+            with httpx.stream(
+                "POST", url + "/v1/chat/completions", json={**body, "stream": True}
+            ) as streamed:
+                events = [line for line in streamed.iter_lines() if line.startswith("data: ")]
+            assert streamed.status_code == 200 and events[-1] == "data: [DONE]"
+            assert json.loads(events[-2][6:])["error"]["code"] == "timeout"
+            assert wait_idle(url)["running"] == 0
+    finally:
+        scheduler.close()
