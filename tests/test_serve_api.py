@@ -237,7 +237,7 @@ def test_a_request_past_the_time_limit_is_cancelled_with_a_504_or_an_error_event
     scheduler = Scheduler(tiny_members, BASE, batch_size=2)
     try:
         with running(create_app(scheduler, limits=Limits(request_timeout_s=1.5))) as url:
-            endless = {"max_tokens": 1000, "specfuse": {"max_rounds": 500, "segment_len": 2, "exit": False}}
+            endless = {"max_tokens": 440, "specfuse": {"max_rounds": 440, "segment_len": 1, "exit": False}}
             body = {"model": "specfuse", "messages": [{"role": "user", "content": PROMPT}], **endless}
             whole = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
             assert whole.status_code == 504 and whole.json()["error"]["code"] == "timeout"
