@@ -27,9 +27,9 @@ from ..trace import Trace, new_trace_id
 
 log = logging.getLogger(__name__)
 
-# Runs under way at once. 8 measured 3.5-4x one-at-a-time throughput on two cores with the default
-# trio (docs/serve.md, `python -m specfuse.bench serve`); beyond it a round grows longer than the
-# throughput it adds, and every run in the batch waits for the round.
+# Runs under way at once. On two cores with the default trio (docs/serve.md, `python -m specfuse.bench
+# serve`), 8 clients gave 3.35x the one-at-a-time tokens/s under equal load and 16 gave 5.7x, but a
+# bigger batch makes every round, and each newcomer's first segment, longer: 8 keeps runs interactive.
 DEFAULT_BATCH_SIZE = 8
 DEFAULT_QUEUE = 64  # requests waiting for a place in the batch; one more is refused (QueueFull)
 
