@@ -257,7 +257,7 @@ class _Response:
                 except ApiError as e:  # the answer has begun: the error ends the stream
                     yield _data(e.body())
                     break
-            if self.ticket.state == "done":
+            if current is not None and current.stop_reason is not None:  # it ran to its end
                 extra = self._extra()
                 finish = schema.finish_reason(self.ticket.result().stop_reason)
                 final_extra = {"specfuse": extra["specfuse"]} if "specfuse" in extra else {}

@@ -339,10 +339,13 @@ class Scheduler:
                 with self._cond:
                     self._end(ticket, "failed", event)
                 continue
+            last = isinstance(event, Round) and event.stop_reason is not None
             if isinstance(event, Round):
                 ticket.rounds.append(event)
+            if last:
+                ticket.state = "done"  # before its consumer can see the last round
             ticket._put(event)
-            if isinstance(event, Round) and event.stop_reason is not None:
+            if last:
                 with self._cond:
                     self._end(ticket, "done")
         live = {id(run) for run in self._batch.live}
