@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add = parser.add_argument
     add("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    add("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    add("--port", type=int, default=8000, help="port (default 8000)")
     add("--models", default=",".join(DEFAULT_MEMBERS), help="comma-separated members (as the CLI takes them)")
     add("--device", default="cpu", help="cpu, cuda, cuda:K, auto (one model per GPU), per-gpu")
     add("--dtype", default="auto", help="auto (per device), float32, bfloat16, float16")
