@@ -8,10 +8,11 @@
 6. exit      members whose candidates keep losing stop drafting
 7. accept    every member that plays on appends the winner to its own context
 
-Ensemble._round calls them in that order, by these names. Knows nothing about tokenizers, tensors
+Batch._round calls them in that order, by these names. Knows nothing about tokenizers, tensors
 or devices: members hide them behind the Member protocol (members/protocol.py), and the arithmetic
-lives in feedback.py. Several prompts can run in lockstep (stream_many): each member step then asks
-a member once for all the prompts it serves, which a member may batch.
+lives in feedback.py. Several prompts can run in lockstep (stream_many, and the serving scheduler
+through Batch): each member step then asks a member once for all the prompts it serves, which a
+member may batch.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 from . import feedback
 from .config import EnsembleConfig
-from .errors import ConfigError, MemberError
+from .errors import ConfigError, MemberError, SpecfuseError
 from .limits import check_prompt as check_prompt
 from .limits import check_request
 from .members.protocol import Member, Verdict
@@ -135,78 +136,141 @@ class Ensemble:
 
     def _lockstep(self, runs: list[_Run], batch_size: int = 1) -> Iterator[tuple[int, Draft | Round]]:
         for run in runs:  # limits.py: every bound that needs no model, before any model work
-            check_request(run.prompt, run.config, run.start, run.forced)
-            if run.start:
-                _check_branch(run.start, run.names)
+            check_request(run.prompt, run.config, run.start, run.forced, run.names)
         config = runs[0].config if runs else self.config
-        calls = MemberCalls(self.members, run_concurrently(self.members, config.parallel))
-        waiting = list(range(len(runs)))
-        live: list[int] = []
+        batch = Batch(self.members, run_concurrently(self.members, config.parallel))
+        index = {id(run): i for i, run in enumerate(runs)}
+        waiting = list(runs)
         try:
-            while waiting or live:
-                joining, waiting = waiting[: batch_size - len(live)], waiting[batch_size - len(live) :]
-                if joining:
-                    for i in joining:
-                        runs[i].began = time.perf_counter()  # a run's clock includes its prefill
-                    calls.start([runs[i] for i in joining])
-                    for i in joining:
-                        runs[i].resume(calls)
-                    live += joining
-                rounds = yield from self._round([(i, runs[i]) for i in live], calls)
-                yield from zip(live, rounds)
-                live = [i for i in live if not runs[i].done]
-                for i in range(len(runs)):
-                    if runs[i].done:
-                        runs[i].states.clear()  # a finished run's caches go now, not at the end
+            while waiting or batch.live:
+                room = batch_size - len(batch.live)
+                joining, waiting = waiting[:room], waiting[room:]
+                for _, error in batch.join(joining):
+                    raise error  # every run here needs every member: one failure ends them all
+                for run, event in batch.step():
+                    if isinstance(event, SpecfuseError):
+                        raise event
+                    yield index[id(run)], event
         finally:
-            calls.shutdown()
+            batch.close()
+
+
+class Batch:
+    """The one round loop: runs join between rounds, every live run plays a round per step (each
+    member asked once per step for all the runs it serves), and a run leaves the moment it ends,
+    fails or is cancelled, its states dropped. Ensemble and the serving scheduler play runs here;
+    a run may use a subset of the members (its `names`). A failed member call ends only the runs it
+    served: they come out of join() or step() with the error (naming the member); the others go on.
+    """
+
+    def __init__(self, members: Sequence[Member], concurrent: bool) -> None:
+        self.calls = MemberCalls(members, concurrent, isolate=True)
+        self.live: list[_Run] = []
+
+    def join(self, runs: Sequence[_Run]) -> Iterator[tuple[_Run, SpecfuseError]]:
+        """Start each run's own members (the prompt's prefill) and set its starting point (resume).
+        Runs that could not start are yielded with the reason; the others are live from now on."""
+        for run in runs:
+            run.began = time.perf_counter()  # a run's clock includes its prefill
+        self.calls.start(runs)
+        for run in runs:
+            error = self.calls.failures.pop(id(run), None)
+            if error is None:
+                try:
+                    run.resume(self.calls)
+                except SpecfuseError as e:
+                    error = e
+                error = error or self.calls.failures.pop(id(run), None)  # a branch's accept
+            if error is None:
+                self.live.append(run)
+            else:
+                run.states.clear()
+                yield run, error
+
+    def step(self) -> Iterator[tuple[_Run, Draft | Round | SpecfuseError]]:
+        """One round of every live run: each Draft as it arrives, then each Round, or the error that
+        ended a run. A run cancelled from any thread (run.cancelled) leaves at the next phase."""
+        runs = [run for run in self.live if not run.cancelled]
+        ended = yield from self._round(runs)
+        going_on = {id(run) for run in ended if not run.done}
+        for run in self.live:
+            if id(run) not in going_on:
+                run.states.clear()  # cancelled before the round began
+        self.live = [run for run in self.live if id(run) in going_on]
+
+    def close(self) -> None:
+        for run in self.live:
+            run.states.clear()
+        self.live = []
+        self.calls.shutdown()
 
     def _round(
-        self, live: list[tuple[int, _Run]], calls: MemberCalls
-    ) -> Generator[tuple[int, Draft], None, list[Round]]:
-        """One round of every live run, steps 1-7 in order. The members' steps (draft, verify,
-        accept) are asked once per member for all the runs it serves; the others are per run.
-        Yields each candidate as it arrives; returns the rounds."""
-        runs = [run for _, run in live]
+        self, runs: list[_Run]
+    ) -> Generator[tuple[_Run, Draft | Round | SpecfuseError], None, list[_Run]]:
+        """One round of every run, steps 1-7 in order. The members' steps (draft, verify, accept) are
+        asked once per member for all the runs it serves; the others are per run. Yields each
+        candidate as it arrives, then the rounds; returns the runs that played the round through."""
         for run in runs:
             run.begin_round()
-        yield from self._draft(live, calls)  # 1
-        self._verify(runs, calls)  # 2
+        drafted: dict[tuple[str, int], tuple[Candidate, float]] = {}
+        yield from self._draft(runs, drafted)  # 1
+        runs = yield from self._settle(runs)
+        for run in runs:
+            run.take_candidates(drafted)
+        self._verify(runs)  # 2
+        runs = yield from self._settle(runs)
         for run in runs:
             run.choose()  # 3
             run.feedback()  # 4
             run.stop()  # 5
             run.exit()  # 6
-        accepted = self._accept(runs, calls)  # 7
-        return [run.record(accepted) for run in runs]
+        accepted = self._accept(runs)  # 7
+        runs = yield from self._settle(runs)
+        for run in runs:
+            rnd = run.record(accepted)
+            if run.done:
+                run.states.clear()  # a finished run's caches go now, not at the end
+            yield run, rnd
+        return runs
 
-    @staticmethod
-    def _draft(live: list[tuple[int, _Run]], calls: MemberCalls) -> Iterator[tuple[int, Draft]]:
+    def _settle(self, runs: list[_Run]) -> Generator[tuple[_Run, SpecfuseError], None, list[_Run]]:
+        """The runs that go on after a member phase: not those a failed member call served (yielded
+        with the error), nor those cancelled meanwhile."""
+        going_on = []
+        for run in runs:
+            error = self.calls.failures.pop(id(run), None)
+            if error is None and not run.cancelled:
+                going_on.append(run)
+                continue
+            run.states.clear()
+            if error is not None:
+                yield run, error
+        return going_on
+
+    def _draft(
+        self, runs: list[_Run], drafted: dict[tuple[str, int], tuple[Candidate, float]]
+    ) -> Iterator[tuple[_Run, Draft]]:
         """1. Draft: each active member continues its own context for at most L tokens."""
-        by_id = {id(run): (i, run) for i, run in live}
-        drafted: dict[tuple[str, int], tuple[Candidate, float]] = {}
-        work = [(m, run, run.play.budget) for _, run in live for m in run.play.drafting]
-        for key, out in calls.draft(work):
+        by_id = {id(run): run for run in runs}
+        work = [(m, run, run.play.budget) for run in runs for m in run.play.drafting]
+        for key, out in self.calls.draft(work):
             drafted[key] = out
-            i, run = by_id[key[1]]
-            yield i, Draft(run.k, out[0], time.perf_counter() - run.began)
-        for _, run in live:
-            run.take_candidates(drafted)
+            run = by_id[key[1]]
+            yield run, Draft(run.k, out[0], time.perf_counter() - run.began)
 
-    @staticmethod
-    def _verify(runs: list[_Run], calls: MemberCalls) -> None:
+    def _verify(self, runs: list[_Run]) -> None:
         """2. Verify: each verifier scores every candidate in one packed pass (raw z_ij)."""
         work = [
             (m, run, run.play.candidates) for run in runs if run.play.scorable for m in run.play.verifiers
         ]
-        verdicts = calls.verify(work)
+        verdicts = self.calls.verify(work)
         for run in runs:
-            run.take_scores(verdicts)
+            if id(run) not in self.calls.failures:
+                run.take_scores(verdicts)
 
-    @staticmethod
-    def _accept(runs: list[_Run], calls: MemberCalls) -> dict[tuple[str, int], tuple[None, float]]:
+    def _accept(self, runs: list[_Run]) -> dict[tuple[str, int], tuple[None, float]]:
         """7. Accept: every member that plays on appends the winner's text to its own context."""
-        return calls.accept([(m, run, run.winner_text) for run in runs for m in run.play.accepting])
+        return self.calls.accept([(m, run, run.winner_text) for run in runs for m in run.play.accepting])
 
 
 @dataclass
@@ -256,6 +320,7 @@ class _Run:
     tokens: int = 0
     began: float = 0.0
     done: bool = False
+    cancelled: bool = False  # set from any thread: the run leaves its batch at the next phase
     play: _Play = field(default_factory=lambda: _Play(0.0, [], [], 0))
 
     def resume(self, calls: MemberCalls) -> None:
@@ -481,17 +546,7 @@ class _Run:
         return rnd
 
 
-def _check_branch(start: Sequence[Round], names: Sequence[str]) -> None:
-    """Refuse a branch point that does not belong to this ensemble or has already ended."""
-    if tuple(start[0].members) != tuple(names):
-        raise ConfigError(
-            f"the rounds to branch from were played by {', '.join(start[0].members)}, "
-            f"not by this ensemble ({', '.join(names)}); load those members"
-        )
-    if [r.k for r in start] != list(range(1, len(start) + 1)):
-        raise ConfigError("the rounds to branch from must be rounds 1..k of one run, in order")
-    if any(r.stop_reason for r in start):
-        raise ConfigError("the run ended within the rounds to branch from; branch at an earlier round")
+Run = _Run  # what a Batch plays: the serving scheduler makes its own, each with its members' names
 
 
 def _count_tokens(text: str) -> int:

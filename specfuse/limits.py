@@ -65,11 +65,18 @@ def check_prompt(prompt: str) -> None:
 
 
 def check_request(
-    prompt: str, config: EnsembleConfig, start: Sequence[Round] = (), forced: str | None = None
+    prompt: str,
+    config: EnsembleConfig,
+    start: Sequence[Round] = (),
+    forced: str | None = None,
+    names: Sequence[str] | None = None,
 ) -> None:
     """Everything about one request that can be refused before a member is asked anything. The
-    config is valid already (EnsembleConfig checks itself); these are ceilings on what it costs."""
+    config is valid already (EnsembleConfig checks itself); these are ceilings on what it costs.
+    With `names` (the members that will play it), a branch's `start` must be theirs."""
     check_prompt(prompt)
+    if start and names is not None:
+        check_branch(start, names)
     if config.max_new_tokens > MAX_NEW_TOKENS:
         raise ConfigError(
             f"max_new_tokens is {config.max_new_tokens:,}; the limit is {MAX_NEW_TOKENS:,} (MAX_NEW_TOKENS)"
@@ -117,3 +124,16 @@ def _check_encodable(text: str, what: str) -> None:
             f"{what} holds a character that is not valid text ({text[e.start]!r} at character "
             f"{e.start}, a lone surrogate); remove it"
         ) from None
+
+
+def check_branch(start: Sequence[Round], names: Sequence[str]) -> None:
+    """Refuse a branch point that does not belong to this ensemble or has already ended."""
+    if tuple(start[0].members) != tuple(names):
+        raise ConfigError(
+            f"the rounds to branch from were played by {', '.join(start[0].members)}, "
+            f"not by this ensemble ({', '.join(names)}); load those members"
+        )
+    if [r.k for r in start] != list(range(1, len(start) + 1)):
+        raise ConfigError("the rounds to branch from must be rounds 1..k of one run, in order")
+    if any(r.stop_reason for r in start):
+        raise ConfigError("the run ended within the rounds to branch from; branch at an earlier round")

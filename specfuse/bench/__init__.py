@@ -2,5 +2,6 @@
 
 core.py times the engine's phases and compares it with its members alone (`python -m specfuse.bench`);
 gpu.py times random-weight 7-9B members on a GPU; concurrency.py members at once against in turn;
-remote.py served members against in-process ones. Each is a subcommand of `python -m specfuse.bench`.
+remote.py served members against in-process ones; serve.py many clients at once through the live API
+against one at a time. Each is a subcommand of `python -m specfuse.bench`.
 """

@@ -1,5 +1,5 @@
-"""`python -m specfuse.bench [gpu|concurrency|remote] …`: one command for every benchmark; without a
-subcommand it runs the engine's own benchmark (core.py)."""
+"""`python -m specfuse.bench [gpu|concurrency|remote|serve] …`: one command for every benchmark;
+without a subcommand it runs the engine's own benchmark (core.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ SUBCOMMANDS = {
     "gpu": "specfuse.bench.gpu",
     "concurrency": "specfuse.bench.concurrency",
     "remote": "specfuse.bench.remote",
+    "serve": "specfuse.bench.serve",
 }
 
 

@@ -208,6 +208,7 @@ class Request(Protocol):
 
     prompt: str
     config: EnsembleConfig
+    names: tuple[str, ...]  # the request's own members, in its order (a subset of those loaded)
     states: dict[str, Any]  # each member's state for this request
 
 
@@ -218,23 +219,46 @@ Done = tuple[tuple[str, int], tuple[T, float]]  # ((member name, id(run)), (resu
 class MemberCalls:
     """The members' part of a step, over every run that needs it: one call per member for all the
     runs it serves (members batch them), members at the same time (workers.py) when asked to,
-    timed, and a failure re-raised with the member's name and the step."""
+    timed, and a failure re-raised with the member's name and the step.
 
-    def __init__(self, members: Sequence[Member], concurrent: bool) -> None:
+    With `isolate`, a failure is not raised: it is kept in `failures` (by id of each run the failed
+    call served) and the step goes on for the other members, so that the caller can end only the
+    runs that needed the failed member."""
+
+    def __init__(self, members: Sequence[Member], concurrent: bool, *, isolate: bool = False) -> None:
         self.members = {m.name: m for m in members}
         self.workers = MemberWorkers(members) if concurrent else None
+        self.isolate = isolate
+        self.failures: dict[int, SpecfuseError] = {}  # id(run) -> why it cannot go on (isolate)
 
     def start(self, runs: Sequence[Request]) -> None:
-        index = {name: i for i, name in enumerate(self.members)}
+        """Each run's own members start it; member i of the run's own list gets member_settings(i),
+        so that a run of a subset equals an ensemble of that subset. One run's bad prompt (too long
+        for a member's context) fails that run, not the others starting beside it."""
 
         def begin(m: str, group: list[Request], _: list[None]) -> list[Any]:
             member = self.members[m]
-            return [member.start(r.prompt, r.config.member_settings(index[m])) for r in group]
+            states: list[Any] = []
+            for r in group:
+                try:
+                    states.append(member.start(r.prompt, r.config.member_settings(r.names.index(m))))
+                except SpecfuseError as e:
+                    states.append(e)
+                except Exception as e:  # named like any failed call
+                    error = MemberError(f"{m}: start failed: {type(e).__name__}: {e}")
+                    error.__cause__ = e
+                    states.append(error)
+            return states
 
-        for (m, key), (state, _) in self._by_member(
-            "start", [(m, r, None) for r in runs for m in self.members], begin
-        ):
-            next(r for r in runs if id(r) == key).states[m] = state
+        work = [(m, r, None) for r in runs for m in r.names]
+        for (m, key), (state, _) in self._by_member("start", work, begin):
+            run = next(r for r in runs if id(r) == key)
+            if not isinstance(state, SpecfuseError):
+                run.states[m] = state
+            elif self.isolate:
+                self.failures.setdefault(key, state)
+            else:
+                raise state
 
     def surprise(self, m: str, run: Request) -> float | None:
         """The member's surprise at the prompt (nats per byte), when it can tell (prior weights)."""
@@ -277,24 +301,35 @@ class MemberCalls:
         for m, run, arg in work:
             groups.setdefault(m, []).append((run, arg))
 
-        def timed(m: str) -> list[tuple[T, float]]:
+        def timed(m: str) -> list[tuple[T, float]] | SpecfuseError:
             runs = [r for r, _ in groups[m]]
             began = time.perf_counter()
             try:
-                outs = call(m, runs, [a for _, a in groups[m]])
-            except SpecfuseError:
-                raise
-            except Exception as e:  # re-raised with the member's name, never swallowed
-                raise MemberError(f"{m}: {step} failed: {type(e).__name__}: {e}") from e
+                try:
+                    outs = call(m, runs, [a for _, a in groups[m]])
+                except SpecfuseError:
+                    raise
+                except Exception as e:  # re-raised with the member's name, never swallowed
+                    raise MemberError(f"{m}: {step} failed: {type(e).__name__}: {e}") from e
+            except SpecfuseError as e:
+                if not self.isolate:
+                    raise
+                return e
             each = (time.perf_counter() - began) / max(1, len(runs))  # a batch's time, shared out
             return [(o, each) for o in outs]
 
         names = list(groups)
         if self.workers is None:
-            finished: Iterator[tuple[str, list[tuple[T, float]]]] = ((m, timed(m)) for m in names)
+            finished: Iterator[tuple[str, list[tuple[T, float]] | SpecfuseError]] = (
+                (m, timed(m)) for m in names
+            )
         else:
             finished = self.workers.as_completed(timed, names)
         for m, outs in finished:
+            if isinstance(outs, SpecfuseError):  # isolate: the runs this call served cannot go on
+                for run, _ in groups[m]:
+                    self.failures.setdefault(id(run), outs)
+                continue
             for (run, _), out in zip(groups[m], outs):
                 yield (m, id(run)), out
 

@@ -1,0 +1,257 @@
+"""Many clients at once through the live API: `python -m specfuse.bench serve`.
+
+1, 4, 8 and 16 concurrent clients send the same fixed list of requests (the app's example prompts,
+in turn) as streamed chat completions to a server on loopback (specfuse.serve: one Scheduler, one
+rolling batch); one client is the one-at-a-time baseline. Per level: aggregate tokens/s, each
+request's time to first segment (its first streamed chunk with text) and total time, median and
+p95, in one run, with the load average beside them. Knows nothing about the batch's inside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import queue
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..config import EnsembleConfig
+from ..errors import SpecfuseError
+from .core import parse_models
+from .measure import cpu_model, write_report
+
+log = logging.getLogger(__name__)
+
+# The app's example prompts (studio/panels.py EXAMPLES), fixed here so that the figures do not move
+# when the app's examples do.
+PROMPTS = (
+    "Explain in two sentences why the sky is blue.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "用一句话介绍长城。",
+    "Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins "
+    "for her friends every day with four. She sells the remainder at the farmers' market daily for $2 "
+    "per fresh duck egg. How much in dollars does she make every day at the farmers' market?",
+)
+LEVELS = (1, 4, 8, 16)
+TARGETS = {"aggregate_speedup_at_8": 3.0, "p95_first_segment_ratio_at_8": 3.0}  # ≥ 3, ≤ 3
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) by linear interpolation between the closest ranks."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    low, high = math.floor(pos), math.ceil(pos)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def one_request(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """One streamed chat completion; the times a client sees, from sending to each chunk."""
+    import httpx
+
+    body = {
+        "model": "specfuse",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    began = time.perf_counter()
+    first = math.nan
+    text, tokens = "", 0
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=3600) as response:
+        if response.status_code != 200:
+            raise SpecfuseError(f"the server answered {response.status_code}: {response.read()[:300]!r}")
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise SpecfuseError(f"the stream ended with an error: {chunk['error']['message']}")
+            for choice in chunk.get("choices", []):
+                piece = choice.get("delta", {}).get("content") or ""
+                if piece and math.isnan(first):
+                    first = time.perf_counter() - began
+                text += piece
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return {"prompt": prompt, "first_segment_s": first, "total_s": time.perf_counter() - began,
+            "tokens": tokens, "text": text}  # fmt: skip
+
+
+def run_level(url: str, clients: int, requests: Sequence[str], max_tokens: int) -> dict[str, Any]:
+    """`clients` threads take the requests from one line, each sending its next when its last ends."""
+    todo: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()
+    for item in enumerate(requests):
+        todo.put(item)
+    done: dict[int, dict[str, Any]] = {}
+    errors: list[str] = []
+
+    def client() -> None:
+        while True:
+            try:
+                i, prompt = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                done[i] = one_request(url, prompt, max_tokens)
+            except Exception as e:  # reported, never hidden
+                errors.append(f"{type(e).__name__}: {e}")
+
+    load_before = os.getloadavg()
+    began = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - began
+    runs = [done[i] for i in sorted(done)]
+    firsts = [r["first_segment_s"] for r in runs if not math.isnan(r["first_segment_s"])]
+    totals = [r["total_s"] for r in runs]
+    tokens = sum(r["tokens"] for r in runs)
+    return {
+        "clients": clients,
+        "requests": len(requests),
+        "errors": errors,
+        "wall_s": wall,
+        "tokens": tokens,
+        "tokens_per_s": tokens / wall if wall > 0 else math.nan,
+        "first_segment_median_s": statistics.median(firsts) if firsts else math.nan,
+        "first_segment_p95_s": percentile(firsts, 0.95),
+        "total_median_s": statistics.median(totals) if totals else math.nan,
+        "total_p95_s": percentile(totals, 0.95),
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "answers": [r["text"] for r in runs],
+    }
+
+
+def run_serve(
+    members: Sequence[Any],
+    *,
+    levels: Sequence[int] = LEVELS,
+    requests: int = 16,
+    max_tokens: int = 64,
+    config: EnsembleConfig | None = None,
+    batch_size: int | None = None,
+) -> dict[str, Any]:
+    """Every level against one live server over `members`; returns the JSON-ready report."""
+    from ..serve.api import create_app
+    from ..serve.cli import running
+    from ..serve.scheduler import Scheduler
+
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(requests)]
+    size = batch_size or max(levels)
+    scheduler = Scheduler(members, config, batch_size=size, queue=max(levels) + requests)
+    try:
+        with running(create_app(scheduler)) as url:
+            one_request(url, PROMPTS[0], 8)  # warm-up: first calls allocate and pick kernels
+            results = {str(c): run_level(url, c, prompts, max_tokens) for c in levels}
+    finally:
+        scheduler.close()
+    solo = results[str(min(levels))]
+    for r in results.values():
+        r["aggregate_speedup"] = (
+            r["tokens_per_s"] / solo["tokens_per_s"] if solo["tokens_per_s"] else math.nan
+        )
+        r["p95_first_segment_ratio"] = r["first_segment_p95_s"] / solo["first_segment_median_s"]
+        r["same_answers_as_one_at_a_time"] = sum(a == b for a, b in zip(r["answers"], solo["answers"]))
+    return {
+        "members": [m.name for m in members],
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "batch_size": size,
+        "max_tokens": max_tokens,
+        "config": scheduler.config.to_dict(),
+        "levels": results,
+    }
+
+
+def format_table(report: dict[str, Any]) -> str:
+    levels = report["levels"]
+    lines = [
+        f"serving {', '.join(report['members'])} on {report['cpu']} ({report['cores']} cores), batch size "
+        f"{report['batch_size']}, {report['max_tokens']} tokens per request, "
+        f"{next(iter(levels.values()))['requests']} requests per level",
+        f"{'clients':>7} {'tok/s':>7} {'×1':>6} {'first med':>9} {'first p95':>9} {'p95/solo':>8} "
+        f"{'total med':>9} {'total p95':>9} {'same':>5} {'errors':>6}  load avg before → after",
+    ]
+    for r in levels.values():
+        load = f"{r['load_before'][0]:.2f} → {r['load_after'][0]:.2f}"
+        lines.append(
+            f"{r['clients']:>7} {r['tokens_per_s']:7.2f} {r['aggregate_speedup']:6.2f} "
+            f"{r['first_segment_median_s']:9.2f} {r['first_segment_p95_s']:9.2f} "
+            f"{r['p95_first_segment_ratio']:8.2f} {r['total_median_s']:9.2f} {r['total_p95_s']:9.2f} "
+            f"{r['same_answers_as_one_at_a_time']:>2}/{r['requests']:<2} {len(r['errors']):>6}  {load}"
+        )
+    eight = levels.get("8")
+    if eight is not None:
+        speedup, ratio = eight["aggregate_speedup"], eight["p95_first_segment_ratio"]
+        lines += [
+            "",
+            "targets (8 clients against one at a time):",
+            f"  aggregate tokens/s ×{speedup:.2f} ≥ 3  {'PASS' if speedup >= 3 else 'MISS'}",
+            f"  p95 first segment {ratio:.2f}× the solo median ≤ 3  {'PASS' if ratio <= 3 else 'MISS'}",
+        ]
+    if "command" in report:
+        lines += ["", f"command: {report['command']}"]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m specfuse.bench serve",
+        description="1, 4, 8 and 16 concurrent clients through the live API against one at a time.",
+    )
+    parser.add_argument("--models", nargs="+", default=None, help="catalogue names (default: the trio)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (default auto)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, … (default cpu)")
+    parser.add_argument(
+        "--levels", default=",".join(map(str, LEVELS)), help="client counts (first: baseline)"
+    )
+    parser.add_argument("--requests", type=int, default=16, help="requests per level (default 16)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="answer budget per request (default 64)")
+    parser.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
+    parser.add_argument("--batch-size", type=int, default=None, help="default: the largest level")
+    parser.add_argument("--quick", action="store_true", help="levels 1,4,8, 8 requests of 32 tokens")
+    parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.txt")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    levels = [int(c) for c in args.levels.split(",") if c]
+    requests, max_tokens = args.requests, args.max_tokens
+    if args.quick:
+        levels, requests, max_tokens = [1, 4, 8], 8, 32
+    from ..models.loading import load_members, tqdm_progress
+
+    try:
+        names = parse_models(args.models)
+        members = load_members(names, device=args.device, dtype=args.dtype, progress=tqdm_progress("loading"))
+        config = EnsembleConfig(segment_len=args.segment_len, max_new_tokens=max_tokens)
+        report = run_serve(
+            members, levels=levels, requests=requests, max_tokens=max_tokens, config=config,
+            batch_size=args.batch_size,
+        )  # fmt: skip
+    except SpecfuseError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    report["command"] = " ".join(["python -m specfuse.bench serve", *(argv or sys.argv[1:])])
+    table = format_table(report)
+    write_report(report, table, args.out.with_suffix(".json") if args.out else None)
+    if args.out is not None:
+        args.out.with_suffix(".txt").write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""`specfuse-serve` / `python -m specfuse.serve`: load the members, start the Scheduler, serve the
+OpenAI-compatible API with uvicorn (on 127.0.0.1 unless told otherwise).
+
+Knows nothing about the routes (api.py) or the batch (scheduler.py); the run settings are the CLI's
+own flags (specfuse.cli.add_settings), and a bad flag exits 2 with one line, as there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, TextIO
+
+from ..cli import HELP_WIDTH, add_settings, config_from_args, parse_models
+from ..errors import ConfigError, SpecfuseError
+from ..models.catalogue import DEFAULT_MEMBERS
+from .scheduler import DEFAULT_BATCH_SIZE, DEFAULT_QUEUE, Scheduler
+from .schema import Limits
+
+log = logging.getLogger("specfuse.serve")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    limits = Limits()
+    parser = argparse.ArgumentParser(
+        prog="specfuse-serve",
+        description="Serve the ensemble through an OpenAI-compatible API (/v1/chat/completions, "
+        "/v1/completions, /v1/models, /v1/traces/ID), many requests at once in one rolling batch.",
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, width=HELP_WIDTH, max_help_position=32),
+    )
+    add = parser.add_argument
+    add("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    add("--port", type=int, default=8000, help="port (default 8000)")
+    add("--models", default=",".join(DEFAULT_MEMBERS), help="comma-separated members (as the CLI takes them)")
+    add("--device", default="cpu", help="cpu, cuda, cuda:K, auto (one model per GPU), per-gpu")
+    add("--dtype", default="auto", help="auto (per device), float32, bfloat16, float16")
+    add(
+        "--cache-dir",
+        default=None,
+        help="converted-model cache (default $SPECFUSE_CACHE or ~/.cache/specfuse)",
+    )
+    add(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help="requests under way at once (default %(default)s)",
+    )
+    add(
+        "--queue",
+        type=int,
+        default=DEFAULT_QUEUE,
+        help="requests waiting beyond those; more get 429 (default %(default)s)",
+    )
+    add(
+        "--api-key",
+        default=os.environ.get("SPECFUSE_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default $SPECFUSE_API_KEY; none: no key)",
+    )
+    add(
+        "--max-prompt-chars",
+        type=int,
+        default=limits.max_prompt_chars,
+        help="longest prompt, in characters; longer: 413 (default %(default)s)",
+    )
+    add(
+        "--max-tokens",
+        type=int,
+        default=limits.max_tokens,
+        help="largest max_tokens a request may ask (default %(default)s)",
+    )
+    add(
+        "--request-timeout",
+        type=float,
+        default=limits.request_timeout_s,
+        help="seconds a request may take, time in line included (default %(default)s)",
+    )
+    add(
+        "--traces",
+        type=int,
+        default=limits.traces,
+        help="recent traces kept for GET /v1/traces/ID (default %(default)s)",
+    )
+    add_settings(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, stderr: TextIO | None = None) -> int:
+    err = stderr or sys.stderr
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=err, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return _serve(args)
+    except SpecfuseError as e:
+        print(f"specfuse-serve: error: {e}", file=err)
+        return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    names = parse_models(args.models, config.sampling)
+    for flag in ("batch_size", "max_prompt_chars", "max_tokens", "traces"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.queue < 0 or args.request_timeout <= 0:
+        raise ConfigError("--queue must be ≥ 0 and --request-timeout > 0")
+    import uvicorn
+
+    from ..models.loading import check_member_name, load_members
+    from .api import create_app
+
+    for name in names:
+        check_member_name(name)
+    limits = Limits(args.max_prompt_chars, args.max_tokens, args.request_timeout, args.traces)
+    app = create_app(api_key=args.api_key, limits=limits)
+    failed: list[BaseException] = []
+
+    def load() -> None:  # the server answers 503 (and /health "loading") until this is done
+        try:
+            members = load_members(names, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
+            scheduler = Scheduler(members, config, batch_size=args.batch_size, queue=args.queue)
+            app.state.serving.attach(scheduler)
+            log.info(
+                "serving %s, batch size %d, queue %d", ", ".join(scheduler.names), args.batch_size, args.queue
+            )
+        except BaseException as e:
+            failed.append(e)
+            log.error("loading failed: %s", e)
+            server.should_exit = True
+
+    served = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=10
+    )
+    server = uvicorn.Server(served)
+    threading.Thread(target=load, name="specfuse-load", daemon=True).start()
+    log.info("listening on http://%s:%d/v1 (loading %s)", args.host, args.port, ", ".join(names))
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C after shutting down
+        server.run()
+    scheduler = app.state.serving.scheduler
+    if scheduler is not None:
+        scheduler.close()
+    if failed:
+        raise (
+            failed[0]
+            if isinstance(failed[0], SpecfuseError)
+            else SpecfuseError(f"loading failed: {failed[0]}")
+        )
+    return 0
+
+
+@contextlib.contextmanager
+def running(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """The app served by uvicorn on a thread of this process, for as long as the block lasts; yields
+    its base URL (port 0: a free port). For tests and benchmarks that need a live server."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="specfuse-uvicorn", daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not server.started:
+        raise SpecfuseError(f"the server did not start on {host}:{sock.getsockname()[1]}")
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()

@@ -1,0 +1,366 @@
+"""The serving scheduler: owns the loaded members and one rolling batch (engine.Batch) that requests
+join at the next round boundary and leave the moment they end, each with its own stream of events.
+
+Knows nothing about HTTP, OpenAI's bodies or the app's panels: api.py and the app call submit(),
+read a Ticket's events, its position in line, and cancel() it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from ..config import EnsembleConfig
+from ..engine import TYPED, Batch, Ensemble, Run
+from ..errors import ConfigError, SpecfuseError
+from ..limits import check_request
+from ..members.protocol import Member
+from ..members.workers import MemberCalls, run_concurrently
+from ..records import Draft, Result, Round, summarize
+from ..trace import Trace, new_trace_id
+
+log = logging.getLogger(__name__)
+
+# Runs under way at once. On two cores with the default trio (docs/serve.md, `python -m specfuse.bench
+# serve`), 8 clients gave 3.35x the one-at-a-time tokens/s under equal load and 16 gave 5.7x, but a
+# bigger batch makes every round, and each newcomer's first segment, longer: 8 keeps runs interactive.
+DEFAULT_BATCH_SIZE = 8
+DEFAULT_QUEUE = 64  # requests waiting for a place in the batch; one more is refused (QueueFull)
+
+Event = Draft | Round
+
+
+class QueueFull(SpecfuseError):
+    """The waiting line is full: the request was refused, try again later."""
+
+
+class SchedulerClosed(SpecfuseError):
+    """The scheduler was shut down before the request could finish."""
+
+
+@dataclass(frozen=True)
+class _End:
+    error: SpecfuseError | None = None
+
+
+class Ticket:
+    """One request's handle: its events (Draft, then Round, round after round), its place in line,
+    its state, and cancel(). Safe to read from any thread; events() and aevents() consume one stream
+    (use one of them, once)."""
+
+    def __init__(self, scheduler: Scheduler, run: Run) -> None:
+        self.id = new_trace_id()  # also the id of its trace
+        self.run = run
+        self.submitted = time.perf_counter()
+        self.state = "waiting"  # waiting → running → done | failed | cancelled
+        self.error: SpecfuseError | None = None
+        self.rounds: list[Round] = []
+        self._scheduler = scheduler
+        self._queue: queue.SimpleQueue[Event | _End] = queue.SimpleQueue()
+        self._wakers: list[Callable[[], None]] = []
+        self._ended = threading.Event()
+
+    @property
+    def prompt(self) -> str:
+        return self.run.prompt
+
+    @property
+    def config(self) -> EnsembleConfig:
+        return self.run.config
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return self.run.names
+
+    @property
+    def ended(self) -> bool:
+        return self._ended.is_set()
+
+    def position(self) -> int | None:
+        """1 for the next request to join the batch, 2 behind it, …; 0 while running; None once ended."""
+        return self._scheduler.position(self)
+
+    def cancel(self) -> None:
+        """End the request: a waiting one leaves the line, a running one the batch (within a phase
+        of the round under way). Idempotent; a no-op once it has ended."""
+        self._scheduler.cancel(self)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the request has ended; False if `timeout` seconds passed first."""
+        return self._ended.wait(timeout)
+
+    def events(self, timeout: float | None = None) -> Iterator[Event]:
+        """Each event as it happens; the stream ends after the last round, or raises the error that
+        ended the request. `timeout`: the longest wait for one event (queue.Empty after it).
+        Closing the iterator early cancels the request."""
+        try:
+            while True:
+                item = self._queue.get(timeout=timeout)
+                if isinstance(item, _End):
+                    if item.error is not None:
+                        raise item.error
+                    return
+                yield item
+        finally:
+            self.cancel()
+
+    async def aevents(self) -> AsyncGenerator[Event, None]:
+        """events() for an asyncio consumer, never blocking its loop. Closing it early cancels."""
+        loop = asyncio.get_running_loop()
+        arrived = asyncio.Event()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening
+                loop.call_soon_threadsafe(arrived.set)
+
+        self._wakers.append(wake)
+        try:
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    await arrived.wait()
+                    arrived.clear()
+                    continue
+                if isinstance(item, _End):
+                    if item.error is not None:
+                        raise item.error
+                    return
+                yield item
+        finally:
+            self._wakers.remove(wake)
+            self.cancel()
+
+    def result(self) -> Result:
+        """The rounds so far as a Result (stop_reason "cancelled" when it was cut short)."""
+        return summarize(self.rounds)
+
+    def trace(self) -> Trace:
+        return Trace(self.prompt, self.members, self.config, tuple(self.rounds), id=self.id)
+
+    def _put(self, item: Event | _End) -> None:
+        self._queue.put(item)
+        for wake in list(self._wakers):
+            wake()
+
+
+class Scheduler:
+    """The loaded members and one rolling batch, played by one thread of its own.
+
+    submit() from any thread; requests are admitted first come, first served, up to `batch_size`
+    at once, and up to `queue` more wait in line (one more is refused with QueueFull). Each request
+    gets the rounds an Ensemble of its own members would give it alone (exactly in fp32 greedy):
+    members are asked once per phase for all the requests they serve. A member that fails ends only
+    the requests that use it, with a MemberError naming it.
+    """
+
+    def __init__(
+        self,
+        members: Sequence[Member],
+        config: EnsembleConfig | None = None,
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        queue: int = DEFAULT_QUEUE,
+    ) -> None:
+        if batch_size < 1:
+            raise ConfigError(f"the batch size must be at least 1, got {batch_size}")
+        if queue < 0:
+            raise ConfigError(f"the queue length must be at least 0, got {queue}")
+        self.ensemble = Ensemble(members, config)  # checks the members: protocol, unique names
+        self.batch_size = batch_size
+        self.queue = queue
+        self._batch = Batch(self.ensemble.members, run_concurrently(members, self.config.parallel))
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[Ticket] = collections.deque()
+        self._running: dict[int, Ticket] = {}  # id(run) → ticket, for runs in the batch
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="specfuse-scheduler", daemon=True)
+        self._thread.start()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.ensemble.names
+
+    @property
+    def config(self) -> EnsembleConfig:
+        """The operator's settings: a request's config starts from these."""
+        return self.ensemble.config
+
+    def submit(
+        self,
+        prompt: str,
+        config: EnsembleConfig | None = None,
+        *,
+        members: Sequence[str] | None = None,
+        start: Sequence[Round] = (),
+        forced: str | None = None,
+        origin: str = TYPED,
+    ) -> Ticket:
+        """Queue a request: `members` (default all loaded, in the loaded order) play it with `config`
+        (default the operator's); `start`/`forced` branch it as Ensemble.stream does. Refused at once
+        (ConfigError) for a bad prompt or member list, QueueFull when the line is full,
+        SchedulerClosed after close(). Errors found while starting it end the ticket instead."""
+        names = self._subset(members)
+        config = config or self.config
+        check_request(prompt, config, tuple(start), forced, names)  # the engine's own pre-flight
+        run = Run(prompt, config, names, tuple(start), forced, origin)
+        ticket = Ticket(self, run)
+        with self._cond:
+            if self._closed:
+                raise SchedulerClosed("the server is shutting down; no new requests")
+            if (
+                len(self._waiting) >= self.queue
+                and len(self._running) + len(self._waiting) >= self.batch_size
+            ):
+                raise QueueFull(
+                    f"{len(self._waiting)} requests are already waiting (the limit is {self.queue}); "
+                    "try again later"
+                )
+            self._waiting.append(ticket)
+            self._cond.notify_all()
+        return ticket
+
+    def position(self, ticket: Ticket) -> int | None:
+        with self._cond:
+            if ticket.ended:
+                return None
+            if ticket.state == "running":
+                return 0
+            try:
+                return self._waiting.index(ticket) + 1
+            except ValueError:
+                return 0  # taken from the line, joining the batch now
+
+    def cancel(self, ticket: Ticket) -> None:
+        with self._cond:
+            if ticket.ended:
+                return
+            if ticket in self._waiting:
+                self._waiting.remove(ticket)
+                self._end(ticket, "cancelled")
+                return
+            ticket.run.cancelled = True  # the loop drops it from the batch within a phase
+            self._cond.notify_all()
+
+    def add_members(self, members: Sequence[Member]) -> None:
+        """Members loaded later (the app loads a model the first time someone picks it): requests may
+        name them from now on. The batch takes them on between rounds; names must be new."""
+        with self._cond:
+            self.ensemble = Ensemble([*self.ensemble.members, *members], self.config)
+            self._cond.notify_all()
+
+    def stats(self) -> dict[str, int]:
+        """Requests running and waiting now, and the limits (for a health check or a status line)."""
+        with self._cond:
+            return {
+                "running": len(self._running),
+                "waiting": len(self._waiting),
+                "batch_size": self.batch_size,
+                "queue": self.queue,
+            }
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Refuse new requests, end every request still waiting or running (SchedulerClosed), and
+        stop the thread once the round under way is over."""
+        with self._cond:
+            self._closed = True
+            for ticket in [*self._waiting, *self._running.values()]:
+                ticket.run.cancelled = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    # -- the loop (its own thread) -------------------------------------------------------------------
+
+    def _subset(self, members: Sequence[str] | None) -> tuple[str, ...]:
+        if members is None:
+            return self.names
+        if isinstance(members, str) or not all(isinstance(m, str) for m in members):
+            raise ConfigError("members must be a list of member names")
+        unknown = [m for m in members if m not in self.names]
+        if unknown:
+            raise ConfigError(f"unknown members {', '.join(unknown)}; loaded: {', '.join(self.names)}")
+        if not members:
+            raise ConfigError(f"members is empty; choose among {', '.join(self.names)}")
+        if len(set(members)) != len(members):
+            raise ConfigError("members lists a member twice")
+        return tuple(members)
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._closed and not self._waiting and not self._batch.live:
+                        self._cond.wait()
+                    if self._closed:
+                        break
+                    members = self.ensemble.members
+                    if members != tuple(self._batch.calls.members.values()):  # add_members: between rounds
+                        self._batch.calls.shutdown()
+                        concurrent = run_concurrently(members, self.config.parallel)
+                        self._batch.calls = MemberCalls(members, concurrent, isolate=True)
+                    room = self.batch_size - len(self._batch.live)
+                    joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+                    for ticket in joining:
+                        ticket.state = "running"
+                        self._running[id(ticket.run)] = ticket
+                try:
+                    self._play(joining)
+                except Exception as e:  # a bug, not a member: end what is under way, keep serving
+                    log.exception("the batch failed")
+                    error = SpecfuseError(f"internal error in the batch: {type(e).__name__}: {e}")
+                    for run in list(self._batch.live):
+                        run.states.clear()
+                    self._batch.live = []
+                    with self._cond:
+                        for ticket in list(self._running.values()):
+                            self._end(ticket, "failed", error)
+        finally:
+            self._batch.close()
+            with self._cond:
+                closed = SchedulerClosed("the server shut down before the request finished")
+                for ticket in [*self._waiting, *self._running.values()]:
+                    self._end(ticket, "failed", closed)
+                self._waiting.clear()
+
+    def _play(self, joining: list[Ticket]) -> None:
+        """Admit the newcomers, then play one round of the batch and hand each event to its ticket."""
+        if joining:
+            for run, error in self._batch.join([t.run for t in joining]):
+                with self._cond:
+                    self._end(self._running[id(run)], "failed", error)
+        for run, event in self._batch.step():
+            ticket = self._running[id(run)]
+            if isinstance(event, SpecfuseError):
+                with self._cond:
+                    self._end(ticket, "failed", event)
+                continue
+            last = isinstance(event, Round) and event.stop_reason is not None
+            if isinstance(event, Round):
+                ticket.rounds.append(event)
+            if last:
+                ticket.state = "done"  # before its consumer can see the last round
+            ticket._put(event)
+            if last:
+                with self._cond:
+                    self._end(ticket, "done")
+        live = {id(run) for run in self._batch.live}
+        with self._cond:
+            for key, ticket in list(self._running.items()):
+                if key not in live:  # left the batch without an ending of its own: cancelled
+                    self._end(ticket, "cancelled")
+
+    def _end(self, ticket: Ticket, state: str, error: SpecfuseError | None = None) -> None:
+        """Under the lock: the ticket's last state and its stream's end."""
+        if ticket.ended:
+            return
+        self._running.pop(id(ticket.run), None)
+        ticket.state, ticket.error = state, error
+        ticket._ended.set()
+        ticket._put(_End(error))

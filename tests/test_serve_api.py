@@ -1,0 +1,257 @@
+"""The OpenAI-compatible API on a live uvicorn server on loopback, spoken to by the official `openai`
+client (and by plain httpx where the client hides what is on the wire): answers equal to the solo
+runs, streaming in OpenAI's chunk format, the `specfuse` extras, traces, errors and disconnects."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from dataclasses import replace
+
+import httpx
+import openai
+import pytest
+
+from specfuse.config import EnsembleConfig
+from specfuse.engine import Ensemble
+from specfuse.serve.api import create_app
+from specfuse.serve.cli import running
+from specfuse.serve.scheduler import Scheduler
+from specfuse.serve.schema import Limits, render_messages
+from specfuse.trace import parse_trace
+
+BASE = EnsembleConfig(segment_len=5, max_new_tokens=24)
+LONG = {"max_tokens": 400, "specfuse": {"max_rounds": 80, "segment_len": 4, "exit": False}}
+PROMPT = "Explain in two sentences why the sky is blue."
+
+
+@pytest.fixture(scope="module")
+def server(tiny_members):
+    scheduler = Scheduler(tiny_members, BASE, batch_size=4, queue=8)
+    app = create_app(scheduler, limits=Limits(max_prompt_chars=2000, max_tokens=500))
+    try:
+        with running(app) as url:
+            yield url, scheduler, app
+    finally:
+        scheduler.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="EMPTY", max_retries=0, timeout=120)
+
+
+def solo(members, prompt, config, names=None):
+    chosen = [m for m in members if names is None or m.name in names]
+    return Ensemble(chosen).run(prompt, config)
+
+
+def wait_idle(url, seconds=20.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        stats = httpx.get(url + "/health").json()
+        if stats["running"] == 0 and stats["waiting"] == 0:
+            return stats
+        time.sleep(0.05)
+    raise AssertionError(f"still busy after {seconds}s: {stats}")
+
+
+def test_chat_whole_equals_the_solo_run_with_usage_and_the_ensembles_account(client, server, tiny_members):
+    reply = client.chat.completions.create(
+        model="specfuse", messages=[{"role": "user", "content": PROMPT}], max_tokens=20, temperature=0
+    )
+    want = solo(tiny_members, PROMPT, replace(BASE, max_new_tokens=20, temperature=0.0))
+    assert reply.object == "chat.completion" and reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].message.content == want.answer
+    assert reply.choices[0].finish_reason == ("length" if want.stop_reason == "budget" else "stop")
+    assert reply.usage.completion_tokens == want.tokens and reply.usage.prompt_tokens > 0
+    extra = reply.to_dict()["specfuse"]
+    assert extra["rounds"] == want.rounds and extra["wins"] == dict(want.wins)
+    assert extra["members"] == [m.name for m in tiny_members] and extra["stop_reason"] == want.stop_reason
+    trace = parse_trace(httpx.get(f"{server[0]}/v1/traces/{extra['trace_id']}").text)
+    assert trace.id == extra["trace_id"] and trace.result.answer == want.answer and trace.prompt == PROMPT
+
+
+def test_chat_streams_openai_chunks_whose_deltas_make_the_solo_answer(client, tiny_members):
+    stream = client.chat.completions.create(
+        model="specfuse",
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=24,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"specfuse": {"segment_len": 3, "repeat_penalty": 1.0}},
+    )
+    chunks = list(stream)
+    want = solo(tiny_members, PROMPT, replace(BASE, segment_len=3, repeat_penalty=1.0))
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == want.answer
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].to_dict()["specfuse"]["rounds"] == want.rounds
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == want.tokens
+
+
+def test_completions_whole_and_streamed_honour_stop_and_a_subset_of_members(client, tiny_members):
+    names = [m.name for m in tiny_members]
+    subset = [names[2], names[0]]
+    config = replace(BASE, max_new_tokens=30, seed=3)
+    want = Ensemble([tiny_members[2], tiny_members[0]]).run(PROMPT, config)
+    stop = want.answer[len(want.answer) // 2 : len(want.answer) // 2 + 2]
+    if not stop.strip():
+        stop = want.answer.strip()[-2:]
+    body = {"specfuse": {"members": subset}}
+    whole = client.completions.create(
+        model="specfuse", prompt=PROMPT, max_tokens=30, seed=3, stop=[stop], extra_body=body
+    )
+    cut = Ensemble([tiny_members[2], tiny_members[0]]).run(PROMPT, replace(config, stop_strings=(stop,)))
+    assert whole.object == "text_completion" and whole.choices[0].text == cut.answer
+    assert stop not in whole.choices[0].text and whole.choices[0].finish_reason == "stop"
+    assert whole.to_dict()["specfuse"]["members"] == subset
+    streamed = client.completions.create(
+        model="specfuse", prompt=PROMPT, max_tokens=30, seed=3, stream=True, extra_body=body
+    )
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == want.answer
+    alone = client.completions.create(model=names[1], prompt=PROMPT, max_tokens=12)  # one member's name
+    assert (
+        alone.choices[0].text
+        == solo(tiny_members, PROMPT, replace(BASE, max_new_tokens=12), [names[1]]).answer
+    )
+
+
+def test_models_lists_the_ensemble_and_each_member(client, tiny_members):
+    assert [m.id for m in client.models.list()] == ["specfuse", *(m.name for m in tiny_members)]
+
+
+def test_errors_come_as_openai_error_json_with_the_right_status(client, server):
+    url = server[0]
+    chat = {"model": "specfuse", "messages": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-9", messages=chat["messages"])
+    assert e.value.body["code"] == "model_not_found" and "gpt-9" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError, match="n must be 1"):
+        client.chat.completions.create(model="specfuse", messages=chat["messages"], n=2)
+    with pytest.raises(openai.BadRequestError, match="'tool' is not supported"):
+        client.chat.completions.create(model="specfuse", messages=[{"role": "tool", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="segment_len must be an integer in 1..256"):
+        client.chat.completions.create(**chat, extra_body={"specfuse": {"segment_len": 0}})
+    with pytest.raises(openai.BadRequestError, match="specfuse.colour is not a setting"):
+        client.chat.completions.create(**chat, extra_body={"specfuse": {"colour": 1}})
+    with pytest.raises(openai.BadRequestError, match="unknown members nobody"):
+        client.chat.completions.create(**chat, extra_body={"specfuse": {"members": ["nobody"]}})
+    with pytest.raises(openai.BadRequestError, match="temperature must be ≥ 0"):
+        client.chat.completions.create(**chat, temperature=-1)
+    with pytest.raises(openai.BadRequestError, match="over this server's limit of 500"):
+        client.chat.completions.create(**chat, max_tokens=501)
+    with pytest.raises(openai.APIStatusError) as e:
+        client.chat.completions.create(model="specfuse", messages=[{"role": "user", "content": "x" * 2001}])
+    assert e.value.status_code == 413 and e.value.body["code"] == "context_length_exceeded"
+    raw = httpx.post(url + "/v1/chat/completions", content=b"{not json")
+    assert raw.status_code == 400 and set(raw.json()["error"]) == {"message", "type", "param", "code"}
+    assert httpx.get(url + "/v1/traces/nope").status_code == 404
+    assert httpx.get(url + "/v1/nothing").json()["error"]["type"] == "not_found_error"
+
+
+def test_a_key_is_required_when_set_and_a_server_still_loading_answers_503(tiny_members):
+    scheduler = Scheduler(tiny_members[:1], BASE)
+    try:
+        with running(create_app(scheduler, api_key="sesame")) as url:
+            bad = openai.OpenAI(base_url=url + "/v1", api_key="EMPTY", max_retries=0)
+            with pytest.raises(openai.AuthenticationError):
+                bad.models.list()
+            good = openai.OpenAI(base_url=url + "/v1", api_key="sesame", max_retries=0)
+            assert [m.id for m in good.models.list()] == ["specfuse", tiny_members[0].name]
+    finally:
+        scheduler.close()
+    with running(create_app()) as url:
+        loading = openai.OpenAI(base_url=url + "/v1", api_key="EMPTY", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as e:
+            loading.chat.completions.create(model="specfuse", messages=[{"role": "user", "content": "hi"}])
+        assert e.value.status_code == 503 and httpx.get(url + "/health").status_code == 503
+
+
+def test_a_full_line_answers_429(tiny_members):
+    scheduler = Scheduler(tiny_members, BASE, batch_size=1, queue=0)
+    try:
+        with running(create_app(scheduler)) as url:
+            body = {
+                "model": "specfuse",
+                "messages": [{"role": "user", "content": PROMPT}],
+                "stream": True,
+                **LONG,
+            }
+            with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as busy:
+                assert busy.status_code == 200
+                client = openai.OpenAI(base_url=url + "/v1", api_key="EMPTY", max_retries=0)
+                with pytest.raises(openai.RateLimitError) as e:
+                    client.chat.completions.create(
+                        model="specfuse", messages=[{"role": "user", "content": "hi"}]
+                    )
+                assert e.value.body["code"] == "queue_full"
+    finally:
+        scheduler.close()
+
+
+def test_a_client_that_disconnects_cancels_its_request(server, tiny_members):
+    url, scheduler, app = server
+    wait_idle(url)
+    body = {"model": "specfuse", "messages": [{"role": "user", "content": PROMPT}], "stream": True, **LONG}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
+        assert first["object"] == "chat.completion.chunk"
+        assert httpx.get(url + "/health").json()["running"] == 1
+    wait_idle(url, 10)  # the stream was closed: the request left the batch long before its 80 rounds
+    # The same for a whole (non-streamed) answer: the connection closes while the server works.
+    whole = json.dumps({**body, "stream": False}).encode()
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(whole)}\r\n\r\n".encode()
+            + whole
+        )
+        deadline = time.monotonic() + 10
+        while httpx.get(url + "/health").json()["running"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    wait_idle(url, 10)
+    deadline = time.monotonic() + 10  # the handlers keep the traces as they wind up, just after
+    while time.monotonic() < deadline:
+        kept = list(app.state.serving.traces.values())[-2:]
+        if [t.result.stop_reason for t in kept] == ["cancelled", "cancelled"]:
+            break
+        time.sleep(0.05)
+    assert [t.result.stop_reason for t in kept] == ["cancelled", "cancelled"]
+
+
+def test_messages_render_to_one_prompt():
+    assert render_messages([{"role": "user", "content": "Hi"}]) == "Hi"
+    transcript = render_messages(
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "2+2?"}]},
+            {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "And 3+3?"},
+        ]
+    )
+    assert transcript == "System: Be brief.\n\nUser: 2+2?\n\nAssistant: 4\n\nUser: And 3+3?"
+
+
+def test_a_request_past_the_time_limit_is_cancelled_with_a_504_or_an_error_event(tiny_members):
+    scheduler = Scheduler(tiny_members, BASE, batch_size=2)
+    try:
+        with running(create_app(scheduler, limits=Limits(request_timeout_s=1.5))) as url:
+            endless = {"max_tokens": 440, "specfuse": {"max_rounds": 440, "segment_len": 1, "exit": False}}
+            body = {"model": "specfuse", "messages": [{"role": "user", "content": PROMPT}], **endless}
+            whole = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+            assert whole.status_code == 504 and whole.json()["error"]["code"] == "timeout"
+            with httpx.stream(
+                "POST", url + "/v1/chat/completions", json={**body, "stream": True}
+            ) as streamed:
+                events = [line for line in streamed.iter_lines() if line.startswith("data: ")]
+            assert streamed.status_code == 200 and events[-1] == "data: [DONE]"
+            assert json.loads(events[-2][6:])["error"]["code"] == "timeout"
+            assert wait_idle(url)["running"] == 0
+    finally:
+        scheduler.close()

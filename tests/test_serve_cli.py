@@ -1,0 +1,87 @@
+"""`python -m specfuse.serve` as an operator starts it: two tiny checkpoint folders, the CLI's run
+settings, a live port; bad flags exit 2 with one line before anything loads."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+from specfuse.config import EnsembleConfig
+from specfuse.engine import Ensemble
+from specfuse.models.loading import load_members
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "specfuse.serve", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_the_command_serves_the_models_with_the_clis_settings_until_interrupted(tiny_checkpoints):
+    port = free_port()
+    models = ",".join(tiny_checkpoints)
+    process = serve("--models", models, "--port", str(port), "--segment-len", "4", "--max-new-tokens", "12")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline, status = time.monotonic() + 90, 0
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                status = httpx.get(url + "/health", timeout=2).status_code
+            except httpx.TransportError:
+                status = 0
+            if status == 200:
+                break
+            time.sleep(0.2)
+        assert status == 200, process.stdout.read() if process.poll() is not None else "no answer"
+        client = openai.OpenAI(base_url=url + "/v1", api_key="EMPTY", max_retries=0, timeout=60)
+        assert [m.id for m in client.models.list()][0] == "specfuse"
+        reply = client.chat.completions.create(model="specfuse", messages=[{"role": "user", "content": "Hi"}])
+        members = load_members(tiny_checkpoints)
+        want = Ensemble(members).run("Hi", EnsembleConfig(segment_len=4, max_new_tokens=12))
+        assert reply.choices[0].message.content == want.answer
+        assert reply.usage.completion_tokens == want.tokens
+    finally:
+        process.send_signal(signal.SIGINT)
+        output = process.communicate(timeout=60)[0]
+    assert process.returncode == 0, output
+    assert f"listening on http://127.0.0.1:{port}/v1" in output and "serving" in output
+
+
+def test_bad_flags_exit_2_with_one_line_before_loading():
+    for args, message in [
+        (["--temperature", "-1"], "temperature must be ≥ 0"),
+        (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--models", "no-such-model"], "no-such-model"),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-m", "specfuse.serve", *args],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+        assert done.stderr.strip().splitlines()[-1].startswith("specfuse-serve: error:")

@@ -1,0 +1,227 @@
+"""Real clients of the ecosystem against a live server on loopback: lm-evaluation-harness on a small
+offline GSM8K task, and a bounded soak of concurrent openai/httpx clients with cancels, disconnects
+and bad requests mixed in (each good answer equal to its solo run; memory flat)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from specfuse.config import EnsembleConfig
+from specfuse.engine import Ensemble
+from specfuse.serve.api import create_app
+from specfuse.serve.cli import running
+from specfuse.serve.scheduler import Scheduler
+
+ROOT = Path(__file__).resolve().parents[1]
+GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "dev.jsonl"
+BASE = EnsembleConfig(segment_len=5, max_new_tokens=16)
+
+TASK = """\
+task: specfuse_gsm8k_tiny
+custom_dataset: !function utils.load
+test_split: test
+output_type: generate_until
+doc_to_text: "Question: {{question}}\\nAnswer:"
+doc_to_target: "{{answer.split('#### ')[-1]}}"
+generation_kwargs:
+  until: ["Question:"]
+  do_sample: false
+  temperature: 0.0
+  max_gen_toks: 12
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+filter_list:
+  - name: flexible-extract
+    filter:
+      - function: regex
+        group_select: -1
+        regex_pattern: "(-?[$0-9.,]{2,})|(-?[0-9]+)"
+      - function: take_first
+metadata:
+  version: 1.0
+"""
+UTILS = """\
+from pathlib import Path
+
+import datasets
+
+
+def load(**kwargs):
+    rows = str(Path(__file__).with_name("rows.jsonl"))
+    return datasets.load_dataset("json", data_files={"test": rows})
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tiny_members):
+    scheduler = Scheduler(tiny_members, BASE, batch_size=4, queue=16)
+    try:
+        with running(create_app(scheduler)) as url:
+            yield url, scheduler
+    finally:
+        scheduler.close()
+
+
+@pytest.mark.skipif(not GSM8K.is_file(), reason="needs the GSM8K development slice in ../shared/data")
+def test_lm_eval_scores_an_offline_gsm8k_task_through_the_chat_api(server, tmp_path):
+    url, _ = server
+    task = tmp_path / "task"
+    task.mkdir()
+    (task / "specfuse_gsm8k_tiny.yaml").write_text(TASK)
+    (task / "utils.py").write_text(UTILS)
+    rows = GSM8K.read_text(encoding="utf-8").splitlines()[:6]
+    (task / "rows.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    args = [
+        sys.executable,
+        "-m",
+        "lm_eval",
+        "--model",
+        "local-chat-completions",
+        "--model_args",
+        f"model=specfuse,base_url={url}/v1/chat/completions,num_concurrent=3,max_retries=1,timeout=120",
+        "--apply_chat_template",
+        "--tasks",
+        "specfuse_gsm8k_tiny",
+        "--include_path",
+        str(task),
+        "--output_path",
+        str(out),
+        "--log_samples",
+    ]
+    done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "specfuse_gsm8k_tiny" in done.stdout and "exact_match" in done.stdout  # the score table
+    (results,) = out.rglob("results_*.json")
+    scores = json.loads(results.read_text())["results"]["specfuse_gsm8k_tiny"]
+    assert "exact_match,flexible-extract" in scores
+    (samples,) = out.rglob("samples_specfuse_gsm8k_tiny_*.jsonl")
+    assert len(samples.read_text().splitlines()) == 6
+
+
+def rss_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+GOOD = [
+    ("Explain in two sentences why the sky is blue.", {}, None),
+    ("Write a Python function that returns the n-th Fibonacci number.", {"segment_len": 3}, [0, 2]),
+    ("用一句话介绍长城。", {"aggregation": "median", "max_new_tokens": 12}, [1, 0]),
+    ("Janet's ducks lay 16 eggs per day. How much does she make?", {"prior": "uniform"}, [2]),
+]
+BAD = [
+    {"model": "specfuse", "messages": [{"role": "wizard", "content": "hi"}]},
+    {"model": "specfuse", "messages": [{"role": "user", "content": "hi"}], "n": 3},
+    {"model": "nope", "messages": [{"role": "user", "content": "hi"}]},
+    {"model": "specfuse", "prompt": "hi", "specfuse": {"top_p": 0}},
+]
+
+
+def test_a_soak_of_concurrent_clients_with_cancels_disconnects_and_bad_requests(server, tiny_members):
+    url, scheduler = server
+    names = [m.name for m in tiny_members]
+    expected = []
+    for prompt, settings, subset in GOOD:
+        members = tiny_members if subset is None else [tiny_members[i] for i in subset]
+        expected.append(Ensemble(members).run(prompt, replace(BASE, **settings)).answer)
+    host, port = url.removeprefix("http://").split(":")
+    failures: list[str] = []
+    answered = [0]
+    kinds: dict[str, int] = {}
+
+    def good(rng: random.Random, client: openai.OpenAI) -> None:
+        i = rng.randrange(len(GOOD))
+        prompt, settings, subset = GOOD[i]
+        extra = {"specfuse": {**settings, **({"members": [names[j] for j in subset]} if subset else {})}}
+        if rng.random() < 0.5:
+            reply = client.chat.completions.create(
+                model="specfuse", messages=[{"role": "user", "content": prompt}], extra_body=extra
+            )
+            text = reply.choices[0].message.content
+        else:
+            stream = client.completions.create(model="specfuse", prompt=prompt, stream=True, extra_body=extra)
+            text = "".join(c.choices[0].text for c in stream if c.choices)
+        if text != expected[i]:
+            failures.append(f"request {i}: {text!r} != {expected[i]!r}")
+        answered[0] += 1
+
+    def cancel(rng: random.Random) -> None:  # reads one chunk of a long stream, then hangs up
+        body = {"model": "specfuse", "prompt": GOOD[0][0], "stream": True, "max_tokens": 200}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+            next(response.iter_lines())
+
+    def disconnect(rng: random.Random) -> None:  # sends a whole request, then closes the socket
+        body = json.dumps({"model": "specfuse", "prompt": GOOD[1][0], "max_tokens": 200}).encode()
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            time.sleep(rng.uniform(0.0, 0.3))
+
+    def bad(rng: random.Random) -> None:
+        body = rng.choice(BAD)
+        path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+        status = httpx.post(url + path, json=body, timeout=30).status_code
+        if status not in (400, 404):
+            failures.append(f"bad request answered {status}")
+
+    def client_loop(seed: int, requests: int) -> None:
+        rng = random.Random(seed)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="EMPTY", max_retries=0, timeout=120)
+        try:
+            for _ in range(requests):
+                kind = rng.choice(["good", "good", "good", "cancel", "disconnect", "bad"])
+                kinds[kind] = kinds.get(kind, 0) + 1
+                if kind == "good":
+                    good(rng, client)
+                else:
+                    {"cancel": cancel, "disconnect": disconnect, "bad": bad}[kind](rng)
+        except Exception as e:  # an error on a good request fails the soak
+            failures.append(f"client {seed}: {type(e).__name__}: {e}")
+
+    def wave(seed: int, clients: int = 8, requests: int = 8) -> None:
+        threads = [threading.Thread(target=client_loop, args=(seed + c, requests)) for c in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(150)
+        deadline = time.monotonic() + 20
+        while scheduler.stats()["running"] + scheduler.stats()["waiting"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    wave(100, clients=4, requests=3)  # warm-up: allocators and caches reach their working size
+    before = rss_bytes()
+    wave(200)
+    wave(300)
+    after = rss_bytes()
+    assert not failures, failures
+    assert answered[0] >= 40 and min(kinds.values()) >= 5 and len(kinds) == 4, (answered, kinds)
+    assert scheduler.stats()["running"] == 0 and scheduler.stats()["waiting"] == 0  # nothing left behind
+    assert after <= 1.10 * before, (
+        f"resident memory grew from {before / 2**20:.0f} to {after / 2**20:.0f} MiB"
+    )

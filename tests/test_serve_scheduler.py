@@ -1,0 +1,188 @@
+"""The serving scheduler: requests that come and go at any time, from any thread, with their own
+configs and members, each get exactly the rounds an Ensemble of their members gives them alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from specfuse.config import EnsembleConfig
+from specfuse.engine import Ensemble
+from specfuse.errors import ConfigError, MemberError
+from specfuse.records import Draft
+from specfuse.serve.scheduler import QueueFull, Scheduler, SchedulerClosed
+
+from .scripted import ScriptedMember
+from .test_batching import PROMPTS, same_rounds
+
+SHORT = EnsembleConfig(segment_len=5, max_new_tokens=20, exit_warmup=2)
+LONG = EnsembleConfig(segment_len=4, max_new_tokens=200, max_rounds=40)
+
+
+def solo(members, names, prompt, config, **branch):
+    chosen = [m for m in members if m.name in names]
+    chosen.sort(key=lambda m: names.index(m.name))
+    return list(Ensemble(chosen).stream(prompt, config, **branch))
+
+
+def collect(ticket):
+    drafts, rounds = [], []
+    for event in ticket.events(timeout=120):
+        (drafts if isinstance(event, Draft) else rounds).append(event)
+    return drafts, rounds
+
+
+def test_concurrent_requests_with_their_own_configs_and_members_equal_their_solo_runs(tiny_members):
+    names = [m.name for m in tiny_members]
+    jobs = [
+        (PROMPTS[0], SHORT, None),
+        (PROMPTS[1], EnsembleConfig(segment_len=3, max_new_tokens=18, aggregation="median"), names[:2]),
+        (PROMPTS[2], EnsembleConfig(segment_len=6, max_new_tokens=24, prior="uniform"), [names[2], names[0]]),
+        (PROMPTS[0], EnsembleConfig(segment_len=4, max_new_tokens=16, feedback=False), names[1:]),
+        (PROMPTS[1], SHORT, [names[1]]),  # one member: its plain greedy decode
+    ]
+    expected = [solo(tiny_members, list(m or names), p, c) for p, c, m in jobs]
+    scheduler = Scheduler(tiny_members, batch_size=4)
+    got: dict[int, tuple[list, list]] = {}
+
+    def client(i: int) -> None:
+        time.sleep(0.15 * i)  # arrivals spread over the first rounds of the others
+        prompt, config, members = jobs[i]
+        got[i] = collect(scheduler.submit(prompt, config, members=members))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(jobs))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        scheduler.close()
+    for i, want in enumerate(expected):
+        drafts, rounds = got[i]
+        same_rounds(want, rounds)
+        assert rounds[-1].stop_reason is not None
+        assert rounds[0].members == tuple(jobs[i][2] or names)
+        # every candidate of a round arrived as a Draft first, in that round
+        for r in rounds:
+            assert sorted(d.candidate.text for d in drafts if d.k == r.k) == sorted(
+                c.text for c in r.candidates if c.member in r.active
+            )
+
+
+def test_a_branch_through_the_scheduler_equals_the_branch_alone(tiny_members):
+    config = EnsembleConfig(segment_len=5, max_new_tokens=25)
+    original = solo(tiny_members, [m.name for m in tiny_members], PROMPTS[2], config)
+    start, forced = original[:2], original[2].candidates[-1].text + " typed"
+    want = solo(tiny_members, [m.name for m in tiny_members], PROMPTS[2], config, start=start, forced=forced)
+    scheduler = Scheduler(tiny_members)
+    try:
+        _, rounds = collect(scheduler.submit(PROMPTS[2], config, start=start, forced=forced))
+    finally:
+        scheduler.close()
+    same_rounds(want, rounds)
+
+
+def test_waiting_requests_know_their_place_and_a_full_line_refuses(tiny_members):
+    scheduler = Scheduler(tiny_members, batch_size=1, queue=2)
+    try:
+        first = scheduler.submit(PROMPTS[0], LONG)
+        deadline = time.monotonic() + 30
+        while first.position() != 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        second, third = scheduler.submit(PROMPTS[1], SHORT), scheduler.submit(PROMPTS[2], SHORT)
+        assert (first.position(), second.position(), third.position()) == (0, 1, 2)
+        with pytest.raises(QueueFull, match="2 requests are already waiting"):
+            scheduler.submit(PROMPTS[0], SHORT)
+        second.cancel()  # leaves the line: the one behind moves up
+        assert second.state == "cancelled" and second.position() is None and third.position() == 1
+        assert list(second.events(timeout=5)) == []
+        first.cancel()  # leaves the batch; the next in line joins
+        assert first.wait(30) and first.state == "cancelled"
+        _, rounds = collect(third)
+        assert third.state == "done" and third.position() is None
+        same_rounds(solo(tiny_members, [m.name for m in tiny_members], PROMPTS[2], SHORT), rounds)
+    finally:
+        scheduler.close()
+    with pytest.raises(SchedulerClosed):
+        scheduler.submit(PROMPTS[0], SHORT)
+
+
+def test_a_cancelled_request_leaves_at_once_and_drops_its_states_while_others_go_on(tiny_members):
+    scheduler = Scheduler(tiny_members, batch_size=4)
+    try:
+        stays = scheduler.submit(PROMPTS[0], SHORT)
+        leaves = scheduler.submit(PROMPTS[1], LONG)
+        events = leaves.events(timeout=60)
+        first = next(events)
+        assert isinstance(first, Draft)
+        events.close()  # the consumer goes away: that cancels it
+        assert leaves.wait(30) and leaves.state == "cancelled"
+        assert leaves.run.states == {}  # its caches are gone
+        assert len(leaves.rounds) <= 2  # left within a round, not at the end of its 40
+        _, rounds = collect(stays)
+    finally:
+        scheduler.close()
+    same_rounds(solo(tiny_members, [m.name for m in tiny_members], PROMPTS[0], SHORT), rounds)
+
+
+class Broken(ScriptedMember):
+    """Drafts once, then fails: a member whose server or process went away mid-run."""
+
+    def draft(self, state, max_new_tokens):
+        if state["round"] >= 1:
+            raise RuntimeError("connection reset")
+        return super().draft(state, max_new_tokens)
+
+
+def test_a_failed_member_ends_only_the_requests_that_use_it(tiny_members):
+    broken = Broken("broken", ["one two ", "three "], judge=len)
+    names = [m.name for m in tiny_members]
+    scheduler = Scheduler([*tiny_members, broken], batch_size=4)
+    try:
+        doomed = scheduler.submit(PROMPTS[0], SHORT, members=[names[0], "broken"])
+        fine = scheduler.submit(PROMPTS[1], SHORT, members=names[:2])
+        with pytest.raises(MemberError, match="broken: draft failed: RuntimeError: connection reset"):
+            collect(doomed)
+        assert doomed.state == "failed" and doomed.run.states == {}
+        _, rounds = collect(fine)
+        assert fine.state == "done"
+    finally:
+        scheduler.close()
+    same_rounds(solo(tiny_members, names[:2], PROMPTS[1], SHORT), rounds)
+
+
+def test_bad_requests_are_refused_before_they_queue_or_end_with_the_reason(tiny_members):
+    scheduler = Scheduler(tiny_members)
+    try:
+        with pytest.raises(ConfigError, match="unknown members nope"):
+            scheduler.submit(PROMPTS[0], members=["nope"])
+        with pytest.raises(ConfigError, match="prompt is empty"):
+            scheduler.submit("  ")
+        with pytest.raises(ConfigError, match="twice"):
+            scheduler.submit(PROMPTS[0], members=[tiny_members[0].name] * 2)
+        ticket = scheduler.submit(PROMPTS[0], EnsembleConfig(initial_weights=(1.0, 2.0)))  # 3 members
+        with pytest.raises(ConfigError, match="initial_weights has 2 values for 3 members"):
+            collect(ticket)
+        assert ticket.state == "failed" and scheduler.stats()["running"] == 0
+    finally:
+        scheduler.close()
+
+
+def test_members_loaded_later_join_between_rounds(tiny_members):
+    scheduler = Scheduler(tiny_members[:2], batch_size=4)
+    try:
+        early = scheduler.submit(PROMPTS[0], LONG)
+        next(early.events(timeout=60))  # it is under way
+        with pytest.raises(ConfigError, match="unknown members"):
+            scheduler.submit(PROMPTS[1], SHORT, members=[tiny_members[2].name])
+        scheduler.add_members(tiny_members[2:])
+        late = scheduler.submit(PROMPTS[1], SHORT, members=[tiny_members[2].name, tiny_members[0].name])
+        _, rounds = collect(late)
+        early.cancel()
+    finally:
+        scheduler.close()
+    assert scheduler.names == tuple(m.name for m in tiny_members)
+    same_rounds(solo(tiny_members, [tiny_members[2].name, tiny_members[0].name], PROMPTS[1], SHORT), rounds)
