@@ -18,9 +18,11 @@ import gradio as gr
 
 from specfuse import SpecfuseError
 from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
+from specfuse.serve.scheduler import DEFAULT_BATCH_SIZE
 from specfuse.trace import MAX_TRACE_BYTES
 from studio import DEVICES, SharedLoader, build_demo
 from studio.loading import installed_models, served_members, usable_devices
+from studio.serving import DEFAULT_CONCURRENCY, ApiRoute, Schedulers
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 
@@ -35,11 +37,14 @@ def serve(
     concurrency: int = 1,
     run_history: bool = False,
     prevent_thread_lock: bool = False,
+    api: Any = None,
 ) -> tuple[Any, str, str]:
-    """Queue (bounded) and launch with the Gradio 6 conventions: theme and CSS in launch(), no SSR."""
+    """Queue (bounded) and launch with the Gradio 6 conventions: theme and CSS in launch(), no SSR.
+
+    `api`: an ASGI app (specfuse.serve.api.create_app) answering /v1/… and /health on the same port."""
     css_path = ASSETS / "app.css"
     demo.queue(max_size=max_size, default_concurrency_limit=concurrency)
-    return demo.launch(
+    launched = demo.launch(
         server_name=host,
         server_port=port,
         share=share,
@@ -49,9 +54,14 @@ def serve(
         max_file_size=MAX_TRACE_BYTES,
         theme=gr.themes.Soft(),
         css_paths=[css_path] if css_path.exists() else None,
-        prevent_thread_lock=prevent_thread_lock,
+        prevent_thread_lock=True,
         quiet=prevent_thread_lock,
     )
+    if api is not None:
+        ApiRoute(api).mount(launched[0])
+    if not prevent_thread_lock:
+        demo.block_thread()
+    return launched
 
 
 def space_arguments() -> list[str] | None:
@@ -106,7 +116,30 @@ def main(argv: Sequence[str] | None = None) -> None:
         "GPU, or a CPU with 8 or more cores; docs/gpu.md)",
     )
     parser.add_argument("--queue-size", type=int, default=16, help="requests waiting at most")
-    parser.add_argument("--concurrency", type=int, default=1, help="runs at once (the members are shared)")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=DEFAULT_CONCURRENCY,
+        help="runs at once: --batch-size of them play in one batch, the others see their place in line "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help="runs played together in one rolling batch (default %(default)s; docs/serve.md)",
+    )
+    parser.add_argument(
+        "--api",
+        action="store_true",
+        help="also serve the OpenAI-compatible API at /v1 on the same port, through the same batch "
+        "(loads --models before serving; docs/serve.md)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("SPECFUSE_API_KEY"),
+        help="with --api: require 'Authorization: Bearer KEY' on /v1 (default $SPECFUSE_API_KEY)",
+    )
     parser.add_argument(
         "--eval-dir", type=Path, help="an evaluation run folder to browse its failure cases in the app"
     )
@@ -119,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="offer a served member, ENGINE:URL#NAME[?tokenizer=...] (repeatable; docs/remote.md)",
     )
     args = parser.parse_args(space_arguments() if argv is None and len(sys.argv) == 1 else argv)
+    if min(args.concurrency, args.batch_size, args.queue_size) < 1:
+        parser.exit(2, "error: --concurrency, --batch-size and --queue-size must be at least 1\n")
 
     loader = SharedLoader(
         allow_paths=args.allow_paths,
@@ -138,15 +173,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     name_of = {spec: name for name, spec in served.items()}
     defaults = [name_of.get(m, m) for m in args.models if m in specs or m in named]
     choices = list(dict.fromkeys([*installed, *named, *served]))
-    if args.preload:
+    schedulers = Schedulers(batch_size=args.batch_size)
+    api = None
+    if args.preload or args.api:
         from specfuse.models.loading import load_each, tqdm_progress
 
         try:
-            load_each(
+            members = load_each(
                 args.models, plan_devices(len(args.models), args.device), loader, tqdm_progress("loading")
             )
         except SpecfuseError as e:
             parser.exit(2, f"error: {e}\n")
+        if args.api:  # the API's scheduler is the app's: browser and API users share its batch
+            from specfuse.serve.api import create_app
+
+            api = create_app(schedulers.of(members), api_key=args.api_key)
     demo = build_demo(
         loader,
         choices=choices,
@@ -158,16 +199,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         concurrency_limit=args.concurrency,
         eval_dir=args.eval_dir,
         served=served,
+        schedulers=schedulers,
     )
-    serve(
-        demo,
-        host=args.host,
-        port=args.port,
-        share=args.share,
-        max_size=args.queue_size,
-        concurrency=args.concurrency,
-        run_history=args.run_history,
-    )
+    try:
+        serve(
+            demo,
+            host=args.host,
+            port=args.port,
+            share=args.share,
+            max_size=args.queue_size,
+            concurrency=args.concurrency,
+            run_history=args.run_history,
+            api=api,
+        )
+    finally:
+        schedulers.close()
 
 
 if __name__ == "__main__":

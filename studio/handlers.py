@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, cast
 
@@ -20,7 +19,6 @@ import gradio as gr
 
 from specfuse import (
     ConfigError,
-    Ensemble,
     ModelLoadError,
     Round,
     SpecfuseError,
@@ -36,10 +34,12 @@ from specfuse.trace import MAX_TRACE_BYTES, load_trace
 from . import settings, views
 from .downloads import TraceFiles
 from .panels import Controls, Views
+from .serving import Held, Schedulers, in_worker
 from .untrusted import Servers, error
 
 if TYPE_CHECKING:  # members.py brings torch; the app needs it only once models load
     from specfuse.members.protocol import Member
+    from specfuse.serve.scheduler import Ticket
 
 try:  # On a Hugging Face ZeroGPU Space this grants a GPU per call; elsewhere it changes nothing.
     import spaces
@@ -108,55 +108,6 @@ def check_members(names: Any, choices: Sequence[str], allow_paths: bool) -> list
     return names
 
 
-async def in_worker(stream: Iterator[Update], halt: asyncio.Event | None = None) -> AsyncIterator[Update]:
-    """Iterate a blocking generator in its own thread, so that a cancel (Stop) returns at once.
-
-    Gradio iterates a sync generator in a thread that a cancel cannot interrupt, and its /cancel
-    waits for the step in flight: the page keeps the cancelled run "pending" for up to a round and
-    ignores Run meanwhile (trigger_mode "once"). Here a cancel, or setting `halt`, ends this
-    coroutine at once; the thread finishes the step in flight, then closes the generator (and with
-    it the engine's states).
-    """
-    loop = asyncio.get_running_loop()
-    items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-    stopped = threading.Event()
-    if halt is not None:  # what is already queued is still yielded, then the end
-        watch = asyncio.ensure_future(halt.wait())
-        watch.add_done_callback(lambda _: items.put_nowait(("done", None)))
-
-    def post(kind: str, value: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is gone (the server shut down): no reader
-            loop.call_soon_threadsafe(items.put_nowait, (kind, value))
-
-    def work() -> None:
-        try:
-            for item in stream:
-                if stopped.is_set():
-                    break
-                post("item", item)
-        except BaseException as e:  # handed to the coroutine, which raises it in the event
-            post("error", e)
-        finally:
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()
-            post("done", None)
-
-    threading.Thread(target=work, name="specfuse-run", daemon=True).start()
-    try:
-        while True:
-            kind, value = await items.get()
-            if kind == "done":
-                return
-            if kind == "error":
-                raise value
-            yield value
-    finally:
-        stopped.set()
-        if halt is not None:
-            watch.cancel()
-
-
 STOP_WAIT_S = 5.0  # how long Stop waits for its halted run to end before it answers anyway
 
 
@@ -173,6 +124,7 @@ class LiveRun:
     trace: Trace | None = None
     halt: asyncio.Event = field(default_factory=asyncio.Event)
     ended: asyncio.Event = field(default_factory=asyncio.Event)
+    held: Held = field(default_factory=Held)  # its ticket in the scheduler's batch
 
 
 @dataclass
@@ -187,6 +139,7 @@ class Studio:
     display: Views
     trace: gr.State
     servers: Servers = field(default_factory=Servers)  # served members: name → spec (never shown)
+    schedulers: Schedulers = field(default_factory=Schedulers)  # every run goes through one batch
     live: dict[str, LiveRun] = field(default_factory=dict)  # by session
 
     def error(self, message: object) -> gr.Error:
@@ -228,8 +181,9 @@ class Studio:
             self.live[session] = live
             try:
                 async for update in in_worker(
-                    self.stream_run(members, prompt, form, device, compare, view, progress, session),
+                    self.stream_run(members, prompt, form, device, compare, view, progress, session, live),
                     live.halt,
+                    live.held,
                 ):
                     live.trace = update.get(self.trace, live.trace)
                     yield update
@@ -296,16 +250,21 @@ class Studio:
         view: str,
         progress: Callable[..., Any],
         session: str = "",
+        live: LiveRun | None = None,
     ) -> Iterator[Update]:
-        """Load the members (once, shared), then yield one update per round (and per compared member)."""
+        """Load the members (once, shared), then yield one update per round (and per compared member).
+
+        The run is a ticket in the scheduler's batch, beside every other user's (and API client's);
+        while it waits for a place the status says which."""
         v = self.display
+        held = live.held if live is not None else Held()
         began = time.perf_counter()
         try:
             names = check_members(members, self.choices, self.allow_paths)
             config = settings.config_from_form(form)
             check_prompt(prompt)  # the engine checks it too; this fails before any loading
             loaded = self.load(names, device, progress)
-            ensemble = Ensemble(loaded, config)
+            stream = held.hold(self.schedulers.submit(loaded, prompt, config))
         except SpecfuseError as e:
             raise self.error(e) from e
         loading_s = time.perf_counter() - began
@@ -313,12 +272,15 @@ class Studio:
         rounds: list[Round] = []
         drafts: list[Draft] = []  # the candidates of the round being drafted, as they arrive
         trace = None
-        stream = cast(Generator[Draft | Round, None, None], ensemble.events(prompt))
+        ticket = cast("Ticket", held.ticket)
         try:
             for rnd in stream:
+                if isinstance(rnd, int):  # still waiting for a place in the batch
+                    yield {v.status: views.waiting_status(rnd, self.schedulers.stats()["running"])}
+                    continue
                 if isinstance(rnd, Draft):
                     drafts.append(rnd)
-                    drafting = rounds[-1].next_drafters if rounds else ensemble.names
+                    drafting = rounds[-1].next_drafters if rounds else ticket.members
                     yield {
                         # Round 1's first candidate: Stop now keeps no older run, and none shows.
                         **(self.cleared(None) if not rounds else {}),
@@ -331,7 +293,7 @@ class Studio:
                 drafts = []
                 rounds.append(rnd)
                 waited_s = waited_s or time.perf_counter() - began
-                trace = Trace(prompt, ensemble.names, config, tuple(rounds))
+                trace = Trace(prompt, ticket.members, config, tuple(rounds), id=ticket.id)
                 done = rnd.stop_reason is not None and not compare
                 yield {
                     self.trace: trace,
@@ -344,11 +306,13 @@ class Studio:
                     v.compared: views.compare_html([("ensemble", rnd.text)]) if compare else "",
                     v.plain: views.plain_answer(rounds),
                 }
+            if held.cancelled:  # stopped: no member alone after it
+                return
             if compare and trace is not None:
                 columns = [("ensemble", trace.rounds[-1].text)]
                 for member in loaded:
                     alone = ""
-                    for solo in Ensemble([member], config).stream(prompt):
+                    for solo in self.alone(member, prompt, config, held):
                         alone = solo.text
                         yield {v.compared: views.compare_html([*columns, (f"{member.name} alone", alone)])}
                     columns.append((f"{member.name} alone", alone))
@@ -365,7 +329,21 @@ class Studio:
         except SpecfuseError as e:
             raise self.error(e) from e
         finally:
-            stream.close()  # a cancelled job closes this generator: the engine's states go with it
+            stream.close()  # a cancelled job closes this generator: its ticket leaves the batch
+            held.cancel()
+
+    def alone(self, member: Member, prompt: str, config: Any, held: Held) -> Iterator[Round]:
+        """Compare: the member alone on the prompt, through the same batch as everyone's runs."""
+        try:
+            stream = held.hold(self.schedulers.submit([member], prompt, config))
+        except SpecfuseError as e:
+            raise self.error(e) from e
+        try:
+            for event in stream:
+                if isinstance(event, Round):
+                    yield event
+        finally:
+            stream.close()
 
     def cleared(self, trace: Trace | None) -> Update:
         """Without a trace: every panel an earlier run filled, emptied (the answer under "Nothing to
@@ -423,9 +401,9 @@ class Studio:
             request: Optional[gr.Request] = None,  # noqa: UP045 (Gradio looks for this type)
         ) -> AsyncIterator[Update]:
             """Branch the run shown at round k: force a candidate or a typed segment, then continue."""
-            session = session_of(request)
+            session, held = session_of(request), Held()
             async for update in in_worker(
-                self.stream_branch(trace, k, pick, typed, device, progress, session)
+                self.stream_branch(trace, k, pick, typed, device, progress, session, held), held=held
             ):
                 yield update
 
@@ -441,8 +419,10 @@ class Studio:
         device: str,
         progress: Callable[..., Any],
         session: str = "",
+        held: Held | None = None,
     ) -> Iterator[Update]:
         w = self.display.what_if
+        held = held or Held()
         yield self.clear_branch()  # the previous branch (its view, its download) goes at once
         if trace is None or not trace.rounds:
             raise self.error("Run the ensemble or upload a trace first: a branch starts from a run.")
@@ -468,18 +448,28 @@ class Studio:
                 f"cannot load them: {e} The replay works without them; branching does not."
             ) from e
         rounds = list(start)
-        stream = cast(
-            Generator[Round, None, None],
-            Ensemble(loaded, trace.config).stream(trace.prompt, start=start, forced=forced, origin=origin),
-        )
+        try:  # through the same batch as every run
+            stream = held.hold(
+                self.schedulers.submit(
+                    loaded, trace.prompt, trace.config, start=start, forced=forced, origin=origin
+                )
+            )
+        except SpecfuseError as e:
+            raise self.error(e) from e
         try:
             for new in stream:
+                if isinstance(new, int):
+                    running = self.schedulers.stats()["running"]
+                    yield {w.branch_view: views.waiting_status(new, running, html=True)}
+                if not isinstance(new, Round):
+                    continue
                 rounds.append(new)
                 yield {w.branch_view: views.branch_html(trace.rounds, rounds, k, origin, forced)}
         except SpecfuseError as e:
             raise self.error(e) from e
         finally:
             stream.close()
+            held.cancel()
         branched = Trace(
             trace.prompt,
             trace.members,
@@ -500,6 +490,7 @@ class Studio:
         live = self.live.get(session)
         if live is not None:
             live.halt.set()
+            live.held.cancel()  # its ticket leaves the batch; nobody else's does
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(live.ended.wait(), STOP_WAIT_S)
             trace = live.trace

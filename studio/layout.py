@@ -19,6 +19,7 @@ from .failures import FILTERS, EvalRun, load_eval, problems_table
 from .handlers import DevicePlan, Loader, Studio
 from .loading import DEVICES, same_device
 from .panels import Failures, controls_panel, failures_panel, views_panel
+from .serving import DEFAULT_CONCURRENCY, Schedulers
 from .untrusted import Servers
 
 CACHE_LIFETIME = (3600, 86400)  # Gradio's delete_cache: every hour, files older than a day
@@ -33,12 +34,16 @@ def build_demo(
     device: str = "auto",
     devices: Sequence[str] = DEVICES,
     plan_devices: DevicePlan = same_device,
-    concurrency_limit: int | None = 1,
+    concurrency_limit: int | None = DEFAULT_CONCURRENCY,
     defaults: dict[str, Any] | None = None,
     eval_dir: str | Path | None = None,
     served: dict[str, str] | None = None,
+    schedulers: Schedulers | None = None,
 ) -> gr.Blocks:
     """The whole app. `loader(name, device, progress)` returns a (shared) member; nothing loads here.
+
+    Every run, compare and branch is a request to `schedulers` (default: new ones, batch size 8):
+    users share one rolling batch, `concurrency_limit` runs at once (more wait in the page's queue).
 
     `served` maps the operator's name of each served member to its spec: the page offers the name
     and the loader gets the spec, so no browser user sees a server's URL or options.
@@ -63,7 +68,17 @@ def build_demo(
                 controls = controls_panel(choices, default_models, allow_paths, devices, device, config)
             with gr.Column(scale=3, min_width=600):
                 shown = views_panel()
-        studio = Studio(loader, choices, allow_paths, plan_devices, controls, shown, trace, Servers(served))
+        studio = Studio(
+            loader,
+            choices,
+            allow_paths,
+            plan_devices,
+            controls,
+            shown,
+            trace,
+            Servers(served),
+            schedulers or Schedulers(config),
+        )
         if study is not None and panel is not None:
             wire_failures(studio, study, panel)
 

@@ -113,6 +113,12 @@ def _loaded(loading_s: float | None) -> bool:
     return loading_s is not None and loading_s >= 0.005
 
 
+def waiting_status(place: int, running: int, html: bool = False) -> str:
+    """While a run waits for a place in the batch (the scheduler's line): its place, and why."""
+    text = f"place {place} in line ({running} runs under way); yours starts as soon as one ends."
+    return f"<p>Waiting: {text}</p>" if html else f"**Waiting**: {text}"
+
+
 def arriving_status(
     drafts: Sequence[Draft], expected: Sequence[str], waited_s: float, loading_s: float | None = None
 ) -> str:

@@ -1,0 +1,218 @@
+"""The app's runs through the batching scheduler (specfuse.serve): every browser user's run, compare
+and branch is a Ticket in one rolling batch; and the OpenAI-compatible API mounted beside the page.
+
+Knows nothing about panels: handlers.py turns a ticket's events into updates. No torch at import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from starlette.datastructures import URLPath
+from starlette.routing import BaseRoute, Match, NoMatchFound, get_route_path
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from specfuse import EnsembleConfig
+from specfuse.records import Draft, Round
+from specfuse.serve.scheduler import DEFAULT_BATCH_SIZE, DEFAULT_QUEUE, Scheduler, Ticket
+
+if TYPE_CHECKING:
+    from specfuse.members.protocol import Member
+
+# Runs at once in the app (Gradio's concurrency limit on Run and Branch): a batch's worth play, the
+# others wait in the scheduler's line and see their place in it; more than that wait in the page's queue.
+DEFAULT_CONCURRENCY = 2 * DEFAULT_BATCH_SIZE
+WAIT_POLL_S = 0.5  # how often a run waiting in line looks at its place
+
+
+class Schedulers:
+    """The app's schedulers. Members are shared across sessions (studio.loading), and one scheduler
+    batches the runs of every member it holds; a scheduler's members have distinct names, so the same
+    model loaded on two devices goes to a second scheduler (rare: per-gpu plans). Usually one.
+    """
+
+    def __init__(
+        self,
+        config: EnsembleConfig | None = None,
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        queue: int = DEFAULT_QUEUE,
+    ) -> None:
+        self.config = config or EnsembleConfig()  # the operator's: `parallel` is read from it
+        self.batch_size = batch_size
+        self.queue = queue
+        self.all: list[Scheduler] = []
+        self._lock = threading.Lock()
+
+    def adopt(self, scheduler: Scheduler) -> None:
+        """A scheduler made elsewhere (the mounted API's): the app's runs of its members go there."""
+        with self._lock:
+            self.all.insert(0, scheduler)
+
+    def of(self, members: Sequence[Member]) -> Scheduler:
+        """The scheduler for these members: the first whose members of the same names are these very
+        ones (it takes on those it lacks, between rounds), else a new one."""
+        with self._lock:
+            for scheduler in self.all:
+                held = dict(zip(scheduler.names, scheduler.ensemble.members))
+                if all(held.get(m.name, m) is m for m in members):
+                    new = [m for m in members if m.name not in held]
+                    if new:
+                        scheduler.add_members(new)
+                    return scheduler
+            scheduler = Scheduler(members, self.config, batch_size=self.batch_size, queue=self.queue)
+            self.all.append(scheduler)
+            return scheduler
+
+    def submit(
+        self, members: Sequence[Member], prompt: str, config: EnsembleConfig, **branch: Any
+    ) -> tuple[Ticket, Scheduler]:
+        """A run of `members` (in this order) in their scheduler's batch, and that scheduler. Raises
+        ConfigError, QueueFull or SchedulerClosed at once; the run's own errors come from its events()."""
+        scheduler = self.of(members)
+        return scheduler.submit(prompt, config, members=[m.name for m in members], **branch), scheduler
+
+    def stats(self) -> dict[str, int]:
+        """Runs under way and waiting, over every scheduler."""
+        with self._lock:
+            every = [s.stats() for s in self.all]
+        return {"running": sum(s["running"] for s in every), "waiting": sum(s["waiting"] for s in every)}
+
+    def close(self) -> None:
+        with self._lock:
+            every, self.all = self.all, []
+        for scheduler in every:
+            scheduler.close()
+
+
+class Held:
+    """The ticket a handler is following now, so that Stop, a closed page or the handler's end cancels
+    it from any thread; cancel() before hold() cancels the ticket the moment it is held."""
+
+    def __init__(self) -> None:
+        self.ticket: Ticket | None = None
+        self.cancelled = False
+
+    def hold(self, submitted: tuple[Ticket, Scheduler]) -> Generator[int | Draft | Round, None, None]:
+        """Hold a submitted ticket and follow it: its place in line while it waits (an int, when it
+        changes), then its events (Draft, Round). Closing the stream cancels the ticket."""
+        ticket, scheduler = submitted
+        self.ticket = ticket
+        if self.cancelled:
+            ticket.cancel()
+        return follow(ticket, scheduler)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.ticket is not None:
+            self.ticket.cancel()
+
+
+def follow(ticket: Ticket, scheduler: Scheduler) -> Generator[int | Draft | Round, None, None]:
+    """The ticket's place in line while it waits, then its events; closing it cancels the ticket."""
+    try:
+        yield from places(ticket, scheduler)
+        yield from ticket.events()
+    finally:
+        ticket.cancel()  # a no-op once it has ended
+
+
+def places(ticket: Ticket, scheduler: Scheduler, every: float = WAIT_POLL_S) -> Iterator[int]:
+    """The ticket's place in line each time it changes (1: next to join), until it runs or ends. Only
+    while the batch is full or others are ahead: a newcomer with room joins at the next round."""
+    last = None
+    while place := ticket.position():
+        stats = scheduler.stats()
+        if place != last and (place > 1 or stats["running"] >= stats["batch_size"]):
+            yield place
+            last = place
+        ticket.wait(every)
+
+
+T = TypeVar("T")
+
+
+async def in_worker(
+    stream: Iterator[T], halt: asyncio.Event | None = None, held: Held | None = None
+) -> AsyncIterator[T]:
+    """Iterate a blocking generator in its own thread, so that a cancel (Stop) returns at once.
+
+    Gradio iterates a sync generator in a thread that a cancel cannot interrupt, and its /cancel
+    waits for the step in flight: the page keeps the cancelled run "pending" for up to a round and
+    ignores Run meanwhile (trigger_mode "once"). Here a cancel, or setting `halt`, ends this
+    coroutine at once; the thread finishes the step in flight, then closes the generator (and with
+    it the engine's states). `held`: the ticket the generator follows, cancelled when this ends, so
+    that its place in the batch goes at once (not at the ticket's next event).
+    """
+    loop = asyncio.get_running_loop()
+    items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    stopped = threading.Event()
+    if halt is not None:  # what is already queued is still yielded, then the end
+        watch = asyncio.ensure_future(halt.wait())
+        watch.add_done_callback(lambda _: items.put_nowait(("done", None)))
+
+    def post(kind: str, value: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone (the server shut down): no reader
+            loop.call_soon_threadsafe(items.put_nowait, (kind, value))
+
+    def work() -> None:
+        try:
+            for item in stream:
+                if stopped.is_set():
+                    break
+                post("item", item)
+        except BaseException as e:  # handed to the coroutine, which raises it in the event
+            post("error", e)
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+            post("done", None)
+
+    threading.Thread(target=work, name="specfuse-run", daemon=True).start()
+    try:
+        while True:
+            kind, value = await items.get()
+            if kind == "done":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        stopped.set()
+        if halt is not None:
+            watch.cancel()
+        if held is not None:
+            held.cancel()
+
+
+# ---- the API beside the page -----------------------------------------------------------------------
+
+
+class ApiRoute(BaseRoute):
+    """A route of the page's own server that hands /v1/… and /health, untouched, to the API app
+    (specfuse.serve.api.create_app): one process, one port, one scheduler for browser and API users.
+    mount() puts it first in the page's router, after launch (Gradio builds its server app there)."""
+
+    def __init__(self, api: ASGIApp) -> None:
+        self.api = api
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if scope["type"] == "http":
+            path = get_route_path(scope)
+            if path == "/health" or path == "/v1" or path.startswith("/v1/"):
+                return Match.FULL, {}
+        return Match.NONE, {}
+
+    def url_path_for(self, name: str, /, **path_params: Any) -> URLPath:
+        raise NoMatchFound(name, path_params)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.api(scope, receive, send)
+
+    def mount(self, server_app: Any) -> None:
+        server_app.router.routes.insert(0, self)
