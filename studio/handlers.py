@@ -141,6 +141,7 @@ class Studio:
     servers: Servers = field(default_factory=Servers)  # served members: name → spec (never shown)
     schedulers: Schedulers = field(default_factory=Schedulers)  # every run goes through one batch
     live: dict[str, LiveRun] = field(default_factory=dict)  # by session
+    branching: dict[str, Held] = field(default_factory=dict)  # each session's branch under way
 
     def error(self, message: object) -> gr.Error:
         """A message for the page: escaped, and with every served member's URL replaced by its name."""
@@ -402,10 +403,15 @@ class Studio:
         ) -> AsyncIterator[Update]:
             """Branch the run shown at round k: force a candidate or a typed segment, then continue."""
             session, held = session_of(request), Held()
-            async for update in in_worker(
-                self.stream_branch(trace, k, pick, typed, device, progress, session, held), held=held
-            ):
-                yield update
+            self.branching[session] = held
+            try:
+                async for update in in_worker(
+                    self.stream_branch(trace, k, pick, typed, device, progress, session, held), held=held
+                ):
+                    yield update
+            finally:
+                if self.branching.get(session) is held:
+                    del self.branching[session]
 
         return branch
 
@@ -495,6 +501,17 @@ class Studio:
                 await asyncio.wait_for(live.ended.wait(), STOP_WAIT_S)
             trace = live.trace
         return self.stopped(trace, session)
+
+    async def unload(self, request: gr.Request) -> None:
+        """The page was closed: its run and branch leave the batch now. (Gradio stops reading a closed
+        page's run but never closes it: it would play on to its budget, holding a place.)"""
+        session = session_of(request)
+        live, held = self.live.pop(session, None), self.branching.pop(session, None)
+        if live is not None:
+            live.halt.set()
+            live.held.cancel()
+        if held is not None:
+            held.cancel()
 
     def stopped(self, trace: Trace | None, session: str = "") -> Update:
         """The status and the trace download of a run the user stopped."""

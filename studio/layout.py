@@ -161,6 +161,7 @@ def build_demo(
             concurrency_limit=concurrency_limit,
             concurrency_id="run",
         )
+        demo.unload(studio.unload)  # a closed page's run leaves the batch
     return demo
 
 
