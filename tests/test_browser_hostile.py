@@ -143,7 +143,9 @@ def test_crafted_traces_put_no_element_link_or_request_in_the_page(page, beacon,
 
 
 def type_into(page, selector: str, text_js: str) -> None:
-    """Put text into a textbox as a browser's input would, lone surrogates and all."""
+    """Put text into a textbox as a browser's input would, lone surrogates and all (once the box is
+    on the page: a panel opened by the click before may still be rendering it)."""
+    page.wait_for_selector(selector, state="visible")
     page.evaluate(
         f"(() => {{ const t = document.querySelector('{selector}'); t.value = {text_js};"
         " t.dispatchEvent(new Event('input', {bubbles: true})); })()"
