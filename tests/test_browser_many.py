@@ -1,0 +1,233 @@
+"""Many people at once, in chromium (issue 20, item 4): three pages streaming their own answers at
+the same time through the app's one batch, and a bounded soak of API clients (on the same port, the
+API mounted beside the page) and a browser user, with Stops, closed pages, cancels, disconnects and
+bad requests mixed in: no error for the good requests, each answer equal to its solo run, nothing
+left in the batch, resident memory within 10 %."""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+import app
+from specfuse import Ensemble, EnsembleConfig
+from specfuse.serve.api import create_app
+from studio.serving import Schedulers
+
+from .conftest import tiny_member
+from .scripted import ScriptedMember
+from .test_browser import TIMEOUT_MS, TINY, free_port, use_members
+from .test_browser import browser as browser  # noqa: F401  (the module's chromium, a fixture)
+from .test_serve_clients import rss_bytes
+
+pytestmark = pytest.mark.browser
+
+CONFIG = EnsembleConfig(segment_len=4, max_new_tokens=80)  # the page's defaults here
+PROMPTS = ["The cat sat", "Numbers: 1, 2,", "Hello there"]
+SEEN = """(() => { window.seen = []; const s = document.querySelector('#status');
+  new MutationObserver(() => window.seen.push(s.innerText)).observe(s, {subtree: true,
+  childList: true, characterData: true}); })()"""
+FINISHED = (  # the run started after start(): its rounds came, and it ran to its end
+    "(() => { const s = document.querySelector('#status').innerText;"
+    " return window.seen.some(t => t.startsWith('Round ')) && s.includes('stopped:')"
+    " && !s.includes('user'); })()"
+)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    members = {name: tiny_member(name) for name in TINY}
+    members["loop-a"] = ScriptedMember("loop-a", ["a "] * 2000, len, draft_delay=0.05)
+    members["loop-b"] = ScriptedMember("loop-b", ["b "] * 2000, len, draft_delay=0.05)
+    schedulers = Schedulers(batch_size=4)
+    cache = tmp_path_factory.mktemp("gradio")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GRADIO_TEMP_DIR", str(cache))
+        demo = app.build_demo(
+            lambda name, device, progress: members[name],
+            choices=list(members),
+            default_models=TINY,
+            defaults={"segment_len": CONFIG.segment_len, "max_new_tokens": CONFIG.max_new_tokens},
+            concurrency_limit=8,
+            schedulers=schedulers,
+        )
+        scheduler = schedulers.of([members[n] for n in TINY])
+        api = create_app(scheduler)
+        _, address, _ = app.serve(demo, port=free_port(), concurrency=8, prevent_thread_lock=True, api=api)
+    try:
+        yield address.rstrip("/"), members, scheduler, cache
+    finally:
+        demo.close()
+        schedulers.close()
+
+
+def new_page(browser, served, monkeypatch):  # noqa: F811
+    address, _, _, cache = served
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(address)
+    page.wait_for_selector("#prompt textarea")
+    page.evaluate(SEEN)  # every status the page shows, transient ones included
+    return page
+
+
+def start(page, prompt: str) -> None:
+    page.fill("#prompt textarea", prompt)
+    page.evaluate("window.seen = []")
+    page.click("#run")
+
+
+def wait_round(page, k: int) -> None:
+    page.wait_for_function(f"window.seen.some(t => t.startsWith('Round {k} ') && !t.includes('stopped'))")
+
+
+def solo(members, prompt: str, names=TINY, config=CONFIG) -> str:
+    return Ensemble([members[n] for n in names], config).run(prompt).answer
+
+
+def plain_answer(page) -> str:
+    if not page.locator("#plain textarea").is_visible():
+        page.locator("#plain-box button").first.click()
+    return page.locator("#plain textarea").input_value()
+
+
+def wait_idle(scheduler, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while sum(scheduler.stats()[k] for k in ("running", "waiting")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert scheduler.stats()["running"] == scheduler.stats()["waiting"] == 0, scheduler.stats()
+
+
+def test_three_pages_stream_their_own_answers_at_once(browser, served, monkeypatch):  # noqa: F811
+    _, members, scheduler, _ = served
+    pages = [new_page(browser, served, monkeypatch) for _ in PROMPTS]
+    most = [0]
+    watching = threading.Event()
+
+    def watch() -> None:  # the server's side: how many runs were in the batch at once
+        while not watching.is_set():
+            most[0] = max(most[0], scheduler.stats()["running"])
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        for page, prompt in zip(pages, PROMPTS):
+            start(page, prompt)
+        for page in pages:
+            page.wait_for_function(FINISHED)
+    finally:
+        watching.set()
+        watcher.join(5)
+    answers = [plain_answer(page) for page in pages]
+    assert answers == [solo(members, p) for p in PROMPTS]  # each its own run, exactly
+    assert len(set(answers)) == 3
+    for page in pages:  # streamed round by round, not handed over whole
+        rounds = {s.split(" ·")[0] for s in page.evaluate("window.seen") if s.startswith("Round ")}
+        assert len(rounds) >= 2, rounds
+    assert most[0] == 3  # the three runs played in one batch, at the same time
+    for page in pages:
+        page.context.close()
+    wait_idle(scheduler)
+
+
+def test_a_soak_of_api_clients_and_a_browser_user(browser, served, monkeypatch):  # noqa: F811
+    address, members, scheduler, _ = served
+    config = EnsembleConfig(segment_len=4, max_new_tokens=16)
+    good = [(p, solo(members, p, config=config)) for p in PROMPTS]
+    host, port = address.removeprefix("http://").split(":")
+    failures: list[str] = []
+    kinds: dict[str, int] = {}
+
+    def api_client(seed: int, requests: int) -> None:
+        rng = random.Random(seed)
+        client = openai.OpenAI(base_url=address + "/v1", api_key="EMPTY", max_retries=0, timeout=120)
+        extra = {"specfuse": {"segment_len": 4, "members": TINY}}
+        for _ in range(requests):
+            kind = rng.choice(["good", "good", "cancel", "disconnect", "bad"])
+            kinds[kind] = kinds.get(kind, 0) + 1
+            try:
+                if kind == "good":
+                    prompt, expected = rng.choice(good)
+                    reply = client.chat.completions.create(
+                        model="specfuse",
+                        messages=[{"role": "user", "content": prompt}],
+                        max_tokens=16,
+                        extra_body=extra,
+                    )
+                    if reply.choices[0].message.content != expected:
+                        failures.append(f"api {prompt!r}: {reply.choices[0].message.content!r}")
+                elif kind == "cancel":  # one chunk of a long stream, then hang up
+                    body = {"model": "specfuse", "prompt": PROMPTS[0], "stream": True, "max_tokens": 200}
+                    with httpx.stream("POST", address + "/v1/completions", json=body, timeout=60) as r:
+                        next(r.iter_lines())
+                elif kind == "disconnect":  # a whole request, then the socket closes
+                    body = json.dumps({"model": "specfuse", "prompt": PROMPTS[1], "max_tokens": 200}).encode()
+                    with socket.create_connection((host, int(port))) as sock:
+                        sock.sendall(
+                            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                            + body
+                        )
+                        time.sleep(rng.uniform(0.0, 0.3))
+                else:
+                    body = {"model": "specfuse", "messages": [{"role": "wizard", "content": "hi"}]}
+                    status = httpx.post(address + "/v1/chat/completions", json=body, timeout=30).status_code
+                    if status != 400:
+                        failures.append(f"bad request answered {status}")
+            except Exception as e:  # an error on any request but the bad ones fails the soak
+                failures.append(f"api {seed} {kind}: {type(e).__name__}: {e}")
+
+    def browser_user(seed: int) -> None:  # Playwright's sync API: in this thread only
+        page = new_page(browser, served, monkeypatch)
+        page.click("#settings")
+        number = page.locator("#setting-max_new_tokens input[type=number]")
+        number.fill("16")
+        number.blur()
+        for i, (prompt, expected) in enumerate(good):
+            start(page, prompt)
+            page.wait_for_function(FINISHED)
+            if plain_answer(page) != expected:
+                failures.append(f"browser {prompt!r}: {plain_answer(page)!r}")
+            if i == 0:  # a bad request: an error on the page, and the next run works
+                start(page, "   ")
+                page.wait_for_selector(".toast-body", state="attached")
+        number.fill("1024")  # and endless runs: only a Stop or a closed page ends them
+        number.blur()
+        use_members(page, "loop-a", "loop-b")
+        start(page, "go")
+        wait_round(page, 2)
+        page.click("#stop")
+        page.wait_for_function("document.querySelector('#status').innerText.includes('stopped by the user')")
+        start(page, "go")
+        wait_round(page, 2)
+        page.context.close()  # gone mid-run: its run leaves the batch
+
+    def wave(seed: int) -> None:
+        threads = [threading.Thread(target=api_client, args=(seed + c, 6)) for c in range(3)]
+        for t in threads:
+            t.start()
+        browser_user(seed)
+        for t in threads:
+            t.join(150)
+        wait_idle(scheduler)
+
+    wave(100)  # warm-up: allocators and caches reach their working size
+    before = rss_bytes()
+    wave(200)
+    wave(300)
+    after = rss_bytes()
+    assert not failures, failures
+    assert len(kinds) == 4, kinds
+    assert after <= 1.10 * before, (
+        f"resident memory grew from {before / 2**20:.0f} to {after / 2**20:.0f} MiB"
+    )
