@@ -25,21 +25,15 @@ from typing import Any
 
 from ..config import EnsembleConfig
 from ..errors import SpecfuseError
+from ..eval.problems import OPEN_PROMPTS
 from .core import parse_models
 from .measure import cpu_model, write_report
 
 log = logging.getLogger(__name__)
 
-# The app's example prompts (studio/panels.py EXAMPLES), fixed here so that the figures do not move
-# when the app's examples do.
-PROMPTS = (
-    "Explain in two sentences why the sky is blue.",
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "用一句话介绍长城。",
-    "Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins "
-    "for her friends every day with four. She sells the remainder at the farmers' market daily for $2 "
-    "per fresh duck egg. How much in dollars does she make every day at the farmers' market?",
-)
+# The app's example prompts (studio/panels.py EXAMPLES): the evaluation's first four open-ended
+# prompts, a fixed list, so that the figures do not move when the app's examples do.
+PROMPTS = OPEN_PROMPTS[:4]
 LEVELS = (1, 4, 8, 16)
 TARGETS = {"aggregate_speedup_at_8": 3.0, "p95_first_segment_ratio_at_8": 3.0}  # ≥ 3, ≤ 3
 
