@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -73,6 +75,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def launched(cache: Path, loader, members, **build) -> Iterator[str]:
+    """The app on a free loopback port, its Gradio cache in `cache` (files outside it are not served),
+    closed afterwards; `build` goes to app.build_demo. The address."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GRADIO_TEMP_DIR", str(cache))
+        demo = app.build_demo(loader, choices=list(members), **build)
+        _, address, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
+    try:
+        yield address
+    finally:
+        demo.close()
+
+
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
     members = {name: tiny_member(name) for name in TINY}
@@ -93,19 +109,9 @@ def url(tmp_path_factory):
 
     # One server for the module, so one Gradio cache folder: files outside it are not served.
     cache = tmp_path_factory.mktemp("gradio")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("GRADIO_TEMP_DIR", str(cache))
-        demo = app.build_demo(
-            loader,
-            choices=list(members),
-            default_models=TINY[:2],
-            defaults={"segment_len": 4, "max_new_tokens": 24},
-        )
-        _, address, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
-    try:
+    build = {"default_models": TINY[:2], "defaults": {"segment_len": 4, "max_new_tokens": 24}}
+    with launched(cache, loader, members, **build) as address:
         yield address, cache
-    finally:
-        demo.close()
 
 
 @pytest.fixture(scope="module")

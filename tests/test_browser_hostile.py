@@ -14,7 +14,7 @@ import app
 
 from .conftest import tiny_member
 from .scripted import ScriptedMember
-from .test_browser import TIMEOUT_MS, TINY, free_port, scripted_trace, upload, use_members
+from .test_browser import TIMEOUT_MS, TINY, free_port, launched, scripted_trace, upload, use_members
 from .test_browser import browser as browser  # noqa: F401  (the module's chromium, a fixture)
 
 pytestmark = pytest.mark.browser
@@ -52,19 +52,9 @@ def address(tmp_path_factory):
     members["quick"] = ScriptedMember("quick", [" quick fox"] * 50, len)
     members["slow-draft"] = ScriptedMember("slow-draft", [" slow tortoise"] * 50, len, draft_delay=2.0)
     cache = tmp_path_factory.mktemp("gradio")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("GRADIO_TEMP_DIR", str(cache))
-        demo = app.build_demo(
-            lambda name, device, progress: members[name],
-            choices=list(members),
-            default_models=TINY[:2],
-            defaults={"segment_len": 4, "max_new_tokens": 24},
-        )
-        _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
-    try:
+    build = {"default_models": TINY[:2], "defaults": {"segment_len": 4, "max_new_tokens": 24}}
+    with launched(cache, lambda name, device, progress: members[name], members, **build) as url:
         yield url, cache
-    finally:
-        demo.close()
 
 
 @pytest.fixture

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-import app
-
 from .conftest import tiny_member
 from .scripted import ScriptedMember
-from .test_browser import TIMEOUT_MS, TINY, SlowMember, free_port, scripted_trace, upload
+from .test_browser import TIMEOUT_MS, TINY, SlowMember, launched, scripted_trace, upload
 from .test_browser import browser as browser  # noqa: F401  (the module's chromium, a fixture)
 
 pytestmark = pytest.mark.browser
@@ -24,19 +22,9 @@ def address(tmp_path_factory):
     members["slow-a"] = SlowMember("slow-a", ["a "] * 500, len)
     members["slow-b"] = SlowMember("slow-b", ["b "] * 500, len)
     cache = tmp_path_factory.mktemp("gradio")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("GRADIO_TEMP_DIR", str(cache))
-        demo = app.build_demo(
-            lambda name, device, progress: members[name],
-            choices=list(members),
-            default_models=[TINY[0], long],
-            defaults={"segment_len": 4, "max_new_tokens": 24},
-        )
-        _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
-    try:
+    build = {"default_models": [TINY[0], long], "defaults": {"segment_len": 4, "max_new_tokens": 24}}
+    with launched(cache, lambda name, device, progress: members[name], members, **build) as url:
         yield url, cache
-    finally:
-        demo.close()
 
 
 @pytest.fixture
