@@ -12,19 +12,12 @@ from dataclasses import dataclass
 import gradio as gr
 
 from specfuse import EnsembleConfig, report
+from specfuse.eval.problems import OPEN_PROMPTS
 
 from . import failures, settings, untrusted, views
 
-EXAMPLES = [
-    ["Explain in two sentences why the sky is blue."],
-    ["Write a Python function that returns the n-th Fibonacci number."],
-    ["用一句话介绍长城。"],
-    [
-        "Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins "
-        "for her friends every day with four. She sells the remainder at the farmers' market daily for $2 "
-        "per fresh duck egg. How much in dollars does she make every day at the farmers' market?"
-    ],
-]
+# The evaluation's first four open-ended prompts (the serve benchmark sends the same four).
+EXAMPLES = [[prompt] for prompt in OPEN_PROMPTS[:4]]
 
 
 @dataclass
