@@ -18,6 +18,7 @@ import gradio as gr
 
 from specfuse import SpecfuseError
 from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
+from specfuse.models.trust import load_trust
 from specfuse.serve.scheduler import DEFAULT_BATCH_SIZE
 from specfuse.trace import MAX_TRACE_BYTES
 from studio import DEVICES, SharedLoader, build_demo
@@ -109,6 +110,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     parser.add_argument("--preload", action="store_true", help="load the default members before serving")
     parser.add_argument(
+        "--trust",
+        default=None,
+        metavar="FILE",
+        help="starting trust from evidence: a file written by `python -m specfuse.eval trust` "
+        "(default: the catalogue's; docs/evaluation.md)",
+    )
+    parser.add_argument(
         "--processes",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -155,11 +163,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     if min(args.concurrency, args.batch_size, args.queue_size) < 1:
         parser.exit(2, "error: --concurrency, --batch-size and --queue-size must be at least 1\n")
 
+    try:
+        trust = load_trust(args.trust) if args.trust is not None else None
+    except SpecfuseError as e:
+        parser.exit(2, f"error: {e}\n")
     loader = SharedLoader(
         allow_paths=args.allow_paths,
         trusted=[*args.models, *args.server],
         dtype=args.dtype,
         processes="auto" if args.processes is None else args.processes,
+        trust=trust,
     )
     # Offer only what can work here: installed catalogue models (plus what the operator named) and
     # the GPU device settings only where a GPU is visible. Served members by their names only.

@@ -59,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="converted-model cache (default $SPECFUSE_CACHE or ~/.cache/specfuse)",
     )
     add("--trust-remote-code", action="store_true", help="allow model code from checkpoints (off by default)")
+    add(
+        "--trust",
+        default=None,
+        metavar="FILE",
+        help="starting trust from evidence: a file written by `python -m specfuse.eval trust` "
+        "(default: the catalogue's; docs/evaluation.md)",
+    )
     add("--trace", default=None, metavar="PATH", help="write the run as a JSON trace")
     add("--quiet", action="store_true", help="no progress on stderr")
     add("--list-models", action="store_true", help="list the catalogue and exit")
@@ -331,6 +338,7 @@ def _load(names: Sequence[str], args: argparse.Namespace, err: TextIO) -> list[M
     from transformers.utils import logging as hf_logging
 
     from .models.loading import load_members
+    from .models.trust import apply_trust, load_trust
 
     hf_logging.disable_progress_bar()  # one bar of ours, not one per model and per step
     with _progress_bar(err, args.quiet) as progress:
@@ -345,6 +353,8 @@ def _load(names: Sequence[str], args: argparse.Namespace, err: TextIO) -> list[M
             progress=progress,
             processes="auto" if args.processes is None else args.processes,
         )
+        if args.trust is not None:
+            apply_trust(members, load_trust(args.trust))
         progress(1.0, "loaded")
     return members
 

@@ -20,6 +20,7 @@ AGGREGATIONS = ("mean", "median", "filtered")  # feedback.aggregate
 PRIORS = ("trust", "uniform", "prompt")
 SCORE_MODES = ("logit", "logprob")
 PARALLEL_MODES = ("auto", "on", "off")
+VERIFY_MODES = ("always", "disagree")  # engine: _Run.take_candidates
 MAX_SEGMENT_LEN = 256
 
 
@@ -97,8 +98,9 @@ class EnsembleConfig:
     )
     prior: str = setting(
         "trust",
-        "starting weights: each member's trust from evidence (the catalogue's; uniform when any member "
-        "has none), uniform 1/N (the paper), or from each member's surprise at the prompt",
+        "starting weights: each member's trust from evidence (a trust file, by default the catalogue's; "
+        "a member without any gets the mean of the others'), uniform 1/N (the paper), or from each "
+        "member's surprise at the prompt",
         choices=PRIORS,
         group="feedback",
     )
@@ -130,6 +132,13 @@ class EnsembleConfig:
     )
     echo_guard: bool = setting(
         True, "a candidate that leaves the answer a mere copy of the prompt cannot win", group="scoring"
+    )
+    verify: str = setting(
+        "always",
+        "when the members score the candidates: every round (the paper), or only where the drafts "
+        "disagree (all the same text, or one a prefix of all the others, is taken unscored)",
+        choices=VERIFY_MODES,
+        group="scoring",
     )
     stop_strings: tuple[str, ...] = setting((), "end the answer before any of these strings")
     parallel: str = setting(

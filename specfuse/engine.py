@@ -32,7 +32,7 @@ from .limits import check_request
 from .members.protocol import Member, Verdict
 from .members.workers import MemberCalls, run_concurrently
 from .records import Candidate, Draft, ExitEvent, MemberTiming, Result, Round, TokenScores, summarize
-from .segments import cut_at_stop, echoes_prompt, repeated_fraction
+from .segments import agreement, cut_at_stop, echoes_prompt, repeated_fraction
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +283,7 @@ class _Play:
     budget: int  # tokens each drafter may add this round
     candidates: tuple[Candidate, ...] = ()
     scorable: bool = False  # some candidate has text (or ends the answer)
+    agreed: int | None = None  # verify="disagree": the candidate all drafts agree with, taken unscored
     raw: list[list[float]] = field(default_factory=list)  # [verifiers][candidates]: z_ij
     details: tuple[tuple[TokenScores, ...], ...] = ()
     draft_s: dict[str, float] = field(default_factory=dict)
@@ -375,6 +376,10 @@ class _Run:
             candidates.append(Candidate(self.origin, self.forced, _count_tokens(self.forced), False, 0.0))
         play.candidates = tuple(candidates)
         play.scorable = any(c.text or c.final for c in play.candidates)
+        if self.config.verify == "disagree" and self.forced is None:
+            play.agreed = agreement([(c.text, c.final) for c in play.candidates])
+            if play.agreed is not None:
+                play.verifiers = []  # nothing to decide: no verify pass
 
     def take_scores(self, verdicts: dict[tuple[str, int], tuple[Verdict, float]]) -> None:
         play = self.play
@@ -392,6 +397,10 @@ class _Run:
         """3. Choose: normalize each verifier's row, aggregate with the weights learned so far, pick."""
         cfg, play = self.config, self.play
         candidates = play.candidates
+        if play.agreed is not None:
+            play.y, play.eligible = [0.0] * len(candidates), [True] * len(candidates)
+            play.chosen, play.margin = play.agreed, 0.0
+            return
         play.scores = feedback.normalize(play.raw, cfg.normalization)
         y = feedback.aggregate(
             play.scores,
@@ -431,7 +440,7 @@ class _Run:
         drafted = len(play.drafting)  # a typed candidate (last) earns no reward
         play.rewards = [0.0] * len(play.candidates)
         play.after = self.weights
-        if not cfg.feedback:
+        if not cfg.feedback or play.agreed is not None:  # an unscored round carries no evidence
             return
         drafted_scores = [row[:drafted] for row in play.scores]
         judges = self._voting() if cfg.weighted_rewards else None
@@ -536,6 +545,7 @@ class _Run:
             stop_reason=play.stop_reason,
             eligible=tuple(play.eligible),
             token_scores=play.details,
+            verified=play.agreed is None,
         )
         self.forced = None  # only the branch round is forced
         self.weights = play.after

@@ -226,12 +226,16 @@ def uniform(n: int) -> list[float]:
 
 
 def trust_weights(trust: Sequence[float | None]) -> list[float]:
-    """Starting weights from the members' trust (relative say, from evidence), normalized; uniform
-    when any member has none or they sum to nothing."""
-    if not trust or any(t is None or not math.isfinite(t) or t < 0 for t in trust):
+    """Starting weights from the members' trust (relative say, from evidence), normalized. A member
+    without trust (None, or not a finite number ≥ 0) gets the mean of the others' (models/trust.py:
+    neither favoured nor held back); uniform when none has any or they sum to nothing."""
+    known = [float(t) for t in trust if t is not None and math.isfinite(t) and t >= 0]
+    if not known:
         return uniform(len(trust))
-    total = sum(t for t in trust if t is not None)
-    return [float(t) / total for t in trust if t is not None] if total > 0 else uniform(len(trust))
+    mean = sum(known) / len(known)
+    filled = [float(t) if t is not None and math.isfinite(t) and t >= 0 else mean for t in trust]
+    total = sum(filled)
+    return [t / total for t in filled] if total > 0 else uniform(len(trust))
 
 
 def prior_weights(surprise: Sequence[float | None], temperature: float) -> list[float]:

@@ -105,3 +105,21 @@ def repeated_fraction(answer: str, text: str, n: int = 3) -> float:
         repeats += gram in seen
         seen.add(gram)
     return repeats / len(grams)
+
+
+def agreement(candidates: Sequence[tuple[str, bool]]) -> int | None:
+    """The candidate every drafter agrees with, as (text, ends the answer) pairs: the shortest text
+    when it is not blank and every other text begins with it (all the same text is the plain case).
+    None when they disagree, including on whether the answer ends here: a shortest text that ends
+    the answer agrees only with copies that end it too. Ties go to the first candidate."""
+    if len(candidates) < 2:
+        return None
+    shortest = min(len(text) for text, _ in candidates)
+    tied = [j for j, (text, _) in enumerate(candidates) if len(text) == shortest]
+    text = candidates[tied[0]][0]
+    if not text.strip() or any(not other.startswith(text) for other, _ in candidates):
+        return None
+    ends = {candidates[j][1] for j in tied}
+    if len(ends) > 1 or (True in ends and len(tied) < len(candidates)):
+        return None
+    return tied[0]

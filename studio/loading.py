@@ -7,7 +7,7 @@ torch, imported only when a member loads).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from specfuse.errors import ConfigError
@@ -37,12 +37,14 @@ class SharedLoader:
         trusted: Sequence[str] = (),
         dtype: str = "auto",
         processes: bool | str = False,
+        trust: Mapping[str, float] | None = None,
     ) -> None:
         self.load = load  # one member in this process; None: models.loading.load_member
         self.allow_paths = allow_paths
         self.trusted = frozenset(trusted)  # paths, hub ids and server specs the operator named at start
         self.dtype = dtype
         self.processes = processes  # True, False or "auto": each model in a worker process of its own
+        self.trust = trust  # the operator's trust file (--trust), else each member's catalogue trust
         self._members: dict[tuple[str, str], Member] = {}
         self._loading: dict[tuple[str, str], threading.Lock] = {}  # one per load under way
         self._lock = threading.Lock()  # guards the two dicts only, never held across a load
@@ -70,6 +72,7 @@ class SharedLoader:
 
     def _load(self, name: str, device: str, progress: Callable[[float, str], None]) -> Member:
         from specfuse.models.loading import load_members
+        from specfuse.models.trust import apply_trust
 
         (member,) = load_members(
             [name],
@@ -84,6 +87,8 @@ class SharedLoader:
             processes=self.processes,
             load=self.load,
         )
+        if self.trust is not None:
+            apply_trust([member], self.trust)
         return member
 
 

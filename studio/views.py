@@ -159,6 +159,10 @@ def heatmap_figure(rnd: Round | None, normalized: bool = True, fixed_scale: bool
     )
     if rnd is None:
         return fig.update_layout(title="verification matrix")
+    if not rnd.verified:
+        return fig.update_layout(
+            title=f"round {rnd.k}: not verified: the drafts agreed, {esc(rnd.winner.member)}'s was taken"
+        )
     matrix = report.score_matrix(rnd, normalized)
     # Two members may share a name only by accident; the column number keeps the x labels distinct.
     columns = [esc(f"{m} ✓") if j == rnd.chosen else esc(m) for j, m in enumerate(matrix.columns)]

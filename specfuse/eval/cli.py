@@ -39,6 +39,7 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
 import sys
 import time
@@ -50,6 +51,8 @@ from typing import Any
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import ConfigError, SpecfuseError
+from ..models import trust as trust_file
+from .ifeval import load_ifeval, parse_rows
 from .problems import (
     INSTRUCTION,
     OPEN_PROMPTS,
@@ -174,7 +177,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m specfuse.eval",
         description="Evaluate singles, ensembles, their variants and self-consistency (issues 4 and 7).",
     )
-    tasks = parser.add_subparsers(dest="task", required=True, metavar="{gsm8k,open-ended,throughput}")
+    tasks = parser.add_subparsers(
+        dest="task", required=True, metavar="{gsm8k,ifeval,open-ended,trust,throughput}"
+    )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--models", nargs="+", default=None, help="catalogue names (default: the trio)")
     common.add_argument("--max-new-tokens", type=int, default=256, help="answer budget (default 256)")
@@ -182,6 +187,14 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (default auto)")
     common.add_argument(
         "--batch-size", type=int, default=8, help="prompts under way at once (stream_many; default 8)"
+    )
+    common.add_argument(
+        "--trust",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="starting trust from evidence: a file written by `python -m specfuse.eval trust` "
+        "(default: the catalogue's; docs/evaluation.md)",
     )
     common.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
     study = argparse.ArgumentParser(add_help=False)
@@ -213,12 +226,38 @@ def _parser() -> argparse.ArgumentParser:
     gsm.add_argument("--name", default="RESULTS-gsm8k", help="report file stem (default RESULTS-gsm8k)")
     gsm.add_argument("--json", type=Path, default=None, help="also write the full report here")
 
+    ife = tasks.add_parser(
+        "ifeval", parents=[common, study], help="IFEval instruction following, Google's rule-based checker"
+    )
+    ife.add_argument(
+        "--data", type=Path, default=None, help="JSONL in IFEval's format (default: the packaged 541 rows)"
+    )
+    ife.add_argument(
+        "--rows",
+        default="0:300",
+        help="FIRST:END rows of the file, 0-based (default 0:300, the development rows; 300:541 are kept "
+        "for confirmation: choose nothing on them)",
+    )
+    ife.add_argument(
+        "--runs", type=Path, default=Path("runs/ifeval"), help="trace root (default runs/ifeval)"
+    )
+    ife.add_argument("--name", default="RESULTS-ifeval", help="report file stem (default RESULTS-ifeval)")
+    ife.add_argument("--json", type=Path, default=None, help="also write the full report here")
+
     open_ = tasks.add_parser("open-ended", parents=[common, study], help="loops and distinct-n, no gold")
     open_.add_argument(
         "--prompts", type=Path, default=None, help="one prompt per line (default: app examples)"
     )
     open_.add_argument("--runs", type=Path, default=Path("runs/open"), help="trace root (default runs/open)")
     open_.add_argument("--name", default="RESULTS-open", help="report file stem (default RESULTS-open)")
+
+    trust = tasks.add_parser(
+        "trust", help="members' starting trust from their accuracy alone in evaluation reports"
+    )
+    trust.add_argument("reports", nargs="+", type=Path, help="report JSON files (their single-<member> rows)")
+    trust.add_argument(
+        "--out", type=Path, required=True, help="the trust file to write (--trust FILE reads it)"
+    )
 
     speed = tasks.add_parser("throughput", parents=[common], help="stream vs stream_many, problems/hour")
     speed.add_argument("--data", type=Path, default=None, help="GSM8K JSONL (default: the app's prompts)")
@@ -242,9 +281,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(raw)
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
     )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.task == "trust":
+        return _trust(
+            args.reports, args.out, "python -m specfuse.eval " + " ".join(shlex.quote(a) for a in raw)
+        )
     try:
         if getattr(args, "limit", None) is not None and args.limit < 1:
             raise DataError(f"--limit must be ≥ 1, got {args.limit}")
@@ -254,6 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         variants = _variants(args) if args.task != "throughput" else {}
         if args.task == "gsm8k":
             problems = load_problems(args.data, args.limit)
+        elif args.task == "ifeval":
+            problems = load_ifeval(args.data, parse_rows(args.rows))
         elif args.task == "open-ended":
             problems = open_problems(args.prompts)
         elif args.data is not None:
@@ -264,9 +310,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         names = parse_models(args.models)
         systems = parse_systems(getattr(args, "systems", None))
+        if args.task == "ifeval" and any(re.fullmatch(r"sc\d+-.+", s) for s in systems or ()):
+            raise ConfigError("self-consistency votes over answers; IFEval has no answer to vote on")
         # Check the requested systems before loading any model.
         plan_systems(names, config, systems, variants, best=names[0])
+        trust = trust_file.load_trust(args.trust) if args.trust is not None else None
         members = _load(names, args.dtype)
+        if trust is not None:
+            trust_file.apply_trust(members, trust)
         if args.task == "throughput":
             report = throughput(members, problems, config, args.batch_size, max(1, args.repeats))
             print(format_throughput(report))
@@ -284,6 +335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         title = args.title or (
             f"GSM8K dev, {len(problems)} problems: {mix_name(names)}"
             if args.task == "gsm8k"
+            else f"IFEval rows {args.rows}: {mix_name(names)}"
+            if args.task == "ifeval"
             else f"Open-ended prompts: {mix_name(names)}"
         )
         document = eval_report.write_reports(
@@ -297,6 +350,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "json", None) is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n")
+    return 0
+
+
+def evidence_from(reports: Sequence[Path]) -> list[trust_file.Evidence]:
+    """Each single-<member> system's record per task (the problems' id prefix), over all `reports`;
+    a problem met in several reports counts once (the first)."""
+    seen: dict[tuple[str, str], dict[str, bool]] = {}
+    sources: dict[tuple[str, str], list[str]] = {}
+    for path in reports:
+        for o in load_outcomes(path):
+            if not o.system.startswith("single-"):
+                continue
+            key = (o.system.removeprefix("single-"), o.problem.split("-", 1)[0])
+            seen.setdefault(key, {}).setdefault(o.problem, o.correct)
+            if path.name not in sources.setdefault(key, []):
+                sources[key].append(path.name)
+    return [
+        trust_file.Evidence(member, task, sum(marks.values()), len(marks), "+".join(sources[member, task]))
+        for (member, task), marks in seen.items()
+    ]
+
+
+def _trust(reports: Sequence[Path], out: Path, command: str) -> int:
+    try:
+        evidence = evidence_from(reports)
+        if not evidence:
+            raise EvalError("the reports hold no single-<member> systems: run the members alone first")
+        trust_file.write_trust(out, evidence, command)
+    except SpecfuseError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for row in evidence:
+        print(f"{row.member:28s} {row.task:8s} {row.correct:4d} / {row.problems:4d}  ({row.source})")
+    for member, value in trust_file.compute(evidence).items():
+        print(f"trust {member:28s} {value:.3f}")
+    print(f"wrote {out}")
     return 0
 
 

@@ -32,6 +32,8 @@ class Problem:
     question: str
     gold: str | None  # the final number after "#### ", normalized; None for an open-ended prompt
     raw: bool = False  # the question is the whole prompt (open-ended): no answer-format instruction
+    # IFEval: the verifiable instructions the reply must follow, as (instruction id, kwargs as JSON)
+    instructions: tuple[tuple[str, str], ...] = ()
 
     @property
     def prompt(self) -> str:
@@ -53,6 +55,11 @@ class Outcome:
     gold: str | None = None
     answer: str = ""  # the reply (self-consistency: the first sample that gave the voted answer)
     error: str | None = None  # why the run failed (then predicted is None and correct False)
+    # IFEval: per instruction, whether the answer follows it (strict, and the checker's loose reading);
+    # correct is then "all followed, strict"
+    followed: tuple[bool, ...] = ()
+    followed_loose: tuple[bool, ...] = ()
+    verify_calls: int = 0  # Σ verifiers over the rounds: verify="disagree" saves some
 
 
 # -- data and answers --------------------------------------------------------------------------------

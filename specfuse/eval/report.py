@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import ifeval
 from .stats import paired, text_metrics, wilson
 from .variants import describe
 
@@ -43,9 +44,12 @@ def summary_rows(outcomes: Sequence[Outcome], graded: bool = True) -> list[dict[
         row: dict[str, Any] = {"system": system, "problems": n}
         if graded:
             row |= {"correct": correct, "accuracy": correct / n, "ci_low": low, "ci_high": high}
+        if any(o.followed for o in mine):  # IFEval: accuracy is prompt_strict; the paper's four beside it
+            row |= ifeval.metrics(mine)
         row |= text_metrics([o.answer for o in mine])
         row |= {
             "models_drafting_per_round": sum(o.draft_calls for o in mine) / rounds if rounds else 0.0,
+            "verify_passes_per_round": sum(o.verify_calls for o in mine) / rounds if rounds else 0.0,
             "seconds_per_problem": sum(o.seconds for o in mine) / n,
             "errors": sum(o.error is not None for o in mine),
         }

@@ -22,6 +22,7 @@ from ..engine import Ensemble
 from ..errors import ConfigError, SpecfuseError, TraceError
 from ..records import Round
 from ..trace import Trace, load_trace, save_trace
+from .ifeval import grade, load_ifeval
 from .problems import Outcome, Problem, extract_answer, load_problems, majority
 from .variants import DEFAULT_ENSEMBLES, build_configs
 
@@ -293,6 +294,8 @@ def _outcome(system: str, problem: Problem, runs: Sequence[tuple[Path, Trace | s
     traces = [(p, t) for p, t in runs if isinstance(t, Trace)]
     errors = [t for _, t in runs if isinstance(t, str)]
     results = [t.result for _, t in traces]
+    if problem.instructions:
+        return _instruction_outcome(system, problem, traces, errors)
     answers = [extract_answer(r.answer) for r in results]
     predicted = (answers[0] if len(answers) == 1 else majority(answers)) if not errors else None
     answer = next(
@@ -306,10 +309,37 @@ def _outcome(system: str, problem: Problem, runs: Sequence[tuple[Path, Trace | s
         seconds=sum(r.seconds for r in results),
         rounds=sum(r.rounds for r in results),
         draft_calls=sum(r.draft_calls for r in results),
+        verify_calls=sum(r.verify_calls for r in results),
         traces=tuple(str(p) for p, _ in traces),
         gold=problem.gold,
         answer=answer,
         error="; ".join(errors) or None,
+    )
+
+
+def _instruction_outcome(
+    system: str, problem: Problem, traces: Sequence[tuple[Path, Trace]], errors: Sequence[str]
+) -> Outcome:
+    """An IFEval outcome: the checker's verdict per instruction on the (first) answer; a failed run
+    follows none of them, so it still counts in the instruction-level denominators."""
+    results = [t.result for _, t in traces]
+    answer = results[0].answer if results and not errors else ""
+    strict, loose = grade(problem, answer) if answer else ((False,) * len(problem.instructions),) * 2
+    return Outcome(
+        system=system,
+        problem=problem.id,
+        predicted=f"{sum(strict)}/{len(strict)} followed",
+        correct=all(strict),
+        seconds=sum(r.seconds for r in results),
+        rounds=sum(r.rounds for r in results),
+        draft_calls=sum(r.draft_calls for r in results),
+        verify_calls=sum(r.verify_calls for r in results),
+        traces=tuple(str(p) for p, _ in traces),
+        gold=problem.gold,
+        answer=answer,
+        error="; ".join(errors) or None,
+        followed=strict,
+        followed_loose=loose,
     )
 
 
@@ -332,7 +362,7 @@ def evaluate(
     names = [m.name for m in members]
     planned = plan_systems(names, base, systems, variants)
     outcomes = run_systems(members, planned, problems, out_dir, batch_size=batch_size, progress=progress)
-    if systems is None and len(names) > 1:
+    if systems is None and len(names) > 1 and not any(p.instructions for p in problems):
         singles = {n: [o for o in outcomes if o.system == f"single-{n}"] for n in names}
         sc = sc_system(best_single(singles, names), len(names), base)
         outcomes += run_systems(members, [sc], problems, out_dir, batch_size=batch_size, progress=progress)
@@ -363,7 +393,7 @@ def load_outcomes(path: str | os.PathLike[str], data: str | os.PathLike[str] | N
             raise EvalError(f"{path.name} is not an evaluation report: {e}") from e
     if not path.is_dir():
         raise EvalError(f"no report or runs folder at {str(path)!r}")
-    gold = {p.id: p.gold for p in load_problems(data)} if data is not None else {}
+    known = {p.id: p for p in _read_problems(data)} if data is not None else {}
     folders = sorted(d for d in path.iterdir() if d.is_dir())
     mixes = Counter(d.name.split("@", 1)[0] for d in folders)
     outcomes = []
@@ -388,9 +418,22 @@ def load_outcomes(path: str | os.PathLike[str], data: str | os.PathLike[str] | N
             system = base if mixes[base] == 1 else folder.name
             if folder.name.startswith("sc-"):
                 system = f"sc{len(found)}-{folder.name.removeprefix('sc-')}"
-            problem = Problem(pid, "", gold.get(pid))
+            problem = known.get(pid) or Problem(pid, "", None)
             outcomes.append(_outcome(system, problem, found))
     return outcomes
+
+
+def _read_problems(data: str | os.PathLike[str]) -> list[Problem]:
+    """GSM8K or IFEval rows (told apart by the first row's fields), every row of the file."""
+    if not Path(data).is_file():
+        raise EvalError(f"no data file at {str(data)!r}")
+    with open(data, encoding="utf-8") as f:
+        first = next((line for line in f if line.strip()), "")
+    if '"instruction_id_list"' not in first:
+        return load_problems(data)
+    with open(data, encoding="utf-8") as f:
+        rows = sum(1 for line in f if line.strip())
+    return load_ifeval(data, range(0, rows))
 
 
 # A report row needs system, problem, predicted and correct; the run figures may be left out (a report
@@ -403,6 +446,7 @@ def _report_outcome(row: Any) -> Outcome:
         raise ValueError(f"an outcome without a system and a problem: {str(row)[:200]}")
     known = {k: v for k, v in row.items() if k in Outcome.__dataclass_fields__}
     traces = known.get("traces") or ()
+    known |= {k: tuple(map(bool, known[k])) for k in ("followed", "followed_loose") if k in known}
     return Outcome(**_OPTIONAL | known | {"traces": (traces,) if isinstance(traces, str) else tuple(traces)})
 
 

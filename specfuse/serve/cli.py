@@ -42,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--device", default="cpu", help="cpu, cuda, cuda:K, auto (one model per GPU), per-gpu")
     add("--dtype", default="auto", help="auto (per device), float32, bfloat16, float16")
     add(
+        "--trust",
+        default=None,
+        metavar="FILE",
+        help="starting trust from evidence: a file written by `python -m specfuse.eval trust` "
+        "(default: the catalogue's; docs/evaluation.md)",
+    )
+    add(
         "--cache-dir",
         default=None,
         help="converted-model cache (default $SPECFUSE_CACHE or ~/.cache/specfuse)",
@@ -113,10 +120,12 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..models.loading import check_member_name, load_members
+    from ..models.trust import apply_trust, load_trust
     from .api import create_app
 
     for name in names:
         check_member_name(name)
+    trust = load_trust(args.trust) if args.trust is not None else None  # a bad file: refused at once
     limits = Limits(args.max_prompt_chars, args.max_tokens, args.request_timeout, args.traces)
     app = create_app(api_key=args.api_key, limits=limits)
     failed: list[BaseException] = []
@@ -124,6 +133,8 @@ def _serve(args: argparse.Namespace) -> int:
     def load() -> None:  # the server answers 503 (and /health "loading") until this is done
         try:
             members = load_members(names, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
+            if trust is not None:
+                apply_trust(members, trust)
             scheduler = Scheduler(members, config, batch_size=args.batch_size, queue=args.queue)
             app.state.serving.attach(scheduler)
             log.info(
