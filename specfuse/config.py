@@ -75,6 +75,11 @@ class EnsembleConfig:
         group="scoring",
     )
     self_scores: bool = setting(True, "count each verifier's score of its own candidate", group="scoring")
+    contrastive: bool = setting(
+        False,
+        "score each candidate relative to its drafter's own score of it (z_ij − z_jj) before normalizing",
+        group="scoring",
+    )
     aggregation: str = setting(
         "mean",
         "how the verifiers' scores of a candidate combine: weighted mean (the paper), weighted median, "
@@ -136,7 +141,7 @@ class EnsembleConfig:
     verify: str = setting(
         "always",
         "when the members score the candidates: every round (the paper), or only where the drafts "
-        "disagree (all the same text, or one a prefix of all the others, is taken unscored)",
+        "disagree (a lone draft, all the same text, or one a prefix of all the others: taken unscored)",
         choices=VERIFY_MODES,
         group="scoring",
     )

@@ -32,7 +32,7 @@ from .limits import check_request
 from .members.protocol import Member, Verdict
 from .members.workers import MemberCalls, run_concurrently
 from .records import Candidate, Draft, ExitEvent, MemberTiming, Result, Round, TokenScores, summarize
-from .segments import agreement, cut_at_stop, echoes_prompt, repeated_fraction
+from .segments import agreement, echoes_prompt, repeated_fraction, stop_string_cut
 
 log = logging.getLogger(__name__)
 
@@ -376,8 +376,8 @@ class _Run:
             candidates.append(Candidate(self.origin, self.forced, _count_tokens(self.forced), False, 0.0))
         play.candidates = tuple(candidates)
         play.scorable = any(c.text or c.final for c in play.candidates)
-        if self.config.verify == "disagree" and self.forced is None:
-            play.agreed = agreement([(c.text, c.final) for c in play.candidates])
+        if self.config.verify == "disagree" and self.forced is None:  # a lone draft: nothing to decide
+            play.agreed = 0 if len(candidates) == 1 else agreement([(c.text, c.final) for c in candidates])
             if play.agreed is not None:
                 play.verifiers = []  # nothing to decide: no verify pass
 
@@ -401,7 +401,12 @@ class _Run:
             play.y, play.eligible = [0.0] * len(candidates), [True] * len(candidates)
             play.chosen, play.margin = play.agreed, 0.0
             return
-        play.scores = feedback.normalize(play.raw, cfg.normalization)
+        raw = (
+            feedback.contrast(play.raw, play.verifiers, [c.member for c in candidates])
+            if cfg.contrastive
+            else play.raw
+        )
+        play.scores = feedback.normalize(raw, cfg.normalization)
         y = feedback.aggregate(
             play.scores,
             self._voting(),
@@ -456,7 +461,7 @@ class _Run:
         cfg, play = self.config, self.play
         winner = play.candidates[play.chosen]
         stop_reason: str | None = None
-        cut = _stop_string_cut(self.answer, winner.text, cfg.stop_strings)
+        cut = stop_string_cut(self.answer, winner.text, cfg.stop_strings)
         if cut is not None:
             winner = replace(winner, text=winner.text[:cut], final=True)
             play.candidates = play.candidates[: play.chosen] + (winner,) + play.candidates[play.chosen + 1 :]
@@ -584,16 +589,6 @@ def _check_finite(member: str, row: Sequence[float], candidates: Sequence[Candid
             f"{len(row)}); its weights or its server's answers are damaged (a model file that changed "
             "on disk?), so this request ends"
         )
-
-
-def _stop_string_cut(answer: str, text: str, stops: Sequence[str]) -> int | None:
-    """Where in `text` the answer must end because a stop string appears (it may begin in `answer`)."""
-    if not stops:
-        return None
-    reach = max(len(s) for s in stops) - 1
-    lead = answer[-reach:] if reach > 0 else ""
-    found = cut_at_stop(lead + text, stops)
-    return None if found is None else max(0, found - len(lead))
 
 
 def _freeze(matrix: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], ...]:

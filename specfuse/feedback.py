@@ -62,6 +62,18 @@ def normalize_row(z: Sequence[float], method: str = "zsoftmax") -> list[float]:
     raise ConfigError(f"unknown normalization {method!r}")
 
 
+def contrast(z: Matrix, verifiers: Sequence[str], drafters: Sequence[str]) -> list[list[float]]:
+    """Contrastive scores: each z_ij minus the drafter's own score of candidate j, z_(d(j))j, so that
+    a verifier rewards a candidate it finds likelier than its author does, not one that is merely
+    easy to predict (short, generic). A candidate whose drafter is not verifying (a typed segment)
+    keeps its raw score. The drafter's own entry becomes 0."""
+    own = {v: i for i, v in enumerate(verifiers)}
+    return [
+        [float(v) - (float(z[own[d]][j]) if d in own else 0.0) for j, (v, d) in enumerate(zip(row, drafters))]
+        for row in z
+    ]
+
+
 def normalize(z: Matrix, method: str = "zsoftmax") -> list[list[float]]:
     """Normalize every row of a [verifiers][candidates] matrix."""
     return [normalize_row(row, method) for row in z]

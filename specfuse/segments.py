@@ -123,3 +123,13 @@ def agreement(candidates: Sequence[tuple[str, bool]]) -> int | None:
     if len(ends) > 1 or (True in ends and len(tied) < len(candidates)):
         return None
     return tied[0]
+
+
+def stop_string_cut(answer: str, text: str, stops: Sequence[str]) -> int | None:
+    """Where in `text` the answer must end because a stop string appears (it may begin in `answer`)."""
+    if not stops:
+        return None
+    reach = max(len(s) for s in stops) - 1
+    lead = answer[-reach:] if reach > 0 else ""
+    found = cut_at_stop(lead + text, stops)
+    return None if found is None else max(0, found - len(lead))

@@ -140,3 +140,17 @@ def test_exit_keeps_at_least_min_active_members_and_the_weakest_leaves_first():
     gone = feedback.exit_decisions(quality, ["a", "b", "c"], 9, 0.5, 3, 0.25, min_active=2)
     assert [d.member for d in gone] == ["c"]
     assert feedback.exit_decisions({"a": 5.0, "c": 0.0}, ["a", "c"], 9, 0.5, 3, 0.25, min_active=2) == []
+
+
+def test_contrastive_scores_are_relative_to_each_drafters_own_score():
+    z = [[-1.0, -3.0, -2.0], [-2.0, -1.5, -4.0]]  # verifiers a, b; candidates of a, b and a typed one
+    out = feedback.contrast(z, ["a", "b"], ["a", "b", "you"])
+    assert out == [[0.0, -1.5, -2.0], [-1.0, 0.0, -4.0]]
+    # b's candidate is easy for b (−1.5) but a finds it unlikely: contrast keeps a's verdict against it
+    assert feedback.normalize(out)[0][1] < feedback.normalize(out)[0][0]
+
+
+def test_trust_weights_give_a_member_without_evidence_the_mean_of_the_others():
+    assert feedback.trust_weights([0.6, None, 0.2]) == pytest.approx([0.6 / 1.2, 0.4 / 1.2, 0.2 / 1.2])
+    assert feedback.trust_weights([None, None]) == [0.5, 0.5]
+    assert feedback.trust_weights([0.0, 0.0]) == [0.5, 0.5]

@@ -95,3 +95,17 @@ def test_different_tiny_models_disagree_and_are_scored(tiny_members):
     )
     assert rounds and all(r.verified for r in rounds if r.candidates[0].text != r.candidates[1].text)
     assert any(r.verified and r.raw_scores for r in rounds)
+
+
+def test_a_lone_draft_after_the_others_exit_is_taken_unscored():
+    """Once the weak members have exited, one drafter is left: under verify="disagree" its segment
+    needs no verify pass (under "always" it is still scored)."""
+    strong = ScriptedMember("strong", ["long text here "] * 12 + [("end", True)], judge)
+    weak = ScriptedMember("weak", ["x "] * 13, judge)
+    config = EnsembleConfig(max_new_tokens=200, segment_len=4, verify="disagree", exit_warmup=1)
+    rounds = list(Ensemble([strong, weak]).stream("Q?", config))
+    lone = [r for r in rounds if len(r.candidates) == 1]
+    assert lone and all(not r.verified and r.winner.member == "strong" for r in lone)
+    assert all(r.verified for r in rounds if len(r.candidates) == 2)
+    always = list(Ensemble([strong, weak]).stream("Q?", replace(config, verify="always")))
+    assert always[-1].text == rounds[-1].text and all(r.verified for r in always)
