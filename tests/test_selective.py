@@ -109,3 +109,13 @@ def test_a_lone_draft_after_the_others_exit_is_taken_unscored():
     assert all(r.verified for r in rounds if len(r.candidates) == 2)
     always = list(Ensemble([strong, weak]).stream("Q?", replace(config, verify="always")))
     assert always[-1].text == rounds[-1].text and all(r.verified for r in always)
+
+
+def test_the_app_shows_an_unscored_round_as_such_not_as_an_empty_matrix():
+    from studio import views
+
+    members = [ScriptedMember(n, ["same <b>text</b> ", ("end", True)], judge) for n in ("a<i>", "b")]
+    rnd = next(iter(Ensemble(members).stream("Q?", DISAGREE)))
+    figure = views.heatmap_figure(rnd)
+    assert figure.data == () and "not verified: the drafts agreed" in figure.layout.title.text
+    assert "a&lt;i&gt;" in figure.layout.title.text  # a member's name is escaped in the label
