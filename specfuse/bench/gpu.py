@@ -5,6 +5,7 @@ CUDA streams against members in turn, beside each member's own `generate`.
     python -m specfuse.bench gpu --devices cuda:0,cuda:1,cuda:2   # one member per GPU
     python -m specfuse.bench gpu --shapes tiny --device cpu      # the same code path, in seconds
     python -m specfuse.bench gpu --shapes trio --device cpu      # the default trio's shapes on a CPU
+    python -m specfuse.bench gpu --compile            # drafts in a static cache, compiled (CUDA graphs)
 
 Timing does not depend on the weights, so no checkpoint is needed: each model is built from its
 real config with random weights, directly on its device. The vocabulary keeps its real size (the
@@ -175,7 +176,9 @@ def ascii_head(model: Any, tokenizer: Any) -> None:
     model.set_output_embeddings(biased)
 
 
-def build_members(shapes: str, devices: Sequence[str], dtype_name: str) -> list[Any]:
+def build_members(
+    shapes: str, devices: Sequence[str], dtype_name: str, compile_decode: bool = False
+) -> list[Any]:
     import torch
 
     from ..members.hf import HFMember
@@ -187,20 +190,32 @@ def build_members(shapes: str, devices: Sequence[str], dtype_name: str) -> list[
         device = devices[i % len(devices)]
         model = build_model(arch, values, device, dtype, seed=i)
         ascii_head(model, tokenizer)
-        members.append(HFMember(name, model, tokenizer, prompt_format=QA_COMPLETION, device=device))
+        members.append(
+            HFMember(
+                name,
+                model,
+                tokenizer,
+                prompt_format=QA_COMPLETION,
+                device=device,
+                compile_decode=compile_decode,
+            )
+        )
         if device.startswith("cuda"):
             torch.cuda.synchronize(device)
     return members
 
 
-def build_process_members(shapes: str, devices: Sequence[str], dtype_name: str) -> list[Any]:
+def build_process_members(
+    shapes: str, devices: Sequence[str], dtype_name: str, compile_decode: bool = False
+) -> list[Any]:
     """The same members as build_members, each built in a worker process of its own, all at once.
     On a CPU the engine gives each process its thread share for every run (workers.MemberWorkers)."""
     import concurrent.futures
 
     count = len(SHAPES[shapes])
     builds = [
-        functools.partial(build_one, shapes, i, devices[i % len(devices)], dtype_name) for i in range(count)
+        functools.partial(build_one, shapes, i, devices[i % len(devices)], dtype_name, compile_decode)
+        for i in range(count)
     ]
     with concurrent.futures.ThreadPoolExecutor(count) as pool:
         return list(pool.map(ProcessMember, builds))
@@ -310,7 +325,7 @@ def run_gpu_bench(
 # -- bare decoding: in turn, threads, processes --------------------------------------------------------
 
 
-def build_one(shapes: str, index: int, device: str, dtype_name: str) -> Any:
+def build_one(shapes: str, index: int, device: str, dtype_name: str, compile_decode: bool = False) -> Any:
     """Member `index` of `shapes`, alone (what one worker process builds for itself)."""
     import torch
 
@@ -321,7 +336,9 @@ def build_one(shapes: str, index: int, device: str, dtype_name: str) -> Any:
     tokenizer = byte_tokenizer()
     model = build_model(arch, values, device, dtype, seed=index)
     ascii_head(model, tokenizer)
-    return HFMember(name, model, tokenizer, prompt_format=QA_COMPLETION, device=device)
+    return HFMember(
+        name, model, tokenizer, prompt_format=QA_COMPLETION, device=device, compile_decode=compile_decode
+    )
 
 
 def compare_workers(
@@ -415,7 +432,8 @@ def _decode_child(
 def format_table(report: dict[str, Any]) -> str:
     lines = [
         f"GPU: {report['gpu']}, torch {report['torch']}, {report['dtype']}, L = {report['segment_len']}, "
-        f"{report['max_new_tokens']} tokens, exit off",
+        f"{report['max_new_tokens']} tokens, exit off"
+        + (", drafts compiled (static cache)" if report.get("compile_decode") else ""),
         f"command: {report.get('command', '')}",
         "",
     ]
@@ -489,6 +507,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--no-processes", action="store_true", help="leave out the mode with one process per member"
     )
     parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="members draft in a static KV cache with a torch.compile'd step (CUDA graphs on a GPU)",
+    )
+    parser.add_argument(
         "--workers",
         action="store_true",
         help="instead: bare decoding of the three members in turn, in threads and in one process each",
@@ -522,17 +545,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.json.write_text(json.dumps(race, indent=1))
             return 0
         began = time.perf_counter()
-        members = build_members(args.shapes, devices, args.dtype)
+        members = build_members(args.shapes, devices, args.dtype, args.compile)
         print(f"built {len(members)} members in {time.perf_counter() - began:.1f} s", file=sys.stderr)
         report = run_gpu_bench(
             members, max_new_tokens=args.max_new_tokens, segment_len=args.segment_len, repeats=args.repeats
         )
+        report["compile_decode"] = args.compile
         if not args.no_processes:
             del members  # the worker processes build their own copies: free this one's first
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            workers = build_process_members(args.shapes, devices, args.dtype)
+            workers = build_process_members(args.shapes, devices, args.dtype, args.compile)
             try:
                 add_process_mode(report, workers, repeats=args.repeats)
             finally:

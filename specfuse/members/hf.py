@@ -19,7 +19,7 @@ from ..config import MemberSettings
 from ..errors import ConfigError, MemberError, PromptTooLongError
 from ..prompts import CHAT, PromptFormat
 from ..records import Candidate, TokenScores
-from . import drafting, workers
+from . import compiled, drafting, workers
 from .protocol import BaseMember, Verdict
 from .scoring import (
     CHUNK_TOKENS,
@@ -83,6 +83,7 @@ class HFMember(BaseMember):
         reuse_verified_kv: bool = True,
         reuse_trimmed: bool = True,
         trust: float | None = None,
+        compile_decode: bool = False,
     ) -> None:
         if prompt_format.kind == "chat" and not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"{name}: the tokenizer has no chat template; use a completion prompt format")
@@ -112,6 +113,8 @@ class HFMember(BaseMember):
         # The say this member starts with under prior="trust" (the catalogue's, from evidence); None:
         # unknown, and an ensemble with any unknown member starts uniform.
         self.trust = trust
+        # Drafts of one request decode in a static cache with a compiled step (compiled.py; opt in).
+        self.compiled = compiled.CompiledDecoder(self) if compile_decode else None
 
     def __repr__(self) -> str:
         return f"HFMember({self.name!r}, {type(self.model).__name__}, device={self.device!r})"
@@ -167,6 +170,7 @@ class HFMember(BaseMember):
         return self.draft_many([state], [max_new_tokens])[0]
 
     @torch.inference_mode()
+    @compiled.drafting
     def draft_many(self, states: Sequence[HFState], budgets: Sequence[int]) -> list[Candidate]:
         """Draft for several requests at once: one forward pass per token for all of them.
 
@@ -433,6 +437,11 @@ class HFMember(BaseMember):
         """One decoding step for every row: [B] tokens at their own positions → hidden [B, H]."""
         workers.rebalance()  # members at once on a CPU: take over the cores of those already done
         if len(tokens) == 1:
+            if (
+                self.compiled is not None
+                and (hidden := self.compiled.step(tokens[0], positions[0], cache)) is not None
+            ):
+                return hidden
             return self._forward(tokens, cache)[-1][None]
         width = cache.get_seq_length() + 1
         column = torch.arange(width, device=self.device)

@@ -102,6 +102,7 @@ class LoadRequest:
     cache_dir: str | os.PathLike[str] | None
     trust_remote_code: bool
     progress: Progress
+    compile_decode: bool = False  # HFMember drafts in a static cache, compiled (members/compiled.py)
 
 
 @dataclass(frozen=True)
@@ -270,6 +271,7 @@ def load_member(
     allow_servers: bool | None = None,
     trust_remote_code: bool = False,
     progress: Progress | None = None,
+    compile_decode: bool = False,
 ) -> Member:
     """Load a catalogue model, a local checkpoint folder (or .gguf file), a hub id or a server spec
     (`ENGINE:URL#NAME?tokenizer=...`, see remote.py) as a member.
@@ -277,10 +279,19 @@ def load_member(
     `device` is one torch device ("cpu", "cuda", "cuda:1", "auto"); `device_map` ("auto" or a
     dict) instead lets accelerate spread one model over several GPUs. Catalogue models are cached
     as safetensors under `cache_dir` (default $SPECFUSE_CACHE or ~/.cache/specfuse).
+    `compile_decode`: an in-process model drafts in a static KV cache with a torch.compile'd step
+    (CUDA graphs on a GPU; docs/gpu.md); a served member ignores it.
     """
     loader = check_member_name(name_or_path, allow_paths=allow_paths, allow_servers=allow_servers)
     request = LoadRequest(
-        name_or_path, device, dtype, device_map, cache_dir, trust_remote_code, progress or no_progress
+        name_or_path,
+        device,
+        dtype,
+        device_map,
+        cache_dir,
+        trust_remote_code,
+        progress or no_progress,
+        compile_decode,
     )
     return loader.load(request)
 
@@ -329,7 +340,14 @@ def _load_hf(
     report(1.0, f"{name_or_path}: ready on {member_device}")
     from specfuse.members.hf import HFMember  # brings transformers: only once a model loads here
 
-    return HFMember(name_or_path, model, tokenizer, prompt_format=prompt_format, device=member_device)
+    return HFMember(
+        name_or_path,
+        model,
+        tokenizer,
+        prompt_format=prompt_format,
+        device=member_device,
+        compile_decode=req.compile_decode,
+    )
 
 
 # ---- an ensemble: placement, worker processes, a model listed twice -------------------------------
@@ -355,7 +373,12 @@ def share_weights(member: Member, name: str) -> Member:
     if not isinstance(member, HFMember):
         raise ConfigError(f"{member.name} cannot share its weights with a second member; list it once")
     return HFMember(
-        name, member.model, member.tokenizer, prompt_format=member.prompt_format, device=member.device
+        name,
+        member.model,
+        member.tokenizer,
+        prompt_format=member.prompt_format,
+        device=member.device,
+        compile_decode=member.compiled is not None,
     )
 
 
@@ -394,6 +417,7 @@ def load_members(
     processes: bool | str = False,
     ensemble_devices: Sequence[str] | None = None,
     load: MemberLoad | None = None,
+    compile_decode: bool = False,
 ) -> list[Member]:
     """The members of one ensemble, in the order of `names`: the one loading path of the CLI, the
     app, the benchmarks and the evaluation.
@@ -415,6 +439,7 @@ def load_members(
     member here. Whether a repeat makes sense (only when sampling) is the caller's decision.
 
     `load` loads one member here (default load_member; the app passes its own, tests a scripted one).
+    `compile_decode` goes to each load (only when True, so that a `load` without it keeps working).
     """
     load_here = load or load_member
     distinct = list(dict.fromkeys(names))
@@ -446,6 +471,8 @@ def load_members(
             allow_servers=(allow_paths if allow_servers is None else allow_servers) or name in trusted,
             trust_remote_code=trust_remote_code,
         )
+        if compile_decode:
+            options["compile_decode"] = True
         if not in_processes or _is_server(name):
             return load_here(name, progress=step, **options)
         step(0.0, f"loading {name} in a process of its own")

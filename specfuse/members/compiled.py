@@ -1,0 +1,263 @@
+"""Compiled decoding for an HFMember's drafts: a static KV cache and a `torch.compile`d decode step
+(mode "reduce-overhead" on a GPU: CUDA graphs), opt in with `compile_decode=True`.
+
+Only the drafting loop of one request (batch 1) changes. The request's own DynamicCache stays what
+prefill, packed verification and accept() use, unchanged: at the first step of a draft its keys and
+values are copied into a preallocated static cache (a device-to-device copy of the committed
+tokens), the draft decodes there, and its tokens' keys and values are simply left behind, as the
+eager path crops them away. The accepted segment is then moved into place in the DynamicCache as
+before. A batch of requests (stream_many) drafts eagerly, as does a request that finds the static
+cache in use by another thread, or a model whose layers are not all full or sliding-window
+attention. A compilation that fails (at any step) turns compiled decoding off for the member, with a
+warning, and the draft goes on eagerly: the tokens it decoded so far are fed to its own cache.
+
+The static cache has room for the longest draft asked for so far, in powers of two from 256 tokens:
+each new size is one compilation (and, on a GPU, one set of CUDA graphs). Each member compiles its
+own copy of the step function, so that members do not share torch.compile's per-function limit of
+recompilations.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, cast
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
+
+from .drafting import UTF8_GRACE_TOKENS
+from .scoring import float_mask
+
+log = logging.getLogger(__name__)
+
+MIN_CAPACITY = 256  # the smallest static cache, in tokens; larger ones double
+_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+R = TypeVar("R")
+
+
+class _State(Protocol):
+    @property
+    def ids(self) -> list[int]: ...
+
+
+class _Member(Protocol):
+    """What of an HFMember this module uses (hf.py imports this module, not the other way round)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+    @property
+    def sliding_window(self) -> int | None: ...
+    @property
+    def model(self) -> Any: ...
+    @property
+    def base(self) -> Any: ...
+    @property
+    def compiled(self) -> CompiledDecoder | None: ...
+    def _forward(self, ids: Sequence[int], cache: DynamicCache) -> torch.Tensor: ...
+
+
+@dataclass
+class _Draft:
+    """One request's draft in progress on this thread."""
+
+    capacity: int  # tokens the static cache must hold for it
+    held: bool = False  # the static cache is this draft's (the lock is held)
+    eager: bool = False  # this draft decodes eagerly (from its first step, or since a failure)
+    start: int = -1  # the position of its first step in the static cache
+    fed: list[int] = field(default_factory=list)  # the tokens decoded there so far
+
+
+class CompiledDecoder:
+    """A member's static cache and compiled decode step, shared by its requests one at a time."""
+
+    def __init__(
+        self, member: _Member, *, backend: str | Callable[..., Any] | None = None, mode: str | None = None
+    ) -> None:
+        self.member = member
+        on_gpu = str(member.device).startswith("cuda")
+        self.backend = backend or "inductor"
+        # CUDA graphs on a GPU; on a CPU inductor's default (there are no graphs to capture).
+        self.mode = mode if mode is not None else ("reduce-overhead" if on_gpu else None)
+        self.cudagraphs = on_gpu and self.mode == "reduce-overhead"
+        self.disabled = _unsupported(member)  # why this member always decodes eagerly, if it does
+        self.counts = {"static": 0, "eager": 0, "batched": 0}  # drafts, by how they decoded
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._static: _Static | None = None
+        # A function of its own (its own code object): torch.compile keeps its compilations, and
+        # counts them against its limit, per code object.
+        code = _decode.__code__.replace(co_name=f"_decode_{abs(hash(member.name))}")
+        mine = types.FunctionType(code, _decode.__globals__, code.co_name, _decode.__defaults__)
+        self._compiled = torch.compile(
+            mine, backend=self.backend, mode=self.mode, fullgraph=True, dynamic=False
+        )
+
+    # -- a draft's begin and end (drafting(), around HFMember.draft_many) ----------------------------
+
+    def open(self, states: Sequence[_State], budgets: Sequence[int]) -> None:
+        if len(states) != 1:
+            self.counts["batched"] += 1
+            self._local.draft = None
+            return
+        self._local.draft = _Draft(len(states[0].ids) + max(0, budgets[0]) + UTF8_GRACE_TOKENS + 1)
+
+    def close(self) -> None:
+        draft: _Draft | None = getattr(self._local, "draft", None)
+        self._local.draft = None
+        if draft is None:
+            return
+        if draft.eager:
+            self.counts["eager"] += 1
+        elif draft.held:
+            self.counts["static"] += 1
+        if draft.held:
+            self._lock.release()
+
+    # -- one step (HFMember._step) ---------------------------------------------------------------
+
+    def step(self, token: int, position: int, cache: DynamicCache) -> torch.Tensor | None:
+        """The hidden state [1, H] after `token` at `position`, decoded in the static cache; None:
+        decode this step eagerly, in `cache`, as the rest of this draft."""
+        draft: _Draft | None = getattr(self._local, "draft", None)
+        if draft is None or draft.eager:
+            return None
+        if not draft.held:
+            if (
+                self.disabled
+                or cache.get_seq_length() != position
+                or any(type(layer) is not DynamicLayer for layer in cache.layers)
+                or not self._lock.acquire(blocking=False)
+            ):
+                draft.eager = True
+                return None
+            draft.held, draft.start = True, position
+        elif position != draft.start + len(draft.fed):  # never: draft_many steps one at a time
+            raise RuntimeError(f"{self.member.name}: a compiled step at {position}, out of order")
+        try:
+            if not draft.fed:
+                self._load(cache, position, draft.capacity)
+            assert self._static is not None
+            hidden = self._run(token, position, self._static)
+        except Exception as e:  # a compilation (or recompilation) that failed: go on eagerly
+            self.disabled = f"torch.compile failed: {type(e).__name__}: {e}"
+            log.warning(
+                "%s: compiled decoding is off, decoding eagerly (%s)", self.member.name, self.disabled
+            )
+            draft.eager = True
+            # The request's cache still ends where the draft began: its tokens go there now.
+            return self.member._forward([*draft.fed, token], cache)[-1][None]
+        draft.fed.append(token)
+        return hidden
+
+    def _run(self, token: int, position: int, static: _Static) -> torch.Tensor:
+        device = self.member.device
+        input_ids = torch.tensor([[token]], device=device)
+        position_ids = torch.tensor([[position]], device=device)
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are read already
+        hidden = self._compiled(self.member, input_ids, position_ids, static.cache, static.capacity)
+        return hidden.clone()  # a CUDA graph's output is overwritten by its next replay
+
+    @property
+    def capacity(self) -> int:
+        """Tokens the static cache holds now (0: none made yet)."""
+        return self._static.capacity if self._static is not None else 0
+
+    def _load(self, cache: DynamicCache, length: int, capacity: int) -> None:
+        """The static cache, holding `cache`'s `length` tokens and room for `capacity` in all."""
+        theirs = [(layer.keys, layer.values) for layer in cast("list[DynamicLayer]", cache.layers)]
+        static, (first, _) = self._static, theirs[0]
+        assert first is not None
+        if static is None or static.capacity < capacity or static.keys_like != (first.dtype, first.device):
+            size = MIN_CAPACITY
+            while size < capacity:
+                size *= 2
+            self._static = None  # free the smaller one before the larger one is made
+            layers = [StaticLayer(max_cache_len=size) for _ in theirs]
+            for mine, (keys, values) in zip(layers, theirs):
+                assert keys is not None and values is not None
+                mine.lazy_initialization(keys, values)
+            static = self._static = _Static(
+                Cache(layers=list(layers)), layers, size, (first.dtype, first.device)
+            )
+        for mine, (keys, values) in zip(static.layers, theirs):
+            assert mine.keys is not None and mine.values is not None
+            assert keys is not None and values is not None
+            mine.keys[:, :, :length].copy_(keys)
+            mine.values[:, :, :length].copy_(values)
+            mine.cumulative_length.fill_(length)
+
+
+@dataclass
+class _Static:
+    """The static cache, its layers as made, and its size."""
+
+    cache: Cache
+    layers: list[StaticLayer]
+    capacity: int
+    keys_like: tuple[torch.dtype, torch.device]
+
+
+def _decode(
+    member: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: Cache, width: int
+) -> torch.Tensor:
+    """One decoding step in a static cache of `width` slots: the masks hide the slots past the
+    position (and, for sliding-window layers, those before the window); returns the hidden state [1, H]."""
+    column = torch.arange(width, device=input_ids.device)[None, :]
+    allowed = column <= position_ids
+    full = float_mask(allowed[:, None, None, :], member.dtype)
+    mask: torch.Tensor | dict[str, torch.Tensor] = full
+    if member.sliding_window is not None:
+        near = column > position_ids - member.sliding_window
+        mask = {
+            "full_attention": full,
+            "sliding_attention": float_mask((allowed & near)[:, None, None, :], member.dtype),
+        }
+    out = member.base(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        attention_mask=mask,
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return out.last_hidden_state[:, -1]
+
+
+def _unsupported(member: _Member) -> str | None:
+    """Why a member cannot decode in a static cache of full-attention layers, or None."""
+    model = member.model
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if not kinds <= _LAYER_TYPES:
+        return f"layer types {sorted(kinds - _LAYER_TYPES)}"
+    if len(set((getattr(model, "hf_device_map", None) or {}).values())) > 1:
+        return "a model spread over several devices"
+    return None
+
+
+def drafting(method: Callable[..., R]) -> Callable[..., R]:
+    """Around HFMember.draft_many: tells the member's compiled decoder (if it has one) where a
+    draft begins and ends, however it ends."""
+
+    @functools.wraps(method)
+    def wrapper(member: _Member, states: Sequence[_State], budgets: Sequence[int]) -> R:
+        decoder = member.compiled
+        if decoder is None:
+            return method(member, states, budgets)
+        decoder.open(states, budgets)
+        try:
+            return method(member, states, budgets)
+        finally:
+            decoder.close()
+
+    return wrapper

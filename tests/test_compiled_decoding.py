@@ -1,0 +1,206 @@
+"""Compiled decoding (members/compiled.py): drafts in a static KV cache with a torch.compile'd step
+give exactly the eager drafts' answers in fp32 greedy, on three architectures (gemma3 with its
+sliding-window layers), after another member's segment is accepted, with a budget that ends
+mid-segment, a trimmed draft's tail taken over, a static cache that grows, and batches (which draft
+eagerly).
+
+Most tests compile with the "aot_eager" backend: dynamo captures the whole step, static cache
+included, and AOTAutograd functionalizes its in-place updates, without inductor's code generation
+(half a minute on this CPU). One test runs the CPU default, inductor, for real.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from specfuse.config import EnsembleConfig, MemberSettings
+from specfuse.engine import Ensemble
+from specfuse.members.compiled import MIN_CAPACITY, CompiledDecoder
+
+from .conftest import TINY_SPECS, tiny_member
+from .test_batching import PROMPTS, same_rounds
+
+FAST = "aot_eager"
+NAMES = list(TINY_SPECS)  # llama-bytes, qwen-merges, gemma-meta
+GREEDY = MemberSettings(max_new_tokens=200)
+
+
+def compiled_member(name: str, backend=FAST):
+    member = tiny_member(name)
+    member.compiled = CompiledDecoder(member, backend=backend)
+    return member
+
+
+@pytest.fixture(scope="module")
+def eager_members():
+    return [tiny_member(name) for name in NAMES]
+
+
+@pytest.fixture(scope="module")
+def compiled_members():
+    return [compiled_member(name) for name in NAMES]
+
+
+def drafts_of(member, prompt: str, plan) -> list[tuple[str, int, bool]]:
+    """Draft, accept and draft again as `plan` says: [(budget, text to accept or None for the
+    draft's own)]; the candidates' (text, tokens, reused)."""
+    state = member.start(prompt, GREEDY)
+    out = []
+    for budget, accept in plan:
+        cand = member.draft(state, budget)
+        out.append((cand.text, cand.num_tokens, cand.reused_tokens))
+        member.accept(state, cand.text if accept is None else accept)
+    return out
+
+
+def test_an_ensemble_plays_the_same_rounds_with_compiled_drafts(eager_members, compiled_members):
+    # 27 tokens in segments of 6: the budget ends in the middle of the last segment.
+    config = EnsembleConfig(segment_len=6, max_new_tokens=27, exit=False)
+    prompt = "Why is the sky blue? Explain it to a child."
+    eager = list(Ensemble(eager_members, config).stream(prompt))
+    compiled = list(Ensemble(compiled_members, config).stream(prompt))
+    same_rounds(eager, compiled)  # texts exactly; scores to 1e-4 (threads)
+    winners = [r.candidates[r.chosen].member for r in eager]
+    print("winners:", winners, "| answer:", repr(eager[-1].text))
+    assert len(set(winners[:-1])) >= 2  # members accepted one another's segments, and drafted on
+    assert eager[-1].stop_reason == "budget"
+    for member in compiled_members:
+        assert member.compiled.counts["static"] >= len(eager) - 1
+        assert member.compiled.counts["eager"] == 0 and member.compiled.disabled is None
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_drafts_after_another_text_and_mid_word_budgets(name, eager_members, compiled_members):
+    eager, compiled = eager_members[NAMES.index(name)], compiled_members[NAMES.index(name)]
+    plan = [
+        (7, None),
+        (9, None),
+        (5, " the other member's words, "),  # another member's segment
+        (3, None),
+        (11, "x"),  # a budget ending mid-word, then a text that ends mid-word
+        (6, None),
+    ]
+    prompt = "Tell me about the lighthouse by the sea."
+    want = drafts_of(eager, prompt, plan)
+    assert drafts_of(compiled, prompt, plan) == want
+
+
+def test_a_trimmed_tail_taken_over_then_decoding_on_in_the_static_cache():
+    """Printable ASCII only (test_engine.ascii_only), so that drafts have words to trim and their
+    text re-tokenizes exactly: a won draft's trimmed tokens are taken over (fed eagerly into the
+    request's cache), and the static cache then starts after them."""
+    from .test_engine import ascii_only
+
+    def run(backend):
+        members = [ascii_only(tiny_member(name)) for name in NAMES[:2]]
+        for member in members:
+            member.compiled = CompiledDecoder(member, backend=backend) if backend else None
+        config = EnsembleConfig(segment_len=6, max_new_tokens=40)
+        return list(Ensemble(members, config).stream("Once upon a time there was")), members
+
+    (eager, _), (compiled, members) = run(None), run(FAST)
+    same_rounds(eager, compiled)
+    assert sum(c.reused_tokens for r in compiled for c in r.candidates) > 0
+    assert all(m.compiled.counts["static"] > 0 for m in members)
+
+
+def test_a_longer_context_grows_the_static_cache_and_still_matches(eager_members, compiled_members):
+    eager, compiled = eager_members[0], compiled_members[0]
+    prompt = "the sea and the sky " * 14  # beyond MIN_CAPACITY tokens with the answer's room
+    plan = [(8, None), (8, " and then"), (8, None)]
+    assert len(eager.prompt_ids(prompt)) + 8 > MIN_CAPACITY
+    assert drafts_of(compiled, prompt, plan) == drafts_of(eager, prompt, plan)
+    assert compiled.compiled.capacity == 2 * MIN_CAPACITY
+
+
+def test_batches_draft_eagerly_and_match(eager_members, compiled_members):
+    config = EnsembleConfig(segment_len=5, max_new_tokens=16, exit=False)
+    runs = {}
+    for key, members in (("eager", eager_members), ("compiled", compiled_members)):
+        before = [m.compiled.counts.copy() if m.compiled else {} for m in members]
+        rounds: list[list] = [[] for _ in PROMPTS]
+        for i, rnd in Ensemble(members, config).stream_many(PROMPTS):
+            rounds[i].append(rnd)
+        runs[key] = rounds
+        if key == "compiled":
+            for m, was in zip(members, before):
+                assert m.compiled.counts["batched"] > was["batched"]
+    for a, b in zip(runs["eager"], runs["compiled"]):
+        same_rounds(a, b)
+
+
+def test_a_busy_static_cache_leaves_the_draft_eager(eager_members, compiled_members):
+    eager, compiled = eager_members[2], compiled_members[2]
+    decoder = compiled.compiled
+    prompt = "Once upon a time"
+    want = eager.draft(eager.start(prompt, GREEDY), 10)
+    state = compiled.start(prompt, GREEDY)
+    before = decoder.counts.copy()
+    with decoder._lock:  # another thread's draft holds it
+        got = compiled.draft(state, 10)
+    assert (got.text, got.num_tokens) == (want.text, want.num_tokens)
+    assert decoder.counts["eager"] == before["eager"] + 1
+    assert decoder.counts["static"] == before["static"]
+    assert compiled.draft(state, 10).text == want.text  # released: static again
+    assert decoder.counts["static"] == before["static"] + 1
+    assert state.cache.get_seq_length() == len(state.ids)  # the draft left the request's cache as it was
+
+
+def broken_backend(graph, example_inputs):
+    raise RuntimeError("this backend cannot compile anything")
+
+
+def test_a_compilation_that_fails_turns_compiled_decoding_off(caplog):
+    member = compiled_member("llama-bytes", backend=broken_backend)
+    want = drafts_of(tiny_member("llama-bytes"), "Once upon a time", [(6, None), (6, None)])
+    with caplog.at_level("WARNING"):
+        assert drafts_of(member, "Once upon a time", [(6, None), (6, None)]) == want
+    assert member.compiled.disabled and "decoding eagerly" in caplog.text
+    assert member.compiled.counts == {"static": 0, "eager": 2, "batched": 0}
+
+
+def test_a_step_that_fails_mid_draft_goes_on_eagerly(eager_members):
+    """A recompilation can fail in the middle of a draft (on a CPU, a new thread count is one): the
+    tokens decoded in the static cache so far are fed to the request's own cache, and it goes on."""
+    eager = eager_members[1]
+    member = tiny_member(NAMES[1])
+    member.compiled = decoder = CompiledDecoder(member, backend=FAST)
+    compiled, calls = decoder._compiled, []
+
+    def third_fails(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("recompilation failed")
+        return compiled(*args)
+
+    decoder._compiled = third_fails
+    plan = [(8, None), (8, None)]
+    prompt = "Why is the sky blue?"
+    assert drafts_of(member, prompt, plan) == drafts_of(eager, prompt, plan)
+    assert len(calls) == 3 and decoder.disabled and "recompilation failed" in decoder.disabled
+    assert decoder.counts == {"static": 0, "eager": 2, "batched": 0}
+
+
+def test_the_cpu_default_inductor_compiles_and_matches():
+    eager, compiled = tiny_member("gemma-meta"), tiny_member("gemma-meta", compile_decode=True)
+    assert compiled.compiled.backend == "inductor" and compiled.compiled.mode is None  # no CUDA graphs
+    plan = [(6, None), (6, " and the sea"), (6, None)]
+    prompt = "Tell me about the lighthouse by the sea."
+    assert drafts_of(compiled, prompt, plan) == drafts_of(eager, prompt, plan)
+    assert compiled.compiled.counts == {"static": 3, "eager": 0, "batched": 0}
+
+
+def test_loading_and_the_gpu_benchmark_turn_it_on(tiny_checkpoints, capsys):
+    from specfuse.bench import gpu as bench_gpu
+    from specfuse.models.loading import load_member, load_members
+
+    assert load_member(tiny_checkpoints[0], dtype="float32").compiled is None
+    one = load_member(tiny_checkpoints[0], dtype="float32", compile_decode=True)
+    assert isinstance(one.compiled, CompiledDecoder)
+    first, second = load_members([tiny_checkpoints[0]] * 2, dtype="float32", compile_decode=True)
+    assert first.compiled is not None and second.compiled is not None  # a shared model too
+    assert all(m.compiled is not None for m in bench_gpu.build_members("tiny", ["cpu"], "float32", True))
+    assert bench_gpu.build_one("tiny", 0, "cpu", "float32").compiled is None
+    with pytest.raises(SystemExit):
+        bench_gpu.main(["--help"])
+    assert "--compile" in capsys.readouterr().out
