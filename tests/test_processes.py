@@ -4,14 +4,16 @@ what happened, and the engine running them at the same time."""
 from __future__ import annotations
 
 import functools
+import gc
 import threading
 import time
 
 import pytest
 
 from specfuse import Ensemble, EnsembleConfig, MemberError
+from specfuse.errors import PromptTooLongError
 from specfuse.members.hf import HFMember
-from specfuse.members.process import ProcessMember, processes_pay_off, wanted
+from specfuse.members.process import ProcessMember, ProcessState, processes_pay_off, wanted
 from specfuse.members.workers import MemberWorkers, cpu_cores, run_concurrently, thread_shares
 from specfuse.models.loading import load_members
 
@@ -60,6 +62,19 @@ def test_batched_runs_through_process_members_match_one_at_a_time(in_processes):
     ensemble = Ensemble(in_processes, config)
     finals = {i: r.text for i, r in ensemble.stream_many(prompts, config, batch_size=2)}
     assert [finals[0], finals[1]] == [ensemble.run(p).answer for p in prompts]
+
+
+def test_start_many_crosses_the_pipe_with_each_requests_own_error(in_processes):
+    member = in_processes[0]
+    settings = EnsembleConfig(max_new_tokens=20).member_settings(0)
+    got = member.start_many(["Hi", "word " * 150, "Yo"], [settings] * 3)
+    assert isinstance(got[1], PromptTooLongError) and f"{member.name}: the prompt takes" in str(got[1])
+    assert isinstance(got[0], ProcessState) and isinstance(got[2], ProcessState)
+    assert member.draft(got[2], 4).text == member.draft(member.start("Yo", settings), 4).text
+    del got
+    gc.collect()
+    assert member._call("describe")["name"] == member.name  # a call carries the dropped handles
+    assert member._call("held") == 0
 
 
 def test_states_are_released_in_the_worker_when_collected_here(in_processes):

@@ -16,10 +16,10 @@ import torch
 from transformers import DynamicCache
 
 from ..config import MemberSettings
-from ..errors import ConfigError, MemberError, PromptTooLongError
+from ..errors import ConfigError, MemberError, PromptTooLongError, SpecfuseError
 from ..prompts import CHAT, PromptFormat
 from ..records import Candidate, TokenScores
-from . import compiled, drafting, workers
+from . import compiled, drafting, prefill, workers
 from .protocol import BaseMember, Verdict
 from .scoring import (
     CHUNK_TOKENS,
@@ -139,8 +139,55 @@ class HFMember(BaseMember):
 
     # -- the Member protocol -------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def start(self, prompt: str, settings: MemberSettings) -> HFState:
+        (state,) = self.start_many([prompt], [settings])
+        if isinstance(state, SpecfuseError):
+            raise state
+        return state
+
+    @torch.inference_mode()
+    def start_many(
+        self, prompts: Sequence[str], settings: Sequence[MemberSettings]
+    ) -> list[HFState | SpecfuseError]:
+        """Start several requests, their prompts read together (prefill.py: right-padded rows, one
+        forward pass per chunk for a group of similar lengths); each request gets the state start()
+        gives it alone. A prompt that cannot start (empty, too long) is that request's error only."""
+        out: list[HFState | SpecfuseError] = []
+        for prompt, s in zip(prompts, settings):
+            try:
+                out.append(self._begin(prompt, s))
+            except Exception as e:
+                out.append(self._failed(e))
+        ready = [(i, state) for i, state in enumerate(out) if isinstance(state, HFState)]
+        for group in prefill.groups([len(state.ids) for _, state in ready], self.chunk_tokens):
+            rows = [ready[g] for g in group]
+            try:
+                self._prefill([state for _, state in rows], [prompts[i] for i, _ in rows])
+            except Exception as e:
+                if len(rows) == 1:
+                    out[rows[0][0]] = self._failed(e)
+                    continue
+                # A batch that failed (out of memory?): each prompt alone, so that one fails alone.
+                log.warning(
+                    "%s: prefill of %d prompts at once failed (%s): one at a time", self.name, len(rows), e
+                )
+                for i, state in rows:
+                    try:
+                        self._prefill([state], [prompts[i]])
+                    except Exception as alone:
+                        out[i] = self._failed(alone)
+        return out
+
+    def _failed(self, error: Exception) -> SpecfuseError:
+        """A request's error from start: ours as it is, anything else named as a failed call is."""
+        if isinstance(error, SpecfuseError):
+            return error
+        named = MemberError(f"{self.name}: start failed: {type(error).__name__}: {error}")
+        named.__cause__ = error
+        return named
+
+    def _begin(self, prompt: str, settings: MemberSettings) -> HFState:
+        """A request's state before its prompt is read: the prompt's tokens, checked, and its generator."""
         ids = self.prompt_ids(prompt)
         if not ids:
             raise ConfigError(f"{self.name}: the prompt formats to no tokens")
@@ -154,12 +201,27 @@ class HFMember(BaseMember):
         if settings.temperature > 0:
             # Sampling happens where the output head is (with a device map, not always self.device).
             generator = torch.Generator(device=self.head.weight.device).manual_seed(settings.seed)
-        cache = DynamicCache()
-        hidden = self._forward(ids, cache)
-        state = HFState(settings, len(ids), ids, "", cache, hidden[-1], generator)
-        if settings.measure_prompt:
-            state.surprise = self._surprise(prompt, ids, hidden)
-        return state
+        return HFState(settings, len(ids), ids, "", DynamicCache(), torch.empty(0), generator)
+
+    def _prefill(self, states: Sequence[HFState], prompts: Sequence[str]) -> None:
+        """Read the prompts of `states` (one group) into their caches: alone as start() always did,
+        or together, then each row split into its own cache."""
+        if len(states) == 1:
+            states[0].cache = DynamicCache()  # empty, also after a failed batch
+            hiddens = [self._forward(states[0].ids, states[0].cache)]
+        else:
+            pad = self.tokenizer.pad_token_id or 0
+            cache, batch = prefill.forward_rows(
+                self.base, [s.ids for s in states], self.chunk_tokens, self.device, pad
+            )
+            lengths = [len(s.ids) for s in states]
+            for state, own in zip(states, prefill.split(cache, lengths)):
+                state.cache = own
+            hiddens = [batch[b, :n] for b, n in enumerate(lengths)]
+        for state, prompt, hidden in zip(states, prompts, hiddens):
+            state.last_hidden = hidden[-1].clone()  # not a view that keeps the batch's states alive
+            if state.settings.measure_prompt:
+                state.surprise = self._surprise(prompt, state.ids, hidden)
 
     def prompt_surprise(self, state: HFState) -> float | None:
         """How surprised this member was by the prompt's own text, in nats per byte (None: not

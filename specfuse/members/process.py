@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import MemberSettings
-from ..errors import MemberError
+from ..errors import MemberError, SpecfuseError
 from ..records import Candidate
 from .protocol import BaseMember, Member, Verdict
 
@@ -129,6 +129,20 @@ class ProcessMember(BaseMember):
         state = ProcessState(self._call("start", prompt, settings))
         weakref.finalize(state, self._dropped.append, state.id)
         return state
+
+    def start_many(self, prompts: Sequence[str], settings: Sequence[MemberSettings]) -> list[Any]:
+        """The worker's start_many in one call: a handle for each request that started, the error of
+        each that did not."""
+        out: list[Any] = []
+        for started in self._call("start_many", list(prompts), list(settings)):
+            if isinstance(started, BaseException):  # a SpecfuseError, unless it could not cross
+                error = started if isinstance(started, SpecfuseError) else None
+                out.append(error or MemberError(f"{self.name}: start failed: {started}"))
+                continue
+            state = ProcessState(started)
+            weakref.finalize(state, self._dropped.append, state.id)
+            out.append(state)
+        return out
 
     def draft(self, state: ProcessState, max_new_tokens: int) -> Candidate:
         return self._call("draft", state.id, max_new_tokens)
@@ -271,6 +285,17 @@ def _handlers(member: Member, states: dict[int, Any]) -> dict[str, Callable[...,
         states[handle] = member.start(prompt, settings)
         return handle
 
+    def start_many(prompts: list[str], settings: list[MemberSettings]) -> list[Any]:
+        out: list[Any] = []
+        for started in member.start_many(prompts, settings):
+            if isinstance(started, BaseException):  # that request's error, sent back as it is
+                out.append(_portable(started))
+                continue
+            handle = next(counter)
+            states[handle] = started
+            out.append(handle)
+        return out
+
     def describe() -> dict[str, Any]:
         return {
             "name": member.name,
@@ -282,6 +307,7 @@ def _handlers(member: Member, states: dict[int, Any]) -> dict[str, Callable[...,
     out: dict[str, Callable[..., Any]] = {
         "describe": describe,
         "start": start,
+        "start_many": start_many,
         "draft": lambda h, n: member.draft(states[h], n),
         "score": lambda h, candidates: list(member.score(states[h], candidates)),
         "accept": lambda h, text: member.accept(states[h], text),

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ..config import MemberSettings
+from ..errors import MemberError, SpecfuseError
 from ..records import Candidate, TokenScores
 
 HERE = "this process"  # a member's `host` when its work runs in the engine's own process
@@ -52,6 +53,12 @@ class Member(Protocol):
 
     # -- optional capabilities (BaseMember gives each a default) -----------------------------------
 
+    def start_many(self, prompts: Sequence[str], settings: Sequence[MemberSettings]) -> list[Any]:
+        """start() for several requests at once (settings[i] is prompt i's); a member that can read
+        the prompts together does it in fewer passes. Each entry is that request's state, or the
+        SpecfuseError that request cannot start with: one bad prompt fails only its own request."""
+        ...
+
     def draft_many(self, states: Sequence[Any], budgets: Sequence[int]) -> list[Candidate]:
         """draft() for several requests at once; a member that can batch them does it in one pass."""
         ...
@@ -91,6 +98,19 @@ class BaseMember:
 
     def accept(self, state: Any, text: str) -> None:
         raise NotImplementedError
+
+    def start_many(self, prompts: Sequence[str], settings: Sequence[MemberSettings]) -> list[Any]:
+        out: list[Any] = []
+        for prompt, s in zip(prompts, settings):
+            try:
+                out.append(self.start(prompt, s))
+            except SpecfuseError as e:
+                out.append(e)
+            except Exception as e:  # this request's alone, named as a failed call is
+                error = MemberError(f"{self.name}: start failed: {type(e).__name__}: {e}")
+                error.__cause__ = e
+                out.append(error)
+        return out
 
     def draft_many(self, states: Sequence[Any], budgets: Sequence[int]) -> list[Candidate]:
         return [self.draft(s, b) for s, b in zip(states, budgets)]

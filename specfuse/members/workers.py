@@ -232,23 +232,15 @@ class MemberCalls:
         self.failures: dict[int, SpecfuseError] = {}  # id(run) -> why it cannot go on (isolate)
 
     def start(self, runs: Sequence[Request]) -> None:
-        """Each run's own members start it; member i of the run's own list gets member_settings(i),
-        so that a run of a subset equals an ensemble of that subset. One run's bad prompt (too long
-        for a member's context) fails that run, not the others starting beside it."""
+        """Each run's own members start it, each member once for all the runs it serves (start_many:
+        an HFMember reads their prompts together); member i of the run's own list gets
+        member_settings(i), so that a run of a subset equals an ensemble of that subset. One run's
+        bad prompt (too long for a member's context) fails that run, not the others starting beside
+        it; a start_many that raises fails every run it served."""
 
         def begin(m: str, group: list[Request], _: list[None]) -> list[Any]:
-            member = self.members[m]
-            states: list[Any] = []
-            for r in group:
-                try:
-                    states.append(member.start(r.prompt, r.config.member_settings(r.names.index(m))))
-                except SpecfuseError as e:
-                    states.append(e)
-                except Exception as e:  # named like any failed call
-                    error = MemberError(f"{m}: start failed: {type(e).__name__}: {e}")
-                    error.__cause__ = e
-                    states.append(error)
-            return states
+            settings = [r.config.member_settings(r.names.index(m)) for r in group]
+            return self.members[m].start_many([r.prompt for r in group], settings)
 
         work = [(m, r, None) for r in runs for m in r.names]
         for (m, key), (state, _) in self._by_member("start", work, begin):
