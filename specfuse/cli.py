@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--device-map", default=None, help="accelerate device map for large models, e.g. auto")
     add("--dtype", default="auto", help="auto (per device), float32, bfloat16, float16")
     add(
+        "--quantize",
+        default="none",
+        help="none, int8, int4: each model's Linear weights quantized after it loads, on the CPU only "
+        "(fewer bytes read per token; docs/benchmarks.md)",
+    )
+    add(
         "--processes",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -352,6 +358,7 @@ def _load(names: Sequence[str], args: argparse.Namespace, err: TextIO) -> list[M
             trust_remote_code=args.trust_remote_code,
             progress=progress,
             processes="auto" if args.processes is None else args.processes,
+            quantize=args.quantize,
         )
         if args.trust is not None:
             apply_trust(members, load_trust(args.trust))

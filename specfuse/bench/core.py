@@ -235,7 +235,8 @@ def format_table(report: dict[str, Any]) -> str:
     """The results as a plain-text table: targets with PASS/MISS first, then the other figures."""
     lines = [
         f"CPU: {report['cpu_model']} ({report['cpu_count']} cores, {report['torch_threads']} torch threads)",
-        f"models: {', '.join(f'{m} ({d})' for m, d in report['dtypes'].items())}",
+        f"models: {', '.join(f'{m} ({d})' for m, d in report['dtypes'].items())}"
+        + (f", {report['quantize']} weights" if report.get("quantize", "none") != "none" else ""),
         f"answer: {report['answer_tokens']} tokens in {report['rounds']} rounds "
         f"(stop: {report['stop_reason']}), L = {report['segment_len']}, exit off",
         "",
@@ -322,6 +323,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="answer budget (default 440)")
     parser.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (default auto)")
+    parser.add_argument(
+        "--quantize",
+        default="none",
+        help="none, int8, int4: Linear weights quantized on the CPU (default none; docs/benchmarks.md)",
+    )
     parser.add_argument("--prompt", default=LONG_PROMPT, help="the prompt (default: a long numbered list)")
     parser.add_argument(
         "--parallel",
@@ -348,7 +354,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     tokens = args.max_new_tokens or (160 if args.quick else 440)
     try:
         names = parse_models(args.models)
-        members = load_members(names, dtype=args.dtype, progress=tqdm_progress("loading"))
+        members = load_members(
+            names, dtype=args.dtype, progress=tqdm_progress("loading"), quantize=args.quantize
+        )
         bench_kwargs = dict(
             prompt=args.prompt,
             max_new_tokens=tokens,
@@ -369,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 pstats.Stats(profiler, stream=f).sort_stats("cumulative").print_stats(40)
         else:
             report = run_bench(members, **bench_kwargs)
-        if not args.no_rss:
+        if not args.no_rss and args.quantize == "none":  # the children load unquantized models
             alone = rss_alone(names, args.dtype)
             report["rss_alone_gb"] = alone
             report["rss_sum_alone_gb"] = sum(alone[n] for n in names)
@@ -380,6 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     report["quick"] = args.quick
+    report["quantize"] = args.quantize
     write_report(report, format_table(report), args.json)
     return 0
 

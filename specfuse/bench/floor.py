@@ -35,7 +35,10 @@ def read_bandwidth(device: str = "cpu", megabytes: int = BANDWIDTH_MB, repeats: 
 
 def weight_bytes(model: Any) -> int:
     """Bytes of weights one decoding step reads: every parameter once, except an input embedding
-    that is not also the output head (a step gathers one of its rows, not the whole table)."""
+    that is not also the output head (a step gathers one of its rows, not the whole table).
+
+    A quantized weight (models/quantize.py) counts its codes (int8, or int4 two to a byte) and its
+    scales: the bytes it really holds, not its layer's bytes in the model's dtype."""
     embedding = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
     tied = head is not None and head.weight.data_ptr() == embedding.data_ptr()
@@ -44,7 +47,7 @@ def weight_bytes(model: Any) -> int:
         if p.data_ptr() in seen or (p is embedding and not tied):
             continue
         seen.add(p.data_ptr())
-        total += p.numel() * p.element_size()
+        total += p.numel() * p.element_size() + (p.scale_bytes() if hasattr(p, "scale_bytes") else 0)
     return total
 
 

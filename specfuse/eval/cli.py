@@ -186,6 +186,11 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
     common.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (default auto)")
     common.add_argument(
+        "--quantize",
+        default="none",
+        help="none, int8, int4: Linear weights quantized on the CPU (default none)",
+    )
+    common.add_argument(
         "--batch-size", type=int, default=8, help="prompts under way at once (stream_many; default 8)"
     )
     common.add_argument(
@@ -315,7 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Check the requested systems before loading any model.
         plan_systems(names, config, systems, variants, best=names[0])
         trust = trust_file.load_trust(args.trust) if args.trust is not None else None
-        members = _load(names, args.dtype)
+        # quantize only when asked: tests stand in for _load(names, dtype)
+        members = _load(names, args.dtype, **({} if args.quantize == "none" else {"quantize": args.quantize}))
         if trust is not None:
             trust_file.apply_trust(members, trust)
         if args.task == "throughput":
@@ -389,10 +395,10 @@ def _trust(reports: Sequence[Path], out: Path, command: str) -> int:
     return 0
 
 
-def _load(names: Sequence[str], dtype: str) -> list[Any]:
+def _load(names: Sequence[str], dtype: str, quantize: str = "none") -> list[Any]:
     from ..models.loading import load_members, tqdm_progress
 
-    return load_members(names, dtype=dtype, progress=tqdm_progress("loading"))
+    return load_members(names, dtype=dtype, progress=tqdm_progress("loading"), quantize=quantize)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from specfuse.prompts import CHAT, QA_COMPLETION, PromptFormat
 from .cache import Progress, assemble_gguf, cache_root, cached_folder, ensure_cached, no_progress
 from .catalogue import CATALOGUE, installed_models
 from .devices import gpu_count, plan_devices, resolve_dtype
+from .quantize import check_quantize, quantize_model
 
 if TYPE_CHECKING:
     import torch
@@ -103,6 +104,7 @@ class LoadRequest:
     trust_remote_code: bool
     progress: Progress
     compile_decode: bool = False  # HFMember drafts in a static cache, compiled (members/compiled.py)
+    quantize: str = "none"  # "int8" / "int4": Linear weights quantized on the CPU (models/quantize.py)
 
 
 @dataclass(frozen=True)
@@ -272,6 +274,7 @@ def load_member(
     trust_remote_code: bool = False,
     progress: Progress | None = None,
     compile_decode: bool = False,
+    quantize: str = "none",
 ) -> Member:
     """Load a catalogue model, a local checkpoint folder (or .gguf file), a hub id or a server spec
     (`ENGINE:URL#NAME?tokenizer=...`, see remote.py) as a member.
@@ -281,7 +284,10 @@ def load_member(
     as safetensors under `cache_dir` (default $SPECFUSE_CACHE or ~/.cache/specfuse).
     `compile_decode`: an in-process model drafts in a static KV cache with a torch.compile'd step
     (CUDA graphs on a GPU; docs/gpu.md); a served member ignores it.
+    `quantize` ("none", "int8", "int4"): an in-process model's Linear weights are quantized after it
+    loads, on the CPU only (models/quantize.py); a served member ignores it.
     """
+    check_quantize(quantize)
     loader = check_member_name(name_or_path, allow_paths=allow_paths, allow_servers=allow_servers)
     request = LoadRequest(
         name_or_path,
@@ -292,6 +298,7 @@ def load_member(
         trust_remote_code,
         progress or no_progress,
         compile_decode,
+        quantize,
     )
     return loader.load(request)
 
@@ -310,6 +317,8 @@ def _load_hf(
         torch_dtype = resolve_dtype(req.dtype, device)
     else:
         torch_dtype = resolve_dtype(req.dtype, "cuda" if gpu_count() else "cpu")
+    if req.quantize != "none" and (req.device_map is not None or not device.startswith("cpu")):
+        raise ConfigError(f"{req.name}: quantize={req.quantize!r} runs on the CPU only; use --device cpu")
     name_or_path, report = req.name, req.progress
     report(0.9, f"{name_or_path}: loading")
     start = time.perf_counter()
@@ -326,14 +335,16 @@ def _load_hf(
     model.eval()
     if req.device_map is None:
         model.to(device)
+    quantize_model(model, req.quantize)
     member_device = str(model.get_input_embeddings().weight.device)
     if prompt_format is None:
         prompt_format = CHAT if getattr(tokenizer, "chat_template", None) else QA_COMPLETION
     log.info(
-        "%s: loaded %s (%s) on %s in %.1f s",
+        "%s: loaded %s (%s%s) on %s in %.1f s",
         name_or_path,
         type(model).__name__,
         torch_dtype,
+        "" if req.quantize == "none" else f", {req.quantize} weights",
         member_device,
         time.perf_counter() - start,
     )
@@ -418,6 +429,7 @@ def load_members(
     ensemble_devices: Sequence[str] | None = None,
     load: MemberLoad | None = None,
     compile_decode: bool = False,
+    quantize: str = "none",
 ) -> list[Member]:
     """The members of one ensemble, in the order of `names`: the one loading path of the CLI, the
     app, the benchmarks and the evaluation.
@@ -439,8 +451,10 @@ def load_members(
     member here. Whether a repeat makes sense (only when sampling) is the caller's decision.
 
     `load` loads one member here (default load_member; the app passes its own, tests a scripted one).
-    `compile_decode` goes to each load (only when True, so that a `load` without it keeps working).
+    `compile_decode` goes to each load (only when True, so that a `load` without it keeps working),
+    as does `quantize` (only when not "none").
     """
+    check_quantize(quantize)
     load_here = load or load_member
     distinct = list(dict.fromkeys(names))
     repeated = [n for n in distinct if names.count(n) > 1]
@@ -473,6 +487,8 @@ def load_members(
         )
         if compile_decode:
             options["compile_decode"] = True
+        if quantize != "none":
+            options["quantize"] = quantize
         if not in_processes or _is_server(name):
             return load_here(name, progress=step, **options)
         step(0.0, f"loading {name} in a process of its own")
