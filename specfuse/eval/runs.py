@@ -294,53 +294,33 @@ def _outcome(system: str, problem: Problem, runs: Sequence[tuple[Path, Trace | s
     traces = [(p, t) for p, t in runs if isinstance(t, Trace)]
     errors = [t for _, t in runs if isinstance(t, str)]
     results = [t.result for _, t in traces]
+    figures: dict[str, Any] = dict(
+        system=system,
+        problem=problem.id,
+        seconds=sum(r.seconds for r in results),
+        rounds=sum(r.rounds for r in results),
+        draft_calls=sum(r.draft_calls for r in results),
+        verify_calls=sum(r.verify_calls for r in results),
+        traces=tuple(str(p) for p, _ in traces),
+        gold=problem.gold,
+        error="; ".join(errors) or None,
+    )
     if problem.instructions:
-        return _instruction_outcome(system, problem, traces, errors)
+        # IFEval: the checker's verdict per instruction on the (first) answer; a failed run follows
+        # none of them, so it still counts in the instruction-level denominators.
+        answer = results[0].answer if results and not errors else ""
+        strict, loose = grade(problem, answer) if answer else ((False,) * len(problem.instructions),) * 2
+        return Outcome(
+            **figures, predicted=f"{sum(strict)}/{len(strict)} followed", correct=all(strict),
+            answer=answer, followed=strict, followed_loose=loose,
+        )  # fmt: skip
     answers = [extract_answer(r.answer) for r in results]
     predicted = (answers[0] if len(answers) == 1 else majority(answers)) if not errors else None
     answer = next(
         (r.answer for r, a in zip(results, answers) if a == predicted), results[0].answer if results else ""
     )
-    return Outcome(
-        system=system,
-        problem=problem.id,
-        predicted=predicted,
-        correct=predicted is not None and predicted == problem.gold,
-        seconds=sum(r.seconds for r in results),
-        rounds=sum(r.rounds for r in results),
-        draft_calls=sum(r.draft_calls for r in results),
-        verify_calls=sum(r.verify_calls for r in results),
-        traces=tuple(str(p) for p, _ in traces),
-        gold=problem.gold,
-        answer=answer,
-        error="; ".join(errors) or None,
-    )
-
-
-def _instruction_outcome(
-    system: str, problem: Problem, traces: Sequence[tuple[Path, Trace]], errors: Sequence[str]
-) -> Outcome:
-    """An IFEval outcome: the checker's verdict per instruction on the (first) answer; a failed run
-    follows none of them, so it still counts in the instruction-level denominators."""
-    results = [t.result for _, t in traces]
-    answer = results[0].answer if results and not errors else ""
-    strict, loose = grade(problem, answer) if answer else ((False,) * len(problem.instructions),) * 2
-    return Outcome(
-        system=system,
-        problem=problem.id,
-        predicted=f"{sum(strict)}/{len(strict)} followed",
-        correct=all(strict),
-        seconds=sum(r.seconds for r in results),
-        rounds=sum(r.rounds for r in results),
-        draft_calls=sum(r.draft_calls for r in results),
-        verify_calls=sum(r.verify_calls for r in results),
-        traces=tuple(str(p) for p, _ in traces),
-        gold=problem.gold,
-        answer=answer,
-        error="; ".join(errors) or None,
-        followed=strict,
-        followed_loose=loose,
-    )
+    correct = predicted is not None and predicted == problem.gold
+    return Outcome(**figures, predicted=predicted, correct=correct, answer=answer)
 
 
 def evaluate(
