@@ -1,2 +1,3 @@
 """Models: which ones we know (the catalogue), where their files come from (the converted-model
-cache), where they run (devices and dtypes), and the one path that turns names into members."""
+cache), where they run (devices and dtypes), how much each is trusted before round 1 (trust.py),
+their weights quantized on the CPU (quantize.py), and the one path that turns names into members."""
