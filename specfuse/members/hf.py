@@ -110,8 +110,8 @@ class HFMember(BaseMember):
         # Query tokens per forward pass in verification and prefill (scoring.CHUNK_TOKENS: memory
         # linear in a long candidate's or prompt's length); tests lower it to chunk short texts.
         self.chunk_tokens = CHUNK_TOKENS
-        # The say this member starts with under prior="trust" (the catalogue's, from evidence); None:
-        # unknown, and an ensemble with any unknown member starts uniform.
+        # The say this member starts with under prior="trust" (the catalogue's or a trust file's, from
+        # evidence); None: unknown, and it starts with the mean of the others' (feedback.trust_weights).
         self.trust = trust
         # Drafts of one request decode in a static cache with a compiled step (compiled.py; opt in).
         self.compiled = compiled.CompiledDecoder(self) if compile_decode else None
