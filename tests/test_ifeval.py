@@ -102,6 +102,26 @@ def test_language_detection_is_real_and_repeatable():
     assert {ifeval.grade(french, "Bonjour tout le monde, merci.") for _ in range(5)} == {((True,), (True,))}
 
 
+def test_a_row_the_checker_fills_in_at_random_grades_the_same_every_time():
+    """Row 19 asks for the letter '#' at least 4 times: the checker picks a random letter instead;
+    the grade is seeded by the problem, so it is the same on every call and in every process."""
+    row = ifeval.load_ifeval(rows=range(19, 20))[0]
+    assert (
+        dict(row.instructions)["keywords:letter_frequency"]
+        == '{"let_frequency": 4, "let_relation": "at least", "letter": "#"}'
+    )
+    answer = "a quick brown fox jumps over the lazy dog, again and again and again."
+    grades = {ifeval.grade(row, answer) for _ in range(8)}
+    assert len(grades) == 1
+    import random
+
+    random.seed(1)
+    expected = random.random()
+    random.seed(1)
+    ifeval.grade(row, answer)
+    assert random.random() == expected  # the caller's random state is left as it was
+
+
 def test_an_empty_answer_follows_nothing():
     assert ifeval.grade(problem(("punctuation:no_comma", {})), "  ") == ((False,), (False,))
 

@@ -22,6 +22,7 @@ import functools
 import importlib.util
 import json
 import os
+import random
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -152,8 +153,17 @@ def grade(problem: Problem, answer: str) -> tuple[tuple[bool, ...], tuple[bool, 
         kwargs=[json.loads(k) for _, k in problem.instructions],
     )
     responses = {problem.question: answer}
-    strict = checker.test_instruction_following_strict(example, responses)
-    loose = checker.test_instruction_following_loose(example, responses)
+    # The checker draws from Python's `random` where a row's arguments are not what it expects
+    # (keywords:letter_frequency with the letter '#' or '!' picks a random letter): seeded by the
+    # problem, so that a grade is the same in every process, and the caller's random state kept.
+    state = random.getstate()
+    try:
+        random.seed(problem.id)
+        strict = checker.test_instruction_following_strict(example, responses)
+        random.seed(problem.id)
+        loose = checker.test_instruction_following_loose(example, responses)
+    finally:
+        random.setstate(state)
     return tuple(strict.follow_instruction_list), tuple(loose.follow_instruction_list)
 
 
