@@ -34,21 +34,30 @@ def test_trust_is_the_mean_accuracy_over_tasks_floored():
     assert trust_file.compute(evidence) == {"q": pytest.approx(0.2), "s": trust_file.MIN_TRUST}
 
 
-def test_the_command_reads_singles_from_reports_counts_each_problem_once_and_writes_the_file(tmp_path, capsys):
+def test_the_command_reads_singles_from_reports_counts_each_problem_once_and_writes_it(tmp_path, capsys):
     first = report(
         tmp_path / "a.json",
-        [("single-q", "gsm8k-0000", True), ("single-q", "gsm8k-0001", False), ("ensemble", "gsm8k-0000", True)],
+        [
+            ("single-q", "gsm8k-0000", True),
+            ("single-q", "gsm8k-0001", False),
+            ("ensemble", "gsm8k-0000", True),
+        ],
     )
     second = report(
         tmp_path / "b.json",
-        [("single-q", "gsm8k-0001", True), ("single-s", "ifeval-0000", True), ("single-q", "ifeval-0000", False)],
+        [
+            ("single-q", "gsm8k-0001", True),
+            ("single-s", "ifeval-0000", True),
+            ("single-q", "ifeval-0000", False),
+        ],
     )
     out = tmp_path / "trust.json"
     assert ev.main(["trust", str(first), str(second), "--out", str(out)]) == 0
     document = json.loads(out.read_text())
     counts = {(e["member"], e["task"]): (e["correct"], e["problems"]) for e in document["evidence"]}
     assert counts == {("q", "gsm8k"): (1, 2), ("s", "ifeval"): (1, 1), ("q", "ifeval"): (0, 1)}
-    assert document["trust"] == {"q": pytest.approx((0.5 + 0.0) / 2), "s": 1.0}  # the floor applies to the mean
+    # q: 1/2 on gsm8k, 0/1 on ifeval; the floor applies to the mean, not to each task
+    assert document["trust"] == {"q": pytest.approx((0.5 + 0.0) / 2), "s": 1.0}
     assert document["command"].startswith("python -m specfuse.eval trust") and document["rule"]
     assert trust_file.load_trust(out) == document["trust"]
     assert "trust q" in capsys.readouterr().out

@@ -48,7 +48,8 @@ def main() -> None:
         t["tokens_per_s"] = t["tokens"] / t["seconds"]
         print(
             f"{mode:9s} {t['tokens_per_s']:6.2f} tokens/s  verify passes {t['verify_calls']:4d} "
-            f"({t['verify_calls'] / t['rounds']:.2f} a round)  rounds unscored {t['unscored']} of {t['rounds']}"
+            f"({t['verify_calls'] / t['rounds']:.2f} a round)  "
+            f"rounds unscored {t['unscored']} of {t['rounds']}"
         )
     ratio = totals["disagree"]["tokens_per_s"] / totals["always"]["tokens_per_s"]
     print(
