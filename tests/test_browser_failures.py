@@ -1,4 +1,5 @@
-"""The failure-case browser over the shipped study (`python app.py --eval-dir bench`), in a browser.
+"""The failure-case browser over a shipped study (`python app.py --eval-dir bench/RESULTS-gsm8k.json`;
+with `--eval-dir bench` it opens the largest of the reports, today the IFEval study), in a browser.
 
 It listed 150 problems and opened none: the report names runs/gsm8k/… traces that are not shipped,
 and the copies it ships (bench/RESULTS-gsm8k-cases/…) were never read. The replay also sat 3,700 px
@@ -30,7 +31,10 @@ def page(browser, tmp_path, monkeypatch):  # noqa: F811
     monkeypatch.chdir(tmp_path)  # the shipped paths must resolve from the folder, not the checkout
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
     demo = app.build_demo(
-        lambda name, device, progress: None, choices=TINY, default_models=TINY[:2], eval_dir=ROOT / "bench"
+        lambda name, device, progress: None,
+        choices=TINY,
+        default_models=TINY[:2],
+        eval_dir=ROOT / "bench" / "RESULTS-gsm8k.json",
     )
     _, address, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
