@@ -18,6 +18,7 @@ import gradio as gr
 
 from specfuse import SpecfuseError
 from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
+from specfuse.models.trust import CLI_HELP as TRUST_HELP
 from specfuse.models.trust import load_trust
 from specfuse.serve.scheduler import DEFAULT_BATCH_SIZE
 from specfuse.trace import MAX_TRACE_BYTES
@@ -113,8 +114,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--trust",
         default=None,
         metavar="FILE",
-        help="starting trust from evidence: a file written by `python -m specfuse.eval trust` "
-        "(default: the catalogue's; docs/evaluation.md)",
+        help=TRUST_HELP,
     )
     parser.add_argument(
         "--processes",

@@ -20,6 +20,7 @@ from .config import EnsembleConfig
 from .engine import Ensemble, check_prompt
 from .errors import ConfigError, SpecfuseError
 from .models.catalogue import CATALOGUE
+from .models.trust import CLI_HELP as TRUST_HELP
 from .records import Round
 from .trace import Trace, save_trace
 
@@ -69,8 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--trust",
         default=None,
         metavar="FILE",
-        help="starting trust from evidence: a file written by `python -m specfuse.eval trust` "
-        "(default: the catalogue's; docs/evaluation.md)",
+        help=TRUST_HELP,
     )
     add("--trace", default=None, metavar="PATH", help="write the run as a JSON trace")
     add("--quiet", action="store_true", help="no progress on stderr")

@@ -198,8 +198,7 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="FILE",
-        help="starting trust from evidence: a file written by `python -m specfuse.eval trust` "
-        "(default: the catalogue's; docs/evaluation.md)",
+        help=trust_file.CLI_HELP,
     )
     common.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
     study = argparse.ArgumentParser(add_help=False)

@@ -34,6 +34,10 @@ RULE = (
     f"for it, floored at {MIN_TRUST}; starting weights = trust / sum over the run's members; a member "
     "without evidence gets the mean trust of those with it"
 )
+CLI_HELP = (  # --trust in every command that loads members
+    "starting trust from evidence: a file written by `python -m specfuse.eval trust` "
+    "(default: the catalogue's; docs/evaluation.md)"
+)
 PACKAGED = Path(__file__).with_name("trust.json")  # the catalogue's trust, made by the command it names
 
 

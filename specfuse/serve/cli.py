@@ -21,6 +21,7 @@ from typing import Any, TextIO
 from ..cli import HELP_WIDTH, add_settings, config_from_args, parse_models
 from ..errors import ConfigError, SpecfuseError
 from ..models.catalogue import DEFAULT_MEMBERS
+from ..models.trust import CLI_HELP as TRUST_HELP
 from .scheduler import DEFAULT_BATCH_SIZE, DEFAULT_QUEUE, Scheduler
 from .schema import Limits
 
@@ -45,8 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--trust",
         default=None,
         metavar="FILE",
-        help="starting trust from evidence: a file written by `python -m specfuse.eval trust` "
-        "(default: the catalogue's; docs/evaluation.md)",
+        help=TRUST_HELP,
     )
     add(
         "--cache-dir",
