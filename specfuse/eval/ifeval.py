@@ -7,8 +7,8 @@ old setuptools and pull vLLM-era packages the checker never imports. The checker
 that nltk ≥ 3.9 refuses to unpickle and that no download can fetch here. The same model ships as
 `punkt_tab` (plain tab-separated tables, NLTK's own replacement for the pickle) inside the PyPI
 package `llama-index-core` 0.14.25 (`_static/nltk_cache/tokenizers/punkt_tab/english/`, also
-installed with `--no-deps`): `checker()` reads those tables with `nltk.tokenize.punkt.load_punkt_params`
-and gives the checker that tokenizer. Neither package is imported as a whole: their folders are
+installed with `--no-deps`): `_checker()` adds that folder to NLTK's search path and gives the
+checker a `PunktTokenizer` read from those tables. Neither package is imported as a whole: their folders are
 located with `importlib.util.find_spec`, which runs none of their code, and the checker's own
 folder is loaded as a package of its own.
 
@@ -77,17 +77,20 @@ def parse_rows(text: str) -> range:
     return range(first, last)
 
 
-def load_ifeval(path: str | os.PathLike[str] | None = None, rows: range = DEV_ROWS) -> list[Problem]:
-    """The IFEval rows `rows` (0-based line numbers among the file's non-empty lines) of a JSONL file
-    in IFEval's format (key, prompt, instruction_id_list, kwargs); the packaged file by default."""
+def load_ifeval(path: str | os.PathLike[str] | None = None, rows: range | None = DEV_ROWS) -> list[Problem]:
+    """The IFEval rows `rows` (0-based line numbers among the file's non-empty lines; None: all) of a
+    JSONL file in IFEval's format (key, prompt, instruction_id_list, kwargs); the packaged file by
+    default."""
     path = Path(path) if path is not None else packaged_data()
     if not path.is_file():
         raise DataError(f"no IFEval file at {str(path)!r}")
     problems = []
     with path.open(encoding="utf-8") as f:
         lines = [line for line in f if line.strip()]
+    rows = range(len(lines)) if rows is None else rows
     if rows.stop > len(lines):
         raise DataError(f"{path.name} has {len(lines)} rows; --rows asks up to row {rows.stop - 1}")
+    known = set(_checker().INSTRUCTION_DICT)
     for row in rows:
         try:
             item = json.loads(lines[row])
@@ -96,7 +99,6 @@ def load_ifeval(path: str | os.PathLike[str] | None = None, rows: range = DEV_RO
                 raise ValueError("expected a text prompt and lists instruction_id_list, kwargs")
             if len(ids) != len(kwargs) or not ids:
                 raise ValueError("instruction_id_list and kwargs must be non-empty and of equal length")
-            known = set(_checker().INSTRUCTION_DICT)
             unknown = [i for i in ids if i not in known]
             if unknown:
                 raise ValueError(f"unknown instruction ids {unknown}")

@@ -409,11 +409,7 @@ def _read_problems(data: str | os.PathLike[str]) -> list[Problem]:
         raise EvalError(f"no data file at {str(data)!r}")
     with open(data, encoding="utf-8") as f:
         first = next((line for line in f if line.strip()), "")
-    if '"instruction_id_list"' not in first:
-        return load_problems(data)
-    with open(data, encoding="utf-8") as f:
-        rows = sum(1 for line in f if line.strip())
-    return load_ifeval(data, range(0, rows))
+    return load_ifeval(data, rows=None) if '"instruction_id_list"' in first else load_problems(data)
 
 
 # A report row needs system, problem, predicted and correct; the run figures may be left out (a report
