@@ -241,11 +241,12 @@ def trust_weights(trust: Sequence[float | None]) -> list[float]:
     """Starting weights from the members' trust (relative say, from evidence), normalized. A member
     without trust (None, or not a finite number ≥ 0) gets the mean of the others' (models/trust.py:
     neither favoured nor held back); uniform when none has any or they sum to nothing."""
-    known = [float(t) for t in trust if t is not None and math.isfinite(t) and t >= 0]
+    given = [float(t) if t is not None and math.isfinite(t) and t >= 0 else None for t in trust]
+    known = [t for t in given if t is not None]
     if not known:
         return uniform(len(trust))
     mean = sum(known) / len(known)
-    filled = [float(t) if t is not None and math.isfinite(t) and t >= 0 else mean for t in trust]
+    filled = [mean if t is None else t for t in given]
     total = sum(filled)
     return [t / total for t in filled] if total > 0 else uniform(len(trust))
 
