@@ -104,3 +104,26 @@ def test_a_run_starts_from_the_files_trust_and_a_member_without_evidence_gets_th
     rnd = next(iter(Ensemble(members).stream("Q?", EnsembleConfig(max_new_tokens=8))))
     assert rnd.weights_before == pytest.approx((0.6 / 1.2, 0.2 / 1.2, 0.4 / 1.2))
     assert list(rnd.weights_before) == pytest.approx(feedback.trust_weights([0.6, 0.2, None]))
+
+
+def test_an_evaluation_refuses_traces_run_from_other_trust(tmp_path):
+    """Trust is not a config setting, so the runs check the starting weights: new trust, new runs."""
+    from specfuse.eval.problems import Problem
+    from specfuse.eval.runs import EvalError, ensemble_system, run_systems
+
+    members = [ScriptedMember(n, [("The answer is 4.", True)], lambda text: 1.0) for n in ("a", "b")]
+    members[0].trust, members[1].trust = 0.6, 0.2
+    config = EnsembleConfig(max_new_tokens=16)
+    systems = [ensemble_system("ensemble", ["a", "b"], config)]
+    problems = [Problem("gsm8k-0000", "2 + 2?", "4")]
+    first = run_systems(members, systems, problems, tmp_path)
+    assert first[0].correct
+    again = run_systems(members, systems, problems, tmp_path)  # same trust: loaded, not re-run
+    assert again[0].traces == first[0].traces and members[0].calls.count(("start", problems[0].prompt)) == 1
+    members[1].trust = 0.6  # a new trust file: 0.50 / 0.50 instead of 0.75 / 0.25
+    stale = r"started from weights 0\.750, 0\.250, but the trust in use now gives 0\.500"
+    with pytest.raises(EvalError, match=stale):
+        run_systems(members, systems, problems, tmp_path)
+    uniform = [ensemble_system("ensemble", ["a", "b"], EnsembleConfig(max_new_tokens=16, prior="uniform"))]
+    with pytest.raises(EvalError, match="another config"):  # a config change is caught as before
+        run_systems(members, uniform, problems, tmp_path)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .. import feedback
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import ConfigError, SpecfuseError, TraceError
@@ -159,8 +160,11 @@ def _differences(a: EnsembleConfig, b: EnsembleConfig, solo: bool = False) -> li
     return [f"{k} {left[k]!r} vs {right[k]!r}" for k in keys if left[k] != right[k]]
 
 
-def _load_existing(job: _Job) -> Trace | str | None:
-    """The job's trace, or its recorded error message, or None when it still has to run."""
+def _load_existing(job: _Job, start: Sequence[float] | None = None) -> Trace | str | None:
+    """The job's trace, or its recorded error message, or None when it still has to run.
+
+    `start`: the starting weights this run would get now (an ensemble under prior="trust"); trust is
+    not a config setting, so a trace is also checked against it: new trust, new runs."""
     if job.path.is_file():
         try:
             trace = load_trace(job.path)
@@ -178,6 +182,14 @@ def _load_existing(job: _Job) -> Trace | str | None:
                 f"{job.path} was run with another config ({'; '.join(diff)}); use another --runs "
                 f"folder or variant name, or delete {job.path.parent}"
             )
+        if start is not None and trace.rounds and not _same_weights(trace.rounds[0].weights_before, start):
+            was = ", ".join(f"{w:.3f}" for w in trace.rounds[0].weights_before)
+            now = ", ".join(f"{w:.3f}" for w in start)
+            raise EvalError(
+                f"{job.path} started from weights {was}, but the trust in use now gives {now}; use "
+                f"another --runs folder or variant name, the --trust file it was run with, or delete "
+                f"{job.path.parent}"
+            )
         return trace
     if job.error_path.is_file():
         try:
@@ -185,6 +197,18 @@ def _load_existing(job: _Job) -> Trace | str | None:
         except (OSError, ValueError, KeyError, TypeError):
             return None
     return None
+
+
+def _same_weights(a: Sequence[float], b: Sequence[float]) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= 1e-9 for x, y in zip(a, b))
+
+
+def _starting_weights(job: _Job, members: dict[str, Any]) -> list[float] | None:
+    """The weights round 1 would start from now, where trust decides them; None elsewhere."""
+    config = job.config
+    if len(job.system.members) < 2 or config.prior != "trust" or config.initial_weights:
+        return None
+    return feedback.trust_weights([getattr(members[n], "trust", None) for n in job.system.members])
 
 
 class EvalError(SpecfuseError):
@@ -273,7 +297,7 @@ def run_systems(
     done: dict[int, Trace | str] = {}
     pending: dict[tuple[str, ...], list[_Job]] = {}
     for job in jobs:
-        existing = _load_existing(job)
+        existing = _load_existing(job, _starting_weights(job, by_name))
         if existing is None:
             pending.setdefault(job.system.members, []).append(job)
         else:
