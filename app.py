@@ -18,6 +18,8 @@ import gradio as gr
 
 from specfuse import SpecfuseError
 from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
+from specfuse.models.quantize_options import CLI_HELP as QUANTIZE_HELP
+from specfuse.models.quantize_options import check_quantize
 from specfuse.models.trust import CLI_HELP as TRUST_HELP
 from specfuse.models.trust import load_trust
 from specfuse.serve.scheduler import DEFAULT_BATCH_SIZE
@@ -109,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--device", default="auto", choices=DEVICES, help="where members load (auto: GPUs if any)"
     )
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    parser.add_argument("--quantize", default="none", help=QUANTIZE_HELP)
     parser.add_argument("--preload", action="store_true", help="load the default members before serving")
     parser.add_argument(
         "--trust",
@@ -165,12 +168,19 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     try:
         trust = load_trust(args.trust) if args.trust is not None else None
+        check_quantize(args.quantize)
     except SpecfuseError as e:
         parser.exit(2, f"error: {e}\n")
+    devices = usable_devices()
+    if args.quantize != "none":  # quantized weights run on the CPU only: offer no other device
+        if args.device not in ("auto", "cpu"):
+            parser.exit(2, f"error: --quantize {args.quantize} runs on the CPU only; use --device cpu\n")
+        args.device, devices = "cpu", ["cpu"]
     loader = SharedLoader(
         allow_paths=args.allow_paths,
         trusted=[*args.models, *args.server],
         dtype=args.dtype,
+        quantize=args.quantize,
         processes="auto" if args.processes is None else args.processes,
         trust=trust,
     )
@@ -207,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         default_models=defaults,
         allow_paths=args.allow_paths,
         device=args.device,
-        devices=usable_devices(),
+        devices=devices,
         plan_devices=plan_devices,
         concurrency_limit=args.concurrency,
         eval_dir=args.eval_dir,

@@ -36,6 +36,7 @@ class SharedLoader:
         allow_paths: bool = False,
         trusted: Sequence[str] = (),
         dtype: str = "auto",
+        quantize: str = "none",
         processes: bool | str = False,
         trust: Mapping[str, float] | None = None,
     ) -> None:
@@ -43,6 +44,7 @@ class SharedLoader:
         self.allow_paths = allow_paths
         self.trusted = frozenset(trusted)  # paths, hub ids and server specs the operator named at start
         self.dtype = dtype
+        self.quantize = quantize  # "int8" / "int4": every in-process member's Linear weights (--quantize)
         self.processes = processes  # True, False or "auto": each model in a worker process of its own
         self.trust = trust  # the operator's trust file (--trust), else each member's catalogue trust
         self._members: dict[tuple[str, str], Member] = {}
@@ -80,6 +82,7 @@ class SharedLoader:
             # The app's ensembles put two or more members on the device they choose.
             ensemble_devices=[device, device],
             dtype=self.dtype,
+            quantize=self.quantize,
             allow_paths=self.allow_paths,
             allow_servers=False,  # server specs: the operator's only (trusted), never typed
             trusted=self.trusted,

@@ -11,10 +11,13 @@ import time
 import httpx
 import openai
 import pytest
+import torch
 from gradio_client import Client
+from torch import nn
 
 import app
 from specfuse import Ensemble, EnsembleConfig, load_trace
+from specfuse.models.quantize import QuantizedLinear
 from specfuse.serve.api import create_app
 from studio.serving import Schedulers
 
@@ -156,3 +159,28 @@ def test_bad_numbers_of_runs_are_refused_at_start():
         with pytest.raises(SystemExit) as exit:
             app.main([flag, "0"])
         assert exit.value.code == 2
+
+
+def test_quantize_reaches_every_member_the_app_loads_and_keeps_them_on_the_cpu(tiny_checkpoints, monkeypatch):
+    built = {}
+    monkeypatch.setattr(app, "build_demo", lambda loader, **kw: built.update(kw, loader=loader))
+    monkeypatch.setattr(app, "serve", lambda demo, **kw: None)
+    app.main(["--models", tiny_checkpoints[0], "--allow-paths", "--no-processes", "--quantize", "int8"])
+    assert built["device"] == "cpu" and built["devices"] == ["cpu"]  # no GPU choice to fail on
+    loader = built["loader"]
+    for path in tiny_checkpoints:  # the one named at start and one a user picks later
+        model = loader(path, "cpu", lambda f, s: None).model
+        layers = [m for m in model.modules() if isinstance(m, nn.Linear | QuantizedLinear)]
+        assert layers and all(type(m) is QuantizedLinear for m in layers)
+        assert {m.weight.dtype for m in layers} == {torch.int8}
+
+
+def test_a_bad_or_off_cpu_quantize_is_refused_at_start(monkeypatch, capsys):
+    monkeypatch.setattr(app, "build_demo", lambda *a, **k: pytest.fail("built the app"))
+    for args, message in [
+        (["--quantize", "int3"], "Unknown quantize 'int3'"),
+        (["--quantize", "int4", "--device", "cuda"], "--quantize int4 runs on the CPU only"),
+    ]:
+        with pytest.raises(SystemExit) as exit:
+            app.main(args)
+        assert exit.value.code == 2 and message in capsys.readouterr().err

@@ -3,8 +3,16 @@ report carries the figures the docs quote (a timing script, checked for shape, n
 
 from __future__ import annotations
 
-from specfuse.bench.serve import format_table, percentile, run_serve
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from specfuse.bench.serve import format_table, main, percentile, run_serve
 from specfuse.config import EnsembleConfig
+from specfuse.models.loading import load_members
+from specfuse.models.quantize import QuantizedLinear
 
 
 def test_percentile_interpolates_between_ranks():
@@ -25,3 +33,46 @@ def test_the_serving_benchmark_reports_each_level_against_one_at_a_time(tiny_mem
     assert levels["1"]["aggregate_speedup"] == 1.0
     table = format_table(report)
     assert "targets (8 clients against one at a time)" in table and "load avg" in table
+
+
+def test_the_command_quantizes_sets_any_setting_and_says_so_in_its_report(
+    tiny_checkpoints, monkeypatch, tmp_path
+):
+    loaded = []
+
+    def recording(names, **options):
+        loaded.extend(load_members(names, **options))
+        return loaded
+
+    monkeypatch.setattr("specfuse.models.loading.load_members", recording)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # main sets it when unset: undone after the test
+    out = tmp_path / "serve"
+    argv = ["--models", *tiny_checkpoints, "--quantize", "int8", "--set", "verify=disagree",
+            "--set", "stop_strings=Zq|Qz", "--levels", "1,2", "--requests", "2", "--max-tokens", "4",
+            "--segment-len", "4", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    for member in loaded:
+        layers = [m for m in member.model.modules() if isinstance(m, nn.Linear | QuantizedLinear)]
+        assert layers and all(type(m) is QuantizedLinear and m.weight.dtype == torch.int8 for m in layers)
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["quantize"] == "int8" and report["config"]["verify"] == "disagree"
+    assert report["config"]["stop_strings"] == ["Zq", "Qz"] and report["config"]["segment_len"] == 4
+    assert all(level["errors"] == [] for level in report["levels"].values())
+    header = out.with_suffix(".txt").read_text().splitlines()[0]
+    assert ", int8 weights, batch size 2," in header
+    assert header.endswith("; settings: segment_len=4, verify=disagree, stop_strings=Zq|Qz")
+
+
+def test_a_bad_set_exits_2_naming_the_key_before_loading(monkeypatch, capsys):
+    monkeypatch.setattr("specfuse.models.loading.load_members", lambda *a, **k: pytest.fail("loaded"))
+    for setting, message in [
+        ("nope=1", "unknown setting 'nope'; valid keys: segment_len"),
+        ("verify=sometimes", "verify='sometimes': expected one of always, disagree"),
+        ("segment_len", "'segment_len' is not KEY=VALUE"),
+    ]:
+        with pytest.raises(SystemExit) as exit:
+            main(["--set", setting])
+        err = capsys.readouterr().err
+        assert exit.value.code == 2 and f"argument --set: {message}" in err, err
+    assert main(["--set", "segment_len=0"]) == 2  # parsed, then refused by the config's own check
+    assert "segment_len" in capsys.readouterr().err

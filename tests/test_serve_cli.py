@@ -3,6 +3,7 @@ settings, a live port; bad flags exit 2 with one line before anything loads."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import socket
@@ -13,10 +14,16 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
+import torch
+from torch import nn
 
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble
+from specfuse.errors import ConfigError
 from specfuse.models.loading import load_members
+from specfuse.models.quantize import QuantizedLinear
+from specfuse.serve.cli import main as serve_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,3 +92,30 @@ def test_bad_flags_exit_2_with_one_line_before_loading():
         )
         assert done.returncode == 2 and message in done.stderr, done.stderr
         assert done.stderr.strip().splitlines()[-1].startswith("specfuse-serve: error:")
+
+
+class Stop(ConfigError):
+    pass
+
+
+def test_quantize_reaches_the_served_members_and_a_bad_one_exits_2_before_listening(
+    tiny_checkpoints, monkeypatch
+):
+    loaded = []
+
+    def loading_then_stop(names, **options):  # the real load, then the server stops (exit 2)
+        loaded.extend(load_members(names, **options))
+        raise Stop("stop after loading")
+
+    monkeypatch.setattr("specfuse.models.loading.load_members", loading_then_stop)
+    err = io.StringIO()
+    args = ["--models", ",".join(tiny_checkpoints), "--port", "0", "--quantize", "int8"]
+    assert serve_main(args, stderr=err) == 2 and "stop after loading" in err.getvalue()
+    assert len(loaded) == 2
+    for member in loaded:
+        layers = [m for m in member.model.modules() if isinstance(m, nn.Linear | QuantizedLinear)]
+        assert layers and all(type(m) is QuantizedLinear and m.weight.dtype == torch.int8 for m in layers)
+    monkeypatch.setattr("uvicorn.Server.run", lambda *a, **k: pytest.fail("listened"))
+    err = io.StringIO()
+    assert serve_main(["--quantize", "int3"], stderr=err) == 2
+    assert "specfuse-serve: error: Unknown quantize 'int3'" in err.getvalue()

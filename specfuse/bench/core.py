@@ -21,6 +21,7 @@ from ..engine import Ensemble
 from ..errors import SpecfuseError, UnknownModelError
 from ..members.workers import run_concurrently
 from ..models.catalogue import CATALOGUE, DEFAULT_MEMBERS
+from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from .floor import add_floors, bandwidths, floor_lines, member_floors
 from .measure import (
     accept_ms_per_member,
@@ -323,11 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="answer budget (default 440)")
     parser.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (default auto)")
-    parser.add_argument(
-        "--quantize",
-        default="none",
-        help="none, int8, int4: Linear weights quantized on the CPU (default none; docs/benchmarks.md)",
-    )
+    parser.add_argument("--quantize", default="none", help=QUANTIZE_HELP)
     parser.add_argument("--prompt", default=LONG_PROMPT, help="the prompt (default: a long numbered list)")
     parser.add_argument(
         "--parallel",

@@ -5,6 +5,11 @@ in turn) as streamed chat completions to a server on loopback (specfuse.serve: o
 rolling batch); one client is the one-at-a-time baseline. Per level: aggregate tokens/s, each
 request's time to first segment (its first streamed chunk with text) and total time, median and
 p95, in one run, with the load average beside them. Knows nothing about the batch's inside.
+
+The server's default config is the benchmark's (--segment-len, the answer budget) with any
+`--set KEY=VALUE` on top: any EnsembleConfig field, parsed and checked as the evaluation's variants
+are (eval/variants.py). The report and its table's header say which settings differ from the
+defaults, and whether the weights were quantized (--quantize).
 """
 
 from __future__ import annotations
@@ -20,12 +25,15 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..config import EnsembleConfig
-from ..errors import SpecfuseError
+from ..errors import ConfigError, SpecfuseError
 from ..eval.problems import OPEN_PROMPTS
+from ..eval.variants import parse_value
+from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from .core import parse_models
 from .measure import cpu_model, write_report
 
@@ -171,12 +179,27 @@ def run_serve(
     }
 
 
+def changed_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings of a report's `config` that differ from EnsembleConfig's defaults, the answer
+    budget aside (the table shows the tokens per request)."""
+    defaults = EnsembleConfig().to_dict()
+    return {k: v for k, v in config.items() if k != "max_new_tokens" and defaults.get(k, v) != v}
+
+
+def _shown(value: Any) -> str:
+    return "|".join(map(str, value)) if isinstance(value, list) else str(value)  # as --set takes it
+
+
 def format_table(report: dict[str, Any]) -> str:
     levels = report["levels"]
+    quantize = report.get("quantize", "none")  # reports from before --quantize: unquantized
+    settings = changed_settings(report.get("config", {}))
     lines = [
-        f"serving {', '.join(report['members'])} on {report['cpu']} ({report['cores']} cores), batch size "
-        f"{report['batch_size']}, {report['max_tokens']} tokens per request, "
-        f"{next(iter(levels.values()))['requests']} requests per level",
+        f"serving {', '.join(report['members'])} on {report['cpu']} ({report['cores']} cores)"
+        + ("" if quantize == "none" else f", {quantize} weights")
+        + f", batch size {report['batch_size']}, {report['max_tokens']} tokens per request, "
+        f"{next(iter(levels.values()))['requests']} requests per level"
+        + (f"; settings: {', '.join(f'{k}={_shown(v)}' for k, v in settings.items())}" if settings else ""),
         f"{'clients':>7} {'tok/s':>7} {'×1':>6} {'first med':>9} {'first p95':>9} {'p95/solo':>8} "
         f"{'total med':>9} {'total p95':>9} {'same':>5} {'errors':>6}  load avg before → after",
     ]
@@ -202,6 +225,18 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def parse_setting(text: str) -> tuple[str, Any]:
+    """--set's KEY=VALUE → (key, value), parsed by the field's type (eval/variants.py parse_value);
+    an unknown key or a bad value is an argparse error (exit 2) that names the key."""
+    key, eq, value = text.partition("=")
+    if not eq:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. verify=disagree)")
+    try:
+        return key.strip(), parse_value(key.strip(), value)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m specfuse.bench serve",
@@ -209,6 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--models", nargs="+", default=None, help="catalogue names (default: the trio)")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (default auto)")
+    parser.add_argument("--quantize", default="none", help=QUANTIZE_HELP)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, … (default cpu)")
     parser.add_argument(
         "--levels", default=",".join(map(str, LEVELS)), help="client counts (first: baseline)"
@@ -217,6 +253,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64, help="answer budget per request (default 64)")
     parser.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
     parser.add_argument("--batch-size", type=int, default=None, help="default: the largest level")
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        type=parse_setting,
+        metavar="KEY=VALUE",
+        help="a run setting of the server's default config, KEY an EnsembleConfig field, e.g. "
+        "verify=disagree, stop_strings=a|b (repeatable; applied after --segment-len)",
+    )
     parser.add_argument("--quick", action="store_true", help="levels 1,4,8, 8 requests of 32 tokens")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.txt")
     args = parser.parse_args(argv)
@@ -229,9 +275,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..models.loading import load_members, tqdm_progress
 
     try:
+        config = replace(
+            EnsembleConfig(segment_len=args.segment_len, max_new_tokens=max_tokens), **dict(args.settings)
+        )  # checked before loading: a bad combination of settings fails at once
         names = parse_models(args.models)
-        members = load_members(names, device=args.device, dtype=args.dtype, progress=tqdm_progress("loading"))
-        config = EnsembleConfig(segment_len=args.segment_len, max_new_tokens=max_tokens)
+        members = load_members(
+            names,
+            device=args.device,
+            dtype=args.dtype,
+            progress=tqdm_progress("loading"),
+            quantize=args.quantize,
+        )
         report = run_serve(
             members, levels=levels, requests=requests, max_tokens=max_tokens, config=config,
             batch_size=args.batch_size,
@@ -239,6 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecfuseError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    report["quantize"] = args.quantize
     report["command"] = " ".join(["python -m specfuse.bench serve", *(argv or sys.argv[1:])])
     table = format_table(report)
     write_report(report, table, args.out.with_suffix(".json") if args.out else None)

@@ -52,6 +52,7 @@ from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import ConfigError, SpecfuseError
 from ..models import trust as trust_file
+from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from .ifeval import load_ifeval, parse_rows
 from .problems import (
     INSTRUCTION,
@@ -185,11 +186,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--max-new-tokens", type=int, default=256, help="answer budget (default 256)")
     common.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
     common.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (default auto)")
-    common.add_argument(
-        "--quantize",
-        default="none",
-        help="none, int8, int4: Linear weights quantized on the CPU (default none)",
-    )
+    common.add_argument("--quantize", default="none", help=QUANTIZE_HELP)
     common.add_argument(
         "--batch-size", type=int, default=8, help="prompts under way at once (stream_many; default 8)"
     )

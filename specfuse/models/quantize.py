@@ -16,6 +16,9 @@ The quantized weight of each layer is a QuantizedWeight: a tensor of the codes t
 `numel() * element_size()` is its real size, and the floor counts what a step reads), carrying its
 scales, that also answers `F.linear(x, w)` and `w[rows]` (dequantized rows), the two uses the
 members' own output head makes of `head.weight` (members/scoring.py OutputHead).
+
+The choices, their check and the --quantize flag's help live in quantize_options.py, without torch,
+for the command lines to import.
 """
 
 from __future__ import annotations
@@ -28,18 +31,12 @@ from torch import nn
 
 from specfuse.errors import ConfigError
 
+from .quantize_options import QUANTIZE, check_quantize
+
 log = logging.getLogger(__name__)
 
-QUANTIZE = ("none", "int8", "int4")
 INT4_GROUPS = (128, 64, 32)  # the largest that divides a layer's inputs is taken
 INT4_ROWS = 16  # the int4 CPU kernel packs output rows in blocks of 16
-
-
-def check_quantize(quantize: str) -> str:
-    """`quantize` if it is one of QUANTIZE, else a ConfigError that lists them."""
-    if quantize not in QUANTIZE:
-        raise ConfigError(f"Unknown quantize {quantize!r}; choose one of: {', '.join(QUANTIZE)}.")
-    return quantize
 
 
 class QuantizedWeight(torch.Tensor):

@@ -21,6 +21,8 @@ from typing import Any, TextIO
 from ..cli import HELP_WIDTH, add_settings, config_from_args, parse_models
 from ..errors import ConfigError, SpecfuseError
 from ..models.catalogue import DEFAULT_MEMBERS
+from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
+from ..models.quantize_options import check_quantize
 from ..models.trust import CLI_HELP as TRUST_HELP
 from .scheduler import DEFAULT_BATCH_SIZE, DEFAULT_QUEUE, Scheduler
 from .schema import Limits
@@ -42,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--models", default=",".join(DEFAULT_MEMBERS), help="comma-separated members (as the CLI takes them)")
     add("--device", default="cpu", help="cpu, cuda, cuda:K, auto (one model per GPU), per-gpu")
     add("--dtype", default="auto", help="auto (per device), float32, bfloat16, float16")
+    add("--quantize", default="none", help=QUANTIZE_HELP)
     add(
         "--trust",
         default=None,
@@ -117,6 +120,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1")
     if args.queue < 0 or args.request_timeout <= 0:
         raise ConfigError("--queue must be ≥ 0 and --request-timeout > 0")
+    check_quantize(args.quantize)  # before listening: the members load after the port is open
     import uvicorn
 
     from ..models.loading import check_member_name, load_members
@@ -132,7 +136,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     def load() -> None:  # the server answers 503 (and /health "loading") until this is done
         try:
-            members = load_members(names, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
+            members = load_members(
+                names, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir, quantize=args.quantize
+            )
             if trust is not None:
                 apply_trust(members, trust)
             scheduler = Scheduler(members, config, batch_size=args.batch_size, queue=args.queue)
