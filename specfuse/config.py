@@ -20,7 +20,7 @@ AGGREGATIONS = ("mean", "median", "filtered")  # feedback.aggregate
 PRIORS = ("trust", "uniform", "prompt")
 SCORE_MODES = ("logit", "logprob")
 PARALLEL_MODES = ("auto", "on", "off")
-VERIFY_MODES = ("always", "disagree")  # engine: _Run.take_candidates
+VERIFY_MODES = ("always", "contested", "disagree")  # engine: _Run.take_candidates
 MAX_SEGMENT_LEN = 256
 
 
@@ -139,9 +139,10 @@ class EnsembleConfig:
         True, "a candidate that leaves the answer a mere copy of the prompt cannot win", group="scoring"
     )
     verify: str = setting(
-        "always",
-        "when the members score the candidates: every round (the paper), or only where the drafts "
-        "disagree (a lone draft, all the same text, or one a prefix of all the others: taken unscored)",
+        "contested",
+        "when the members score the candidates: every round (always, the paper), whenever there is more "
+        "than one draft (contested: a lone draft wins anyway, taken unscored), or only where the drafts "
+        "disagree (also all the same text, or one a prefix of all the others: the shortest, unscored)",
         choices=VERIFY_MODES,
         group="scoring",
     )
@@ -215,6 +216,7 @@ PAPER: dict[str, Any] = {
     "repeat_penalty": 0.0,
     "exit_min_active": 2,
     "exited_verify": True,
+    "verify": "always",
 }
 
 

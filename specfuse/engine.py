@@ -283,7 +283,7 @@ class _Play:
     budget: int  # tokens each drafter may add this round
     candidates: tuple[Candidate, ...] = ()
     scorable: bool = False  # some candidate has text (or ends the answer)
-    agreed: int | None = None  # verify="disagree": the candidate all drafts agree with, taken unscored
+    agreed: int | None = None  # verify="contested"/"disagree": the draft taken unscored (lone, or agreed on)
     raw: list[list[float]] = field(default_factory=list)  # [verifiers][candidates]: z_ij
     details: tuple[tuple[TokenScores, ...], ...] = ()
     draft_s: dict[str, float] = field(default_factory=dict)
@@ -376,8 +376,11 @@ class _Run:
             candidates.append(Candidate(self.origin, self.forced, _count_tokens(self.forced), False, 0.0))
         play.candidates = tuple(candidates)
         play.scorable = any(c.text or c.final for c in play.candidates)
-        if self.config.verify == "disagree" and self.forced is None:  # a lone draft: nothing to decide
-            play.agreed = 0 if len(candidates) == 1 else agreement([(c.text, c.final) for c in candidates])
+        mode = self.config.verify
+        if mode != "always" and self.forced is None:  # a lone draft: nothing to decide
+            play.agreed = 0 if len(candidates) == 1 else None
+            if play.agreed is None and mode == "disagree":
+                play.agreed = agreement([(c.text, c.final) for c in candidates])
             if play.agreed is not None:
                 play.verifiers = []  # nothing to decide: no verify pass
 

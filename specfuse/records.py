@@ -107,8 +107,8 @@ class Round:
     eligible: tuple[bool, ...] = ()  # [candidates]: could be chosen (empty drafts and prompt echoes
     # cannot); () in hand-built records means all
     token_scores: tuple[tuple[TokenScores, ...], ...] = ()  # [verifiers][candidates]; () when not kept
-    # False: the drafts agreed (config verify="disagree"), the agreed one was taken without scoring, so
-    # this round has no verifiers, no matrices and no feedback
+    # False: a lone draft (config verify="contested", the default) or drafts that agreed ("disagree")
+    # was taken without scoring, so this round has no verifiers, no matrices and no feedback
     verified: bool = True
 
     @property

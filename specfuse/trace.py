@@ -279,7 +279,7 @@ def _check_round(r: Round, where: str, members: Sequence[str], typed: str | None
     ):
         raise TraceError(f"{where}: members do not match the trace's members")
     if not r.verified and r.verifiers:
-        raise TraceError(f"{where}: an unverified round (drafts agreed) has no verifiers")
+        raise TraceError(f"{where}: an unverified round (a lone or agreed draft) has no verifiers")
     drafters = tuple(x.member for x in r.candidates)
     extra = typed is not None and typed not in members and drafters == (*r.active, typed)
     if c == 0 or (drafters != r.active and not extra):

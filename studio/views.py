@@ -160,8 +160,9 @@ def heatmap_figure(rnd: Round | None, normalized: bool = True, fixed_scale: bool
     if rnd is None:
         return fig.update_layout(title="verification matrix")
     if not rnd.verified:
+        why = "a lone draft" if len(rnd.candidates) == 1 else "the drafts agreed"
         return fig.update_layout(
-            title=f"round {rnd.k}: not verified: the drafts agreed, {esc(rnd.winner.member)}'s was taken"
+            title=f"round {rnd.k}: not verified: {why}, {esc(rnd.winner.member)}'s was taken"
         )
     matrix = report.score_matrix(rnd, normalized)
     # Two members may share a name only by accident; the column number keeps the x labels distinct.

@@ -1,5 +1,6 @@
-"""Verification only where drafts disagree (config verify="disagree"): which drafts agree, what an
-unscored round records, and that answers stay those of always-verify when the drafts agree."""
+"""Verification only where there is something to decide: config verify="contested" (the default: a lone
+draft is taken unscored) and verify="disagree" (also drafts that agree): which drafts agree, what an
+unscored round records, and that answers stay those of always-verify."""
 
 from __future__ import annotations
 
@@ -111,6 +112,29 @@ def test_a_lone_draft_after_the_others_exit_is_taken_unscored():
     assert always[-1].text == rounds[-1].text and all(r.verified for r in always)
 
 
+def test_the_default_skips_exactly_the_lone_drafts_and_chooses_weighs_and_exits_as_always(tiny_members):
+    """verify="contested" (the default): a round with one draft is taken unscored, every other round
+    is scored, and the run is the always-verify run in all but those verify passes (fp32 greedy,
+    three real tiny models with eager exits, so that one drafter is left early)."""
+    assert EnsembleConfig().verify == "contested"
+    config = EnsembleConfig(max_new_tokens=40, segment_len=4, exit_warmup=1, exit_temperature=0.01)
+    prompt = "Write a poem."
+    contested = list(Ensemble(tiny_members).stream(prompt, config))
+    always = list(Ensemble(tiny_members).stream(prompt, replace(config, verify="always")))
+    lone = [r for r in contested if len(r.candidates) == 1]
+    assert lone and len(lone) < len(contested)  # both kinds of round happen
+    assert all(r.verified == (len(r.candidates) > 1) for r in contested)
+    assert all(not r.verifiers and not r.raw_scores for r in lone)
+    assert all(r.verified for r in always)
+    assert [r.text for r in contested] == [r.text for r in always]
+    assert [r.winner.member for r in contested] == [r.winner.member for r in always]
+    for mine, theirs in zip(contested, always):  # a round of one draft moves no weight either way
+        assert mine.weights_after == pytest.approx(theirs.weights_after)
+    assert [r.active for r in contested] == [r.active for r in always]
+    verify_calls = sum(len(r.verifiers) for r in contested)
+    assert verify_calls == sum(len(r.verifiers) for r in always) - len(lone)
+
+
 def test_the_app_shows_an_unscored_round_as_such_not_as_an_empty_matrix():
     from studio import views
 
@@ -119,3 +143,23 @@ def test_the_app_shows_an_unscored_round_as_such_not_as_an_empty_matrix():
     figure = views.heatmap_figure(rnd)
     assert figure.data == () and "not verified: the drafts agreed" in figure.layout.title.text
     assert "a&lt;i&gt;" in figure.layout.title.text  # a member's name is escaped in the label
+
+
+def test_evaluation_traces_run_with_always_verify_stand_for_the_default(tmp_path):
+    """contested chooses as always does, so an evaluation's traces from either are the same run;
+    disagree may take a shorter agreed draft, so its traces are another config's."""
+    from specfuse.eval.problems import Problem
+    from specfuse.eval.runs import EvalError, ensemble_system, run_systems
+
+    members = [ScriptedMember(n, [("The answer is 4.", True)], judge) for n in ("a", "b")]
+    problems = [Problem("gsm8k-0000", "2 + 2?", "4")]
+
+    def run(verify: str):
+        config = EnsembleConfig(max_new_tokens=16, verify=verify)
+        return run_systems(members, [ensemble_system("ensemble", ["a", "b"], config)], problems, tmp_path)
+
+    first = run("always")
+    assert run("contested")[0].traces == first[0].traces
+    assert sum(call[0] == "start" for call in members[0].calls) == 1  # loaded, not run again
+    with pytest.raises(EvalError, match="verify 'always' vs 'disagree'"):
+        run("disagree")

@@ -154,8 +154,16 @@ SOLO_SETTINGS = (
 )
 
 
+# Settings that cannot change a run's choices, weights or exits: how the members share the cores, and
+# whether a lone draft (it wins anyway; a round of one candidate moves no weight) is scored.
+SAME_CHOICES: dict[str, dict[Any, Any]] = {"verify": {"contested": "always"}}
+
+
 def _differences(a: EnsembleConfig, b: EnsembleConfig, solo: bool = False) -> list[str]:
     left, right = a.to_dict(), b.to_dict()
+    for side in (left, right):
+        for key, same in SAME_CHOICES.items():
+            side[key] = same.get(side[key], side[key])
     keys = SOLO_SETTINGS if solo else [k for k in left if k != "parallel"]
     return [f"{k} {left[k]!r} vs {right[k]!r}" for k in keys if left[k] != right[k]]
 
