@@ -377,9 +377,10 @@ class _Run:
         play.candidates = tuple(candidates)
         play.scorable = any(c.text or c.final for c in play.candidates)
         mode = self.config.verify
-        if mode != "always" and self.forced is None:  # a lone draft: nothing to decide
-            play.agreed = 0 if len(candidates) == 1 else None
-            if play.agreed is None and mode == "disagree":
+        if mode != "always" and self.forced is None:
+            if len(candidates) == 1:  # a lone draft wins anyway
+                play.agreed = 0
+            elif mode == "disagree":
                 play.agreed = agreement([(c.text, c.final) for c in candidates])
             if play.agreed is not None:
                 play.verifiers = []  # nothing to decide: no verify pass
