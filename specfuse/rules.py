@@ -59,6 +59,11 @@ def rule_choices(
     `recorded` is the score kind the run recorded as z_ij (its config's `score`); None when unknown,
     and then a rule that names a kind always rebuilds it from the token-level evidence.
     """
+    if not rnd.verified:  # taken unscored (config verify): a lone draft is every rule's choice
+        if len(rnd.candidates) == 1:
+            lone = rnd.candidates[0].member
+            return [RuleChoice(r.name, 0, lone, "", "no scores: a lone draft") for r in rules]
+        return [RuleChoice(r.name, None, None, "not verified: the drafts agreed", "no scores") for r in rules]
     out = []
     for rule in rules:
         try:

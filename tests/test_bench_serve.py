@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from specfuse.bench.serve import format_table, main, percentile, run_serve
-from specfuse.config import EnsembleConfig
+from specfuse.config import VERIFY_MODES, EnsembleConfig
 from specfuse.models.loading import load_members
 from specfuse.models.quantize import QuantizedLinear
 
@@ -67,7 +67,7 @@ def test_a_bad_set_exits_2_naming_the_key_before_loading(monkeypatch, capsys):
     monkeypatch.setattr("specfuse.models.loading.load_members", lambda *a, **k: pytest.fail("loaded"))
     for setting, message in [
         ("nope=1", "unknown setting 'nope'; valid keys: segment_len"),
-        ("verify=sometimes", "verify='sometimes': expected one of always, disagree"),
+        ("verify=sometimes", f"verify='sometimes': expected one of {', '.join(VERIFY_MODES)}"),
         ("segment_len", "'segment_len' is not KEY=VALUE"),
     ]:
         with pytest.raises(SystemExit) as exit:

@@ -58,7 +58,9 @@ def scripted_trace(path: Path, drafts: dict[str, list[str]], rounds: int = 6) ->
         ScriptedMember(name, texts, lambda t, f=drafts[favourite]: 2.0 if t in f else 1.0)
         for name, texts in drafts.items()
     ]
-    config = EnsembleConfig(max_rounds=rounds, exit_warmup=1)
+    # verify="always": every round has a matrix to show, lone drafts too (the default leaves those
+    # unscored, and after the early exits here the last rounds are lone)
+    config = EnsembleConfig(max_rounds=rounds, exit_warmup=1, verify="always")
     trace = Trace("go", tuple(drafts), config, tuple(Ensemble(members, config).stream("go")))
     save_trace(trace, path)
     return trace

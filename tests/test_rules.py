@@ -80,3 +80,23 @@ def test_a_run_recorded_in_logits_is_judged_on_its_recorded_logits_by_the_paper_
 
 def flat(matrix):
     return [v for row in matrix for v in row]
+
+
+def test_rounds_taken_unscored_are_judged_without_scores_and_never_crash():
+    """The app's what-if table reads every round: a lone draft (the default verify="contested") is
+    every rule's choice; drafts that agreed (verify="disagree") have no scores to judge."""
+
+    def longest(text: str) -> float:
+        return float(len(text))
+
+    strong = ScriptedMember("strong", ["long text here "] * 12 + [("end", True)], longest)
+    weak = ScriptedMember("weak", ["x "] * 13, longest)
+    config = EnsembleConfig(max_new_tokens=200, segment_len=4, exit_warmup=1)
+    rounds = list(Ensemble([strong, weak]).stream("Q?", config))
+    lone = next(r for r in rounds if not r.verified)
+    choices = rule_choices(lone)
+    assert len(choices) == len(RULES) and {(c.chosen, c.member) for c in choices} == {(0, "strong")}
+    twins = [ScriptedMember(n, ["same ", ("end", True)], lambda t: 1.0) for n in ("a", "b")]
+    agreed = next(iter(Ensemble(twins).stream("Q?", EnsembleConfig(verify="disagree"))))
+    assert not agreed.verified and len(agreed.candidates) == 2
+    assert all(c.chosen is None and "drafts agreed" in c.note for c in rule_choices(agreed))
