@@ -18,6 +18,9 @@ from .scoring import common_prefix_len
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+# Text a member's two tokenizers must read alike (a served or llama.cpp model's, and transformers').
+PROBE_TEXT = "Hello, world! Numbers 12345, symbols {}[]<>, accents éàü, 漢字 and emoji 🙂.\n  indented"
+
 # A draft that ends inside a multi-byte character may run this many tokens past L to finish it.
 UTF8_GRACE_TOKENS = 4
 

@@ -25,7 +25,7 @@ from ..prompts import CHAT, PromptFormat
 from ..records import Candidate
 from ..segments import REPLACEMENT
 from . import drafting
-from .drafting import UTF8_GRACE_TOKENS
+from .drafting import PROBE_TEXT, UTF8_GRACE_TOKENS
 from .protocol import BaseMember
 from .transport import PROXY_MODES, Http, redact, split_credentials
 
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 60.0  # each request's whole deadline
-PROBE_TEXT = "Hello, world! Numbers 12345, symbols {}[]<>, accents éàü, 漢字 and emoji 🙂.\n  indented"
 OPTIONS = ("tokenizer", "timeout", "model", "proxy")
 
 

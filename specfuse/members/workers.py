@@ -145,6 +145,15 @@ def rebalance() -> None:
         _keep_process_count(workers.cores)
 
 
+def thread_share() -> int | None:
+    """The threads a member not run by torch (llama.cpp) may use now, rebalanced as rebalance() does;
+    None off a member's worker thread (working alone: all of its cores)."""
+    if getattr(_local, "workers", None) is None:
+        return None
+    rebalance()
+    return int(_local.threads)
+
+
 # torch.set_num_threads() sets the calling thread's count *and* the process-wide one that a thread
 # started later takes at its first parallel op (the app runs each request on a new thread). A share
 # set on a member's thread must not become every later thread's count: this thread, which does no

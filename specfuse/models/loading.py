@@ -104,7 +104,7 @@ class LoadRequest:
     trust_remote_code: bool
     progress: Progress
     compile_decode: bool = False  # HFMember drafts in a static cache, compiled (members/compiled.py)
-    quantize: str = "none"  # "int8" / "int4": Linear weights quantized on the CPU (models/quantize.py)
+    quantize: str = "none"  # "int8"/"int4": torch weights quantized (quantize.py); "gguf": llama.cpp
 
 
 @dataclass(frozen=True)
@@ -136,8 +136,11 @@ def _is_server(name: str) -> bool:
     return is_server_spec(name)
 
 
-def _load_catalogue(req: LoadRequest) -> HFMember:
+def _load_catalogue(req: LoadRequest) -> Member:
     entry = CATALOGUE[req.name]
+    if req.quantize == "gguf":
+        gguf = assemble_gguf(entry, cache_root(req.cache_dir) / "gguf", req.progress)
+        return _load_llamacpp(req, gguf, entry.trust)
     member = _load_hf(req, ensure_cached(entry, req.cache_dir, req.progress), None, True, entry.prompt_format)
     member.trust = entry.trust
     return member
@@ -147,13 +150,32 @@ def _load_folder(req: LoadRequest) -> HFMember:
     return _load_hf(req, Path(req.name).expanduser(), None, True, None)
 
 
-def _load_gguf(req: LoadRequest) -> HFMember:
-    path = Path(req.name).expanduser()  # de-quantized at every load: slow, uncached
-    return _load_hf(req, path.parent, path.name, True, None)
+def _load_gguf(req: LoadRequest) -> Member:
+    path = Path(req.name).expanduser()
+    if req.quantize == "gguf":
+        return _load_llamacpp(req, path, None)
+    return _load_hf(req, path.parent, path.name, True, None)  # de-quantized at every load: slow, uncached
 
 
 def _load_hub(req: LoadRequest) -> HFMember:
     return _load_hf(req, req.name, None, _offline(), None)
+
+
+def _load_llamacpp(req: LoadRequest, path: Path, trust: float | None) -> Member:
+    """A GGUF file's model run by llama.cpp in this process, in the file's own quantization."""
+    if req.device_map is not None or not req.device.startswith(("cpu", "auto")):
+        raise ConfigError(f"{req.name}: quantize='gguf' runs llama.cpp on the CPU only; use --device cpu")
+    from specfuse.members.llamacpp import LlamaCppMember, llama_cpp_module
+
+    llama_cpp_module()  # says how to build it before anything loads
+    tokenizer, prompt_format, eos = load_tokenizer(req.name, req.cache_dir, req.progress)
+    req.progress(0.9, f"{req.name}: loading {path.name} into llama.cpp")
+    start = time.perf_counter()
+    member = LlamaCppMember(req.name, path, tokenizer, prompt_format=prompt_format, generation_eos=eos)
+    member.trust = trust
+    log.info("%s: loaded %s into llama.cpp in %.1f s", req.name, path.name, time.perf_counter() - start)
+    req.progress(1.0, f"{req.name}: ready in llama.cpp")
+    return member
 
 
 def _load_server(req: LoadRequest) -> Member:
@@ -285,7 +307,8 @@ def load_member(
     `compile_decode`: an in-process model drafts in a static KV cache with a torch.compile'd step
     (CUDA graphs on a GPU; docs/gpu.md); a served member ignores it.
     `quantize` ("none", "int8", "int4"): an in-process model's Linear weights are quantized after it
-    loads, on the CPU only (models/quantize.py); a served member ignores it.
+    loads, on the CPU only (models/quantize.py); "gguf": a catalogue model or .gguf file runs in
+    llama.cpp in this process (members/llamacpp.py). A served member ignores it.
     """
     check_quantize(quantize)
     loader = check_member_name(name_or_path, allow_paths=allow_paths, allow_servers=allow_servers)
@@ -311,6 +334,10 @@ def _load_hf(
     prompt_format: PromptFormat | None,
 ) -> HFMember:
     """Load a transformers model from `source` (a folder, a GGUF file's folder or a hub id)."""
+    if req.quantize == "gguf":
+        raise ConfigError(
+            f"{req.name}: quantize='gguf' runs a GGUF file in llama.cpp; name a catalogue model or a .gguf file"
+        )
     device = req.device
     if req.device_map is None:
         device = plan_devices(1, device)[0]

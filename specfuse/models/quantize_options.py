@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
-QUANTIZE = ("none", "int8", "int4")
+QUANTIZE = ("none", "int8", "int4", "gguf")
 CLI_HELP = (  # --quantize in every command that loads members
-    f"{', '.join(QUANTIZE)}: each model's Linear weights quantized after it loads, on the CPU only "
-    "(default none; fewer bytes read per token; docs/benchmarks.md)"
+    "none (default): bf16/fp32 weights in torch; int8, int4: each model's Linear weights quantized "
+    "in torch after it loads; gguf: a GGUF model (the catalogue's, or a .gguf file) run in llama.cpp "
+    "in this process, in the file's own 4-bit blocks (make llama-cpp). CPU only; docs/benchmarks.md"
 )
 
 

@@ -1,0 +1,417 @@
+"""A GGUF model run by llama.cpp in this process (llama-cpp-python), behind `Member`.
+
+transformers dequantizes a GGUF file to bf16 or fp32, so each decoding step reads 4-8x the bytes the
+file holds; llama.cpp computes with the file's own 4-bit blocks. Tokens, drafting cuts and scored
+tokens go through the same functions as HFMember and RemoteMember (drafting.py), with the model's
+own tokenizer from transformers (checked once against llama.cpp's); llama.cpp only turns token ids
+into logits, so a model drafts and scores alike in every back end, raw logits included.
+
+One llama.cpp context per member holds a unified KV cache shared by sequences: SLOTS of them keep
+recent requests' contexts (a request finds its prefix there, as llama-server's slots do) and the
+rest hold candidates during a verify pass, each a copy of the context's cells (shared, not copied
+bytes) plus its own tokens, all candidates of all requests in one batch. Drafting runs the requests
+in lockstep, one token per request per decode call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..config import MemberSettings
+from ..errors import ConfigError, MemberError, ModelLoadError, PromptTooLongError
+from ..prompts import CHAT, PromptFormat
+from ..records import Candidate, TokenScores
+from . import drafting
+from .protocol import BaseMember, Verdict
+from .scoring import common_prefix_len
+from .workers import cpu_cores, thread_share
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+SLOTS = 8  # requests whose contexts stay in the KV cache between calls
+SCORE_SEQUENCES = 48  # candidates one verify pass holds at once (more go in further passes)
+CONTEXT_TOKENS = 8192  # KV cells shared by all sequences
+BATCH_TOKENS = 512  # tokens per llama_decode call
+BUILD_HINT = "run `make llama-cpp` (builds llama-cpp-python from its pinned sdist once; docs/benchmarks.md)"
+
+_init_lock = threading.Lock()
+_lib: Any = None
+_quiet_log: Any = None  # the C callback that silences llama.cpp's log; kept alive here
+
+
+def llama_cpp_module() -> Any:
+    """llama-cpp-python's low-level bindings, the backend initialised once and its log silenced."""
+    global _lib, _quiet_log
+    with _init_lock:
+        if _lib is None:
+            try:
+                import llama_cpp
+            except ImportError as e:
+                raise ConfigError(f"llama.cpp in process needs llama-cpp-python, not installed: {BUILD_HINT}") from e
+            _quiet_log = llama_cpp.llama_log_callback(lambda level, text, data: None)
+            llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _lib = llama_cpp
+        return _lib
+
+
+@dataclass
+class LlamaState:
+    """One request's context in one llama.cpp member; its KV lives in whichever slot holds it."""
+
+    settings: MemberSettings
+    prompt_len: int  # tokens of the formatted prompt
+    ids: list[int]  # prompt tokens + the answer's canonical tokens
+    answer: str
+    slot: int | None = None  # the slot that last held this request's context (a hint: slots are shared)
+    drafts: int = 0  # drafts made so far: each sampled draft gets its own seed
+
+
+# A token to decode: (sequence, position, token id, whether its logits are wanted)
+Item = tuple[int, int, int, bool]
+
+
+class LlamaCppMember(BaseMember):
+    """A GGUF file's model in llama.cpp, on this machine's CPU, as an ensemble member."""
+
+    def __init__(
+        self,
+        name: str,
+        path: str | Path,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        prompt_format: PromptFormat = CHAT,
+        generation_eos: Any = None,
+        context_tokens: int = CONTEXT_TOKENS,
+        slots: int = SLOTS,
+    ) -> None:
+        if prompt_format.kind == "chat" and not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(f"{name}: the tokenizer has no chat template; use a completion prompt format")
+        lib = self.lib = llama_cpp_module()
+        self.name = name
+        self.path = Path(path)
+        self.tokenizer = tokenizer
+        self.prompt_format = prompt_format
+        self.stop_token_ids = frozenset(drafting.stop_token_ids(tokenizer, generation_eos))
+        self.end_marker = tuple(drafting.end_marker(tokenizer, prompt_format, self.stop_token_ids))
+        self.slots = slots
+        self.threads = cpu_cores()  # all of this process's cores unless a run gives it a share
+        model_params = lib.llama_model_default_params()
+        model_params.n_gpu_layers = 0
+        self.model = lib.llama_model_load_from_file(str(self.path).encode(), model_params)
+        if not self.model:
+            raise ModelLoadError(f"{name}: llama.cpp could not load {self.path} (not a GGUF model it knows?)")
+        params = lib.llama_context_default_params()
+        params.n_ctx = context_tokens
+        params.n_batch = params.n_ubatch = BATCH_TOKENS
+        params.n_seq_max = slots + SCORE_SEQUENCES
+        params.n_threads = params.n_threads_batch = self.threads
+        params.kv_unified = True  # candidates share their context's cells instead of copies
+        params.swa_full = True  # sliding-window layers keep every cell, so a prefix can be reused
+        params.no_perf = True
+        self.ctx = lib.llama_init_from_model(self.model, params)
+        if not self.ctx:
+            lib.llama_model_free(self.model)
+            raise ModelLoadError(f"{name}: llama.cpp could not make a context of {context_tokens} tokens")
+        self.batch = lib.llama_batch_init(BATCH_TOKENS, 0, 1)
+        weakref.finalize(self, _free, lib, self.batch, self.ctx, self.model)
+        self.memory = lib.llama_get_memory(self.ctx)
+        self.vocab = lib.llama_model_get_vocab(self.model)
+        self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
+        self.context_tokens = int(lib.llama_n_ctx(self.ctx))
+        self.trained_context = int(lib.llama_model_n_ctx_train(self.model))
+        self.parameters = float(lib.llama_model_n_params(self.model))
+        self.file_bytes = int(lib.llama_model_size(self.model))  # bytes read per decoding step
+        self.device = "cpu"
+        self.cached: list[list[int]] = [[] for _ in range(slots)]  # the tokens in each slot's cells
+        self.last_used = [0.0] * slots
+        self.lock = threading.Lock()  # one call at a time: a llama.cpp context is not thread-safe
+        self._threads_now = self.threads
+        self._check_tokenizer()
+
+    def __repr__(self) -> str:
+        return f"LlamaCppMember({self.name!r}, {str(self.path)!r})"
+
+    def encode(self, text: str) -> list[int]:
+        return drafting.encode(self.tokenizer, text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return drafting.decode(self.tokenizer, ids)
+
+    def _check_tokenizer(self) -> None:
+        """llama.cpp and the transformers tokenizer must give the same ids, or every score is wrong."""
+        text = drafting.PROBE_TEXT.encode()
+        buffer = (self.lib.llama_token * (4 * len(text) + 8))()
+        n = self.lib.llama_tokenize(self.vocab, text, len(text), buffer, len(buffer), False, True)
+        theirs, ours = list(buffer[: max(n, 0)]), self.encode(drafting.PROBE_TEXT)
+        if theirs != ours:
+            raise ModelLoadError(
+                f"{self.name}: llama.cpp tokenizes {self.path.name} differently from its transformers "
+                f"tokenizer (first difference at token {common_prefix_len(theirs, ours)})"
+            )
+
+    def set_threads(self, threads: int) -> None:
+        self.threads = max(1, threads)
+
+    # -- the Member protocol -------------------------------------------------------------------------
+
+    def start(self, prompt: str, settings: MemberSettings) -> LlamaState:
+        ids = drafting.prompt_ids(self.tokenizer, self.prompt_format, prompt)
+        if not ids:
+            raise ConfigError(f"{self.name}: the prompt formats to no tokens")
+        limit = min(self.context_tokens, self.trained_context or self.context_tokens)
+        if len(ids) + settings.max_new_tokens + drafting.UTF8_GRACE_TOKENS + 8 > limit:
+            raise PromptTooLongError(
+                f"{self.name}: the prompt takes {len(ids)} tokens and the answer budget "
+                f"{settings.max_new_tokens} more, beyond this member's context of {limit}; "
+                "shorten the prompt or lower max_new_tokens"
+            )
+        return LlamaState(settings, len(ids), ids, "")
+
+    def draft(self, state: LlamaState, max_new_tokens: int) -> Candidate:
+        return self.draft_many([state], [max_new_tokens])[0]
+
+    def score(self, state: LlamaState, candidates: Sequence[Candidate]) -> list[float]:
+        return self.score_many([state], [candidates])[0][0]
+
+    def accept(self, state: LlamaState, text: str) -> None:
+        """Append the chosen candidate: re-tokenize the answer; the slot keeps the common prefix."""
+        state.answer += text
+        state.ids = state.ids[: state.prompt_len] + self.encode(state.answer)
+
+    def draft_many(self, states: Sequence[LlamaState], budgets: Sequence[int]) -> list[Candidate]:
+        """Draft every request in lockstep: one decode call per step for all of them."""
+        out: list[Candidate] = []
+        with self.lock:
+            for begin in range(0, len(states), self.slots):
+                out += self._draft_group(states[begin : begin + self.slots], budgets[begin : begin + self.slots])
+        return out
+
+    def score_many(
+        self, states: Sequence[LlamaState], candidates: Sequence[Sequence[Candidate]]
+    ) -> list[Verdict]:
+        """Every request's raw scores, all candidates in one batch of sequences, with the evidence."""
+        out: list[Verdict] = []
+        with self.lock:
+            group: list[int] = []
+            for r in range(len(states)):
+                held = sum(len(candidates[i]) for i in group)
+                if group and (len(group) == self.slots or held + len(candidates[r]) > SCORE_SEQUENCES):
+                    out += self._score_group([states[i] for i in group], [candidates[i] for i in group])
+                    group = []
+                group.append(r)
+            if group:
+                out += self._score_group([states[i] for i in group], [candidates[i] for i in group])
+        return out
+
+    # -- drafting ------------------------------------------------------------------------------------
+
+    def _draft_group(self, states: Sequence[LlamaState], budgets: Sequence[int]) -> list[Candidate]:
+        began = time.perf_counter()
+        slots = self._claim(states)
+        cuts, rngs, items, owner = [], [], [], {}
+        for r, (state, slot, budget) in enumerate(zip(states, slots, budgets)):
+            settings = state.settings
+            cuts.append(
+                drafting.DraftCut(
+                    budget,
+                    decode=self.decode,
+                    ids=state.ids,
+                    stop_ids=self.stop_token_ids,
+                    stops=(*self.prompt_format.stop_strings, *settings.stop_strings),
+                )
+            )
+            seed = settings.seed + 7919 * state.drafts
+            state.drafts += 1
+            rngs.append(np.random.default_rng(seed) if settings.temperature > 0 else None)
+            if cuts[-1].wants_more:
+                start = self._rewind(slot, state.ids)
+                for pos in range(start, len(state.ids)):
+                    items.append((slot, pos, state.ids[pos], pos == len(state.ids) - 1))
+                owner[slot] = r
+        while items:
+            following: list[Item] = []
+            for i, row in self._decode(items):
+                slot = items[i][0]
+                r = owner[slot]
+                token = _pick(row, states[r].settings, rngs[r])
+                if cuts[r].push(token):
+                    following.append((slot, len(self.cached[slot]), token, True))
+            items = following
+        seconds = (time.perf_counter() - began) / len(states)
+        out = []
+        for state, cut in zip(states, cuts):
+            new, text, final = cut.result()
+            count = drafting.tokens_in(self.decode, state.ids, new, text)
+            out.append(Candidate(self.name, text, count, final, seconds))
+        return out
+
+    # -- verification --------------------------------------------------------------------------------
+
+    def _score_group(
+        self, states: Sequence[LlamaState], candidates: Sequence[Sequence[Candidate]]
+    ) -> list[Verdict]:
+        slots = self._claim(states)
+        plans = []  # per request: its shared context length and (keep, tail) per candidate
+        items: list[Item] = []
+        for state, slot, cands in zip(states, slots, candidates):
+            rows = []
+            for cand in cands:
+                keep, _, tail = drafting.scored_tokens(
+                    self.encode, state.ids, state.prompt_len, state.answer, cand.text, cand.final, self.end_marker
+                )
+                rows.append((keep, tail))
+            shared = min(keep for keep, _ in rows) - 1  # cells every candidate copies from the slot
+            start = self._rewind(slot, state.ids[:shared], keep_beyond=True)
+            items += [(slot, pos, state.ids[pos], False) for pos in range(start, shared)]
+            plans.append((shared, rows))
+        for _ in self._decode(items):  # contexts the slots lacked (a slot lent to another request)
+            pass
+        sequence = self.slots
+        wanted: dict[int, tuple[int, int, int]] = {}  # item → (request, candidate, tail index)
+        items = []
+        for r, (state, slot, (shared, rows)) in enumerate(zip(states, slots, plans)):
+            for c, (keep, tail) in enumerate(rows):
+                self.lib.llama_memory_seq_rm(self.memory, sequence, -1, -1)
+                self.lib.llama_memory_seq_cp(self.memory, slot, sequence, 0, shared)
+                tokens = state.ids[shared:keep] + tail
+                for t, token in enumerate(tokens):
+                    target = t - (keep - 1 - shared)  # the tail token this position predicts
+                    if 0 <= target < len(tail):
+                        wanted[len(items)] = (r, c, target)
+                    items.append((sequence, shared + t, token, 0 <= target < len(tail)))
+                sequence += 1
+        values = [[[(0.0, 0.0)] * len(tail) for _, tail in rows] for _, rows in plans]
+        try:
+            for i, row in self._decode(items):
+                r, c, t = wanted[i]
+                tail = plans[r][1][c][1]
+                top = float(row.max())
+                lse = top + float(np.log(np.exp(row - top, dtype=np.float64).sum()))
+                logit = float(row[tail[t]])
+                values[r][c][t] = (logit, logit - lse)
+        finally:
+            for seq in range(self.slots, sequence):
+                self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
+        out: list[Verdict] = []
+        for state, (_, rows), per_candidate in zip(states, plans, values):
+            details = tuple(
+                TokenScores(
+                    tuple(str(self.tokenizer.decode([t])) for t in tail),
+                    tuple(v[0] for v in scores),
+                    tuple(v[1] for v in scores),
+                )
+                for (_, tail), scores in zip(rows, per_candidate)
+            )
+            out.append(([d.mean(state.settings.score) for d in details], details))
+        return out
+
+    # -- the KV cache --------------------------------------------------------------------------------
+
+    def _claim(self, states: Sequence[LlamaState]) -> list[int]:
+        """A distinct slot per request: the one holding the longest prefix of its context, else the
+        least recently used."""
+        taken: list[int] = []
+        now = time.monotonic()
+        for state in states:
+            free = [s for s in range(self.slots) if s not in taken]
+            best = max(free, key=lambda s: (common_prefix_len(self.cached[s], state.ids), s == state.slot))
+            if common_prefix_len(self.cached[best], state.ids) == 0:
+                best = min(free, key=lambda s: self.last_used[s])
+            taken.append(best)
+            state.slot = best
+            self.last_used[best] = now
+        return taken
+
+    def _rewind(self, slot: int, ids: Sequence[int], keep_beyond: bool = False) -> int:
+        """Cut the slot back to its common prefix with `ids`; returns the first position to decode.
+        The last token is always decoded again (its logits are the next token's), unless
+        `keep_beyond`: then only missing tokens are, and cells past `ids` stay if `ids` is a prefix."""
+        cached = self.cached[slot]
+        start = common_prefix_len(cached, ids)
+        if keep_beyond and start == len(ids):
+            return start
+        if not keep_beyond:
+            start = min(start, len(ids) - 1)
+        if not self.lib.llama_memory_seq_rm(self.memory, slot, start, -1):
+            self.lib.llama_memory_seq_rm(self.memory, slot, -1, -1)
+            start = 0
+        del cached[start:]
+        cached.extend(ids[start:])  # decoded by the caller's next _decode
+        return start
+
+    def _decode(self, items: Sequence[Item]) -> Iterator[tuple[int, np.ndarray]]:
+        """Decode `items` in order, BATCH_TOKENS at a time; yields (item index, logits row) for the
+        items whose logits are wanted. A row is llama.cpp's own buffer: read it before the next."""
+        batch = self.batch
+        for begin in range(0, len(items), BATCH_TOKENS):
+            chunk = items[begin : begin + BATCH_TOKENS]
+            for j, (seq, pos, token, wants) in enumerate(chunk):
+                batch.token[j], batch.pos[j], batch.n_seq_id[j] = token, pos, 1
+                batch.seq_id[j][0], batch.logits[j] = seq, wants
+            batch.n_tokens = len(chunk)
+            self._use_threads()
+            status = self.lib.llama_decode(self.ctx, batch)
+            if status == 1 and self._evict({seq for seq, _, _, _ in chunk}):
+                status = self.lib.llama_decode(self.ctx, batch)
+            if status != 0:
+                for seq in {seq for seq, _, _, _ in chunk if seq < self.slots}:  # its cells are unknown now
+                    self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
+                    self.cached[seq] = []
+                raise MemberError(
+                    f"{self.name}: llama.cpp could not decode ({'its KV cache is full' if status == 1 else status}); "
+                    "fewer requests at once or a shorter answer budget"
+                )
+            for j, (seq, _, token, wants) in enumerate(chunk):
+                if seq < self.slots and len(self.cached[seq]) <= batch.pos[j]:
+                    self.cached[seq].append(token)  # a drafted token, now in the slot's cells
+                if wants:
+                    yield begin + j, np.ctypeslib.as_array(self.lib.llama_get_logits_ith(self.ctx, j), (self.n_vocab,))
+
+    def _evict(self, busy: set[int]) -> bool:
+        """Free the slots this call does not use, to make room; whether any cells were freed."""
+        idle = [s for s in range(self.slots) if s not in busy and self.cached[s]]
+        for s in idle:
+            self.lib.llama_memory_seq_rm(self.memory, s, -1, -1)
+            self.cached[s] = []
+        return bool(idle)
+
+    def _use_threads(self) -> None:
+        """This member's share of the cores now (members at once), else all it was given."""
+        threads = thread_share() or self.threads
+        if threads != self._threads_now:
+            self.lib.llama_set_n_threads(self.ctx, threads, threads)
+            self._threads_now = threads
+
+
+def _pick(row: np.ndarray, settings: MemberSettings, rng: np.random.Generator | None) -> int:
+    """The next token: the argmax when greedy, else a sample at the temperature within top_p."""
+    if rng is None:
+        return int(row.argmax())
+    logits = row.astype(np.float64) / settings.temperature
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    if settings.top_p >= 1.0:
+        return int(rng.choice(len(probs), p=probs))
+    order = np.argsort(-probs)
+    keep = order[: int(np.searchsorted(np.cumsum(probs[order]), settings.top_p)) + 1]
+    return int(rng.choice(keep, p=probs[keep] / probs[keep].sum()))
+
+
+def _free(lib: Any, batch: Any, ctx: Any, model: Any) -> None:
+    lib.llama_batch_free(batch)
+    lib.llama_free(ctx)
+    lib.llama_model_free(model)
+
+
+__all__ = ["BUILD_HINT", "LlamaCppMember", "LlamaState", "llama_cpp_module"]
