@@ -56,7 +56,7 @@ def member_floors(members: Sequence[Any], bandwidth: Mapping[str, float]) -> dic
     out = {}
     for m in members:
         kind = "cuda" if str(m.device).startswith("cuda") else "cpu"
-        nbytes = weight_bytes(m.model)
+        nbytes = m.bytes_per_token if hasattr(m, "bytes_per_token") else weight_bytes(m.model)
         out[m.name] = {"weight_bytes": nbytes, "floor_s_per_token": nbytes / bandwidth[kind]}
     return out
 

@@ -38,9 +38,9 @@ from .workers import cpu_cores, thread_share
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-SLOTS = 8  # requests whose contexts stay in the KV cache between calls
+SLOTS = 16  # requests whose contexts stay in the KV cache between calls (the evaluation batches 16)
 SCORE_SEQUENCES = 48  # candidates one verify pass holds at once (more go in further passes)
-CONTEXT_TOKENS = 8192  # KV cells shared by all sequences
+CONTEXT_TOKENS = 16384  # KV cells shared by all sequences (0.2-0.4 GB per member here, f16)
 BATCH_TOKENS = 512  # tokens per llama_decode call
 BUILD_HINT = "run `make llama-cpp` (builds llama-cpp-python from its pinned sdist once; docs/benchmarks.md)"
 
@@ -75,6 +75,9 @@ class LlamaState:
     answer: str
     slot: int | None = None  # the slot that last held this request's context (a hint: slots are shared)
     drafts: int = 0  # drafts made so far: each sampled draft gets its own seed
+    # The last verify pass's candidate sequences and the tokens in each, while they are kept (its
+    # generation): the accepted candidate's cells move into the slot instead of being decoded again.
+    verified: tuple[int, tuple[tuple[int, tuple[int, ...]], ...]] | None = None
 
 
 # A token to decode: (sequence, position, token id, whether its logits are wanted)
@@ -94,7 +97,11 @@ class LlamaCppMember(BaseMember):
         generation_eos: Any = None,
         context_tokens: int = CONTEXT_TOKENS,
         slots: int = SLOTS,
+        ubatch_tokens: int = BATCH_TOKENS,
     ) -> None:
+        """`ubatch_tokens`: llama.cpp's inner batch. Its CPU kernels change with the batch's size (at
+        64 tokens here), and with them the rounding: a request's logits then depend on what shares
+        its batch. Below 64, batched requests get exactly their solo logits, but slower passes."""
         if prompt_format.kind == "chat" and not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"{name}: the tokenizer has no chat template; use a completion prompt format")
         lib = self.lib = llama_cpp_module()
@@ -113,7 +120,8 @@ class LlamaCppMember(BaseMember):
             raise ModelLoadError(f"{name}: llama.cpp could not load {self.path} (not a GGUF model it knows?)")
         params = lib.llama_context_default_params()
         params.n_ctx = context_tokens
-        params.n_batch = params.n_ubatch = BATCH_TOKENS
+        params.n_batch = BATCH_TOKENS
+        params.n_ubatch = min(ubatch_tokens, BATCH_TOKENS)
         params.n_seq_max = slots + SCORE_SEQUENCES
         params.n_threads = params.n_threads_batch = self.threads
         params.kv_unified = True  # candidates share their context's cells instead of copies
@@ -131,11 +139,17 @@ class LlamaCppMember(BaseMember):
         self.context_tokens = int(lib.llama_n_ctx(self.ctx))
         self.trained_context = int(lib.llama_model_n_ctx_train(self.model))
         self.parameters = float(lib.llama_model_n_params(self.model))
-        self.file_bytes = int(lib.llama_model_size(self.model))  # bytes read per decoding step
+        # Bytes a decoding step reads: every tensor once (the catalogue's models tie their output head
+        # to the embedding table, so a step does read all of it; an untied table is overcounted).
+        self.bytes_per_token = int(lib.llama_model_size(self.model))
         self.device = "cpu"
+        desc = ctypes.create_string_buffer(128)
+        lib.llama_model_desc(self.model, desc, len(desc))
+        self.dtype = f"gguf {desc.value.decode(errors='replace')}"  # e.g. "gguf qwen2 1B Q4_K - Medium"
         self.cached: list[list[int]] = [[] for _ in range(slots)]  # the tokens in each slot's cells
         self.last_used = [0.0] * slots
         self.lock = threading.Lock()  # one call at a time: a llama.cpp context is not thread-safe
+        self.generation = 0  # bumped whenever the candidate sequences are emptied
         self._threads_now = self.threads
         self._check_tokenizer()
 
@@ -214,6 +228,21 @@ class LlamaCppMember(BaseMember):
                 out += self._score_group([states[i] for i in group], [candidates[i] for i in group])
         return out
 
+    def generate_alone(self, prompt: str, max_new_tokens: int) -> tuple[int, float]:
+        """(new tokens, seconds) of greedy decoding alone from the prompt, never stopping early: the
+        benchmarks' "member alone" (measure.generate_alone), prefill included as there."""
+        ids = drafting.prompt_ids(self.tokenizer, self.prompt_format, prompt)
+        began = time.perf_counter()
+        with self.lock:
+            (slot,) = self._claim([LlamaState(MemberSettings(), len(ids), ids, "")])
+            start = self._rewind(slot, ids)
+            items: list[Item] = [(slot, p, ids[p], p == len(ids) - 1) for p in range(start, len(ids))]
+            for _ in range(max_new_tokens):
+                for _, row in self._decode(items):  # one row: the last item's
+                    token = int(row.argmax())
+                items = [(slot, len(self.cached[slot]), token, True)]
+        return max_new_tokens, time.perf_counter() - began
+
     # -- drafting ------------------------------------------------------------------------------------
 
     def _draft_group(self, states: Sequence[LlamaState], budgets: Sequence[int]) -> list[Candidate]:
@@ -282,7 +311,6 @@ class LlamaCppMember(BaseMember):
         items = []
         for r, (state, slot, (shared, rows)) in enumerate(zip(states, slots, plans)):
             for c, (keep, tail) in enumerate(rows):
-                self.lib.llama_memory_seq_rm(self.memory, sequence, -1, -1)
                 self.lib.llama_memory_seq_cp(self.memory, slot, sequence, 0, shared)
                 tokens = state.ids[shared:keep] + tail
                 for t, token in enumerate(tokens):
@@ -297,14 +325,20 @@ class LlamaCppMember(BaseMember):
                 r, c, t = wanted[i]
                 tail = plans[r][1][c][1]
                 top = float(row.max())
-                lse = top + float(np.log(np.exp(row - top, dtype=np.float64).sum()))
+                lse = top + float(np.log(np.exp(row - top).sum()))
                 logit = float(row[tail[t]])
                 values[r][c][t] = (logit, logit - lse)
-        finally:
-            for seq in range(self.slots, sequence):
-                self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
+        except BaseException:
+            self._drop_candidates()
+            raise
         out: list[Verdict] = []
+        sequence = self.slots
         for state, (_, rows), per_candidate in zip(states, plans, values):
+            kept = []
+            for keep, tail in rows:
+                kept.append((sequence, (*state.ids[:keep], *tail)))
+                sequence += 1
+            state.verified = (self.generation, tuple(kept))
             details = tuple(
                 TokenScores(
                     tuple(str(self.tokenizer.decode([t])) for t in tail),
@@ -331,7 +365,26 @@ class LlamaCppMember(BaseMember):
             taken.append(best)
             state.slot = best
             self.last_used[best] = now
+            self._adopt(state, best)
+        self._drop_candidates()
         return taken
+
+    def _adopt(self, state: LlamaState, slot: int) -> None:
+        """Move the cells of the request's verified candidate that its context now continues with
+        (the accepted one) into its slot: what HFMember's reuse of verified keys and values does."""
+        if state.verified is None or state.verified[0] != self.generation:
+            return
+        seq, tokens = max(state.verified[1], key=lambda kept: common_prefix_len(kept[1], state.ids))
+        state.verified = None
+        have, reach = common_prefix_len(self.cached[slot], state.ids), common_prefix_len(tokens, state.ids)
+        if reach > have and self.lib.llama_memory_seq_rm(self.memory, slot, have, -1):
+            self.lib.llama_memory_seq_cp(self.memory, seq, slot, have, reach)
+            self.cached[slot] = list(state.ids[:reach])
+
+    def _drop_candidates(self) -> None:
+        for seq in range(self.slots, self.slots + SCORE_SEQUENCES):
+            self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
+        self.generation += 1
 
     def _rewind(self, slot: int, ids: Sequence[int], keep_beyond: bool = False) -> int:
         """Cut the slot back to its common prefix with `ids`; returns the first position to decode.
