@@ -15,10 +15,10 @@ from specfuse import EnsembleConfig
 from specfuse.config import MemberSettings
 from specfuse.engine import Ensemble
 from specfuse.errors import ConfigError, PromptTooLongError
+from specfuse.members.scoring import common_prefix_len
 from specfuse.models.cache import assemble_gguf, cache_root
 from specfuse.models.catalogue import CATALOGUE
 from specfuse.models.loading import load_member, load_members, load_tokenizer
-from specfuse.members.scoring import common_prefix_len
 from specfuse.records import Candidate
 
 from .conftest import REAL_MODEL_CACHE
@@ -103,7 +103,10 @@ def test_ids_and_scores_match_transformers(member, local):
         Candidate("x", " Blue is one", 3, False, 0.0),
         Candidate("x", " 色彩 and more", 4, False, 0.0),  # byte tokens score here, unlike llama-server
     ]
-    (z_local, ev_local), (z_ours, ev_ours) = local.score_many([mine], [cands])[0], member.score_many([theirs], [cands])[0]
+    (z_local, ev_local), (z_ours, ev_ours) = (
+        local.score_many([mine], [cands])[0],
+        member.score_many([theirs], [cands])[0],
+    )
     diffs = [abs(a - b) for a, b in zip(z_local, z_ours)]
     print("score differences (mean log-prob):", [f"{d:.4f}" for d in diffs])
     assert max(diffs) <= SCORE_TOLERANCE
@@ -135,7 +138,7 @@ def test_verdicts_in_one_pass_equal_one_request_at_a_time(member):
     for (z_all, _), (z_one, _) in zip(together, alone):
         assert z_all == pytest.approx(z_one, abs=1e-3)
     # A member's own greedy draft is, token by token, its most likely continuation.
-    for (z, evidence), state in zip(together, states):
+    for z, evidence in together:
         assert z[0] > z[1]
         assert all(lp > -2.5 for lp in evidence[0].logprobs[:-1])
 
@@ -203,3 +206,29 @@ def test_the_trio_in_llama_cpp_plays_whole_runs():
     config = EnsembleConfig(max_new_tokens=32)
     together = {i: r.text for i, r in exact.stream_many(PROMPTS[:3], config)}
     assert [together[i] for i in range(3)] == [exact.run(p, config).answer for p in PROMPTS[:3]]
+
+
+def test_the_backends_benchmark_sets_both_setups_side_by_side():
+    from specfuse.bench.backends import format_report, run
+
+    _needs_build()
+    pair = ["smollm2-135m", "qwen2.5-coder-0.5b"]
+    report = run(pair, ["What is 2 + 3?"], EnsembleConfig(max_new_tokens=12))
+    none, gguf = report["totals"]["none"], report["totals"]["gguf"]
+    assert none["tokens"] > 0 and gguf["tokens"] > 0
+    assert report["speedup_tokens_per_s"] == pytest.approx(gguf["tokens_per_s"] / none["tokens_per_s"])
+    assert 0 <= report["same_answers"] <= 1
+    text = format_report(report)
+    assert "gguf (llama.cpp)" in text and "load average" in text
+
+
+def test_a_llama_cpp_member_in_a_worker_process_drafts_as_here(member):
+    _needs_build()
+    (remote,) = load_members(["smollm2-135m"], quantize="gguf", processes=True, cache_dir=REAL_MODEL_CACHE)
+    try:
+        assert type(remote).__name__ == "ProcessMember"
+        remote.set_threads(1)
+        theirs, ours = remote.start(PROMPTS[4], GREEDY), member.start(PROMPTS[4], GREEDY)
+        assert remote.draft(theirs, 10).text == member.draft(ours, 10).text
+    finally:
+        remote.close()

@@ -1,4 +1,4 @@
-"""`python -m specfuse.bench [gpu|concurrency|remote|serve] …`: one command for every benchmark;
+"""`python -m specfuse.bench [gpu|concurrency|remote|serve|backends] …`: one command for every benchmark;
 without a subcommand it runs the engine's own benchmark (core.py)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ SUBCOMMANDS = {
     "concurrency": "specfuse.bench.concurrency",
     "remote": "specfuse.bench.remote",
     "serve": "specfuse.bench.serve",
+    "backends": "specfuse.bench.backends",
 }
 
 

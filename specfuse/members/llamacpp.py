@@ -57,7 +57,9 @@ def llama_cpp_module() -> Any:
             try:
                 import llama_cpp
             except ImportError as e:
-                raise ConfigError(f"llama.cpp in process needs llama-cpp-python, not installed: {BUILD_HINT}") from e
+                raise ConfigError(
+                    f"llama.cpp in process needs llama-cpp-python, not installed: {BUILD_HINT}"
+                ) from e
             _quiet_log = llama_cpp.llama_log_callback(lambda level, text, data: None)
             llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p(0))
             llama_cpp.llama_backend_init()
@@ -208,7 +210,8 @@ class LlamaCppMember(BaseMember):
         out: list[Candidate] = []
         with self.lock:
             for begin in range(0, len(states), self.slots):
-                out += self._draft_group(states[begin : begin + self.slots], budgets[begin : begin + self.slots])
+                end = begin + self.slots
+                out += self._draft_group(states[begin:end], budgets[begin:end])
         return out
 
     def score_many(
@@ -297,7 +300,13 @@ class LlamaCppMember(BaseMember):
             rows = []
             for cand in cands:
                 keep, _, tail = drafting.scored_tokens(
-                    self.encode, state.ids, state.prompt_len, state.answer, cand.text, cand.final, self.end_marker
+                    self.encode,
+                    state.ids,
+                    state.prompt_len,
+                    state.answer,
+                    cand.text,
+                    cand.final,
+                    self.end_marker,
                 )
                 rows.append((keep, tail))
             shared = min(keep for keep, _ in rows) - 1  # cells every candidate copies from the slot
@@ -421,15 +430,17 @@ class LlamaCppMember(BaseMember):
                 for seq in {seq for seq, _, _, _ in chunk if seq < self.slots}:  # its cells are unknown now
                     self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
                     self.cached[seq] = []
+                why = "its KV cache is full" if status == 1 else f"status {status}"
                 raise MemberError(
-                    f"{self.name}: llama.cpp could not decode ({'its KV cache is full' if status == 1 else status}); "
+                    f"{self.name}: llama.cpp could not decode ({why}); "
                     "fewer requests at once or a shorter answer budget"
                 )
             for j, (seq, _, token, wants) in enumerate(chunk):
                 if seq < self.slots and len(self.cached[seq]) <= batch.pos[j]:
                     self.cached[seq].append(token)  # a drafted token, now in the slot's cells
                 if wants:
-                    yield begin + j, np.ctypeslib.as_array(self.lib.llama_get_logits_ith(self.ctx, j), (self.n_vocab,))
+                    row = self.lib.llama_get_logits_ith(self.ctx, j)
+                    yield begin + j, np.ctypeslib.as_array(row, (self.n_vocab,))
 
     def _evict(self, busy: set[int]) -> bool:
         """Free the slots this call does not use, to make room; whether any cells were freed."""

@@ -296,6 +296,10 @@ def _handlers(member: Member, states: dict[int, Any]) -> dict[str, Callable[...,
             out.append(handle)
         return out
 
+    def threads(n: int) -> None:
+        _set_threads(n)
+        member.set_threads(n)  # a member not run by torch (llama.cpp) keeps its own count
+
     def describe() -> dict[str, Any]:
         return {
             "name": member.name,
@@ -314,7 +318,7 @@ def _handlers(member: Member, states: dict[int, Any]) -> dict[str, Callable[...,
         "draft_many": lambda handles, budgets: member.draft_many([states[h] for h in handles], budgets),
         "score_many": lambda handles, cands: member.score_many([states[h] for h in handles], cands),
         "prompt_surprise": lambda h: member.prompt_surprise(states[h]),
-        "threads": _set_threads,
+        "threads": threads,
         "threads_now": _threads_now,
         "held": lambda: len(states),  # states not yet released (for tests and leak checks)
     }

@@ -336,7 +336,8 @@ def _load_hf(
     """Load a transformers model from `source` (a folder, a GGUF file's folder or a hub id)."""
     if req.quantize == "gguf":
         raise ConfigError(
-            f"{req.name}: quantize='gguf' runs a GGUF file in llama.cpp; name a catalogue model or a .gguf file"
+            f"{req.name}: quantize='gguf' runs a GGUF file in llama.cpp; "
+            "name a catalogue model or a .gguf file"
         )
     device = req.device
     if req.device_map is None:
