@@ -18,7 +18,7 @@ import gradio as gr
 
 from specfuse import SpecfuseError
 from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
-from specfuse.models.quantize_options import CLI_HELP as QUANTIZE_HELP
+from specfuse.models.quantize_options import CLI_HELP_AUTO as QUANTIZE_HELP
 from specfuse.models.quantize_options import check_quantize
 from specfuse.models.trust import CLI_HELP as TRUST_HELP
 from specfuse.models.trust import load_trust
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--device", default="auto", choices=DEVICES, help="where members load (auto: GPUs if any)"
     )
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
-    parser.add_argument("--quantize", default="none", help=QUANTIZE_HELP)
+    parser.add_argument("--quantize", default="auto", help=QUANTIZE_HELP)
     parser.add_argument("--preload", action="store_true", help="load the default members before serving")
     parser.add_argument(
         "--trust",
@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except SpecfuseError as e:
         parser.exit(2, f"error: {e}\n")
     devices = usable_devices()
-    if args.quantize != "none":  # quantized weights run on the CPU only: offer no other device
+    if args.quantize not in ("none", "auto"):  # quantized weights run on the CPU only: no other device
         if args.device not in ("auto", "cpu"):
             parser.exit(2, f"error: --quantize {args.quantize} runs on the CPU only; use --device cpu\n")
         args.device, devices = "cpu", ["cpu"]

@@ -20,7 +20,7 @@ from .config import EnsembleConfig
 from .engine import Ensemble, check_prompt
 from .errors import ConfigError, SpecfuseError
 from .models.catalogue import CATALOGUE
-from .models.quantize_options import CLI_HELP as QUANTIZE_HELP
+from .models.quantize_options import CLI_HELP_AUTO as QUANTIZE_HELP
 from .models.trust import CLI_HELP as TRUST_HELP
 from .records import Round
 from .trace import Trace, save_trace
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--device", default="cpu", help="cpu, cuda, cuda:K, auto (one model per GPU), per-gpu")
     add("--device-map", default=None, help="accelerate device map for large models, e.g. auto")
     add("--dtype", default="auto", help="auto (per device), float32, bfloat16, float16")
-    add("--quantize", default="none", help=QUANTIZE_HELP)
+    add("--quantize", default="auto", help=QUANTIZE_HELP)
     add(
         "--processes",
         action=argparse.BooleanOptionalAction,

@@ -44,7 +44,7 @@ class SharedLoader:
         self.allow_paths = allow_paths
         self.trusted = frozenset(trusted)  # paths, hub ids and server specs the operator named at start
         self.dtype = dtype
-        self.quantize = quantize  # "int8" / "int4": every in-process member's Linear weights (--quantize)
+        self.quantize = quantize  # every in-process member: "int8"/"int4" weights, "gguf"/"auto" llama.cpp
         self.processes = processes  # True, False or "auto": each model in a worker process of its own
         self.trust = trust  # the operator's trust file (--trust), else each member's catalogue trust
         self._members: dict[tuple[str, str], Member] = {}

@@ -232,3 +232,20 @@ def test_a_llama_cpp_member_in_a_worker_process_drafts_as_here(member):
         assert remote.draft(theirs, 10).text == member.draft(ours, 10).text
     finally:
         remote.close()
+
+
+def test_auto_picks_llama_cpp_for_gguf_models_on_the_cpu_only(tmp_path):
+    from specfuse.models.loading import resolve_quantize
+    from studio.loading import SharedLoader
+
+    _needs_build()
+    assert resolve_quantize("auto", "smollm2-135m", "cpu") == "gguf"
+    assert resolve_quantize("auto", "smollm2-135m", "auto") == "gguf"  # no GPU here
+    assert resolve_quantize("auto", "smollm2-135m", "cuda:0") == "none"
+    assert resolve_quantize("auto", "smollm2-135m", "cpu", device_map="auto") == "none"
+    assert resolve_quantize("auto", str(tmp_path), "cpu") == "none"  # a folder of safetensors
+    assert resolve_quantize("auto", "org/model", "cpu") == "none"  # a hub id
+    assert resolve_quantize("int8", "smollm2-135m", "cpu") == "int8"
+    # The app's and the CLI's default (--quantize auto) loads the catalogue's models into llama.cpp.
+    member = SharedLoader(quantize="auto")("smollm2-135m", "cpu", lambda f, m: None)
+    assert type(member).__name__ == "LlamaCppMember"

@@ -6,6 +6,7 @@ Knows nothing about drafting, scoring or rounds: it hands back members and stops
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import os
 import re
@@ -308,10 +309,12 @@ def load_member(
     (CUDA graphs on a GPU; docs/gpu.md); a served member ignores it.
     `quantize` ("none", "int8", "int4"): an in-process model's Linear weights are quantized after it
     loads, on the CPU only (models/quantize.py); "gguf": a catalogue model or .gguf file runs in
-    llama.cpp in this process (members/llamacpp.py). A served member ignores it.
+    llama.cpp in this process (members/llamacpp.py); "auto": gguf where that can run (resolve_quantize),
+    else none. A served member ignores it.
     """
     check_quantize(quantize)
     loader = check_member_name(name_or_path, allow_paths=allow_paths, allow_servers=allow_servers)
+    quantize = resolve_quantize(quantize, name_or_path, device, device_map)
     request = LoadRequest(
         name_or_path,
         device,
@@ -324,6 +327,18 @@ def load_member(
         quantize,
     )
     return loader.load(request)
+
+
+def resolve_quantize(
+    quantize: str, name: str, device: str, device_map: str | dict[str, Any] | None = None
+) -> str:
+    """ "auto": "gguf" for a GGUF model (a catalogue name or a .gguf file) bound for the CPU where
+    llama-cpp-python is installed, else "none". Any other value stays as it is."""
+    if quantize != "auto":
+        return quantize
+    on_cpu = device_map is None and (device.startswith("cpu") or (device == "auto" and not gpu_count()))
+    has_gguf = name in CATALOGUE or _is_gguf(name)
+    return "gguf" if on_cpu and has_gguf and importlib.util.find_spec("llama_cpp") is not None else "none"
 
 
 def _load_hf(

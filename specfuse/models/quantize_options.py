@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
-QUANTIZE = ("none", "int8", "int4", "gguf")
-CLI_HELP = (  # --quantize in every command that loads members
-    "none (default): bf16/fp32 weights in torch; int8, int4: each model's Linear weights quantized "
-    "in torch after it loads; gguf: a GGUF model (the catalogue's, or a .gguf file) run in llama.cpp "
-    "in this process, in the file's own 4-bit blocks (make llama-cpp). CPU only; docs/benchmarks.md"
+QUANTIZE = ("none", "int8", "int4", "gguf", "auto")
+_CHOICES = (
+    "none: bf16/fp32 weights in torch; int8, int4: each model's Linear weights quantized in torch "
+    "after it loads; gguf: a GGUF model (the catalogue's, or a .gguf file) run in llama.cpp in this "
+    "process, in the file's own 4-bit blocks (make llama-cpp); auto: gguf for GGUF models on the CPU "
+    "where llama-cpp-python is installed, else none. int8/int4/gguf: CPU only; docs/benchmarks.md"
 )
+CLI_HELP = f"{_CHOICES} (default none)"  # the evaluation, the benchmarks and specfuse-serve
+# The commands one person runs one request at a time (specfuse, app.py): about 2x faster answers
+# with gguf, the same GSM8K accuracy (docs/benchmarks.md). A server under load batches better in bf16.
+CLI_HELP_AUTO = f"{_CHOICES} (default auto)"
 
 
 def check_quantize(quantize: str) -> str:
@@ -25,4 +30,4 @@ def check_quantize(quantize: str) -> str:
     return quantize
 
 
-__all__ = ["CLI_HELP", "QUANTIZE", "check_quantize"]
+__all__ = ["CLI_HELP", "CLI_HELP_AUTO", "QUANTIZE", "check_quantize"]
