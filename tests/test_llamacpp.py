@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from specfuse import EnsembleConfig
+from specfuse import EnsembleConfig, load_trace
 from specfuse.config import MemberSettings
 from specfuse.engine import Ensemble
 from specfuse.errors import ConfigError, PromptTooLongError
@@ -249,3 +249,34 @@ def test_auto_picks_llama_cpp_for_gguf_models_on_the_cpu_only(tmp_path):
     # The app's and the CLI's default (--quantize auto) loads the catalogue's models into llama.cpp.
     member = SharedLoader(quantize="auto")("smollm2-135m", "cpu", lambda f, m: None)
     assert type(member).__name__ == "LlamaCppMember"
+
+
+def test_the_app_runs_the_default_trio_in_llama_cpp(tmp_path, monkeypatch):
+    # The app's default (--quantize auto) as a person meets it: the real trio, through its own API.
+    from gradio_client import Client
+
+    import app
+    from studio.loading import SharedLoader
+
+    from .test_app import ANSWER, DOWNLOAD, MATRIX, WEIGHTS, figure, free_port, path_of, round_updates, submit
+
+    _needs_build()
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
+    trio = ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"]
+    loader = SharedLoader(quantize="auto")
+    demo = app.build_demo(loader, choices=trio, default_models=trio, concurrency_limit=2)
+    _, url, _ = app.serve(demo, port=free_port(), concurrency=2, prevent_thread_lock=True)
+    try:
+        client = Client(url, verbose=False, download_files=str(tmp_path))
+        job = submit(client, trio, "What is 12 times 7? Answer briefly.", max_new_tokens=32, segment_len=10)
+        job.result(timeout=300)
+        outputs = job.outputs()
+        rounds = round_updates(outputs)
+        assert rounds and figure(rounds[0][MATRIX]).layout.title.text.startswith("round 1:")
+        assert len(figure(rounds[-1][WEIGHTS]).data) == 3
+        trace = load_trace(path_of(outputs[-1][DOWNLOAD]))
+        assert "84" in trace.rounds[-1].text
+        assert "".join(span["token"] for span in outputs[-1][ANSWER]["value"]) == trace.rounds[-1].text
+        assert all(type(m).__name__ == "LlamaCppMember" for m in loader._members.values())
+    finally:
+        demo.close()
