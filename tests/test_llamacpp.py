@@ -280,3 +280,20 @@ def test_the_app_runs_the_default_trio_in_llama_cpp(tmp_path, monkeypatch):
         assert all(type(m).__name__ == "LlamaCppMember" for m in loader._members.values())
     finally:
         demo.close()
+
+
+def test_a_model_listed_twice_shares_its_weights_and_outlives_the_first():
+    import gc
+
+    _needs_build()
+    first, second = load_members(
+        ["smollm2-135m", "smollm2-135m"], quantize="gguf", cache_dir=REAL_MODEL_CACHE
+    )
+    assert second.name == "smollm2-135m#2" and second.weights is first.weights
+    sampled = EnsembleConfig(temperature=0.8, max_new_tokens=24, seed=3)
+    answer = Ensemble([first, second]).run(PROMPTS[2], sampled).answer
+    assert answer.strip()
+    del first
+    gc.collect()  # the first member's context is freed; the weights stay for the second
+    state = second.start(PROMPTS[4], GREEDY)
+    assert second.draft(state, 10).text.strip()

@@ -100,10 +100,12 @@ class LlamaCppMember(BaseMember):
         context_tokens: int = CONTEXT_TOKENS,
         slots: int = SLOTS,
         ubatch_tokens: int = BATCH_TOKENS,
+        weights: LlamaModel | None = None,
     ) -> None:
         """`ubatch_tokens`: llama.cpp's inner batch. Its CPU kernels change with the batch's size (at
         64 tokens here), and with them the rounding: a request's logits then depend on what shares
-        its batch. Below 64, batched requests get exactly their solo logits, but slower passes."""
+        its batch. Below 64, batched requests get exactly their solo logits, but slower passes.
+        `weights`: another member's loaded model, shared (a model listed twice: see sharing())."""
         if prompt_format.kind == "chat" and not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"{name}: the tokenizer has no chat template; use a completion prompt format")
         lib = self.lib = llama_cpp_module()
@@ -111,15 +113,13 @@ class LlamaCppMember(BaseMember):
         self.path = Path(path)
         self.tokenizer = tokenizer
         self.prompt_format = prompt_format
+        self.generation_eos = generation_eos
         self.stop_token_ids = frozenset(drafting.stop_token_ids(tokenizer, generation_eos))
         self.end_marker = tuple(drafting.end_marker(tokenizer, prompt_format, self.stop_token_ids))
         self.slots = slots
         self.threads = cpu_cores()  # all of this process's cores unless a run gives it a share
-        model_params = lib.llama_model_default_params()
-        model_params.n_gpu_layers = 0
-        self.model = lib.llama_model_load_from_file(str(self.path).encode(), model_params)
-        if not self.model:
-            raise ModelLoadError(f"{name}: llama.cpp could not load {self.path} (not a GGUF model it knows?)")
+        self.weights = weights or LlamaModel(lib, name, self.path)
+        self.model = self.weights.pointer
         params = lib.llama_context_default_params()
         params.n_ctx = context_tokens
         params.n_batch = BATCH_TOKENS
@@ -131,10 +131,10 @@ class LlamaCppMember(BaseMember):
         params.no_perf = True
         self.ctx = lib.llama_init_from_model(self.model, params)
         if not self.ctx:
-            lib.llama_model_free(self.model)
             raise ModelLoadError(f"{name}: llama.cpp could not make a context of {context_tokens} tokens")
         self.batch = lib.llama_batch_init(BATCH_TOKENS, 0, 1)
-        weakref.finalize(self, _free, lib, self.batch, self.ctx, self.model)
+        # The finalizer holds the weights, so that the model is freed after this context, not before.
+        weakref.finalize(self, _free, lib, self.batch, self.ctx, self.weights)
         self.memory = lib.llama_get_memory(self.ctx)
         self.vocab = lib.llama_model_get_vocab(self.model)
         self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
@@ -157,6 +157,20 @@ class LlamaCppMember(BaseMember):
 
     def __repr__(self) -> str:
         return f"LlamaCppMember({self.name!r}, {str(self.path)!r})"
+
+    def sharing(self, name: str) -> LlamaCppMember:
+        """Another member called `name` on these weights, with a context of its own: a model listed
+        twice, sampled with another seed, costs its weights once."""
+        return LlamaCppMember(
+            name,
+            self.path,
+            self.tokenizer,
+            prompt_format=self.prompt_format,
+            generation_eos=self.generation_eos,
+            context_tokens=self.context_tokens,
+            slots=self.slots,
+            weights=self.weights,
+        )
 
     def encode(self, text: str) -> list[int]:
         return drafting.encode(self.tokenizer, text)
@@ -472,10 +486,21 @@ def _pick(row: np.ndarray, settings: MemberSettings, rng: np.random.Generator | 
     return int(rng.choice(keep, p=probs[keep] / probs[keep].sum()))
 
 
-def _free(lib: Any, batch: Any, ctx: Any, model: Any) -> None:
+class LlamaModel:
+    """A GGUF file loaded by llama.cpp (weights only), freed when the last member on it is gone."""
+
+    def __init__(self, lib: Any, name: str, path: Path) -> None:
+        params = lib.llama_model_default_params()
+        params.n_gpu_layers = 0
+        self.pointer = lib.llama_model_load_from_file(str(path).encode(), params)
+        if not self.pointer:
+            raise ModelLoadError(f"{name}: llama.cpp could not load {path} (not a GGUF model it knows?)")
+        weakref.finalize(self, lib.llama_model_free, self.pointer)
+
+
+def _free(lib: Any, batch: Any, ctx: Any, weights: LlamaModel) -> None:
     lib.llama_batch_free(batch)
     lib.llama_free(ctx)
-    lib.llama_model_free(model)
 
 
 __all__ = ["BUILD_HINT", "LlamaCppMember", "LlamaState", "llama_cpp_module"]

@@ -423,7 +423,10 @@ def share_weights(member: Member, name: str) -> Member:
     """Another member called `name` on `member`'s weights: a model listed twice, sampled with
     another seed, costs its memory once."""
     from specfuse.members.hf import HFMember
+    from specfuse.members.llamacpp import LlamaCppMember
 
+    if isinstance(member, LlamaCppMember):
+        return member.sharing(name)
     if not isinstance(member, HFMember):
         raise ConfigError(f"{member.name} cannot share its weights with a second member; list it once")
     return HFMember(
