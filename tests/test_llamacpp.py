@@ -297,3 +297,14 @@ def test_a_model_listed_twice_shares_its_weights_and_outlives_the_first():
     gc.collect()  # the first member's context is freed; the weights stay for the second
     state = second.start(PROMPTS[4], GREEDY)
     assert second.draft(state, 10).text.strip()
+
+
+def test_the_prompt_prior_reads_the_same_surprise_as_transformers(member, local):
+    settings = MemberSettings(measure_prompt=True)
+    prompt = "Explain in two sentences why the sky is blue."
+    ours, theirs = member.start(prompt, settings), local.start(prompt, settings)
+    assert member.prompt_surprise(ours) == pytest.approx(local.prompt_surprise(theirs), rel=0.05)
+    assert member.prompt_surprise(member.start(prompt, GREEDY)) is None  # not asked for
+    # The prompt read for it stays in the slot: the first draft does not read it again.
+    assert member.cached[ours.slot] == ours.ids
+    assert member.draft(ours, 10).text.strip()

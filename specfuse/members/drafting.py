@@ -43,6 +43,34 @@ def prompt_ids(tokenizer: PreTrainedTokenizerBase, fmt: PromptFormat, prompt: st
     return list(tokenizer(fmt.completion(prompt), add_special_tokens=True)["input_ids"])
 
 
+def prompt_span(
+    tokenizer: PreTrainedTokenizerBase, fmt: PromptFormat, prompt: str, ids: Sequence[int]
+) -> tuple[list[int], int] | None:
+    """The positions in `ids` (the member's context for `prompt`) of the tokens that spell the prompt
+    itself, and their UTF-8 bytes: what a member's surprise at the prompt is measured on (the chat
+    template's own tokens say nothing about the question). None where they cannot be told apart."""
+    if fmt.kind == "chat":
+        text = str(
+            tokenizer.apply_chat_template(fmt.messages(prompt), tokenize=False, add_generation_prompt=True)
+        )
+        special = False
+    else:
+        text, special = fmt.completion(prompt), True
+    where = text.rfind(prompt)
+    if where < 0:
+        return None
+    enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
+    if list(enc["input_ids"]) != list(ids):
+        return None
+    offsets = enc["offset_mapping"]
+    inside = [
+        t for t, (a, b) in enumerate(offsets) if t > 0 and a >= where and b <= where + len(prompt) and b > a
+    ]
+    if not inside:
+        return None
+    return inside, sum(len(text[a:b].encode("utf-8")) for a, b in (offsets[t] for t in inside))
+
+
 def end_marker(tokenizer: PreTrainedTokenizerBase, fmt: PromptFormat, stop_ids: Iterable[int]) -> list[int]:
     """What a member would emit after a finished answer: its end-of-turn token (chat), or its first
     stop string (completion). Appended to a final candidate when scoring it, so a verifier also

@@ -535,35 +535,14 @@ class HFMember(BaseMember):
                 setattr(mine, name, torch.cat([getattr(mine, name), tail], dim=-2))
 
     def _surprise(self, prompt: str, ids: Sequence[int], hidden: torch.Tensor) -> float | None:
-        """Mean negative log-likelihood per byte of the tokens that spell the prompt itself (the
-        chat template's own tokens are left out: they say nothing about the question)."""
-        fmt = self.prompt_format
-        if fmt.kind == "chat":
-            text = str(
-                self.tokenizer.apply_chat_template(
-                    fmt.messages(prompt), tokenize=False, add_generation_prompt=True
-                )
-            )
-            special = False
-        else:
-            text, special = fmt.completion(prompt), True
-        where = text.rfind(prompt)
-        if where < 0:
+        """Mean negative log-likelihood per byte of the tokens that spell the prompt itself."""
+        span = drafting.prompt_span(self.tokenizer, self.prompt_format, prompt, ids)
+        if span is None:
             return None
-        enc = self.tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
-        if list(enc["input_ids"]) != list(ids):
-            return None
-        inside = [
-            t
-            for t, (a, b) in enumerate(enc["offset_mapping"])
-            if t > 0 and a >= where and b <= where + len(prompt) and b > a
-        ]
-        if not inside:
-            return None
+        inside, spelled = span
         rows = hidden[[t - 1 for t in inside]]  # row t-1 predicts token t
         targets = torch.tensor([ids[t] for t in inside], device=rows.device)
         nll = -float(self.head.token_logprobs(rows, targets).sum())
-        spelled = sum(len(text[a:b].encode("utf-8")) for a, b in (enc["offset_mapping"][t] for t in inside))
         return nll / max(1, spelled)
 
 

@@ -80,6 +80,7 @@ class LlamaState:
     # The last verify pass's candidate sequences and the tokens in each, while they are kept (its
     # generation): the accepted candidate's cells move into the slot instead of being decoded again.
     verified: tuple[int, tuple[tuple[int, tuple[int, ...]], ...]] | None = None
+    surprise: float | None = None  # nats per byte of the prompt's own text (settings.measure_prompt)
 
 
 # A token to decode: (sequence, position, token id, whether its logits are wanted)
@@ -206,7 +207,15 @@ class LlamaCppMember(BaseMember):
                 f"{settings.max_new_tokens} more, beyond this member's context of {limit}; "
                 "shorten the prompt or lower max_new_tokens"
             )
-        return LlamaState(settings, len(ids), ids, "")
+        state = LlamaState(settings, len(ids), ids, "")
+        if settings.measure_prompt:
+            state.surprise = self._surprise(prompt, state)
+        return state
+
+    def prompt_surprise(self, state: LlamaState) -> float | None:
+        """How surprised this member was by the prompt's own text, in nats per byte (None: not
+        measured, or the prompt's tokens cannot be told from the template's)."""
+        return state.surprise
 
     def draft(self, state: LlamaState, max_new_tokens: int) -> Candidate:
         return self.draft_many([state], [max_new_tokens])[0]
@@ -259,6 +268,23 @@ class LlamaCppMember(BaseMember):
                     token = int(row.argmax())
                 items = [(slot, len(self.cached[slot]), token, True)]
         return max_new_tokens, time.perf_counter() - began
+
+    def _surprise(self, prompt: str, state: LlamaState) -> float | None:
+        """Read the prompt into a slot (the first draft finds it there) with the logits of the
+        positions that predict the prompt's own tokens: their mean negative log-likelihood per byte."""
+        span = drafting.prompt_span(self.tokenizer, self.prompt_format, prompt, state.ids)
+        if span is None:
+            return None
+        inside, spelled = span
+        wanted = {t - 1: state.ids[t] for t in inside}  # position t-1 predicts token t
+        nll = 0.0
+        with self.lock:
+            (slot,) = self._claim([state])
+            self._rewind(slot, state.ids[:1])
+            items = [(slot, p, state.ids[p], p in wanted) for p in range(len(state.ids))]
+            for i, row in self._decode(items):
+                nll -= _logit_and_logprob(row, wanted[i])[1]
+        return nll / max(1, spelled)
 
     # -- drafting ------------------------------------------------------------------------------------
 
@@ -346,11 +372,7 @@ class LlamaCppMember(BaseMember):
         try:
             for i, row in self._decode(items):
                 r, c, t = wanted[i]
-                tail = plans[r][1][c][1]
-                top = float(row.max())
-                lse = top + float(np.log(np.exp(row - top).sum()))
-                logit = float(row[tail[t]])
-                values[r][c][t] = (logit, logit - lse)
+                values[r][c][t] = _logit_and_logprob(row, plans[r][1][c][1][t])
         except BaseException:
             self._drop_candidates()
             raise
@@ -470,6 +492,13 @@ class LlamaCppMember(BaseMember):
         if threads != self._threads_now:
             self.lib.llama_set_n_threads(self.ctx, threads, threads)
             self._threads_now = threads
+
+
+def _logit_and_logprob(row: np.ndarray, token: int) -> tuple[float, float]:
+    """A token's raw logit and its log-probability under the row's softmax."""
+    top = float(row.max())
+    logit = float(row[token])
+    return logit, logit - top - float(np.log(np.exp(row - top).sum()))
 
 
 def _pick(row: np.ndarray, settings: MemberSettings, rng: np.random.Generator | None) -> int:
