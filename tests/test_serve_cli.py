@@ -119,3 +119,6 @@ def test_quantize_reaches_the_served_members_and_a_bad_one_exits_2_before_listen
     err = io.StringIO()
     assert serve_main(["--quantize", "int3"], stderr=err) == 2
     assert "specfuse-serve: error: Unknown quantize 'int3'" in err.getvalue()
+    err = io.StringIO()
+    assert serve_main(["--quantize", "gguf", "--device", "cuda"], stderr=err) == 2
+    assert "--quantize gguf runs on the CPU only" in err.getvalue()

@@ -121,6 +121,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.queue < 0 or args.request_timeout <= 0:
         raise ConfigError("--queue must be ≥ 0 and --request-timeout > 0")
     check_quantize(args.quantize)  # before listening: the members load after the port is open
+    if args.quantize not in ("none", "auto") and args.device.startswith(("cuda", "per-gpu")):
+        raise ConfigError(f"--quantize {args.quantize} runs on the CPU only; use --device cpu")
     import uvicorn
 
     from ..models.loading import check_member_name, load_members
