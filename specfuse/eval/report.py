@@ -319,9 +319,10 @@ def results_page(
         ]
         if charts.get("html-paired"):
             lines += [f"Chart: [{name}-paired.html]({name}-paired.html)", ""]
-    if document["failure_cases"]:
+    cases = _against_a_member(document)
+    if cases:
         lines += ["## Failure cases", "", "Trace copies replay in the app (Upload a trace).", ""]
-        for system, found in document["failure_cases"].items():
+        for system, found in cases.items():
             for kind, label in (("wrong_best_right", "wrong"), ("right_best_wrong", "right")):
                 rows = found[kind]
                 other = "right" if label == "wrong" else "wrong"
@@ -347,6 +348,11 @@ def results_page(
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _against_a_member(document: dict[str, Any]) -> dict[str, Any]:
+    """The failure cases that have a member to compare with (none when no member ran alone)."""
+    return {system: found for system, found in document["failure_cases"].items() if found["best_member"]}
+
+
 def console_summary(document: dict[str, Any]) -> str:
     """The tables for the terminal."""
     import pandas as pd
@@ -354,7 +360,7 @@ def console_summary(document: dict[str, Any]) -> str:
     parts = [pd.DataFrame(document["summary"]).to_string(index=False, float_format="%.3f")]
     if document["paired"]:
         parts.append(pd.DataFrame(document["paired"]).to_string(index=False, float_format="%.3g"))
-    for system, found in document["failure_cases"].items():
+    for system, found in _against_a_member(document).items():
         parts.append(
             f"{system}: wrong where {found['best_member']} is right: {len(found['wrong_best_right'])}; "
             f"right where it is wrong: {len(found['right_best_wrong'])}"
