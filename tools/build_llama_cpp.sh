@@ -5,6 +5,8 @@
 # is cached outside git and reused, never committed.
 #   usage: tools/build_llama_cpp.sh [PYTHON]     (env: LLAMA_CPP_DIR, JOBS)
 # Only the libraries the bindings load are built: no llava/mtmd, server, tools, tests or examples.
+# Installed without its dependencies: the project's venv has numpy, jinja2 and typing-extensions
+# already, and diskcache comes here, hash-pinned.
 set -euo pipefail
 PY=${1:-python3}
 # shellcheck source=tools/llama_sdist.sh
