@@ -92,20 +92,22 @@ def test_a_carrier_package_is_located_without_running_its_code(tmp_path, monkeyp
         _part_chunks("probe_carrier_part", 3)()
 
 
-def test_the_llama_cpp_archive_is_pinned_and_a_changed_one_is_never_compiled(tmp_path):
-    script = ROOT / "tools" / "build_llama_server.sh"
-    text = script.read_text()
-    version = re.search(r"^VERSION=(\S+)$", text, re.M)
-    sha = re.search(r"^SHA256=([0-9a-f]{64})$", text, re.M)
-    assert version and sha and "--require-hashes" in text
+@pytest.mark.parametrize("build", ["build_llama_server.sh", "build_llama_cpp.sh"])
+def test_the_llama_cpp_archive_is_pinned_and_a_changed_one_is_never_compiled(tmp_path, build):
+    pins = (ROOT / "tools" / "llama_sdist.sh").read_text()  # the one pin both builds source
+    version = re.search(r"^VERSION=(\S+)$", pins, re.M)
+    sha = re.search(r"^SHA256=([0-9a-f]{64})$", pins, re.M)
+    assert version and sha and "--require-hashes" in pins
+    script = ROOT / "tools" / build
+    assert "llama_sdist.sh" in script.read_text() and "VERSION=" not in script.read_text()
     # A pip that hands back another archive (as a compromised index or mirror would), and a source tree
     # unpacked by an older, unpinned run: neither reaches the compiler.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "cmake").write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/cmake.log\n')
     fake_python = bin_dir / "python"
-    fake_python.write_text(
-        '#!/bin/sh\nwhile [ "$1" != "-d" ]; do shift; done\n'
+    fake_python.write_text(  # answers only `pip download … -d DIR`; anything else fails
+        '#!/bin/sh\nwhile [ $# -gt 0 ] && [ "$1" != "-d" ]; do shift; done\n[ $# -gt 0 ] || exit 1\n'
         f'echo tampered > "$2/llama_cpp_python-{version[1]}.tar.gz"\n'
     )
     for path in bin_dir.iterdir():
@@ -113,13 +115,20 @@ def test_the_llama_cpp_archive_is_pinned_and_a_changed_one_is_never_compiled(tmp
     cache = tmp_path / "cache"
     old_tree = cache / "src" / f"llama_cpp_python-{version[1]}" / "vendor" / "llama.cpp"
     old_tree.mkdir(parents=True)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "LLAMA_SERVER_DIR": str(cache)}
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "LLAMA_SERVER_DIR": str(cache),
+        "LLAMA_CPP_DIR": str(cache),
+    }
     done = subprocess.run(["bash", str(script), str(fake_python)], env=env, capture_output=True, text=True)
     assert done.returncode != 0
     assert f"the pinned one is {sha[1]}" in done.stderr and "refusing" in done.stderr
     assert not (tmp_path / "cmake.log").exists() or "-S" not in (tmp_path / "cmake.log").read_text()
-    assert not old_tree.exists() and not (cache / "bin").exists()
+    assert not (cache / "bin").exists() and not list(cache.glob("wheel/*.whl"))
     assert not list((cache / "src").glob("*.tar.gz"))
+    if build == "build_llama_server.sh":
+        assert not old_tree.exists()  # an unpinned tree is removed before anything is unpacked
 
 
 def test_make_gives_the_build_script_an_absolute_python():
