@@ -152,3 +152,12 @@ def test_trusted_names_load_where_other_paths_and_servers_may_not():
     assert seen == {operator: (True, True, "cpu"), typed: (False, False, "cuda:1")}
     load_members([typed], allow_paths=True, load=load)
     assert seen[typed] == (True, True, "cpu")  # servers default to what paths are allowed
+
+
+def test_a_truncated_gguf_file_is_a_clear_load_error(tmp_path):
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00garbage")  # a header that ends too soon
+    with pytest.raises(ModelLoadError, match="Could not load '.*cut.gguf'"):
+        load_member(str(bad))
+    with pytest.raises(ModelLoadError, match="Could not load the tokenizer '.*cut.gguf'"):
+        loading.load_tokenizer(str(bad))  # what a served member and a llama.cpp member read first

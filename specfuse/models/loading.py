@@ -10,6 +10,7 @@ import importlib.util
 import logging
 import os
 import re
+import struct
 import sys
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -239,7 +240,7 @@ def load_tokenizer(
         kwargs["gguf_file"] = gguf_file
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, struct.error) as e:  # struct.error: a truncated GGUF file
         raise ModelLoadError(f"Could not load the tokenizer {source!r}: {e}") from e
     try:
         eos = GenerationConfig.from_pretrained(where, **kwargs).eos_token_id
@@ -373,7 +374,7 @@ def _load_hf(
         if isinstance(source, str):
             raise ModelLoadError(_hub_failure(name_or_path, e)) from e
         raise ModelLoadError(f"Could not load {name_or_path!r} from {source}: {e}") from e
-    except (ValueError, KeyError, ImportError) as e:
+    except (ValueError, KeyError, ImportError, struct.error) as e:  # struct.error: a truncated GGUF file
         raise ModelLoadError(f"Could not load {name_or_path!r}: {e}") from e
     model.eval()
     if req.device_map is None:
