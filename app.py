@@ -19,7 +19,7 @@ import gradio as gr
 from specfuse import SpecfuseError
 from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from specfuse.models.quantize_options import CLI_HELP_AUTO as QUANTIZE_HELP
-from specfuse.models.quantize_options import check_quantize
+from specfuse.models.quantize_options import check_quantize, cpu_only
 from specfuse.models.trust import CLI_HELP as TRUST_HELP
 from specfuse.models.trust import load_trust
 from specfuse.serve.scheduler import DEFAULT_BATCH_SIZE
@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except SpecfuseError as e:
         parser.exit(2, f"error: {e}\n")
     devices = usable_devices()
-    if args.quantize not in ("none", "auto"):  # quantized weights run on the CPU only: no other device
+    if cpu_only(args.quantize):  # offer no other device
         if args.device not in ("auto", "cpu"):
             parser.exit(2, f"error: --quantize {args.quantize} runs on the CPU only; use --device cpu\n")
         args.device, devices = "cpu", ["cpu"]

@@ -357,9 +357,12 @@ class LlamaCppMember(BaseMember):
             pass
         sequence = self.slots
         wanted: dict[int, tuple[int, int, int]] = {}  # item → (request, candidate, tail index)
+        kept: list[list[tuple[int, tuple[int, ...]]]] = []  # per request: (sequence, its tokens)
         items = []
         for r, (state, slot, (shared, rows)) in enumerate(zip(states, slots, plans)):
+            kept.append([])
             for c, (keep, tail) in enumerate(rows):
+                kept[r].append((sequence, (*state.ids[:keep], *tail)))
                 self.lib.llama_memory_seq_cp(self.memory, slot, sequence, 0, shared)
                 tokens = state.ids[shared:keep] + tail
                 for t, token in enumerate(tokens):
@@ -377,13 +380,8 @@ class LlamaCppMember(BaseMember):
             self._drop_candidates()
             raise
         out: list[Verdict] = []
-        sequence = self.slots
-        for state, (_, rows), per_candidate in zip(states, plans, values):
-            kept = []
-            for keep, tail in rows:
-                kept.append((sequence, (*state.ids[:keep], *tail)))
-                sequence += 1
-            state.verified = (self.generation, tuple(kept))
+        for state, (_, rows), per_candidate, held in zip(states, plans, values, kept):
+            state.verified = (self.generation, tuple(held))
             details = tuple(
                 TokenScores(
                     tuple(str(self.tokenizer.decode([t])) for t in tail),

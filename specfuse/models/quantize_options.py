@@ -23,6 +23,11 @@ CLI_HELP = f"{_CHOICES} (default none)"  # the evaluation, the benchmarks and sp
 CLI_HELP_AUTO = f"{_CHOICES} (default auto)"
 
 
+def cpu_only(quantize: str) -> bool:
+    """int8, int4 and gguf run on the CPU only; none runs anywhere, and auto picks per device."""
+    return quantize not in ("none", "auto")
+
+
 def check_quantize(quantize: str) -> str:
     """`quantize` if it is one of QUANTIZE, else a ConfigError that lists them."""
     if quantize not in QUANTIZE:
@@ -30,4 +35,4 @@ def check_quantize(quantize: str) -> str:
     return quantize
 
 
-__all__ = ["CLI_HELP", "CLI_HELP_AUTO", "QUANTIZE", "check_quantize"]
+__all__ = ["CLI_HELP", "CLI_HELP_AUTO", "QUANTIZE", "check_quantize", "cpu_only"]

@@ -22,7 +22,7 @@ from ..cli import HELP_WIDTH, add_settings, config_from_args, parse_models
 from ..errors import ConfigError, SpecfuseError
 from ..models.catalogue import DEFAULT_MEMBERS
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
-from ..models.quantize_options import check_quantize
+from ..models.quantize_options import check_quantize, cpu_only
 from ..models.trust import CLI_HELP as TRUST_HELP
 from .scheduler import DEFAULT_BATCH_SIZE, DEFAULT_QUEUE, Scheduler
 from .schema import Limits
@@ -121,7 +121,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.queue < 0 or args.request_timeout <= 0:
         raise ConfigError("--queue must be ≥ 0 and --request-timeout > 0")
     check_quantize(args.quantize)  # before listening: the members load after the port is open
-    if args.quantize not in ("none", "auto") and args.device.startswith(("cuda", "per-gpu")):
+    if cpu_only(args.quantize) and args.device.startswith(("cuda", "per-gpu")):
         raise ConfigError(f"--quantize {args.quantize} runs on the CPU only; use --device cpu")
     import uvicorn
 
