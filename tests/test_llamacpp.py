@@ -208,18 +208,22 @@ def test_the_trio_in_llama_cpp_plays_whole_runs():
     assert [together[i] for i in range(3)] == [exact.run(p, config).answer for p in PROMPTS[:3]]
 
 
-def test_the_backends_benchmark_sets_both_setups_side_by_side():
-    from specfuse.bench.backends import format_report, run
+def test_the_backends_benchmark_sets_the_three_setups_side_by_side():
+    from specfuse.bench.backends import SETUPS, format_report, run
 
     _needs_build()
     pair = ["smollm2-135m", "qwen2.5-coder-0.5b"]
-    report = run(pair, ["What is 2 + 3?"], EnsembleConfig(max_new_tokens=12))
-    none, gguf = report["totals"]["none"], report["totals"]["gguf"]
-    assert none["tokens"] > 0 and gguf["tokens"] > 0
-    assert report["speedup_tokens_per_s"] == pytest.approx(gguf["tokens_per_s"] / none["tokens_per_s"])
-    assert 0 <= report["same_answers"] <= 1
+    report = run(pair, ["What is 2 + 3?", "Who wrote Hamlet?"], EnsembleConfig(max_new_tokens=12))
+    totals = report["totals"]
+    assert list(totals) == list(SETUPS) == ["none", "gguf", "gguf-draft"]
+    for q in SETUPS:
+        assert totals[q]["tokens"] > 0 and len(report["runs"][q]) == 2
+        speedup = totals[q]["tokens_per_s"] / totals["none"]["tokens_per_s"]
+        assert report["speedup_tokens_per_s"][q] == pytest.approx(speedup)
+        assert 0 <= report["same_answers"][q] <= 2
+    assert report["same_answers"]["none"] == 2
     text = format_report(report)
-    assert "gguf (llama.cpp)" in text and "load average" in text
+    assert "gguf (llama.cpp)" in text and "× gguf-draft" in text and "load average" in text
 
 
 def test_a_llama_cpp_member_in_a_worker_process_drafts_as_here(member):
@@ -308,3 +312,33 @@ def test_the_prompt_prior_reads_the_same_surprise_as_transformers(member, local)
     # The prompt read for it stays in the slot: the first draft does not read it again.
     assert member.cached[ours.slot] == ours.ids
     assert member.draft(ours, 10).text.strip()
+
+
+def test_gguf_draft_drafts_in_llama_cpp_and_scores_in_torch(member, local):
+    from specfuse.members.split import SplitMember
+
+    _needs_build()
+    split = load_member("smollm2-135m", quantize="gguf-draft", dtype="float32", cache_dir=REAL_MODEL_CACHE)
+    assert isinstance(split, SplitMember)
+    assert type(split.drafter).__name__ == "LlamaCppMember" and type(split.verifier).__name__ == "HFMember"
+    # The benchmarks' floor is the drafter's: 4-bit blocks, fewer bytes than bf16 weights.
+    assert split.bytes_per_token == split.drafter.bytes_per_token < 2 * split.verifier.model.num_parameters()
+    ours, d, v = (
+        split.start(PROMPTS[1], GREEDY),
+        member.start(PROMPTS[1], GREEDY),
+        local.start(PROMPTS[1], GREEDY),
+    )
+    for _ in range(3):
+        cand = split.draft(ours, 10)
+        assert cand.text == member.draft(d, 10).text  # llama.cpp's draft
+        assert split.score(ours, [cand]) == pytest.approx(local.score(v, [cand]), abs=1e-4)  # torch's score
+        for m, state in ((split, ours), (member, d), (local, v)):
+            m.accept(state, cand.text)
+    twice = load_members(
+        ["smollm2-135m", "smollm2-135m"], quantize="gguf-draft", dtype="float32", cache_dir=REAL_MODEL_CACHE
+    )
+    assert twice[1].name == "smollm2-135m#2"
+    assert twice[1].drafter.weights is twice[0].drafter.weights
+    assert twice[1].verifier.model is twice[0].verifier.model
+    with pytest.raises(ConfigError, match="CPU only"):
+        load_member("smollm2-135m", quantize="gguf-draft", device="cuda:0", cache_dir=REAL_MODEL_CACHE)

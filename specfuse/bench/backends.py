@@ -1,10 +1,11 @@
-"""Benchmark: the default trio in transformers (bf16, today's CPU default) against the same GGUF files
-in llama.cpp in this process (`--quantize gguf`), both loaded in one process, under the default config.
+"""Benchmark: the default trio in transformers (bf16), against the same GGUF files in llama.cpp in this
+process (`--quantize gguf`), and against both at once (`--quantize gguf-draft`: drafts in llama.cpp,
+scores in bf16), all loaded in one process, under the default config.
 
 `python -m specfuse.bench` times one setup with exit off (every member drafts every round); this
 one answers the question a user asks: how much faster do my answers come with the default settings
-(weak members exit, lone drafts go unverified)? Each prompt runs on both setups back to back, the
-order alternating from prompt to prompt, so that a machine's drift falls on both. Prints tokens per
+(weak members exit, lone drafts go unverified)? Each prompt runs on every setup back to back, the
+order rotating from prompt to prompt, so that a machine's drift falls on all. Prints tokens per
 second, first-segment latency and their ratios, measured in one run, with the load average beside.
 """
 
@@ -23,6 +24,7 @@ from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import SpecfuseError
 from ..eval.problems import OPEN_PROMPTS
+from ..members.split import SplitMember
 from ..models.catalogue import DEFAULT_MEMBERS
 from .measure import cpu_model
 
@@ -32,22 +34,27 @@ PROMPTS = (
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
     "How many clips did Natalia sell altogether in April and May?",
 )
-SETUPS = ("none", "gguf")  # --quantize values: bf16 in transformers, the GGUF file in llama.cpp
+# --quantize values: bf16 in transformers, the GGUF file in llama.cpp, drafts in the one and scores in
+# the other. The first is the baseline of the ratios.
+SETUPS = ("none", "gguf", "gguf-draft")
 
 
 def run(names: Sequence[str], prompts: Sequence[str], config: EnsembleConfig) -> dict[str, Any]:
     from ..models.loading import load_members, tqdm_progress
 
-    ensembles = {
-        q: Ensemble(load_members(names, quantize=q, progress=tqdm_progress(f"loading ({q})")), config)
-        for q in SETUPS
+    loaded = {
+        q: load_members(names, quantize=q, progress=tqdm_progress(f"loading ({q})")) for q in SETUPS[:2]
     }
+    # gguf-draft pairs the two setups' own loads (what load_members(quantize="gguf-draft") loads
+    # again): the same weights, and the memory of one copy each.
+    loaded["gguf-draft"] = [SplitMember(d, v) for d, v in zip(loaded["gguf"], loaded["none"])]
+    ensembles = {q: Ensemble(members, config) for q, members in loaded.items()}
     for ensemble in ensembles.values():  # warm-up: first calls allocate and fault pages in
         ensemble.run("Say hello.", EnsembleConfig(max_new_tokens=10))
     load_before = os.getloadavg()
     runs: dict[str, list[dict[str, Any]]] = {q: [] for q in SETUPS}
     for i, prompt in enumerate(prompts):
-        for q in SETUPS if i % 2 == 0 else reversed(SETUPS):
+        for q in SETUPS[i % len(SETUPS) :] + SETUPS[: i % len(SETUPS)]:
             result = ensembles[q].run(prompt, config)
             runs[q].append(
                 {
@@ -59,9 +66,9 @@ def run(names: Sequence[str], prompts: Sequence[str], config: EnsembleConfig) ->
                     "answer": result.answer,
                 }
             )
-            print(f"  {q:<5} prompt {i + 1}: {result.tokens} tokens in {result.seconds:.2f} s", flush=True)
+            print(f"  {q:<10} prompt {i + 1}: {result.tokens} tokens in {result.seconds:.2f} s", flush=True)
     totals = {q: _totals(r) for q, r in runs.items()}
-    base, fast = totals["none"], totals["gguf"]
+    base = totals[SETUPS[0]]
     return {
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
@@ -69,9 +76,13 @@ def run(names: Sequence[str], prompts: Sequence[str], config: EnsembleConfig) ->
         "config": {"max_new_tokens": config.max_new_tokens, "exit": config.exit, "verify": config.verify},
         "runs": runs,
         "totals": totals,
-        "speedup_tokens_per_s": fast["tokens_per_s"] / base["tokens_per_s"],
-        "first_segment_ratio": fast["first_segment_median_s"] / base["first_segment_median_s"],
-        "same_answers": sum(a["answer"] == b["answer"] for a, b in zip(runs["none"], runs["gguf"])),
+        "speedup_tokens_per_s": {q: t["tokens_per_s"] / base["tokens_per_s"] for q, t in totals.items()},
+        "first_segment_ratio": {
+            q: t["first_segment_median_s"] / base["first_segment_median_s"] for q, t in totals.items()
+        },
+        "same_answers": {
+            q: sum(a["answer"] == b["answer"] for a, b in zip(runs[SETUPS[0]], r)) for q, r in runs.items()
+        },
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
     }
@@ -89,23 +100,34 @@ def _totals(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+LABELS = {"none": "bf16 (torch)", "gguf": "gguf (llama.cpp)", "gguf-draft": "gguf-draft"}
+
+
 def format_report(report: dict[str, Any]) -> str:
-    a, b = report["totals"]["none"], report["totals"]["gguf"]
-    cfg = report["config"]
+    totals, cfg = report["totals"], report["config"]
+    setups = list(totals)
+    base = totals[setups[0]]
     lines = [
         f"CPU: {report['cpu']} ({report['cores']} cores) | models: {', '.join(report['models'])}",
-        f"{len(report['runs']['none'])} prompts, {cfg['max_new_tokens']} tokens, exit "
+        f"{len(report['runs'][setups[0]])} prompts, {cfg['max_new_tokens']} tokens, exit "
         f"{'on' if cfg['exit'] else 'off'}, verify {cfg['verify']} (defaults otherwise)",
-        f"{'':<26}{'bf16 (torch)':>14}{'gguf (llama.cpp)':>18}{'ratio':>8}",
+        f"{'':<26}"
+        + "".join(f"{LABELS.get(q, q):>18}" for q in setups)
+        + "".join(f"{'× ' + q:>14}" for q in setups[1:]),
     ]
     for key, label in (
         ("tokens_per_s", "tokens/s"),
         ("first_segment_median_s", "first segment, median s"),
         ("verify_calls_per_round", "verify passes a round"),
     ):
-        ratio = b[key] / a[key] if a[key] else float("nan")
-        lines.append(f"{label:<26}{a[key]:>14.2f}{b[key]:>18.2f}{ratio:>8.2f}")
-    lines.append(f"tokens: {a['tokens']} / {b['tokens']} | same answer on {report['same_answers']} prompts")
+        ratios = "".join(
+            f"{totals[q][key] / base[key] if base[key] else float('nan'):>14.2f}" for q in setups[1:]
+        )
+        lines.append(f"{label:<26}" + "".join(f"{totals[q][key]:>18.2f}" for q in setups) + ratios)
+    lines.append(
+        "tokens: " + " / ".join(str(totals[q]["tokens"]) for q in setups) + " | same answer as "
+        f"{setups[0]}: " + ", ".join(f"{q} {report['same_answers'][q]}" for q in setups[1:])
+    )
     lines.append(f"load average before {report['load_average_before']}, after {report['load_average_after']}")
     return "\n".join(lines)
 
@@ -113,7 +135,8 @@ def format_report(report: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m specfuse.bench backends",
-        description="The trio in transformers (bf16) vs in llama.cpp (GGUF), default config, one run. "
+        description="The trio in transformers (bf16) vs in llama.cpp (GGUF) vs drafting in llama.cpp and "
+        "scoring in bf16, default config, one run. "
         "Run on an idle machine; needs `make llama-cpp`.",
     )
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MEMBERS), help="catalogue names")

@@ -14,7 +14,7 @@ import struct
 import sys
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -140,9 +140,12 @@ def _is_server(name: str) -> bool:
 
 def _load_catalogue(req: LoadRequest) -> Member:
     entry = CATALOGUE[req.name]
-    if req.quantize == "gguf":
+    if req.quantize in ("gguf", "gguf-draft"):
         gguf = assemble_gguf(entry, cache_root(req.cache_dir) / "gguf", req.progress)
-        return _load_llamacpp(req, gguf, entry.trust)
+        drafter = _load_llamacpp(req, gguf, entry.trust)
+        if req.quantize == "gguf":
+            return drafter
+        return _split(drafter, _load_catalogue(replace(req, quantize="none")))
     member = _load_hf(req, ensure_cached(entry, req.cache_dir, req.progress), None, True, entry.prompt_format)
     member.trust = entry.trust
     return member
@@ -154,8 +157,11 @@ def _load_folder(req: LoadRequest) -> HFMember:
 
 def _load_gguf(req: LoadRequest) -> Member:
     path = Path(req.name).expanduser()
-    if req.quantize == "gguf":
-        return _load_llamacpp(req, path, None)
+    if req.quantize in ("gguf", "gguf-draft"):
+        drafter = _load_llamacpp(req, path, None)
+        if req.quantize == "gguf":
+            return drafter
+        return _split(drafter, _load_gguf(replace(req, quantize="none")))
     return _load_hf(req, path.parent, path.name, True, None)  # de-quantized at every load: slow, uncached
 
 
@@ -166,7 +172,9 @@ def _load_hub(req: LoadRequest) -> HFMember:
 def _load_llamacpp(req: LoadRequest, path: Path, trust: float | None) -> Member:
     """A GGUF file's model run by llama.cpp in this process, in the file's own quantization."""
     if req.device_map is not None or not req.device.startswith(("cpu", "auto")):
-        raise ConfigError(f"{req.name}: quantize='gguf' runs llama.cpp on the CPU only; use --device cpu")
+        raise ConfigError(
+            f"{req.name}: quantize={req.quantize!r} runs llama.cpp on the CPU only; use --device cpu"
+        )
     from specfuse.members.llamacpp import LlamaCppMember, llama_cpp_module
 
     llama_cpp_module()  # says how to build it before anything loads
@@ -178,6 +186,13 @@ def _load_llamacpp(req: LoadRequest, path: Path, trust: float | None) -> Member:
     log.info("%s: loaded %s into llama.cpp in %.1f s", req.name, path.name, time.perf_counter() - start)
     req.progress(1.0, f"{req.name}: ready in llama.cpp")
     return member
+
+
+def _split(drafter: Member, verifier: Member) -> Member:
+    """quantize="gguf-draft": drafts in llama.cpp, scores in torch (members/split.py says why)."""
+    from specfuse.members.split import SplitMember
+
+    return SplitMember(drafter, verifier)
 
 
 def _load_server(req: LoadRequest) -> Member:
@@ -350,9 +365,9 @@ def _load_hf(
     prompt_format: PromptFormat | None,
 ) -> HFMember:
     """Load a transformers model from `source` (a folder, a GGUF file's folder or a hub id)."""
-    if req.quantize == "gguf":
+    if req.quantize in ("gguf", "gguf-draft"):
         raise ConfigError(
-            f"{req.name}: quantize='gguf' runs a GGUF file in llama.cpp; "
+            f"{req.name}: quantize={req.quantize!r} runs a GGUF file in llama.cpp; "
             "name a catalogue model or a .gguf file"
         )
     device = req.device
@@ -425,9 +440,12 @@ def share_weights(member: Member, name: str) -> Member:
     another seed, costs its memory once."""
     from specfuse.members.hf import HFMember
     from specfuse.members.llamacpp import LlamaCppMember
+    from specfuse.members.split import SplitMember
 
     if isinstance(member, LlamaCppMember):
         return member.sharing(name)
+    if isinstance(member, SplitMember):
+        return SplitMember(share_weights(member.drafter, name), share_weights(member.verifier, name))
     if not isinstance(member, HFMember):
         raise ConfigError(f"{member.name} cannot share its weights with a second member; list it once")
     return HFMember(

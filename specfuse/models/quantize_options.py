@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
-QUANTIZE = ("none", "int8", "int4", "gguf", "auto")
+QUANTIZE = ("none", "int8", "int4", "gguf", "gguf-draft", "auto")
 _CHOICES = (
     "none: bf16/fp32 weights in torch; int8, int4: each model's Linear weights quantized in torch "
     "after it loads; gguf: a GGUF model (the catalogue's, or a .gguf file) run in llama.cpp in this "
-    "process, in the file's own 4-bit blocks (make llama-cpp); auto: gguf for GGUF models on the CPU "
-    "where llama-cpp-python is installed, else none. int8/int4/gguf: CPU only; docs/benchmarks.md"
+    "process, in the file's own 4-bit blocks (make llama-cpp); gguf-draft: drafts in llama.cpp as gguf "
+    "does, scores in bf16 torch as none does (both loaded); auto: gguf for GGUF models on the CPU "
+    "where llama-cpp-python is installed, else none. int8/int4/gguf/gguf-draft: CPU only; docs/benchmarks.md"
 )
 CLI_HELP = f"{_CHOICES} (default none)"  # the evaluation, the benchmarks and specfuse-serve
 # The commands one person runs one request at a time (specfuse, app.py): about 2x faster answers
@@ -24,7 +25,7 @@ CLI_HELP_AUTO = f"{_CHOICES} (default auto)"
 
 
 def cpu_only(quantize: str) -> bool:
-    """int8, int4 and gguf run on the CPU only; none runs anywhere, and auto picks per device."""
+    """int8, int4, gguf and gguf-draft run on the CPU only; none runs anywhere, and auto picks per device."""
     return quantize not in ("none", "auto")
 
 

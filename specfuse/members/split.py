@@ -1,0 +1,122 @@
+"""One model behind two back ends: it drafts in one and scores in the other.
+
+Why: on a CPU the two halves of a round want different kernels. Drafting decodes one token at a time,
+reading every weight per token, so it is bound by memory reads: llama.cpp on the GGUF file's own
+4-bit blocks reads a quarter of bf16's bytes and drafts 3–4× faster. Verification reads the weights
+once for all candidates' tokens, so it is bound by arithmetic: torch's bf16 matrix products
+(AVX-512 BF16 through oneDNN) do it faster than llama.cpp's 4-bit kernels, and far faster in a
+batch of many requests. `--quantize gguf-draft` pairs them: the same model, with drafts read from
+its 4-bit weights and every score computed in bf16 (docs/benchmarks.md has the measurements).
+
+Each half keeps its own context for a request. The drafter appends every winner at once; the
+verifier catches up only when it is next asked to score. Once the weak members have exited, most
+rounds have one draft and no verify pass, and the bf16 model would otherwise re-read every segment
+the 4-bit one drafted: deferred, the segments since its last verdict are read in one pass. Names,
+trust and size are the verifier's; the floor and "member alone" figures
+of the benchmarks are the drafter's, whose decoding they describe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..config import MemberSettings
+from ..errors import ConfigError, SpecfuseError
+from ..records import Candidate
+from .protocol import BaseMember, Member, Verdict
+
+
+@dataclass
+class SplitState:
+    """One request in both halves, and the winners the verifier has not read yet."""
+
+    drafting: Any  # the drafter's state
+    scoring: Any  # the verifier's state
+    pending: list[str] = field(default_factory=list)
+
+
+class SplitMember(BaseMember):
+    """A member that drafts with `drafter` and scores with `verifier`, two loads of one model."""
+
+    def __init__(self, drafter: Member, verifier: Member) -> None:
+        if drafter.name != verifier.name:
+            raise ConfigError(f"one model drafts and verifies: {drafter.name!r} is not {verifier.name!r}")
+        self.drafter, self.verifier = drafter, verifier
+        self.name = verifier.name
+        self.device = verifier.device
+        self.host = verifier.host
+        self.trust = verifier.trust
+        self.parameters = verifier.parameters
+        self.dtype = f"drafts {getattr(drafter, 'dtype', '?')}, scores {getattr(verifier, 'dtype', '?')}"
+        self.bytes_per_token = getattr(drafter, "bytes_per_token", None)
+
+    def __repr__(self) -> str:
+        return f"SplitMember({self.drafter!r}, {self.verifier!r})"
+
+    def start(self, prompt: str, settings: MemberSettings) -> SplitState:
+        return SplitState(
+            self.drafter.start(prompt, _drafting(settings)), self.verifier.start(prompt, settings)
+        )
+
+    def start_many(self, prompts: Sequence[str], settings: Sequence[MemberSettings]) -> list[Any]:
+        """Both halves start every request; a request either half cannot start fails with its error."""
+        drafts = self.drafter.start_many(prompts, [_drafting(s) for s in settings])
+        scores = self.verifier.start_many(prompts, settings)
+        out: list[Any] = []
+        for d, s in zip(drafts, scores, strict=True):
+            failed = d if isinstance(d, SpecfuseError) else s if isinstance(s, SpecfuseError) else None
+            out.append(failed or SplitState(d, s))
+        return out
+
+    def draft(self, state: SplitState, max_new_tokens: int) -> Candidate:
+        return self.drafter.draft(state.drafting, max_new_tokens)
+
+    def draft_many(self, states: Sequence[SplitState], budgets: Sequence[int]) -> list[Candidate]:
+        return self.drafter.draft_many([s.drafting for s in states], budgets)
+
+    def score(self, state: SplitState, candidates: Sequence[Candidate]) -> list[float]:
+        self._catch_up(state)
+        return self.verifier.score(state.scoring, candidates)
+
+    def score_many(
+        self, states: Sequence[SplitState], candidates: Sequence[Sequence[Candidate]]
+    ) -> list[Verdict]:
+        for state in states:
+            self._catch_up(state)
+        return self.verifier.score_many([s.scoring for s in states], candidates)
+
+    def accept(self, state: SplitState, text: str) -> None:
+        self.drafter.accept(state.drafting, text)
+        state.pending.append(text)
+
+    def prompt_surprise(self, state: SplitState) -> float | None:
+        return self.verifier.prompt_surprise(state.scoring)
+
+    def set_threads(self, threads: int) -> None:
+        self.drafter.set_threads(threads)
+        self.verifier.set_threads(threads)
+
+    def _catch_up(self, state: SplitState) -> None:
+        """The verifier reads the winners since its last verdict: the first alone (when it verified
+        that round, its keys and values are already in its cache), the rest in one pass."""
+        pending, state.pending = state.pending, []
+        if pending:
+            self.verifier.accept(state.scoring, pending[0])
+        if len(pending) > 1:
+            self.verifier.accept(state.scoring, "".join(pending[1:]))
+
+    def generate_alone(self, prompt: str, max_new_tokens: int) -> tuple[int, float]:
+        """The benchmarks' "member alone": this member decodes in its drafter."""
+        from specfuse.bench.measure import generate_alone
+
+        return generate_alone(self.drafter, prompt, max_new_tokens)
+
+
+def _drafting(settings: MemberSettings) -> MemberSettings:
+    """The drafter's settings: the prompt's surprise (prior="prompt") is the verifier's to measure."""
+    return replace(settings, measure_prompt=False)
+
+
+__all__ = ["SplitMember", "SplitState"]
