@@ -56,7 +56,10 @@ def member_floors(members: Sequence[Any], bandwidth: Mapping[str, float]) -> dic
     out = {}
     for m in members:
         kind = "cuda" if str(m.device).startswith("cuda") else "cpu"
-        nbytes = m.bytes_per_token if hasattr(m, "bytes_per_token") else weight_bytes(m.model)
+        decoder = getattr(m, "drafter", m)  # a SplitMember (gguf-draft) decodes in its drafter
+        nbytes = (
+            decoder.bytes_per_token if hasattr(decoder, "bytes_per_token") else weight_bytes(decoder.model)
+        )
         out[m.name] = {"weight_bytes": nbytes, "floor_s_per_token": nbytes / bandwidth[kind]}
     return out
 

@@ -4,16 +4,17 @@ Why: on a CPU the two halves of a round want different kernels. Drafting decodes
 reading every weight per token, so it is bound by memory reads: llama.cpp on the GGUF file's own
 4-bit blocks reads a quarter of bf16's bytes and drafts 3–4× faster. Verification reads the weights
 once for all candidates' tokens, so it is bound by arithmetic: torch's bf16 matrix products
-(AVX-512 BF16 through oneDNN) do it faster than llama.cpp's 4-bit kernels, and far faster in a
-batch of many requests. `--quantize gguf-draft` pairs them: the same model, with drafts read from
-its 4-bit weights and every score computed in bf16 (docs/benchmarks.md has the measurements).
+(AVX-512 BF16 through oneDNN) do it faster than llama.cpp's 4-bit kernels. `--quantize gguf-draft`
+pairs them: the same model, with drafts read from its 4-bit weights and every score computed in
+bf16 (docs/benchmarks.md has the measurements).
 
 Each half keeps its own context for a request. The drafter appends every winner at once; the
 verifier catches up only when it is next asked to score. Once the weak members have exited, most
 rounds have one draft and no verify pass, and the bf16 model would otherwise re-read every segment
-the 4-bit one drafted: deferred, the segments since its last verdict are read in one pass. Names,
-trust and size are the verifier's; the floor and "member alone" figures
-of the benchmarks are the drafter's, whose decoding they describe.
+the 4-bit one drafted: deferred, the segments since its last verdict are read in one pass.
+
+Name, trust and size are the verifier's. The benchmarks' floor and "member alone" figures describe
+decoding, so they look through to the drafter (bench/floor.py, bench/measure.py).
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ class SplitMember(BaseMember):
         self.trust = verifier.trust
         self.parameters = verifier.parameters
         self.dtype = f"drafts {getattr(drafter, 'dtype', '?')}, scores {getattr(verifier, 'dtype', '?')}"
-        self.bytes_per_token = getattr(drafter, "bytes_per_token", None)
 
     def __repr__(self) -> str:
         return f"SplitMember({self.drafter!r}, {self.verifier!r})"
@@ -106,12 +106,6 @@ class SplitMember(BaseMember):
             self.verifier.accept(state.scoring, pending[0])
         if len(pending) > 1:
             self.verifier.accept(state.scoring, "".join(pending[1:]))
-
-    def generate_alone(self, prompt: str, max_new_tokens: int) -> tuple[int, float]:
-        """The benchmarks' "member alone": this member decodes in its drafter."""
-        from specfuse.bench.measure import generate_alone
-
-        return generate_alone(self.drafter, prompt, max_new_tokens)
 
 
 def _drafting(settings: MemberSettings) -> MemberSettings:

@@ -349,7 +349,8 @@ def resolve_quantize(
     quantize: str, name: str, device: str, device_map: str | dict[str, Any] | None = None
 ) -> str:
     """ "auto": "gguf" for a GGUF model (a catalogue name or a .gguf file) bound for the CPU where
-    llama-cpp-python is installed, else "none". Any other value stays as it is."""
+    llama-cpp-python is installed, else "none". Any other value stays as it is. (Not "gguf-draft",
+    faster still: its GSM8K score fell 2 points from bf16's, past the 1-point bound; docs/benchmarks.md.)"""
     if quantize != "auto":
         return quantize
     on_cpu = device_map is None and (device.startswith("cpu") or (device == "auto" and not gpu_count()))

@@ -14,9 +14,10 @@ QUANTIZE = ("none", "int8", "int4", "gguf", "gguf-draft", "auto")
 _CHOICES = (
     "none: bf16/fp32 weights in torch; int8, int4: each model's Linear weights quantized in torch "
     "after it loads; gguf: a GGUF model (the catalogue's, or a .gguf file) run in llama.cpp in this "
-    "process, in the file's own 4-bit blocks (make llama-cpp); gguf-draft: drafts in llama.cpp as gguf "
-    "does, scores in bf16 torch as none does (both loaded); auto: gguf for GGUF models on the CPU "
-    "where llama-cpp-python is installed, else none. int8/int4/gguf/gguf-draft: CPU only; docs/benchmarks.md"
+    "process, in the file's own 4-bit blocks (make llama-cpp); gguf-draft: drafts in llama.cpp as "
+    "with gguf, scores in bf16 torch as with none (both loaded; the fastest on a CPU); auto: gguf for "
+    "GGUF models on the CPU where llama-cpp-python is installed, else none. int8/int4/gguf/gguf-draft: "
+    "CPU only; docs/benchmarks.md"
 )
 CLI_HELP = f"{_CHOICES} (default none)"  # the evaluation, the benchmarks and specfuse-serve
 # The commands one person runs one request at a time (specfuse, app.py): about 2x faster answers
