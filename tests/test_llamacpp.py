@@ -175,6 +175,13 @@ def test_seeded_sampling_repeats_and_seeds_differ(member):
     assert len({tuple(sample(s)) for s in range(4)}) > 1
 
 
+def test_a_passive_openmp_wait_policy_is_named(monkeypatch, caplog):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")  # llama.cpp's threads would sleep at every barrier
+    with caplog.at_level("WARNING", logger="specfuse.members.llamacpp"):
+        _smollm2()
+    assert "OMP_WAIT_POLICY=PASSIVE makes llama.cpp decode about 4x slower" in caplog.text
+
+
 def test_limits_and_errors(member, tmp_path):
     with pytest.raises(PromptTooLongError, match="context of"):
         member.start("word " * 9000, GREEDY)

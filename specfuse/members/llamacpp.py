@@ -16,6 +16,8 @@ in lockstep, one token per request per decode call.
 from __future__ import annotations
 
 import ctypes
+import logging
+import os
 import threading
 import time
 import weakref
@@ -44,6 +46,7 @@ CONTEXT_TOKENS = 16384  # KV cells shared by all sequences (0.2-0.4 GB per membe
 BATCH_TOKENS = 512  # tokens per llama_decode call
 BUILD_HINT = "run `make llama-cpp` (builds llama-cpp-python from its pinned sdist once; docs/benchmarks.md)"
 
+log = logging.getLogger(__name__)
 _init_lock = threading.Lock()
 _lib: Any = None
 _quiet_log: Any = None  # the C callback that silences llama.cpp's log; kept alive here
@@ -110,6 +113,10 @@ class LlamaCppMember(BaseMember):
         if prompt_format.kind == "chat" and not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"{name}: the tokenizer has no chat template; use a completion prompt format")
         lib = self.lib = llama_cpp_module()
+        if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
+            # llama.cpp's CPU threads are OpenMP's: passive ones sleep at each of the hundreds of
+            # barriers in a token's graph (SmolLM2 alone: 22 ms per token instead of 4.8 here).
+            log.warning("%s: OMP_WAIT_POLICY=PASSIVE makes llama.cpp decode about 4x slower; unset it", name)
         self.name = name
         self.path = Path(path)
         self.tokenizer = tokenizer
