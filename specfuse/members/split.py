@@ -8,10 +8,11 @@ once for all candidates' tokens, so it is bound by arithmetic: torch's bf16 matr
 pairs them: the same model, with drafts read from its 4-bit weights and every score computed in
 bf16 (docs/benchmarks.md has the measurements).
 
-Each half keeps its own context for a request. The drafter appends every winner at once; the
-verifier catches up only when it is next asked to score. Once the weak members have exited, most
-rounds have one draft and no verify pass, and the bf16 model would otherwise re-read every segment
-the 4-bit one drafted: deferred, the segments since its last verdict are read in one pass.
+Each half keeps its own context for a request. The drafter appends every winner at once; so does
+the verifier after a round it verified (the winner's keys and values are already in its cache).
+After a round it did not verify it waits: once the weak members have exited, most rounds have one
+draft and no verify pass, and the bf16 model would otherwise re-read every segment the 4-bit one
+drafted. The winners since its last verdict are read in one pass when it is next asked to score.
 
 Name, trust and size are the verifier's. The benchmarks' floor and "member alone" figures describe
 decoding, so they look through to the drafter (bench/floor.py, bench/measure.py).
@@ -36,6 +37,7 @@ class SplitState:
     drafting: Any  # the drafter's state
     scoring: Any  # the verifier's state
     pending: list[str] = field(default_factory=list)
+    scored: bool = False  # the verifier scored this round's candidates: the winner is in its cache
 
 
 class SplitMember(BaseMember):
@@ -77,19 +79,25 @@ class SplitMember(BaseMember):
         return self.drafter.draft_many([s.drafting for s in states], budgets)
 
     def score(self, state: SplitState, candidates: Sequence[Candidate]) -> list[float]:
-        self._catch_up(state)
-        return self.verifier.score(state.scoring, candidates)
+        return self.score_many([state], [candidates])[0][0]
 
     def score_many(
         self, states: Sequence[SplitState], candidates: Sequence[Sequence[Candidate]]
     ) -> list[Verdict]:
         for state in states:
             self._catch_up(state)
-        return self.verifier.score_many([s.scoring for s in states], candidates)
+        verdicts = self.verifier.score_many([s.scoring for s in states], candidates)
+        for state in states:
+            state.scored = True
+        return verdicts
 
     def accept(self, state: SplitState, text: str) -> None:
         self.drafter.accept(state.drafting, text)
-        state.pending.append(text)
+        if state.scored:  # just verified: the verifier moves the winner's keys and values into place
+            self.verifier.accept(state.scoring, text)
+            state.scored = False
+        else:
+            state.pending.append(text)
 
     def prompt_surprise(self, state: SplitState) -> float | None:
         return self.verifier.prompt_surprise(state.scoring)
@@ -99,13 +107,10 @@ class SplitMember(BaseMember):
         self.verifier.set_threads(threads)
 
     def _catch_up(self, state: SplitState) -> None:
-        """The verifier reads the winners since its last verdict: the first alone (when it verified
-        that round, its keys and values are already in its cache), the rest in one pass."""
-        pending, state.pending = state.pending, []
-        if pending:
-            self.verifier.accept(state.scoring, pending[0])
-        if len(pending) > 1:
-            self.verifier.accept(state.scoring, "".join(pending[1:]))
+        """The verifier reads the winners of the rounds it did not verify, in one pass."""
+        if state.pending:
+            self.verifier.accept(state.scoring, "".join(state.pending))
+            state.pending = []
 
 
 def _drafting(settings: MemberSettings) -> MemberSettings:

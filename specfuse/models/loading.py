@@ -325,8 +325,9 @@ def load_member(
     (CUDA graphs on a GPU; docs/gpu.md); a served member ignores it.
     `quantize` ("none", "int8", "int4"): an in-process model's Linear weights are quantized after it
     loads, on the CPU only (models/quantize.py); "gguf": a catalogue model or .gguf file runs in
-    llama.cpp in this process (members/llamacpp.py); "auto": gguf where that can run (resolve_quantize),
-    else none. A served member ignores it.
+    llama.cpp in this process (members/llamacpp.py); "gguf-draft": drafts there and scores in bf16
+    torch (members/split.py); "auto": gguf where that can run (resolve_quantize), else none. A served
+    member ignores it.
     """
     check_quantize(quantize)
     loader = check_member_name(name_or_path, allow_paths=allow_paths, allow_servers=allow_servers)
