@@ -122,9 +122,9 @@ def test_compare_and_branch_go_through_the_batch(many, monkeypatch):
         assert html.escape(solo(members, [name], "Numbers: 1, 2,")) in final[COMPARE]
     trace = load_trace(path_of(final[DOWNLOAD]))
     assert answer_of(final) == solo(members, TINY[:2], "Numbers: 1, 2,")
-    view, download = client.predict(
-        k=2, pick=trace.rounds[1].chosen, typed="", device="cpu", api_name="/branch"
-    )
+    # Branch at the round the panels show (the last: the pick's choices are its candidates).
+    last = trace.rounds[-1]
+    view, download = client.predict(k=last.k, pick=last.chosen, typed="", device="cpu", api_name="/branch")
     branch = load_trace(path_of(download))
     assert branch.rounds[-1].text == trace.rounds[-1].text and "reproduces the original answer" in view
     assert len(schedulers.all) == 1  # every run of these members in one batch

@@ -425,6 +425,11 @@ def test_a_typed_segment_branches_a_replayed_trace_and_both_answers_show(page, t
 
 def test_picking_a_matrix_cell_shows_the_candidates_tokens_shaded(page, tmp_path):
     replayed_tiny_trace(page, tmp_path)
+    # Round 1: every member drafts and is scored (a late round may be a lone, unverified draft).
+    number = page.locator("#round input[type=number]")
+    number.fill("1")
+    number.blur()
+    page.wait_for_function("document.querySelector('#status').innerText.startsWith('Round 1 ')")
     page.locator("#what-if button").first.click()
     page.wait_for_selector("#tokens .sf-token")
     box = page.locator("#evidence-candidate input")

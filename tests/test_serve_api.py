@@ -97,15 +97,21 @@ def test_completions_whole_and_streamed_honour_stop_and_a_subset_of_members(clie
     names = [m.name for m in tiny_members]
     subset = [names[2], names[0]]
     config = replace(BASE, max_new_tokens=30, seed=3)
-    want = Ensemble([tiny_members[2], tiny_members[0]]).run(PROMPT, config)
-    stop = want.answer[len(want.answer) // 2 : len(want.answer) // 2 + 2]
-    if not stop.strip():
-        stop = want.answer.strip()[-2:]
+    ensemble = Ensemble([tiny_members[2], tiny_members[0]])
+    want = ensemble.run(PROMPT, config)
+    # A stop string from the answer's second half that ends the run early: with it, the drafter that
+    # would write it cuts its draft, and the ensemble may then pick another candidate instead.
+    for start in range(len(want.answer) // 2, len(want.answer) - 1):
+        stop = want.answer[start : start + 2]
+        cut = ensemble.run(PROMPT, replace(config, stop_strings=(stop,)))
+        if stop.strip() and cut.stop_reason in ("stop", "final") and len(cut.answer) < len(want.answer):
+            break
+    else:
+        pytest.fail(f"no stop string from {want.answer!r} ends the run early")
     body = {"specfuse": {"members": subset}}
     whole = client.completions.create(
         model="specfuse", prompt=PROMPT, max_tokens=30, seed=3, stop=[stop], extra_body=body
     )
-    cut = Ensemble([tiny_members[2], tiny_members[0]]).run(PROMPT, replace(config, stop_strings=(stop,)))
     assert whole.object == "text_completion" and whole.choices[0].text == cut.answer
     assert stop not in whole.choices[0].text and whole.choices[0].finish_reason == "stop"
     assert whole.to_dict()["specfuse"]["members"] == subset
@@ -242,7 +248,12 @@ def test_a_request_past_the_time_limit_is_cancelled_with_a_504_or_an_error_event
     scheduler = Scheduler(tiny_members, BASE, batch_size=2)
     try:
         with running(create_app(scheduler, limits=Limits(request_timeout_s=1.5))) as url:
-            endless = {"max_tokens": 440, "specfuse": {"max_rounds": 440, "segment_len": 1, "exit": False}}
+            # One token a round, every member drafting, under the mean (here the tiny members never
+            # pick a final candidate under it): far longer than the 1.5 s limit.
+            endless = {
+                "max_tokens": 440,
+                "specfuse": {"max_rounds": 440, "segment_len": 1, "exit": False, "aggregation": "mean"},
+            }
             body = {"model": "specfuse", "messages": [{"role": "user", "content": PROMPT}], **endless}
             whole = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
             assert whole.status_code == 504 and whole.json()["error"]["code"] == "timeout"
