@@ -92,7 +92,7 @@ class Round:
     candidates: tuple[Candidate, ...]  # [len(active)], same order as active
     raw_scores: tuple[tuple[float, ...], ...]  # [verifiers][candidates]: z_ij
     scores: tuple[tuple[float, ...], ...]  # same shape, each row normalized: ŝ_ij
-    aggregate: tuple[float, ...]  # [candidates]: y_j = Σ_i w_i ŝ_ij
+    aggregate: tuple[float, ...]  # [candidates]: y_j, the votes ŝ_ij combined by weight (config.aggregation)
     chosen: int  # index into candidates: argmax y_j, ties to the lowest index
     margin: float  # y_chosen minus the runner-up's y (0.0 with one candidate)
     weights_before: tuple[float, ...]  # [members]: the w_i this round was judged with
