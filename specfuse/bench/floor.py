@@ -51,14 +51,19 @@ def weight_bytes(model: Any) -> int:
     return total
 
 
+def decoder(member: Any) -> Any:
+    """What does `member`'s decoding: itself, or a SplitMember's (gguf-draft) drafter."""
+    return getattr(member, "drafter", member)
+
+
 def member_floors(members: Sequence[Any], bandwidth: Mapping[str, float]) -> dict[str, dict[str, float]]:
     """Each member's bytes per token and floor in seconds per token, on its own device's bandwidth."""
     out = {}
     for m in members:
         kind = "cuda" if str(m.device).startswith("cuda") else "cpu"
-        decoder = getattr(m, "drafter", m)  # a SplitMember (gguf-draft) decodes in its drafter
+        decodes = decoder(m)
         nbytes = (
-            decoder.bytes_per_token if hasattr(decoder, "bytes_per_token") else weight_bytes(decoder.model)
+            decodes.bytes_per_token if hasattr(decodes, "bytes_per_token") else weight_bytes(decodes.model)
         )
         out[m.name] = {"weight_bytes": nbytes, "floor_s_per_token": nbytes / bandwidth[kind]}
     return out
@@ -110,6 +115,7 @@ def modes_floor_lines(report: Mapping[str, Any]) -> list[str]:
 __all__ = [
     "add_floors",
     "bandwidths",
+    "decoder",
     "floor_lines",
     "member_floors",
     "modes_floor_lines",

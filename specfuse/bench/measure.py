@@ -26,6 +26,7 @@ from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import SpecfuseError
 from ..records import Round
+from .floor import decoder
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def generate_alone(member: Any, prompt: str, max_new_tokens: int) -> tuple[int, 
     The prompt is the member's own context (`member.prompt_ids`), as in the ensemble. The model's
     generation defaults are replaced by a plain config so that no repetition penalty leaks in.
     """
-    member = getattr(member, "drafter", member)  # a SplitMember (gguf-draft) decodes in its drafter
+    member = decoder(member)
     if hasattr(member, "generate_alone"):  # a member not run by transformers times its own decoding
         return member.generate_alone(prompt, max_new_tokens)  # type: ignore[no-any-return]
     import torch

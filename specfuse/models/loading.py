@@ -27,6 +27,7 @@ from .cache import Progress, assemble_gguf, cache_root, cached_folder, ensure_ca
 from .catalogue import CATALOGUE, installed_models
 from .devices import gpu_count, plan_devices, resolve_dtype
 from .quantize import check_quantize, quantize_model
+from .quantize_options import LLAMA_CPP
 
 if TYPE_CHECKING:
     import torch
@@ -140,12 +141,9 @@ def _is_server(name: str) -> bool:
 
 def _load_catalogue(req: LoadRequest) -> Member:
     entry = CATALOGUE[req.name]
-    if req.quantize in ("gguf", "gguf-draft"):
+    if req.quantize in LLAMA_CPP:
         gguf = assemble_gguf(entry, cache_root(req.cache_dir) / "gguf", req.progress)
-        drafter = _load_llamacpp(req, gguf, entry.trust)
-        if req.quantize == "gguf":
-            return drafter
-        return _split(drafter, _load_catalogue(replace(req, quantize="none")))
+        return _in_llama_cpp(req, gguf, entry.trust, _load_catalogue)
     member = _load_hf(req, ensure_cached(entry, req.cache_dir, req.progress), None, True, entry.prompt_format)
     member.trust = entry.trust
     return member
@@ -157,11 +155,8 @@ def _load_folder(req: LoadRequest) -> HFMember:
 
 def _load_gguf(req: LoadRequest) -> Member:
     path = Path(req.name).expanduser()
-    if req.quantize in ("gguf", "gguf-draft"):
-        drafter = _load_llamacpp(req, path, None)
-        if req.quantize == "gguf":
-            return drafter
-        return _split(drafter, _load_gguf(replace(req, quantize="none")))
+    if req.quantize in LLAMA_CPP:
+        return _in_llama_cpp(req, path, None, _load_gguf)
     return _load_hf(req, path.parent, path.name, True, None)  # de-quantized at every load: slow, uncached
 
 
@@ -188,11 +183,17 @@ def _load_llamacpp(req: LoadRequest, path: Path, trust: float | None) -> Member:
     return member
 
 
-def _split(drafter: Member, verifier: Member) -> Member:
-    """quantize="gguf-draft": drafts in llama.cpp, scores in torch (members/split.py says why)."""
+def _in_llama_cpp(
+    req: LoadRequest, path: Path, trust: float | None, load_in_torch: Callable[[LoadRequest], Member]
+) -> Member:
+    """quantize="gguf": the GGUF file in llama.cpp; "gguf-draft": that member drafts, and the same
+    model loaded in torch by `load_in_torch` scores (members/split.py says why)."""
+    drafter = _load_llamacpp(req, path, trust)
+    if req.quantize == "gguf":
+        return drafter
     from specfuse.members.split import SplitMember
 
-    return SplitMember(drafter, verifier)
+    return SplitMember(drafter, load_in_torch(replace(req, quantize="none")))
 
 
 def _load_server(req: LoadRequest) -> Member:
@@ -367,7 +368,7 @@ def _load_hf(
     prompt_format: PromptFormat | None,
 ) -> HFMember:
     """Load a transformers model from `source` (a folder, a GGUF file's folder or a hub id)."""
-    if req.quantize in ("gguf", "gguf-draft"):
+    if req.quantize in LLAMA_CPP:
         raise ConfigError(
             f"{req.name}: quantize={req.quantize!r} runs a GGUF file in llama.cpp; "
             "name a catalogue model or a .gguf file"

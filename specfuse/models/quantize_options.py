@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..errors import ConfigError
 
 QUANTIZE = ("none", "int8", "int4", "gguf", "gguf-draft", "auto")
+LLAMA_CPP = ("gguf", "gguf-draft")  # the settings that run a GGUF file in llama.cpp
 _CHOICES = (
     "none: bf16/fp32 weights in torch; int8, int4: each model's Linear weights quantized in torch "
     "after it loads; gguf: a GGUF model (the catalogue's, or a .gguf file) run in llama.cpp in this "
@@ -37,4 +38,4 @@ def check_quantize(quantize: str) -> str:
     return quantize
 
 
-__all__ = ["CLI_HELP", "CLI_HELP_AUTO", "QUANTIZE", "check_quantize", "cpu_only"]
+__all__ = ["CLI_HELP", "CLI_HELP_AUTO", "LLAMA_CPP", "QUANTIZE", "check_quantize", "cpu_only"]
