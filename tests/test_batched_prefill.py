@@ -12,8 +12,9 @@ import torch
 from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Ensemble
 from specfuse.errors import MemberError, PromptTooLongError
-from specfuse.members import prefill
-from specfuse.members.hf import HFState
+from specfuse.members import drafting, prefill
+from specfuse.members.hf import HFMember, HFState
+from specfuse.prompts import PromptFormat
 from specfuse.serve.scheduler import Scheduler
 
 from .test_batching import PROMPTS, same_rounds
@@ -110,6 +111,54 @@ def test_a_pass_never_holds_more_than_chunk_tokens_query_tokens(tiny_members, mo
     monkeypatch.setattr(member, "base", counted)
     member.start_many(MANY, [MemberSettings()] * len(MANY))
     assert widths and max(widths) <= 12
+
+
+SYSTEM = PromptFormat(kind="chat", system="You answer in one short sentence, plainly.")
+
+
+def with_system(member, reuse_template: bool) -> HFMember:
+    return HFMember(
+        member.name, member.model, member.tokenizer, device="cpu", prompt_format=SYSTEM,
+        reuse_template=reuse_template,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])  # llama, qwen2, gemma3 (a sliding window of 6)
+def test_the_template_head_is_read_once_and_each_prompt_only_after_it(tiny_members, monkeypatch, index):
+    whole, headed = (with_system(tiny_members[index], reuse) for reuse in (False, True))
+    head = drafting.template_head(headed.tokenizer, SYSTEM)
+    contexts = [headed.prompt_ids(p) for p in MANY]
+    assert len(head) > 6 and all(ids[: len(head)] == head for ids in contexts)  # the system turn
+    widths: list[int] = []
+    real = headed.base
+
+    def counted(**kwargs):
+        widths.append(kwargs["input_ids"].shape[1])
+        return real(**kwargs)
+
+    monkeypatch.setattr(headed, "base", counted)
+    monkeypatch.setattr(headed, "chunk_tokens", 4096)
+    settings = [MemberSettings(seed=i, measure_prompt=i % 2 == 0) for i in range(len(MANY))]
+    alone = headed.start(MANY[1], settings[1])
+    assert widths == [len(head), len(contexts[1]) - len(head)]  # the head once, then the rest only
+    widths.clear()
+    together = headed.start_many(MANY, settings)
+    assert sum(widths) < sum(len(ids) - len(head) for ids in contexts)  # rows in one pass, no head
+    assert_same_state(alone, whole.start(MANY[1], settings[1]), whole)
+    for prompt, s, got in zip(MANY, settings, together):
+        assert_same_state(got, whole.start(prompt, s), whole)
+    plain = headed.start(MANY[1], settings[1])  # the head is never written to by a request
+    assert_same_state(plain, alone, whole)
+
+
+def test_ensembles_with_and_without_the_template_head_play_the_same_rounds(tiny_members):
+    config = EnsembleConfig(segment_len=5, max_new_tokens=20, exit_warmup=2, prior="prompt")
+    plays = []
+    for reuse in (False, True):
+        ensemble = Ensemble([with_system(m, reuse) for m in tiny_members], config)
+        plays.append([list(ensemble.stream(p)) for p in MANY[:3]])
+    for want, got in zip(*plays):
+        same_rounds(want, got)
 
 
 def test_groups_keep_padding_and_rows_bounded():

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from specfuse.bench.serve import format_table, main, percentile, run_serve
+from specfuse.bench.serve import PROMPTS, format_table, main, percentile, run_serve
 from specfuse.config import VERIFY_MODES, EnsembleConfig
 from specfuse.models.loading import load_members
 from specfuse.models.quantize import QuantizedLinear
@@ -35,6 +35,16 @@ def test_the_serving_benchmark_reports_each_level_against_one_at_a_time(tiny_mem
     assert "targets (8 clients against one at a time)" in table and "load avg" in table
 
 
+def test_each_client_sends_its_share_so_that_levels_keep_their_clients_busy(tiny_members):
+    config = EnsembleConfig(segment_len=4, max_new_tokens=8)
+    report = run_serve(tiny_members, levels=(1, 4), per_client=3, max_tokens=8, config=config)
+    one, four = report["levels"]["1"], report["levels"]["4"]
+    assert (one["requests"], four["requests"]) == (8, 12)  # the baseline at least 8; 4 × 3
+    assert four["prompts"] == [PROMPTS[i % len(PROMPTS)] for i in range(12)]  # the same mix as alone
+    assert four["same_answers_as_one_at_a_time"] == 12  # each against its prompt's solo answer
+    assert "3 requests per client (at least 8), join wait 0.25 s" in format_table(report).splitlines()[0]
+
+
 def test_the_command_quantizes_sets_any_setting_and_says_so_in_its_report(
     tiny_checkpoints, monkeypatch, tmp_path
 ):
@@ -49,7 +59,7 @@ def test_the_command_quantizes_sets_any_setting_and_says_so_in_its_report(
     out = tmp_path / "serve"
     argv = ["--models", *tiny_checkpoints, "--quantize", "int8", "--set", "verify=disagree",
             "--set", "stop_strings=Zq|Qz", "--levels", "1,2", "--requests", "2", "--max-tokens", "4",
-            "--segment-len", "4", "--out", str(out)]  # fmt: skip
+            "--segment-len", "4", "--join-wait", "0", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     for member in loaded:
         layers = [m for m in member.model.modules() if isinstance(m, nn.Linear | QuantizedLinear)]
@@ -59,7 +69,7 @@ def test_the_command_quantizes_sets_any_setting_and_says_so_in_its_report(
     assert report["config"]["stop_strings"] == ["Zq", "Qz"] and report["config"]["segment_len"] == 4
     assert all(level["errors"] == [] for level in report["levels"].values())
     header = out.with_suffix(".txt").read_text().splitlines()[0]
-    assert ", int8 weights, batch size 2," in header
+    assert ", int8 weights, batch size 2," in header and ", join wait 0.0 s;" in header
     assert header.endswith("; settings: segment_len=4, verify=disagree, stop_strings=Zq|Qz")
 
 

@@ -12,6 +12,7 @@ from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble
 from specfuse.errors import ConfigError, MemberError
 from specfuse.records import Draft
+from specfuse.serve import scheduler as scheduling
 from specfuse.serve.scheduler import QueueFull, Scheduler, SchedulerClosed
 
 from .scripted import ScriptedMember
@@ -83,6 +84,69 @@ def test_a_branch_through_the_scheduler_equals_the_branch_alone(tiny_members):
     finally:
         scheduler.close()
     same_rounds(want, rounds)
+
+
+def rounds_played(scheduler, monkeypatch) -> list[set[int]]:
+    """The runs (their ids) that play each round of the scheduler's batch, in order."""
+    played: list[set[int]] = []
+    real = scheduler._batch.step
+
+    def step():
+        played.append({id(run) for run in scheduler._batch.live if not run.cancelled})
+        return (yield from real())
+
+    monkeypatch.setattr(scheduler._batch, "step", step)
+    return played
+
+
+@pytest.mark.parametrize("wait", [0.0, 5.0])
+def test_a_request_sent_as_another_ends_joins_the_next_round(tiny_members, monkeypatch, wait):
+    # A client that sends its next request when its last one ends (a script, lm-eval) lands just
+    # after the next round began; the scheduler waits for it (at most join_wait, here long enough).
+    monkeypatch.setattr(scheduling, "JOIN_WAIT_SHARE", 1e6)  # the tiny models' rounds take ms
+    scheduler = Scheduler(tiny_members, batch_size=4, join_wait=wait)
+    played = rounds_played(scheduler, monkeypatch)
+    one_round = EnsembleConfig(segment_len=4, max_new_tokens=4)
+    try:
+        going_on = scheduler.submit(PROMPTS[1], LONG)
+        ending = scheduler.submit(PROMPTS[0], one_round)
+        collect(ending)
+        time.sleep(0.3)  # the client's round trip: many rounds of the tiny models
+        after = scheduler.submit(PROMPTS[2], SHORT)
+        _, rounds = collect(after)
+    finally:
+        going_on.cancel()
+        scheduler.close()
+    ended = max(i for i, runs in enumerate(played) if id(ending.run) in runs)
+    joined = min(i for i, runs in enumerate(played) if id(after.run) in runs)
+    if wait:
+        assert joined == ended + 1 and id(going_on.run) in played[joined]
+    else:
+        assert joined > ended + 3 and id(going_on.run) in played[joined - 1]  # it waited out rounds
+    same_rounds(solo(tiny_members, [m.name for m in tiny_members], PROMPTS[2], SHORT), rounds)
+
+
+def test_requests_that_arrive_while_newcomers_are_read_join_their_first_round(tiny_members, monkeypatch):
+    scheduler = Scheduler(tiny_members, batch_size=4)
+    played = rounds_played(scheduler, monkeypatch)
+    member, late = tiny_members[0], []
+    real = member.start_many
+
+    def start_many(prompts, settings):  # two more arrive while the first prompt is read
+        if not late:
+            late.extend(scheduler.submit(p, SHORT) for p in PROMPTS[1:3])
+        return real(prompts, settings)
+
+    monkeypatch.setattr(member, "start_many", start_many)
+    try:
+        first = scheduler.submit(PROMPTS[0], SHORT)
+        results = [collect(ticket)[1] for ticket in (first, *late)]
+    finally:
+        scheduler.close()
+    assert played[0] == {id(ticket.run) for ticket in (first, *late)}
+    names = [m.name for m in tiny_members]
+    for prompt, rounds in zip(PROMPTS, results):
+        same_rounds(solo(tiny_members, names, prompt, SHORT), rounds)
 
 
 def test_waiting_requests_know_their_place_and_a_full_line_refuses(tiny_members):

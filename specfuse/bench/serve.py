@@ -1,10 +1,13 @@
 """Many clients at once through the live API: `python -m specfuse.bench serve`.
 
-1, 4, 8 and 16 concurrent clients send the same fixed list of requests (the app's example prompts,
-in turn) as streamed chat completions to a server on loopback (specfuse.serve: one Scheduler, one
-rolling batch); one client is the one-at-a-time baseline. Per level: aggregate tokens/s, each
-request's time to first segment (its first streamed chunk with text) and total time, median and
-p95, in one run, with the load average beside them. Knows nothing about the batch's inside.
+1, 4, 8 and 16 concurrent clients send requests (the app's example prompts, in turn, so every level
+asks the same mix) as streamed chat completions to a server on loopback (specfuse.serve: one
+Scheduler, one rolling batch); one client is the one-at-a-time baseline. Each client sends
+--per-client requests, one after another, so that a level keeps its clients busy for most of its
+time: with a fixed list shorter than that, the batch drains through much of the level (answers end
+at different lengths) and the figure is no longer that of N clients at once. Per level: aggregate
+tokens/s, each request's time to first segment (its first streamed chunk with text) and total time,
+median and p95, in one run, with the load average beside them. Knows nothing about the batch's inside.
 
 The server's default config is the benchmark's (--segment-len, the answer budget) with any
 `--set KEY=VALUE` on top: any EnsembleConfig field, parsed and checked as the evaluation's variants
@@ -43,6 +46,8 @@ log = logging.getLogger(__name__)
 # prompts, a fixed list, so that the figures do not move when the app's examples do.
 PROMPTS = OPEN_PROMPTS[:4]
 LEVELS = (1, 4, 8, 16)
+PER_CLIENT = 4  # requests each client sends in turn
+MIN_REQUESTS = 8  # the baseline's requests: each example prompt twice
 TARGETS = {"aggregate_speedup_at_8": 3.0, "p95_first_segment_ratio_at_8": 3.0}  # ≥ 3, ≤ 3
 
 
@@ -134,6 +139,7 @@ def run_level(url: str, clients: int, requests: Sequence[str], max_tokens: int) 
         "total_p95_s": percentile(totals, 0.95),
         "load_before": load_before,
         "load_after": os.getloadavg(),
+        "prompts": [r["prompt"] for r in runs],
         "answers": [r["text"] for r in runs],
     }
 
@@ -142,37 +148,52 @@ def run_serve(
     members: Sequence[Any],
     *,
     levels: Sequence[int] = LEVELS,
-    requests: int = 16,
+    per_client: int = PER_CLIENT,
+    requests: int | None = None,
     max_tokens: int = 64,
     config: EnsembleConfig | None = None,
     batch_size: int | None = None,
+    join_wait: float | None = None,
 ) -> dict[str, Any]:
-    """Every level against one live server over `members`; returns the JSON-ready report."""
+    """Every level against one live server over `members`; returns the JSON-ready report. Each
+    level sends `per_client` requests per client (at least MIN_REQUESTS), or `requests` if given."""
     from ..serve.api import create_app
     from ..serve.cli import running
-    from ..serve.scheduler import Scheduler
+    from ..serve.scheduler import DEFAULT_JOIN_WAIT, Scheduler
 
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(requests)]
+    def count(clients: int) -> int:
+        return requests if requests is not None else max(clients * per_client, MIN_REQUESTS)
+
     size = batch_size or max(levels)
-    scheduler = Scheduler(members, config, batch_size=size, queue=max(levels) + requests)
+    wait = DEFAULT_JOIN_WAIT if join_wait is None else join_wait
+    queue = max(levels) + count(max(levels))
+    scheduler = Scheduler(members, config, batch_size=size, queue=queue, join_wait=wait)
     try:
         with running(create_app(scheduler)) as url:
             one_request(url, PROMPTS[0], 8)  # warm-up: first calls allocate and pick kernels
-            results = {str(c): run_level(url, c, prompts, max_tokens) for c in levels}
+            results = {
+                str(c): run_level(url, c, [PROMPTS[i % len(PROMPTS)] for i in range(count(c))], max_tokens)
+                for c in levels
+            }
     finally:
         scheduler.close()
     solo = results[str(min(levels))]
+    solo_answer = dict(zip(solo["prompts"], solo["answers"]))
     for r in results.values():
         r["aggregate_speedup"] = (
             r["tokens_per_s"] / solo["tokens_per_s"] if solo["tokens_per_s"] else math.nan
         )
         r["p95_first_segment_ratio"] = r["first_segment_p95_s"] / solo["first_segment_median_s"]
-        r["same_answers_as_one_at_a_time"] = sum(a == b for a, b in zip(r["answers"], solo["answers"]))
+        r["same_answers_as_one_at_a_time"] = sum(
+            solo_answer.get(p) == a for p, a in zip(r["prompts"], r["answers"])
+        )
     return {
         "members": [m.name for m in members],
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "batch_size": size,
+        "per_client": per_client if requests is None else None,
+        "join_wait": wait,
         "max_tokens": max_tokens,
         "config": scheduler.config.to_dict(),
         "levels": results,
@@ -184,6 +205,13 @@ def changed_settings(config: dict[str, Any]) -> dict[str, Any]:
     budget aside (the table shows the tokens per request)."""
     defaults = EnsembleConfig().to_dict()
     return {k: v for k, v in config.items() if k != "max_new_tokens" and defaults.get(k, v) != v}
+
+
+def _requests_shown(report: dict[str, Any]) -> str:
+    counts = [r["requests"] for r in report["levels"].values()]
+    if len(set(counts)) == 1:  # a fixed list (--requests, and reports from before --per-client)
+        return f"{counts[0]} requests per level"
+    return f"{report.get('per_client', PER_CLIENT)} requests per client (at least {MIN_REQUESTS})"
 
 
 def _shown(value: Any) -> str:
@@ -198,7 +226,8 @@ def format_table(report: dict[str, Any]) -> str:
         f"serving {', '.join(report['members'])} on {report['cpu']} ({report['cores']} cores)"
         + ("" if quantize == "none" else f", {quantize} weights")
         + f", batch size {report['batch_size']}, {report['max_tokens']} tokens per request, "
-        f"{next(iter(levels.values()))['requests']} requests per level"
+        + _requests_shown(report)
+        + (f", join wait {report['join_wait']} s" if "join_wait" in report else "")
         + (f"; settings: {', '.join(f'{k}={_shown(v)}' for k, v in settings.items())}" if settings else ""),
         f"{'clients':>7} {'tok/s':>7} {'×1':>6} {'first med':>9} {'first p95':>9} {'p95/solo':>8} "
         f"{'total med':>9} {'total p95':>9} {'same':>5} {'errors':>6}  load avg before → after",
@@ -249,7 +278,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--levels", default=",".join(map(str, LEVELS)), help="client counts (first: baseline)"
     )
-    parser.add_argument("--requests", type=int, default=16, help="requests per level (default 16)")
+    parser.add_argument(
+        "--per-client",
+        type=int,
+        default=PER_CLIENT,
+        help=f"requests each client sends in turn (default {PER_CLIENT}; at least {MIN_REQUESTS} a level)",
+    )
+    parser.add_argument(
+        "--requests", type=int, default=None, help="instead: the same number of requests at every level"
+    )
     parser.add_argument("--max-tokens", type=int, default=64, help="answer budget per request (default 64)")
     parser.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
     parser.add_argument("--batch-size", type=int, default=None, help="default: the largest level")
@@ -263,13 +300,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a run setting of the server's default config, KEY an EnsembleConfig field, e.g. "
         "verify=disagree, stop_strings=a|b (repeatable; applied after --segment-len)",
     )
-    parser.add_argument("--quick", action="store_true", help="levels 1,4,8, 8 requests of 32 tokens")
+    parser.add_argument(
+        "--join-wait",
+        type=float,
+        default=None,
+        help="the server's --join-wait, seconds (default: the server's default)",
+    )
+    parser.add_argument("--quick", action="store_true", help="levels 1,4,8, 8 requests of 32 tokens each")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.txt")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     levels = [int(c) for c in args.levels.split(",") if c]
     requests, max_tokens = args.requests, args.max_tokens
+    if args.per_client < 1 or (requests is not None and requests < 1):
+        parser.error("--per-client and --requests must be at least 1")
     if args.quick:
         levels, requests, max_tokens = [1, 4, 8], 8, 32
     from ..models.loading import load_members, tqdm_progress
@@ -287,8 +332,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             quantize=args.quantize,
         )
         report = run_serve(
-            members, levels=levels, requests=requests, max_tokens=max_tokens, config=config,
-            batch_size=args.batch_size,
+            members, levels=levels, per_client=args.per_client, requests=requests,
+            max_tokens=max_tokens, config=config, batch_size=args.batch_size, join_wait=args.join_wait,
         )  # fmt: skip
     except SpecfuseError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -43,6 +43,14 @@ def prompt_ids(tokenizer: PreTrainedTokenizerBase, fmt: PromptFormat, prompt: st
     return list(tokenizer(fmt.completion(prompt), add_special_tokens=True)["input_ids"])
 
 
+def template_head(tokenizer: PreTrainedTokenizerBase, fmt: PromptFormat) -> list[int]:
+    """The tokens every prompt's context begins with: the common beginning of two probes' contexts,
+    less its last token, which a prompt's first characters could merge with."""
+    a, b = prompt_ids(tokenizer, fmt, "a"), prompt_ids(tokenizer, fmt, "Z 1")
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return a[: max(0, n - 1)]
+
+
 def prompt_span(
     tokenizer: PreTrainedTokenizerBase, fmt: PromptFormat, prompt: str, ids: Sequence[int]
 ) -> tuple[list[int], int] | None:

@@ -82,6 +82,7 @@ class HFMember(BaseMember):
         device: str | None = None,
         reuse_verified_kv: bool = True,
         reuse_trimmed: bool = True,
+        reuse_template: bool = True,
         trust: float | None = None,
         compile_decode: bool = False,
     ) -> None:
@@ -107,6 +108,10 @@ class HFMember(BaseMember):
         # Take over the tokens a won-but-trimmed greedy draft decoded past its word boundary, instead
         # of decoding them again (False: redraft them, for the benchmark's comparison and the tests).
         self.reuse_trimmed = reuse_trimmed
+        # Start each prompt's cache from the keys and values of the template's head, read once
+        # (prefill.Head; False: read every prompt whole, for the benchmark's comparison and the tests).
+        self.reuse_template = reuse_template
+        self._head: prefill.Head | None = None
         # Query tokens per forward pass in verification and prefill (scoring.CHUNK_TOKENS: memory
         # linear in a long candidate's or prompt's length); tests lower it to chunk short texts.
         self.chunk_tokens = CHUNK_TOKENS
@@ -206,22 +211,35 @@ class HFMember(BaseMember):
     def _prefill(self, states: Sequence[HFState], prompts: Sequence[str]) -> None:
         """Read the prompts of `states` (one group) into their caches: alone as start() always did,
         or together, then each row split into its own cache."""
+        head = self._template_head(states)
+        skip = len(head.ids) if head is not None else 0
         if len(states) == 1:
-            states[0].cache = DynamicCache()  # empty, also after a failed batch
-            hiddens = [self._forward(states[0].ids, states[0].cache)]
+            # A fresh cache, also after a failed batch.
+            states[0].cache = head.cache() if head is not None else DynamicCache()
+            hiddens = [self._forward(states[0].ids[skip:], states[0].cache)]
         else:
             pad = self.tokenizer.pad_token_id or 0
             cache, batch = prefill.forward_rows(
-                self.base, [s.ids for s in states], self.chunk_tokens, self.device, pad
+                self.base, [s.ids[skip:] for s in states], self.chunk_tokens, self.device, pad, head
             )
             lengths = [len(s.ids) for s in states]
             for state, own in zip(states, prefill.split(cache, lengths)):
                 state.cache = own
-            hiddens = [batch[b, :n] for b, n in enumerate(lengths)]
+            hiddens = [batch[b, : n - skip] for b, n in enumerate(lengths)]
+        if head is not None:
+            hiddens = [torch.cat([head.hidden, hidden]) for hidden in hiddens]
         for state, prompt, hidden in zip(states, prompts, hiddens):
             state.last_hidden = hidden[-1].clone()  # not a view that keeps the batch's states alive
             if state.settings.measure_prompt:
                 state.surprise = self._surprise(prompt, state.ids, hidden)
+
+    def _template_head(self, states: Sequence[HFState]) -> prefill.Head | None:
+        """The template's head (read the first time it is asked for), if every context begins with it."""
+        if self.reuse_template and self._head is None:
+            ids = drafting.template_head(self.tokenizer, self.prompt_format)
+            self._head = prefill.read_head(ids, self._forward)
+        head = self._head
+        return head if head is not None and all(head.covers(s.ids) for s in states) else None
 
     def prompt_surprise(self, state: HFState) -> float | None:
         """How surprised this member was by the prompt's own text, in nats per byte (None: not

@@ -24,7 +24,7 @@ from ..models.catalogue import DEFAULT_MEMBERS
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from ..models.quantize_options import check_quantize, cpu_only
 from ..models.trust import CLI_HELP as TRUST_HELP
-from .scheduler import DEFAULT_BATCH_SIZE, DEFAULT_QUEUE, Scheduler
+from .scheduler import DEFAULT_BATCH_SIZE, DEFAULT_JOIN_WAIT, DEFAULT_QUEUE, Scheduler
 from .schema import Limits
 
 log = logging.getLogger("specfuse.serve")
@@ -67,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_QUEUE,
         help="requests waiting beyond those; more get 429 (default %(default)s)",
+    )
+    add(
+        "--join-wait",
+        type=float,
+        default=DEFAULT_JOIN_WAIT,
+        help="seconds the next round may wait for new requests when some have just ended (at most "
+        "a tenth of a round; 0: never) (default %(default)s)",
     )
     add(
         "--api-key",
@@ -118,8 +125,8 @@ def _serve(args: argparse.Namespace) -> int:
     for flag in ("batch_size", "max_prompt_chars", "max_tokens", "traces"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1")
-    if args.queue < 0 or args.request_timeout <= 0:
-        raise ConfigError("--queue must be ≥ 0 and --request-timeout > 0")
+    if args.queue < 0 or args.join_wait < 0 or args.request_timeout <= 0:
+        raise ConfigError("--queue and --join-wait must be ≥ 0 and --request-timeout > 0")
     check_quantize(args.quantize)  # before listening: the members load after the port is open
     if cpu_only(args.quantize) and args.device.startswith(("cuda", "per-gpu")):
         raise ConfigError(f"--quantize {args.quantize} runs on the CPU only; use --device cpu")
@@ -143,7 +150,9 @@ def _serve(args: argparse.Namespace) -> int:
             )
             if trust is not None:
                 apply_trust(members, trust)
-            scheduler = Scheduler(members, config, batch_size=args.batch_size, queue=args.queue)
+            scheduler = Scheduler(
+                members, config, batch_size=args.batch_size, queue=args.queue, join_wait=args.join_wait
+            )
             app.state.serving.attach(scheduler)
             log.info(
                 "serving %s, batch size %d, queue %d", ", ".join(scheduler.names), args.batch_size, args.queue

@@ -33,6 +33,12 @@ log = logging.getLogger(__name__)
 # bigger batch makes every round, and each newcomer's first segment, longer: 8 keeps runs interactive.
 DEFAULT_BATCH_SIZE = 8
 DEFAULT_QUEUE = 64  # requests waiting for a place in the batch; one more is refused (QueueFull)
+# When requests leave the batch, the next round waits up to this long (and at most JOIN_WAIT_SHARE of
+# the last round's time) for newcomers to take their places. A client that sends its next request as
+# soon as its last one ends (a script, lm-eval's num_concurrent) lands 20-110 ms after the round would
+# have begun, and would otherwise wait out a whole round (1-3 s on two cores) before its first one.
+DEFAULT_JOIN_WAIT = 0.25
+JOIN_WAIT_SHARE = 0.1
 
 Event = Draft | Round
 
@@ -168,14 +174,20 @@ class Scheduler:
         *,
         batch_size: int = DEFAULT_BATCH_SIZE,
         queue: int = DEFAULT_QUEUE,
+        join_wait: float = DEFAULT_JOIN_WAIT,
     ) -> None:
         if batch_size < 1:
             raise ConfigError(f"the batch size must be at least 1, got {batch_size}")
         if queue < 0:
             raise ConfigError(f"the queue length must be at least 0, got {queue}")
+        if not join_wait >= 0:
+            raise ConfigError(f"the join wait must be at least 0 seconds, got {join_wait}")
         self.ensemble = Ensemble(members, config)  # checks the members: protocol, unique names
         self.batch_size = batch_size
         self.queue = queue
+        self.join_wait = join_wait
+        self._freed = 0  # requests that left the batch in the last round
+        self._last_round_s = 0.0
         self._batch = Batch(self.ensemble.members, run_concurrently(members, self.config.parallel))
         self._cond = threading.Condition()
         self._waiting: collections.deque[Ticket] = collections.deque()
@@ -298,18 +310,15 @@ class Scheduler:
                 with self._cond:
                     while not self._closed and not self._waiting and not self._batch.live:
                         self._cond.wait()
+                    self._await_newcomers()
                     if self._closed:
                         break
-                    members = self.ensemble.members
-                    if members != tuple(self._batch.calls.members.values()):  # add_members: between rounds
+                    if self._members_changed():  # add_members: between rounds
+                        members = self.ensemble.members
                         self._batch.calls.shutdown()
                         concurrent = run_concurrently(members, self.config.parallel)
                         self._batch.calls = MemberCalls(members, concurrent, isolate=True)
-                    room = self.batch_size - len(self._batch.live)
-                    joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
-                    for ticket in joining:
-                        ticket.state = "running"
-                        self._running[id(ticket.run)] = ticket
+                    joining = self._admit()
                 try:
                     self._play(joining)
                 except Exception as e:  # a bug, not a member: end what is under way, keep serving
@@ -329,12 +338,44 @@ class Scheduler:
                     self._end(ticket, "failed", closed)
                 self._waiting.clear()
 
+    def _members_changed(self) -> bool:
+        return self.ensemble.members != tuple(self._batch.calls.members.values())
+
+    def _await_newcomers(self) -> None:
+        """Under the lock, before a round: if requests left the batch in the last one, wait a little
+        (DEFAULT_JOIN_WAIT) for as many newcomers as there are places freed, so that they join this
+        round rather than the next."""
+        freed, self._freed = self._freed, 0
+        wanted = min(freed, self.batch_size - len(self._batch.live))
+        if not self._batch.live or wanted <= 0:
+            return
+        deadline = time.perf_counter() + min(self.join_wait, JOIN_WAIT_SHARE * self._last_round_s)
+        while len(self._waiting) < wanted and not self._closed:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return
+            self._cond.wait(left)
+
+    def _admit(self) -> list[Ticket]:
+        """Under the lock: the tickets that take the batch's free places, first come, first served."""
+        room = self.batch_size - len(self._batch.live)
+        joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+        for ticket in joining:
+            ticket.state = "running"
+            self._running[id(ticket.run)] = ticket
+        return joining
+
     def _play(self, joining: list[Ticket]) -> None:
-        """Admit the newcomers, then play one round of the batch and hand each event to its ticket."""
-        if joining:
+        """Admit the newcomers, then play one round of the batch and hand each event to its ticket.
+        Requests that arrive while newcomers' prompts are read join too: a burst of arrivals (a class
+        pressing Run together) starts in one round, not one request first and the rest a round later."""
+        began = time.perf_counter()
+        while joining:
             for run, error in self._batch.join([t.run for t in joining]):
                 with self._cond:
                     self._end(self._running[id(run)], "failed", error)
+            with self._cond:
+                joining = [] if self._closed or self._members_changed() else self._admit()
         for run, event in self._batch.step():
             ticket = self._running[id(run)]
             if isinstance(event, SpecfuseError):
@@ -355,12 +396,14 @@ class Scheduler:
             for key, ticket in list(self._running.items()):
                 if key not in live:  # left the batch without an ending of its own: cancelled
                     self._end(ticket, "cancelled")
+        self._last_round_s = time.perf_counter() - began
 
     def _end(self, ticket: Ticket, state: str, error: SpecfuseError | None = None) -> None:
         """Under the lock: the ticket's last state and its stream's end."""
         if ticket.ended:
             return
-        self._running.pop(id(ticket.run), None)
+        if self._running.pop(id(ticket.run), None) is not None:
+            self._freed += 1
         ticket.state, ticket.error = state, error
         ticket._ended.set()
         ticket._put(_End(error))
