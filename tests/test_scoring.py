@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from specfuse.config import MemberSettings
+from specfuse.members import scoring
 from specfuse.members.scoring import (
     LOGPROB_ROWS,
+    VOCAB_SLICE,
     Block,
     OutputHead,
     chunk_mask,
@@ -197,14 +199,20 @@ def test_chunked_prefill_measures_the_same_prompt_surprise():
     )
 
 
-def test_log_probabilities_made_a_few_rows_at_a_time_equal_the_whole_softmax():
-    member = tiny_member("llama-bytes")
-    ids = torch.tensor([member.encode(LONG)])  # more rows than LOGPROB_ROWS
-    assert ids.shape[1] > LOGPROB_ROWS
+@pytest.mark.parametrize("spec", ["llama-bytes", "gemma-meta"])  # gemma: soft-capped logits
+@pytest.mark.parametrize(("rows", "vocab"), [(LOGPROB_ROWS, VOCAB_SLICE), (16, 37), (1000, 1)])
+def test_log_probabilities_made_in_pieces_equal_the_models_own_softmax(monkeypatch, spec, rows, vocab):
+    member = tiny_member(spec)
+    monkeypatch.setattr(scoring, "LOGPROB_ROWS", rows)
+    monkeypatch.setattr(scoring, "VOCAB_SLICE", vocab)  # 37: slices that do not divide the vocabulary
+    ids = torch.tensor([member.encode(LONG)])
+    assert ids.shape[1] > 16
     with torch.no_grad():
         hidden = member.base(input_ids=ids).last_hidden_state[0]
-        whole = torch.log_softmax(member.head.logits(hidden), dim=-1).gather(-1, ids[0][:, None])[:, 0]
-        assert torch.allclose(member.head.token_logprobs(hidden, ids[0]), whole, atol=1e-6)
+        logits = member.model(input_ids=ids).logits[0].float()  # the model's own head, soft-capping
+        whole = torch.log_softmax(logits, dim=-1).gather(-1, ids[0][:, None])[:, 0]
+        assert torch.allclose(member.head.token_logprobs(hidden, ids[0]), whole, atol=1e-5)
+        assert member.head.token_logprobs(hidden[:0], ids[0][:0]).shape == (0,)
 
 
 def test_a_chunks_mask_is_the_whole_masks_rows_cut_at_its_last_key():
