@@ -29,8 +29,8 @@ from ..trace import Trace, new_trace_id
 log = logging.getLogger(__name__)
 
 # Runs under way at once. On two cores with the default trio (docs/serve.md, `python -m specfuse.bench
-# serve`), 8 clients gave 3.35x the one-at-a-time tokens/s under equal load and 16 gave 5.7x, but a
-# bigger batch makes every round, and each newcomer's first segment, longer: 8 keeps runs interactive.
+# serve`), 8 clients gave 3.07x the one-at-a-time tokens/s and 16 gave 3.91x, but a bigger batch
+# makes every round, and each newcomer's first segment, longer: 8 keeps runs interactive.
 DEFAULT_BATCH_SIZE = 8
 DEFAULT_QUEUE = 64  # requests waiting for a place in the batch; one more is refused (QueueFull)
 # When requests leave the batch, the next round waits up to this long (and at most JOIN_WAIT_SHARE of
@@ -343,8 +343,8 @@ class Scheduler:
 
     def _await_newcomers(self) -> None:
         """Under the lock, before a round: if requests left the batch in the last one, wait a little
-        (DEFAULT_JOIN_WAIT) for as many newcomers as there are places freed, so that they join this
-        round rather than the next."""
+        (join_wait, at most JOIN_WAIT_SHARE of the last round) for as many newcomers as there are
+        places freed, so that they join this round rather than the next."""
         freed, self._freed = self._freed, 0
         wanted = min(freed, self.batch_size - len(self._batch.live))
         if not self._batch.live or wanted <= 0:
