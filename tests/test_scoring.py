@@ -215,6 +215,21 @@ def test_log_probabilities_made_in_pieces_equal_the_models_own_softmax(monkeypat
         assert member.head.token_logprobs(hidden[:0], ids[0][:0]).shape == (0,)
 
 
+def test_log_probabilities_in_slices_keep_a_heads_bias(monkeypatch):
+    member = tiny_member("llama-bytes")
+    model = member.model
+    torch.manual_seed(0)
+    head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
+    model.lm_head = head  # untied, with a bias: the model's forward adds it, so must the slices
+    monkeypatch.setattr(scoring, "VOCAB_SLICE", 37)
+    ids = torch.tensor([member.encode(LONG)])
+    with torch.no_grad():
+        hidden = member.base(input_ids=ids).last_hidden_state[0]
+        whole = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+        want = whole.gather(-1, ids[0][:, None])[:, 0]
+        assert torch.allclose(OutputHead(model).token_logprobs(hidden, ids[0]), want, atol=1e-5)
+
+
 def test_a_chunks_mask_is_the_whole_masks_rows_cut_at_its_last_key():
     blocks = [Block(4, (1, 2, 3)), Block(2, (7, 8)), Block(5, (9, 9, 9, 9))]
     whole = pack(blocks, prefix_len=6, dtype=torch.float32, device="cpu", sliding_window=3).attention_mask
