@@ -26,13 +26,15 @@ TOO_LONG = "word " * 150  # past the tiny models' 512 positions in every tokeniz
 
 
 class Passes:
-    """A member's decoder, counting its forward passes and the rows of each."""
+    """A member's decoder, recording each forward pass's rows and columns (query tokens per row)."""
 
     def __init__(self, base):
-        self.base, self.rows = base, []
+        self.base, self.rows, self.columns = base, [], []
 
     def __call__(self, **kwargs):
-        self.rows.append(kwargs["input_ids"].shape[0])
+        rows, columns = kwargs["input_ids"].shape
+        self.rows.append(rows)
+        self.columns.append(columns)
         return self.base(**kwargs)
 
 
@@ -101,16 +103,10 @@ def test_start_many_gives_each_prompt_the_state_start_gives_it(tiny_members, mon
 def test_a_pass_never_holds_more_than_chunk_tokens_query_tokens(tiny_members, monkeypatch):
     member = tiny_members[0]
     monkeypatch.setattr(member, "chunk_tokens", 12)
-    widths: list[int] = []
-    real = member.base
-
-    def counted(**kwargs):
-        widths.append(kwargs["input_ids"].numel())
-        return real(**kwargs)
-
-    monkeypatch.setattr(member, "base", counted)
+    passes = Passes(member.base)
+    monkeypatch.setattr(member, "base", passes)
     member.start_many(MANY, [MemberSettings()] * len(MANY))
-    assert widths and max(widths) <= 12
+    assert passes.rows and max(r * c for r, c in zip(passes.rows, passes.columns)) <= 12
 
 
 SYSTEM = PromptFormat(kind="chat", system="You answer in one short sentence, plainly.")
@@ -129,21 +125,15 @@ def test_the_template_head_is_read_once_and_each_prompt_only_after_it(tiny_membe
     head = drafting.template_head(headed.tokenizer, SYSTEM)
     contexts = [headed.prompt_ids(p) for p in MANY]
     assert len(head) > 6 and all(ids[: len(head)] == head for ids in contexts)  # the system turn
-    widths: list[int] = []
-    real = headed.base
-
-    def counted(**kwargs):
-        widths.append(kwargs["input_ids"].shape[1])
-        return real(**kwargs)
-
-    monkeypatch.setattr(headed, "base", counted)
+    passes = Passes(headed.base)
+    monkeypatch.setattr(headed, "base", passes)
     monkeypatch.setattr(headed, "chunk_tokens", 4096)
     settings = [MemberSettings(seed=i, measure_prompt=i % 2 == 0) for i in range(len(MANY))]
     alone = headed.start(MANY[1], settings[1])
-    assert widths == [len(head), len(contexts[1]) - len(head)]  # the head once, then the rest only
-    widths.clear()
+    assert passes.columns == [len(head), len(contexts[1]) - len(head)]  # the head once, then the rest
+    passes.columns.clear()
     together = headed.start_many(MANY, settings)
-    assert sum(widths) < sum(len(ids) - len(head) for ids in contexts)  # rows in one pass, no head
+    assert sum(passes.columns) < sum(len(ids) - len(head) for ids in contexts)  # rows in one pass, no head
     assert_same_state(alone, whole.start(MANY[1], settings[1]), whole)
     for prompt, s, got in zip(MANY, settings, together):
         assert_same_state(got, whole.start(prompt, s), whole)

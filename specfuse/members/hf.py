@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import TYPE_CHECKING
 
 import torch
@@ -364,19 +365,17 @@ class HFMember(BaseMember):
             parts.append(out.last_hidden_state)
         hidden_all = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]  # [B, Q, H]
         logits, logprobs = self._score_rows(states, rows, packed.offsets, hidden_all)
+        next_logits, next_logprobs = iter(logits), iter(logprobs)  # in the order of the loops below
         results = []
         for r, (state, row) in enumerate(zip(states, rows)):
             hidden = hidden_all[r]
             offsets = packed.offsets[r]
             details, last_hidden = [], []
             for offset, (_, tail, text_ids) in zip(offsets, row):
-                n = len(tail)
-                logit, logits = logits[:n], logits[n:]
-                logprob: list[float] = []
-                if state.settings.score == "logprob":
-                    logprob, logprobs = logprobs[:n], logprobs[n:]
+                logit = tuple(islice(next_logits, len(tail)))
+                logprob = tuple(islice(next_logprobs, len(tail))) if state.settings.score == "logprob" else ()
                 pieces = tuple(str(self.tokenizer.decode([t])) for t in tail)
-                details.append(TokenScores(pieces, tuple(logit), tuple(logprob)))
+                details.append(TokenScores(pieces, logit, logprob))
                 last_hidden.append(hidden[offset + len(text_ids)])
             if len(states) > 1:  # keep the pass's keys and values in the request's own cache
                 self._append_row(state.cache, cache, r, pads[r] + len(state.ids), packed.length)
@@ -402,13 +401,14 @@ class HFMember(BaseMember):
         log-probabilities of those whose request scores by them. All through the output head at
         once: a log-probability needs the full vocabulary row, and the head's weights (Gemma 3's
         262k tokens: 335 MB in bf16) are then read once a pass rather than once a candidate."""
-        picked, wanted = [], []
+        picked, tokens, wanted = [], [], []
         for r, (state, row) in enumerate(zip(states, rows)):
             for offset, (_, tail, _) in zip(offsets[r], row):
                 picked.append(hidden_all[r, offset : offset + len(tail)])  # row t predicts tail[t]
+                tokens += tail
                 wanted += [state.settings.score == "logprob"] * len(tail)
         hidden = torch.cat(picked)
-        targets = torch.tensor([t for row in rows for _, tail, _ in row for t in tail], device=hidden.device)
+        targets = torch.tensor(tokens, device=hidden.device)
         logits = self.head.token_logits(hidden, targets).tolist()
         if not any(wanted):
             return logits, []
