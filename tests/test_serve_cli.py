@@ -81,6 +81,7 @@ def test_bad_flags_exit_2_with_one_line_before_loading():
         (["--temperature", "-1"], "temperature must be ≥ 0"),
         (["--batch-size", "0"], "--batch-size must be at least 1"),
         (["--join-wait", "-1"], "--join-wait must be ≥ 0"),
+        (["--join-wait", "nan"], "--join-wait must be ≥ 0"),
         (["--models", "no-such-model"], "no-such-model"),
     ]:
         done = subprocess.run(

@@ -125,7 +125,7 @@ def _serve(args: argparse.Namespace) -> int:
     for flag in ("batch_size", "max_prompt_chars", "max_tokens", "traces"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1")
-    if args.queue < 0 or args.join_wait < 0 or args.request_timeout <= 0:
+    if args.queue < 0 or not args.join_wait >= 0 or not args.request_timeout > 0:  # nan included
         raise ConfigError("--queue and --join-wait must be ≥ 0 and --request-timeout > 0")
     check_quantize(args.quantize)  # before listening: the members load after the port is open
     if cpu_only(args.quantize) and args.device.startswith(("cuda", "per-gpu")):
