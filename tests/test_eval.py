@@ -80,6 +80,25 @@ def test_problems_load_with_their_gold_numbers(tmp_path):
     assert [(p.id, p.gold) for p in problems] == [("gsm8k-0000", "2"), ("gsm8k-0001", "3")]
 
 
+def test_rows_pick_problems_by_line_and_keep_their_ids_so_runs_of_other_rows_pair_up(tmp_path):
+    data = write_data(tmp_path / "d.jsonl", 5)
+    problems = ev.load_problems(data, rows=range(2, 4))
+    assert [(p.id, p.gold) for p in problems] == [("gsm8k-0002", "4"), ("gsm8k-0003", "5")]
+    assert [p.id for p in ev.load_problems(data, limit=1, rows=range(3, 5))] == ["gsm8k-0003"]
+    with open(data, "a") as f:
+        f.write("not json\n")  # line 5, beyond the rows asked for: never read
+    assert len(ev.load_problems(data, rows=range(0, 5))) == 5
+    with pytest.raises(ev.DataError, match="has 5 lines; --rows asks up to row 7"):
+        ev.load_problems(write_data(tmp_path / "e.jsonl", 5), rows=range(2, 8))
+
+
+@pytest.mark.parametrize("rows", ["4", "3:1", "a:b"])
+def test_bad_gsm8k_rows_exit_2_before_loading(tmp_path, capsys, rows):
+    data = write_data(tmp_path / "d.jsonl")
+    assert ev.main(["gsm8k", "--data", str(data), "--rows", rows, "--runs", str(tmp_path / "r")]) == 2
+    assert "--rows" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

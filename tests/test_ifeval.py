@@ -9,7 +9,7 @@ import pytest
 
 import specfuse.eval.cli as ev
 from specfuse.eval import ifeval
-from specfuse.eval.problems import DataError, Outcome, Problem
+from specfuse.eval.problems import DataError, Outcome, Problem, parse_rows
 from specfuse.eval.runs import load_outcomes
 
 from .scripted import ScriptedMember
@@ -58,7 +58,7 @@ def test_the_packaged_file_has_541_rows_and_the_default_takes_the_300_developmen
 )
 def test_bad_rows_are_refused_with_the_expected_form(text, message):
     with pytest.raises(DataError, match=message):
-        ifeval.parse_rows(text)
+        parse_rows(text)
 
 
 def test_rows_beyond_the_file_and_malformed_rows_name_the_file_and_line(tmp_path):

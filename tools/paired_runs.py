@@ -6,6 +6,10 @@ the same ensemble with bf16 and with int4 weights (`--quantize`, kept in another
 
     python tools/paired_runs.py --data ../shared/data/gsm8k/dev.jsonl \
         runs/gsm8k-int4:ensemble runs/gsm8k:ensemble
+
+A source is a runs folder or a report JSON (its stored outcomes: runs whose traces are gone); a
+side may join several sources with commas, e.g. problems 0–149 from a committed report and 150–299
+from a new runs folder: `bench/RESULTS-gsm8k-gguf-median.json:median,runs/gsm8k-gguf:median`.
 """
 
 from __future__ import annotations
@@ -17,21 +21,28 @@ from specfuse.eval.runs import load_outcomes
 from specfuse.eval.stats import paired
 
 
-def correct_by_problem(spec: str, data: str) -> dict[str, bool]:
-    folder, _, system = spec.rpartition(":")
-    if not folder:
-        raise SystemExit(f"{spec!r} is not FOLDER:SYSTEM")
-    found = {o.problem: o.correct for o in load_outcomes(folder, data) if o.system == system}
-    if not found:
-        raise SystemExit(f"no outcomes of {system!r} in {folder}")
-    return found
+def correct_by_problem(specs: str, data: str) -> dict[str, bool]:
+    """Each problem's correctness under one side's SOURCE:SYSTEM specs (comma-separated; a problem
+    found in two sources is refused: the sides must not be stitched from overlapping runs)."""
+    merged: dict[str, bool] = {}
+    for spec in specs.split(","):
+        source, _, system = spec.rpartition(":")
+        if not source:
+            raise SystemExit(f"{spec!r} is not SOURCE:SYSTEM (a runs folder or report JSON)")
+        found = {o.problem: o.correct for o in load_outcomes(source, data) if o.system == system}
+        if not found:
+            raise SystemExit(f"no outcomes of {system!r} in {source}")
+        if twice := sorted(set(found) & set(merged)):
+            raise SystemExit(f"{spec!r} repeats {len(twice)} problems of the same side, e.g. {twice[0]}")
+        merged.update(found)
+    return merged
 
 
 def main() -> None:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
-    parser.add_argument("a", help="FOLDER:SYSTEM, e.g. runs/gsm8k-int4:ensemble")
-    parser.add_argument("b", help="FOLDER:SYSTEM, the baseline")
+    parser.add_argument("a", help="SOURCE:SYSTEM[,SOURCE:SYSTEM…], e.g. runs/gsm8k-int4:ensemble")
+    parser.add_argument("b", help="SOURCE:SYSTEM[,…], the baseline")
     parser.add_argument("--data", required=True, help="the GSM8K or IFEval JSONL the runs were made on")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args()

@@ -26,7 +26,7 @@ from ..engine import Ensemble
 from ..errors import SpecfuseError
 from ..members.workers import thread_shares
 from .core import LONG_PROMPT, parse_models
-from .floor import add_floors, bandwidths, member_floors, modes_floor_lines
+from .floor import add_floors, bandwidths, cost_line, member_floors, modes_floor_lines
 from .measure import (
     alone_summary,
     compare_in_turn,
@@ -99,6 +99,7 @@ def run_concurrency(
         **alone_summary(singles),
         "bandwidth_bytes_per_s": bandwidth,
         "floor_sum_s_per_token": floor_sum,
+        "cost_line": cost_line(singles, bandwidth),  # fixed cost a step, marginal read rate
         "modes": modes,
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),

@@ -22,7 +22,7 @@ from ..errors import SpecfuseError, UnknownModelError
 from ..members.workers import run_concurrently
 from ..models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
-from .floor import add_floors, bandwidths, floor_lines, member_floors
+from .floor import add_floors, bandwidths, cost_line, floor_lines, member_floors
 from .measure import (
     accept_ms_per_member,
     alone_summary,
@@ -172,6 +172,7 @@ def run_bench(
         "ensemble_tokens_per_s": tokens / main.seconds,
         "bandwidth_bytes_per_s": bandwidth,
         "floor_sum_s_per_token": floor_sum,  # the members' floors together (they all decode each token)
+        "cost_line": cost_line(singles, bandwidth),  # fixed cost a step, marginal read rate
         "ensemble_floor_ratio": seconds_per_token / floor_sum,
         "single": singles,
         "single_sum_s_per_token": single_sum,

@@ -5,6 +5,12 @@ Decoding one token reads every weight once, so a member's time per token cannot 
 member's decode time beside its floor and their ratio, and the ensemble's time per token beside the
 sum of its members' floors, so that "how far from the hardware" is a number, not a feeling.
 
+The floor assumes a step costs nothing but its reads. `cost_line` measures how far that holds on
+this machine: a straight line through the members' own (bytes read, time per token) gives a step's
+fixed cost and the rate at which its time grows with the bytes it reads. Where that rate is below
+the read bandwidth (the kernels are bound by arithmetic, not by memory) no member of that back end
+can come closer to its floor than bandwidth / rate, however large it is.
+
 Knows nothing about the ensemble: it measures a device's read bandwidth and a model's bytes.
 """
 
@@ -88,14 +94,52 @@ def add_floors(singles: dict[str, dict[str, float]], floors: Mapping[str, Mappin
     return sum(f["floor_s_per_token"] for f in floors.values())
 
 
+def cost_line(
+    singles: Mapping[str, Mapping[str, float]], bandwidth: Mapping[str, float]
+) -> dict[str, float] | None:
+    """The least-squares line s_per_token = fixed + weight_bytes / rate through the members alone.
+
+    `fixed_s_per_token`: what a step costs besides its reads (graph, thread barriers, the loop around
+    it); `marginal_bytes_per_s`: the rate at which a step's time grows with its bytes; and
+    `closest_floor_ratio`: bandwidth / rate, the nearest to its floor a member of this back end gets
+    however large it is (≤ 1 where the kernels keep up with memory). None where the line says
+    nothing: fewer than two members of distinct sizes, members on several kinds of device, or time
+    that does not grow with size. Three points make a rough line: read it as an order of magnitude.
+    """
+    if len(bandwidth) != 1:
+        return None
+    points = [(s["weight_bytes"], s["s_per_token"]) for s in singles.values()]
+    if len({b for b, _ in points}) < 2:
+        return None
+    mean_b = sum(b for b, _ in points) / len(points)
+    mean_t = sum(t for _, t in points) / len(points)
+    slope = sum((b - mean_b) * (t - mean_t) for b, t in points) / sum((b - mean_b) ** 2 for b, _ in points)
+    if slope <= 0:
+        return None
+    (read,) = bandwidth.values()
+    return {
+        "members": len(points),
+        "fixed_s_per_token": mean_t - slope * mean_b,
+        "marginal_bytes_per_s": 1 / slope,
+        "closest_floor_ratio": read * slope,
+    }
+
+
 def floor_lines(singles: Mapping[str, Mapping[str, float]], bandwidth: Mapping[str, float]) -> list[str]:
-    """The floor table of a benchmark's printout: bandwidth, then one line per member."""
+    """The floor table of a benchmark's printout: bandwidth, one line per member, the cost line."""
     lines = ["read bandwidth: " + ", ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in bandwidth.items())]
     for name, s in singles.items():
         lines.append(
             f"  {name:<22} {1000 * s['s_per_token']:8.1f} ms/token alone | floor "
             f"{1000 * s['floor_s_per_token']:6.1f} ms ({s['weight_bytes'] / 1e9:.2f} GB) | "
             f"{s['floor_ratio']:.2f}× the floor"
+        )
+    line = cost_line(singles, bandwidth)
+    if line is not None:
+        lines.append(
+            f"  cost line through the {line['members']} members: {1000 * line['fixed_s_per_token']:.1f} ms a "
+            f"step + its bytes at {line['marginal_bytes_per_s'] / 1e9:.1f} GB/s: no member of this back "
+            f"end gets nearer than {line['closest_floor_ratio']:.2f}× its floor here"
         )
     return lines
 
@@ -115,6 +159,7 @@ def modes_floor_lines(report: Mapping[str, Any]) -> list[str]:
 __all__ = [
     "add_floors",
     "bandwidths",
+    "cost_line",
     "decoder",
     "floor_lines",
     "member_floors",

@@ -34,7 +34,7 @@ from ..engine import Ensemble
 from ..errors import SpecfuseError
 from ..members.process import ProcessMember
 from ..prompts import QA_COMPLETION
-from .floor import add_floors, bandwidths, member_floors, modes_floor_lines
+from .floor import add_floors, bandwidths, cost_line, member_floors, modes_floor_lines
 from .measure import (
     alone_summary,
     compare_in_turn,
@@ -317,6 +317,7 @@ def run_gpu_bench(
         **alone_summary(singles),
         "bandwidth_bytes_per_s": bandwidth,
         "floor_sum_s_per_token": floor_sum,
+        "cost_line": cost_line(singles, bandwidth),  # fixed cost a step, marginal read rate
         "modes": modes,
         "target_overhead_vs_slowest_at_once": 1.3,
     }

@@ -53,7 +53,7 @@ from ..engine import Ensemble
 from ..errors import ConfigError, SpecfuseError
 from ..models import trust as trust_file
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
-from .ifeval import load_ifeval, parse_rows
+from .ifeval import load_ifeval
 from .problems import (
     INSTRUCTION,
     OPEN_PROMPTS,
@@ -66,6 +66,7 @@ from .problems import (
     majority,
     normalize_number,
     open_problems,
+    parse_rows,
 )
 from .runs import (
     EvalError,
@@ -222,7 +223,13 @@ def _parser() -> argparse.ArgumentParser:
 
     gsm = tasks.add_parser("gsm8k", parents=[common, study], help="GSM8K accuracy with paired statistics")
     gsm.add_argument("--data", type=Path, required=True, help="GSM8K JSONL (question, answer)")
-    gsm.add_argument("--limit", type=int, default=None, help="the first N problems only")
+    gsm.add_argument("--limit", type=int, default=None, help="the first N problems only (of --rows)")
+    gsm.add_argument(
+        "--rows",
+        default=None,
+        help="FIRST:END lines of the file, 0-based, END excluded (default: all); a problem's id is its "
+        "line, so runs of different rows pair up",
+    )
     gsm.add_argument("--runs", type=Path, default=Path("runs/gsm8k"), help="trace root (default runs/gsm8k)")
     gsm.add_argument("--name", default="RESULTS-gsm8k", help="report file stem (default RESULTS-gsm8k)")
     gsm.add_argument("--json", type=Path, default=None, help="also write the full report here")
@@ -278,6 +285,10 @@ def _variants(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return variants
 
 
+def _rows_note(rows: str | None) -> str:
+    return f" (rows {rows})" if rows else ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(raw)
@@ -298,7 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = EnsembleConfig(max_new_tokens=args.max_new_tokens, segment_len=args.segment_len)
         variants = _variants(args) if args.task != "throughput" else {}
         if args.task == "gsm8k":
-            problems = load_problems(args.data, args.limit)
+            rows = parse_rows(args.rows) if args.rows is not None else None
+            problems = load_problems(args.data, args.limit, rows)
         elif args.task == "ifeval":
             problems = load_ifeval(args.data, parse_rows(args.rows))
         elif args.task == "open-ended":
@@ -335,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
         command = "python -m specfuse.eval " + " ".join(shlex.quote(a) for a in raw)
         title = args.title or (
-            f"GSM8K dev, {len(problems)} problems: {mix_name(names)}"
+            f"GSM8K dev, {len(problems)} problems{_rows_note(args.rows)}: {mix_name(names)}"
             if args.task == "gsm8k"
             else f"IFEval rows {args.rows}: {mix_name(names)}"
             if args.task == "ifeval"

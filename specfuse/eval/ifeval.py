@@ -66,17 +66,6 @@ def punkt_folder() -> Path:
     return _package_folder("llama_index") / "core" / "_static" / "nltk_cache" / "tokenizers" / "punkt_tab"
 
 
-def parse_rows(text: str) -> range:
-    """'0:300' → range(0, 300); 'A:B' rows A..B-1 of the file, 0-based."""
-    try:
-        first, last = (int(part) for part in text.split(":"))
-    except ValueError:
-        raise DataError(f"--rows takes FIRST:END (0-based, END excluded), e.g. 0:300; got {text!r}") from None
-    if not 0 <= first < last:
-        raise DataError(f"--rows {text!r}: need 0 ≤ FIRST < END")
-    return range(first, last)
-
-
 def load_ifeval(path: str | os.PathLike[str] | None = None, rows: range | None = DEV_ROWS) -> list[Problem]:
     """The IFEval rows `rows` (0-based line numbers among the file's non-empty lines; None: all) of a
     JSONL file in IFEval's format (key, prompt, instruction_id_list, kwargs); the packaged file by

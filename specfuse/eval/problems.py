@@ -65,15 +65,33 @@ class Outcome:
 # -- data and answers --------------------------------------------------------------------------------
 
 
-def load_problems(path: str | os.PathLike[str], limit: int | None = None) -> list[Problem]:
-    """The first `limit` problems of a GSM8K JSONL file (question, answer ending in "#### N")."""
+def parse_rows(text: str) -> range:
+    """'0:300' → range(0, 300); 'A:B' rows A..B-1 of a data file, 0-based (--rows)."""
+    try:
+        first, last = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise DataError(f"--rows takes FIRST:END (0-based, END excluded), e.g. 0:300; got {text!r}") from None
+    if not 0 <= first < last:
+        raise DataError(f"--rows {text!r}: need 0 ≤ FIRST < END")
+    return range(first, last)
+
+
+def load_problems(
+    path: str | os.PathLike[str], limit: int | None = None, rows: range | None = None
+) -> list[Problem]:
+    """The problems of a GSM8K JSONL file (question, answer ending in "#### N"): the first `limit`
+    of those on `rows` (0-based line numbers; None: all). A problem's id is its line number, so runs
+    of different row ranges pair up."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"no data file at {str(path)!r}; give the GSM8K JSONL with --data")
-    problems = []
+    problems: list[Problem] = []
+    number = 0
     with path.open(encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
-            if not line.strip():
+            if rows is not None and number - 1 >= rows.stop:
+                break
+            if not line.strip() or (rows is not None and number - 1 not in rows):
                 continue
             try:
                 row = json.loads(line)
@@ -88,6 +106,9 @@ def load_problems(path: str | os.PathLike[str], limit: int | None = None) -> lis
             problems.append(Problem(f"gsm8k-{number - 1:04d}", question, gold))
             if limit is not None and len(problems) >= limit:
                 break
+        else:  # the file ended before the rows or the limit did
+            if rows is not None and number < rows.stop:
+                raise DataError(f"{path.name} has {number} lines; --rows asks up to row {rows.stop - 1}")
     if not problems:
         raise DataError(f"{path.name} holds no problems")
     return problems
