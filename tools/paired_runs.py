@@ -16,20 +16,23 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
+from typing import Any
 
+from specfuse.eval.problems import Outcome
 from specfuse.eval.runs import load_outcomes
 from specfuse.eval.stats import paired
 
 
-def correct_by_problem(specs: str, data: str) -> dict[str, bool]:
-    """Each problem's correctness under one side's SOURCE:SYSTEM specs (comma-separated; a problem
-    found in two sources is refused: the sides must not be stitched from overlapping runs)."""
-    merged: dict[str, bool] = {}
+def outcomes_by_problem(specs: str, data: str) -> dict[str, Outcome]:
+    """Each problem's outcome under one side's SOURCE:SYSTEM specs (comma-separated; a problem found
+    in two sources is refused: a side must not be stitched from overlapping runs)."""
+    merged: dict[str, Outcome] = {}
     for spec in specs.split(","):
         source, _, system = spec.rpartition(":")
         if not source:
             raise SystemExit(f"{spec!r} is not SOURCE:SYSTEM (a runs folder or report JSON)")
-        found = {o.problem: o.correct for o in load_outcomes(source, data) if o.system == system}
+        found = {o.problem: o for o in load_outcomes(source, data) if o.system == system}
         if not found:
             raise SystemExit(f"no outcomes of {system!r} in {source}")
         if twice := sorted(set(found) & set(merged)):
@@ -38,19 +41,31 @@ def correct_by_problem(specs: str, data: str) -> dict[str, bool]:
     return merged
 
 
-def main() -> None:
+def compare(a_specs: str, b_specs: str, data: str) -> dict[str, Any]:
+    """The paired figures of side a against side b on the problems both finished, and how many of
+    those got the very same answer text (two runs of one config differ only by rounding)."""
+    a, b = outcomes_by_problem(a_specs, data), outcomes_by_problem(b_specs, data)
+    problems = sorted(set(a) & set(b))
+    figures = paired([a[p].correct for p in problems], [b[p].correct for p in problems])
+    return {
+        "a": a_specs,
+        "b": b_specs,
+        **figures,
+        "same_answer": sum(a[p].answer == b[p].answer for p in problems),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     parser.add_argument("a", help="SOURCE:SYSTEM[,SOURCE:SYSTEM…], e.g. runs/gsm8k-int4:ensemble")
     parser.add_argument("b", help="SOURCE:SYSTEM[,…], the baseline")
     parser.add_argument("--data", required=True, help="the GSM8K or IFEval JSONL the runs were made on")
     parser.add_argument("--json", default=None, help="also write the figures here")
-    args = parser.parse_args()
-    a, b = correct_by_problem(args.a, args.data), correct_by_problem(args.b, args.data)
-    problems = sorted(set(a) & set(b))
-    result = {"a": args.a, "b": args.b, **paired([a[p] for p in problems], [b[p] for p in problems])}
+    args = parser.parse_args(argv)
+    result = compare(args.a, args.b, args.data)
     ci_a, ci_b = result["ci_a"], result["ci_b"]
-    print(f"{result['problems']} problems both finished")
+    print(f"{result['problems']} problems both finished ({result['same_answer']} with the same answer text)")
     print(f"  {args.a}: {result['accuracy_a']:.3f} [{ci_a[0]:.3f}, {ci_a[1]:.3f}]")
     print(f"  {args.b}: {result['accuracy_b']:.3f} [{ci_b[0]:.3f}, {ci_b[1]:.3f}]")
     print(
