@@ -1,0 +1,43 @@
+"""tools/paired_runs.py: two systems paired across runs folders and committed report JSONs."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from specfuse.eval import cli as ev
+from specfuse.eval import report as eval_report
+
+from .test_eval import CONFIG, scripted, write_data
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_paired_runs_joins_a_report_and_a_runs_folder_per_side_and_refuses_overlaps(tmp_path):
+    # tools/paired_runs.py: a side stitched from a committed report (rows 0-1) and a new runs folder
+    # (rows 2-3) pairs exactly as one run of all four rows would.
+    spec = importlib.util.spec_from_file_location("paired_runs", ROOT / "tools" / "paired_runs.py")
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    members, singles = [scripted("a", 2), scripted("b", 3)], ["single-a", "single-b"]
+    data = write_data(tmp_path / "d.jsonl", 4)  # gold 2, 3, 4, 5: a is right on row 0, b on row 1
+    early, late = ev.load_problems(data, rows=range(0, 2)), ev.load_problems(data, rows=range(2, 4))
+    outcomes = ev.evaluate(members, early, tmp_path / "early", config=CONFIG, systems=singles)
+    eval_report.write_reports(outcomes, early, tmp_path / "out", "early", png=False, config=CONFIG)
+    ev.evaluate(members, late, tmp_path / "late", config=CONFIG, systems=singles)
+    ev.evaluate(members, early + late, tmp_path / "whole", config=CONFIG, systems=singles)
+    stitched = f"{tmp_path / 'out' / 'early.json'}:single-a,{tmp_path / 'late'}:single-a"
+
+    result = tool.compare(stitched, f"{tmp_path / 'whole'}:single-b", str(data))
+    assert result["problems"] == 4 and (result["only_a"], result["only_b"], result["both_wrong"]) == (1, 1, 2)
+    assert result["same_answer"] == 0  # a always says 2, b always 3
+    same = tool.compare(stitched, f"{tmp_path / 'whole'}:single-a", str(data))
+    assert same["same_answer"] == 4 and same["only_a"] == same["only_b"] == 0 and same["both_right"] == 1
+    overlapping = f"{tmp_path / 'out' / 'early.json'}:single-a,{tmp_path / 'whole'}:single-a"
+    with pytest.raises(SystemExit, match="repeats 2 problems"):
+        tool.compare(overlapping, f"{tmp_path / 'whole'}:single-b", str(data))
+    with pytest.raises(SystemExit, match="no outcomes of 'single-c'"):
+        tool.compare(f"{tmp_path / 'late'}:single-c", f"{tmp_path / 'whole'}:single-b", str(data))
