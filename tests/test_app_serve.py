@@ -102,13 +102,14 @@ def test_a_third_run_waits_in_line_and_stop_ends_only_its_own_run(many, monkeypa
 
     status, path = a.predict(api_name="/stop")  # A's Stop: A ends, B plays on, C takes A's place
     assert "stopped by the user" in status and load_trace(path_of(path)).members == ("loop-a", "loop-b")
-    wait_for(job_a.done, 10)
+    wait_for(job_a.done)
     final_c = job_c.result(timeout=60)
     assert answer_of(final_c) == solo(members, TINY, "The cat sat")  # its own run, exactly
     assert not job_b.done()  # another session's Stop left B running
     rounds_b = len(round_updates(job_b.outputs()))
-    b.predict(api_name="/stop")
-    wait_for(job_b.done, 10)
+    status, _ = b.predict(api_name="/stop")
+    assert "stopped by the user" in status  # B's own Stop ended B (its stream may still be draining)
+    wait_for(job_b.done)
     assert rounds_b > len(round_updates(job_a.outputs()))  # B went on after A's Stop
     wait_for(lambda: schedulers.stats() == {"running": 0, "waiting": 0}, 10)
 
