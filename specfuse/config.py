@@ -20,7 +20,7 @@ AGGREGATIONS = ("mean", "median", "filtered")  # feedback.aggregate
 PRIORS = ("trust", "uniform", "prompt")
 SCORE_MODES = ("logit", "logprob")
 PARALLEL_MODES = ("auto", "on", "off")
-VERIFY_MODES = ("always", "contested", "disagree")  # engine: _Run.take_candidates
+VERIFY_MODES = ("always", "contested", "disagree")  # run.py: Run.take_candidates
 MAX_SEGMENT_LEN = 256
 
 
@@ -139,6 +139,12 @@ class EnsembleConfig:
     )
     echo_guard: bool = setting(
         True, "a candidate that leaves the answer a mere copy of the prompt cannot win", group="scoring"
+    )
+    loop_guard: bool = setting(
+        False,
+        "a candidate that would leave the answer ending in a loop (one block twice in a row) cannot win "
+        "while another would not; while the answer ends in one, exited members draft again",
+        group="scoring",
     )
     verify: str = setting(
         "contested",

@@ -18,12 +18,13 @@ from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ..config import EnsembleConfig
-from ..engine import TYPED, Batch, Ensemble, Run
+from ..engine import Batch, Ensemble
 from ..errors import ConfigError, SpecfuseError
 from ..limits import check_request
 from ..members.protocol import Member
 from ..members.workers import MemberCalls, run_concurrently
 from ..records import Draft, Result, Round, summarize
+from ..run import TYPED, Run
 from ..trace import Trace, new_trace_id
 
 log = logging.getLogger(__name__)
