@@ -66,7 +66,8 @@ def status(rounds: Sequence[Round]) -> Status:
 def candidates_table(rnd: Round) -> pd.DataFrame:
     """One row per candidate of one round: drafter, text, tokens, aggregate score y_j, reward, chosen.
 
-    "eligible" is False for a candidate the engine would not choose (an empty draft, a prompt echo).
+    "eligible" is False for a candidate the engine would not choose (an empty draft, a prompt echo,
+    the next copy of a loop under the loop guard).
     """
     eligible = rnd.eligible or (True,) * len(rnd.candidates)  # () in hand-built records means all
     rows = [
