@@ -9,10 +9,11 @@
 7. accept    every member that plays on appends the winner to its own context
 
 Batch._round calls them in that order, by these names: the members' steps here, each run's own in
-run.py. Knows nothing about tokenizers, tensors or devices: members hide them behind the Member protocol (members/protocol.py), and the arithmetic
-lives in feedback.py. Several prompts can run in lockstep (stream_many, and the serving scheduler
-through Batch): each member step then asks a member once for all the prompts it serves, which a
-member may batch.
+run.py. (With the loop guard, exited members that come back for a round first catch up: an accept of
+what they missed, before the draft.) Knows nothing about tokenizers, tensors or devices: members
+hide them behind the Member protocol (members/protocol.py), and the arithmetic lives in feedback.py.
+Several prompts can run in lockstep (stream_many, and the serving scheduler through Batch): each
+member step then asks a member once for all the prompts it serves, which a member may batch.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from .builders import hand_round, hand_run
 from .scripted import ScriptedMember
 
 DATA = Path(__file__).resolve().parent / "data"
-ENGINE = Path(__file__).resolve().parents[1] / "specfuse" / "engine.py"
+RUN = Path(__file__).resolve().parents[1] / "specfuse" / "run.py"  # where a run decides why it stops
 
 
 def with_token_scores(r):
@@ -216,7 +216,7 @@ def test_the_reader_follows_the_records_types_not_a_list_of_names():
 
 
 def test_stop_reasons_list_every_reason_the_engine_and_summarize_produce():
-    produced = set(re.findall(r'stop_reason = "(\w+)"', ENGINE.read_text(encoding="utf-8")))
+    produced = set(re.findall(r'stop_reason = "(\w+)"', RUN.read_text(encoding="utf-8")))
     assert produced == set(ROUND_STOP_REASONS)
     cancelled = summarize([hand_round(1)])  # the consumer closed the stream after one round
     assert cancelled.stop_reason == "cancelled" and set(STOP_REASONS) == produced | {"cancelled"}
