@@ -14,7 +14,7 @@ import sys
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from .config import EnsembleConfig
 from .engine import Ensemble, check_prompt
@@ -31,8 +31,17 @@ if TYPE_CHECKING:
 HELP_WIDTH = 100  # fixed, so that the README's copy of --help does not depend on the terminal
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with its reason always on one line: a rejected argument is quoted as typed, and an
+    argument holding a line break ("\\n0") would otherwise spread the reason over several lines."""
+
+    def error(self, message: str) -> NoReturn:
+        flat = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in message)
+        super().error(flat)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="specfuse",
         description="Several language models answer one prompt together, segment by segment (SpecEM).",
         epilog="Models: catalogue names (see --list-models), local checkpoint folders, or hub ids "

@@ -247,6 +247,8 @@ def _json_name(value: Any) -> str:
 
 
 def _check_trace(trace: Trace) -> None:
+    if not trace.rounds:  # nothing to replay or summarize: a run stopped before its first round
+        raise TraceError("rounds: a trace holds at least one round, this one has none")
     if not trace.id or len(trace.id) > 64:
         raise TraceError("trace.id: expected a non-empty id of at most 64 characters")
     if trace.branch is not None:

@@ -95,6 +95,16 @@ def test_an_unwritable_trace_path_exits_2_before_loading(tmp_path, monkeypatch, 
     assert err.startswith("specfuse: error: --trace") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("argv", [["", "\n0"], ["--segment-len", "x\ny"], ["--\u2028"]])
+def test_a_rejected_argument_is_quoted_on_the_reason_line_whatever_it_holds(argv, capsys):
+    """Hypothesis found it: argparse quoted an argument's line break as is, spreading its reason over
+    two lines, the second without "specfuse: error:"."""
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args([*argv, "Hi"])
+    reason = capsys.readouterr().err.strip().split("\n")[-1]
+    assert e.value.code == 2 and reason.startswith("specfuse: error: ") and reason.isprintable()
+
+
 def test_invalid_utf8_on_stdin_exits_2_before_loading(monkeypatch):
     """`specfuse -` with Latin-1 bytes once died with a TypeError after every model had loaded."""
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("café\n".encode("latin-1"))))

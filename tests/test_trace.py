@@ -104,6 +104,7 @@ def first(d):
         (lambda d: d.update(version=99), "trace version 99 is not supported; this build reads versions 1, 2"),
         (lambda d: d.update(version=True), "trace version True is not supported"),
         (lambda d: d.pop("rounds"), "trace: missing 'rounds'"),
+        (lambda d: d.update(rounds=[]), "a trace holds at least one round, this one has none"),
         (lambda d: d.pop("id"), "trace: missing 'id'"),
         (lambda d: d.update(extra=1), r"trace: unknown keys \['extra'\]"),
         (lambda d: first(d).pop("eligible"), r"rounds\[0\]: missing 'eligible'"),

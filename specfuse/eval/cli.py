@@ -48,6 +48,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..cli import Parser
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import ConfigError, SpecfuseError
@@ -175,14 +176,14 @@ def format_throughput(report: dict[str, Any]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m specfuse.eval",
         description="Evaluate singles, ensembles, their variants and self-consistency (issues 4 and 7).",
     )
     tasks = parser.add_subparsers(
         dest="task", required=True, metavar="{gsm8k,ifeval,open-ended,trust,throughput}"
     )
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--models", nargs="+", default=None, help="catalogue names (default: the trio)")
     common.add_argument("--max-new-tokens", type=int, default=256, help="answer budget (default 256)")
     common.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
@@ -199,7 +200,7 @@ def _parser() -> argparse.ArgumentParser:
         help=trust_file.CLI_HELP,
     )
     common.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
-    study = argparse.ArgumentParser(add_help=False)
+    study = Parser(add_help=False)
     systems_help = ", ".join(f"{k} ({h})" for k, (_, h) in BUILTIN.items())
     study.add_argument(
         "--systems",

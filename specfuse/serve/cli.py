@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
-from ..cli import HELP_WIDTH, add_settings, config_from_args, parse_models
+from ..cli import HELP_WIDTH, Parser, add_settings, config_from_args, parse_models
 from ..errors import ConfigError, SpecfuseError
 from ..models.catalogue import DEFAULT_MEMBERS
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
@@ -32,7 +32,7 @@ log = logging.getLogger("specfuse.serve")
 
 def build_parser() -> argparse.ArgumentParser:
     limits = Limits()
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="specfuse-serve",
         description="Serve the ensemble through an OpenAI-compatible API (/v1/chat/completions, "
         "/v1/completions, /v1/models, /v1/traces/ID), many requests at once in one rolling batch.",
