@@ -17,6 +17,7 @@ from typing import Any
 import gradio as gr
 
 from specfuse import SpecfuseError
+from specfuse.cli import Parser
 from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from specfuse.models.quantize_options import CLI_HELP_AUTO as QUANTIZE_HELP
 from specfuse.models.quantize_options import check_quantize, cpu_only
@@ -95,7 +96,7 @@ def _is_spec(name: str) -> bool:
 def main(argv: Sequence[str] | None = None) -> None:
     from specfuse.models.devices import plan_devices
 
-    parser = argparse.ArgumentParser(prog="app.py", description="SpecFuse Studio: the Gradio app.")
+    parser = Parser(prog="app.py", description="SpecFuse Studio: the Gradio app.")
     parser.add_argument(
         "--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), help="address to bind"
     )

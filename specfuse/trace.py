@@ -255,7 +255,7 @@ def _check_trace(trace: Trace) -> None:
         b = trace.branch
         if b.parent == trace.id or not b.parent:
             raise TraceError("trace.branch.parent: a branch names another trace's id")
-        if b.k < 1 or b.k > max(len(trace.rounds), 1):
+        if b.k < 1 or b.k > len(trace.rounds):
             raise TraceError(f"trace.branch.k: round {b.k} is not in this trace")
     answer = ""
     for i, r in enumerate(trace.rounds):

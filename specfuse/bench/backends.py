@@ -11,7 +11,6 @@ second, first-segment latency and their ratios, measured in one run, with the lo
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -20,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..cli import Parser
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import SpecfuseError
@@ -133,7 +133,7 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m specfuse.bench backends",
         description="The trio in transformers (bf16) vs in llama.cpp (GGUF) vs drafting in llama.cpp and "
         "scoring in bf16, default config, one run. "

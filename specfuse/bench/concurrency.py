@@ -9,7 +9,6 @@ machine. Ratios are measured in the same run; the load average is printed beside
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import os
@@ -21,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..cli import Parser
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import SpecfuseError
@@ -263,7 +263,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m specfuse.bench concurrency",
         description="Members in turn against members at the same time (threads with core shares), "
         "exit off and on, beside each member alone; and threads against processes for bare decoding.",

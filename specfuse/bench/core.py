@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..cli import Parser
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import SpecfuseError, UnknownModelError
@@ -315,7 +316,7 @@ def parse_models(values: Sequence[str] | None) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m specfuse.bench",
         description="Benchmark the ensemble against its members alone on one prompt (issue 4).",
     )

@@ -16,7 +16,6 @@ Imports only torch, transformers, tokenizers and the engine, so it runs where no
 
 from __future__ import annotations
 
-import argparse
 import functools
 import gc
 import json
@@ -29,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..cli import Parser
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import SpecfuseError
@@ -484,7 +484,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m specfuse.bench gpu",
         description="Three random-weight members with real 7-9B shapes: members at once on CUDA streams "
         "against members in turn, beside each member's generate alone.",

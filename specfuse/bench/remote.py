@@ -7,7 +7,6 @@ ratios. Knows nothing about scoring: it runs the Ensemble and reads its Result.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -21,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ..cli import Parser
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import SpecfuseError
@@ -156,7 +156,7 @@ def format_report(report: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m specfuse.bench remote",
         description="The trio in-process vs one llama-server each (issue 10). Run on an idle machine.",
     )

@@ -32,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..cli import Parser
 from ..config import EnsembleConfig
 from ..errors import ConfigError, SpecfuseError
 from ..eval.problems import OPEN_PROMPTS
@@ -267,7 +268,7 @@ def parse_setting(text: str) -> tuple[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m specfuse.bench serve",
         description="1, 4, 8 and 16 concurrent clients through the live API against one at a time.",
     )

@@ -11,9 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 # The loop definition lives with the engine, whose loop guard uses it; the evaluation names it here too.
-from ..loops import LOOP_COPIES as LOOP_COPIES
 from ..loops import ends_in_loop as ends_in_loop
-from ..loops import words as words
+from ..loops import words
 
 
 def wilson(correct: int, total: int, z: float = 1.96) -> tuple[float, float]:
