@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-# The loop definition lives with the engine, whose loop guard uses it; the evaluation names it here too.
+# The loop definition lives in specfuse/loops.py, shared with the loop guard; named here for the evaluation.
 from ..loops import ends_in_loop as ends_in_loop
 from ..loops import words
 
