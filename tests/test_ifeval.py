@@ -3,7 +3,9 @@ llama-index-core), the paper's four accuracies, and the command end to end."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,8 @@ from specfuse.eval.problems import DataError, Outcome, Problem, parse_rows
 from specfuse.eval.runs import load_outcomes
 
 from .scripted import ScriptedMember
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def problem(*instructions: tuple[str, dict], prompt: str = "Write something.") -> Problem:
@@ -139,6 +143,34 @@ def test_the_four_accuracies_count_prompts_and_instructions():
     }
 
 
+def test_by_group_counts_instructions_kept_per_group_and_system():
+    a = Problem("ifeval-0000", "x", "g", raw=True, instructions=(("punctuation:no_comma", "{}"),))
+    b = Problem(
+        "ifeval-0001",
+        "y",
+        "g",
+        raw=True,
+        instructions=(("change_case:english_capital", "{}"), ("punctuation:no_comma", "{}")),
+    )
+
+    def outcome(system, problem, followed):
+        return Outcome(system, problem.id, None, all(followed), 0.0, 0, 0, (), followed=followed)
+
+    outcomes = [
+        outcome("single-m", a, (True,)),
+        outcome("single-m", b, (False, True)),
+        outcome("ensemble", a, (False,)),
+        outcome("ensemble", b, (True, False)),
+    ]
+    assert ifeval.by_group(outcomes, [a, b]) == [
+        {"instruction group": "change_case", "instruction count": 1, "single-m": 0.0, "ensemble": 1.0},
+        {"instruction group": "punctuation", "instruction count": 2, "single-m": 1.0, "ensemble": 0.0},
+    ]
+    # a problem no outcome covers adds nothing; a system that met no instruction of a group gets None
+    only_a = ifeval.by_group([outcome("single-m", a, (True,))], [a, b])
+    assert only_a == [{"instruction group": "punctuation", "instruction count": 1, "single-m": 1.0}]
+
+
 # -- the command ---------------------------------------------------------------------------------------
 
 
@@ -166,6 +198,14 @@ def test_ifeval_end_to_end_grades_each_system_and_writes_the_four_accuracies(tmp
     assert all(set(ifeval.METRICS) <= set(r) for r in rows.values())
     assert rows["single-loud"]["accuracy"] == rows["single-loud"]["prompt_strict"]
     assert {(p["system"], p["baseline"]) for p in document["paired"]} >= {("ensemble", "single-loud")}
+    groups = {r["instruction group"]: r for r in document["by_group"]}
+    assert set(groups) == {"punctuation", "change_case", "startend"}
+    assert groups["startend"]["single-loud"] == 1.0 and groups["startend"]["single-quiet"] == 0.0
+    assert groups["punctuation"]["instruction count"] == 1
+    page = (tmp_path / "bench" / "RESULTS-ifeval.md").read_text()
+    assert "## By instruction group" in page and "| change_case | 1 |" in page
+    assert (tmp_path / "bench" / "RESULTS-ifeval-groups.csv").exists()
+    assert (tmp_path / "bench" / "RESULTS-ifeval-groups.html").exists()
     # read back from the report and from the runs folder: the same verdicts per instruction
     again = {
         (o.system, o.problem): o.followed for o in load_outcomes(tmp_path / "bench" / "RESULTS-ifeval.json")
@@ -173,6 +213,18 @@ def test_ifeval_end_to_end_grades_each_system_and_writes_the_four_accuracies(tmp
     assert again[("single-loud", "ifeval-0001")] == (True, True)
     runs = {(o.system, o.problem): o.followed for o in load_outcomes(tmp_path / "runs", data)}
     assert runs[("single-quiet", "ifeval-0001")] == (False, False)
+    # tools/paired_runs.py pairs two systems' runs and splits them by instruction group as well
+    spec = importlib.util.spec_from_file_location("paired_runs", ROOT / "tools" / "paired_runs.py")
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    pair = tool.compare(f"{tmp_path / 'runs'}:single-loud", f"{tmp_path / 'runs'}:single-quiet", str(data))
+    assert (pair["only_a"], pair["only_b"]) == (2, 0)
+    assert {r["instruction group"]: (r["a"], r["b"]) for r in pair["by_group"]} == {
+        "change_case": (1.0, 0.0),
+        "punctuation": (1.0, 0.0),
+        "startend": (1.0, 0.0),
+    }
 
 
 def test_self_consistency_is_refused_for_ifeval(tmp_path, monkeypatch, capsys):

@@ -10,6 +10,7 @@ the same ensemble with bf16 and with int4 weights (`--quantize`, kept in another
 A source is a runs folder or a report JSON (its stored outcomes: runs whose traces are gone); a
 side may join several sources with commas, e.g. problems 0–149 from a committed report and 150–299
 from a new runs folder: `bench/RESULTS-gsm8k-gguf-median.json:median,runs/gsm8k-gguf:median`.
+On IFEval it also gives each side's instruction-level strict accuracy per instruction group.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
+from specfuse.eval import ifeval
 from specfuse.eval.problems import Outcome
 from specfuse.eval.runs import load_outcomes
 from specfuse.eval.stats import paired
@@ -47,12 +50,16 @@ def compare(a_specs: str, b_specs: str, data: str) -> dict[str, Any]:
     a, b = outcomes_by_problem(a_specs, data), outcomes_by_problem(b_specs, data)
     problems = sorted(set(a) & set(b))
     figures = paired([a[p].correct for p in problems], [b[p].correct for p in problems])
-    return {
+    result = {
         "a": a_specs,
         "b": b_specs,
         **figures,
         "same_answer": sum(a[p].answer == b[p].answer for p in problems),
     }
+    if any(o.followed for o in a.values()):  # IFEval: which kinds of instruction each side keeps
+        sides = [replace(a[p], system="a") for p in problems] + [replace(b[p], system="b") for p in problems]
+        result["by_group"] = ifeval.by_group(sides, ifeval.load_ifeval(data, rows=None))
+    return result
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -73,6 +80,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"both wrong {result['both_wrong']}; difference {result['difference']:+.3f}, "
         f"McNemar p = {result['p_value']:.3f}"
     )
+    for row in result.get("by_group", []):
+        a, b = (f"{row[side]:.3f}" if row[side] is not None else "–" for side in ("a", "b"))
+        print(f"  {row['instruction group']:<20} {row['instruction count']:>4} instructions: a {a}, b {b}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)

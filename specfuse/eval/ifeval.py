@@ -171,3 +171,33 @@ def metrics(outcomes: Sequence[Outcome]) -> dict[str, Any]:
         "instruction_strict": sum(map(sum, (o.followed for o in outcomes))) / given if given else 0.0,
         "instruction_loose": sum(map(sum, (o.followed_loose for o in outcomes))) / given if given else 0.0,
     }
+
+
+def by_group(outcomes: Sequence[Outcome], problems: Sequence[Problem]) -> list[dict[str, Any]]:
+    """Instruction-level strict accuracy per instruction group (the id before ':', e.g.
+    `detectable_format`), one column per system: where a system keeps or loses instructions beside
+    another, which the prompt-level totals hide. `instruction count` counts the group's instructions
+    over the problems the outcomes cover (both keys hold a space, which no system name can); a
+    system's column is None where it answered none of them."""
+    instructions = {p.id: p.instructions for p in problems if p.instructions}
+    given: dict[str, dict[str, int]] = {}
+    kept: dict[str, dict[str, int]] = {}
+    for o in outcomes:
+        ids = instructions.get(o.problem, ())
+        given.setdefault(o.system, {})
+        kept.setdefault(o.system, {})
+        for (instruction, _), followed in zip(ids, o.followed, strict=False):
+            group = instruction.partition(":")[0]
+            given[o.system][group] = given[o.system].get(group, 0) + 1
+            kept[o.system][group] = kept[o.system].get(group, 0) + followed
+    covered = {o.problem for o in outcomes} & set(instructions)
+    totals: dict[str, int] = {}
+    for pid in covered:
+        for instruction, _ in instructions[pid]:
+            group = instruction.partition(":")[0]
+            totals[group] = totals.get(group, 0) + 1
+    return [
+        {"instruction group": group, "instruction count": totals[group]}
+        | {s: kept[s][group] / given[s][group] if given[s].get(group) else None for s in given}
+        for group in sorted(totals)
+    ]

@@ -206,8 +206,13 @@ def write_reports(
         "failure_cases": failures,
         "outcomes": [o.__dict__ | {"traces": list(o.traces)} for o in outcomes],
     }
+    if any(p.instructions for p in problems):  # IFEval
+        document["by_group"] = ifeval.by_group(outcomes, problems)
+        pd.DataFrame(document["by_group"]).to_csv(_with(stem, "-groups.csv"), index=False)
     _with(stem, ".json").write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n")
-    document["charts"] = _charts(summary, pairs, stem, document["title"], graded, png)
+    document["charts"] = _charts(
+        summary, pairs, stem, document["title"], graded, png, document.get("by_group")
+    )
     _with(stem, ".md").write_text(results_page(document, outcomes, problems, name))
     return document
 
@@ -219,6 +224,7 @@ def _charts(
     title: str,
     graded: bool,
     png: bool,
+    by_group: Sequence[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     import plotly.graph_objects as go
 
@@ -261,9 +267,19 @@ def _charts(
             title=f"accuracy minus {first}'s on the same problems (+only system / −only baseline, McNemar p)",
             yaxis={"title": "accuracy difference"},
         )
+    if by_group:
+        groups = [html.escape(r["instruction group"]) for r in by_group]  # ids come from the data file
+        figures["-groups"] = go.Figure(
+            [go.Bar(name=system, x=groups, y=[r[system] for r in by_group]) for system in names]
+        ).update_layout(
+            title="instruction-level strict accuracy by instruction group",
+            barmode="group",
+            yaxis={"title": "instructions followed", "range": [0, 1]},
+        )
     done: dict[str, Any] = {}
     for suffix, figure in figures.items():
-        figure.update_layout(xaxis={"title": "system"}, width=900, height=500)
+        axis = "instruction group" if suffix == "-groups" else "system"
+        figure.update_layout(xaxis={"title": axis}, width=900, height=500)
         path = _with(stem, suffix + ".html")
         figure.write_html(path, include_plotlyjs="cdn")
         done[f"html{suffix}"], done[f"png{suffix}"] = str(path), None
@@ -309,6 +325,19 @@ def results_page(
         "the runs' own wall time (batched runs overlap, so their sum exceeds the evaluation's wall time).",
         "",
     ]
+    if document.get("by_group"):
+        lines += ["## By instruction group", ""]
+        lines += [
+            "Instruction-level strict accuracy within each of IFEval's instruction groups (the id before "
+            "':'): which kinds of instruction a system keeps or loses beside another "
+            "(`specfuse.eval.ifeval.by_group`).",
+            "",
+            markdown_table(
+                [r | {"instruction group": _esc(r["instruction group"])} for r in document["by_group"]]
+            ),
+        ]
+        if charts.get("html-groups"):
+            lines += [f"Chart: [{name}-groups.html]({name}-groups.html)", ""]
     if document["paired"]:
         lines += ["## Paired comparisons", ""]
         lines += [
