@@ -24,6 +24,7 @@ import json
 import os
 import random
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -180,24 +181,21 @@ def by_group(outcomes: Sequence[Outcome], problems: Sequence[Problem]) -> list[d
     over the problems the outcomes cover (both keys hold a space, which no system name can); a
     system's column is None where it answered none of them."""
     instructions = {p.id: p.instructions for p in problems if p.instructions}
-    given: dict[str, dict[str, int]] = {}
-    kept: dict[str, dict[str, int]] = {}
+    given: dict[str, Counter[str]] = {}
+    kept: dict[str, Counter[str]] = {}
     for o in outcomes:
-        ids = instructions.get(o.problem, ())
-        given.setdefault(o.system, {})
-        kept.setdefault(o.system, {})
-        for (instruction, _), followed in zip(ids, o.followed, strict=False):
-            group = instruction.partition(":")[0]
-            given[o.system][group] = given[o.system].get(group, 0) + 1
-            kept[o.system][group] = kept[o.system].get(group, 0) + followed
+        mine_given, mine_kept = given.setdefault(o.system, Counter()), kept.setdefault(o.system, Counter())
+        for (instruction, _), followed in zip(instructions.get(o.problem, ()), o.followed, strict=False):
+            mine_given[_group(instruction)] += 1
+            mine_kept[_group(instruction)] += followed
     covered = {o.problem for o in outcomes} & set(instructions)
-    totals: dict[str, int] = {}
-    for pid in covered:
-        for instruction, _ in instructions[pid]:
-            group = instruction.partition(":")[0]
-            totals[group] = totals.get(group, 0) + 1
+    totals = Counter(_group(instruction) for pid in covered for instruction, _ in instructions[pid])
     return [
         {"instruction group": group, "instruction count": totals[group]}
-        | {s: kept[s][group] / given[s][group] if given[s].get(group) else None for s in given}
+        | {s: kept[s][group] / given[s][group] if given[s][group] else None for s in given}
         for group in sorted(totals)
     ]
+
+
+def _group(instruction_id: str) -> str:
+    return instruction_id.partition(":")[0]  # "detectable_format:title" → "detectable_format"
