@@ -10,29 +10,30 @@ import pytest
 import torch
 
 from specfuse.bench import gpu as bench_gpu
+from specfuse.bench import shapes
 
 from .conftest import REAL_MODEL_CACHE
 
 
-@pytest.mark.parametrize("name", list(bench_gpu.SHAPES["real"]))
+@pytest.mark.parametrize("name", list(shapes.SHAPES["real"]))
 def test_the_real_shapes_have_the_published_sizes(name):
-    arch, values = bench_gpu.SHAPES["real"][name]
-    model = bench_gpu.build_model(arch, values, "meta", torch.bfloat16, seed=0)  # no memory used
+    arch, values = shapes.SHAPES["real"][name]
+    model = shapes.build_model(arch, values, "meta", torch.bfloat16, seed=0)  # no memory used
     expected = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "gemma2": "Gemma2ForCausalLM"}
     assert type(model).__name__ == expected[arch]
-    assert model.num_parameters() == pytest.approx(bench_gpu.EXPECTED_PARAMS[name], rel=0.01)
+    assert model.num_parameters() == pytest.approx(shapes.EXPECTED_PARAMS[name], rel=0.01)
     assert model.config.vocab_size == values["vocab_size"]
 
 
-@pytest.mark.parametrize("name", list(bench_gpu.SHAPES["trio"]))
+@pytest.mark.parametrize("name", list(shapes.SHAPES["trio"]))
 def test_the_trio_shapes_are_the_installed_models_shapes(name):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from specfuse.models.cache import ensure_cached
     from specfuse.models.catalogue import CATALOGUE
 
-    arch, values = bench_gpu.SHAPES["trio"][name]
-    shaped = bench_gpu.build_model(arch, values, "meta", torch.bfloat16, seed=0)
+    arch, values = shapes.SHAPES["trio"][name]
+    shaped = shapes.build_model(arch, values, "meta", torch.bfloat16, seed=0)
     config = AutoConfig.from_pretrained(ensure_cached(CATALOGUE[name], REAL_MODEL_CACHE))
     with torch.device("meta"):
         real = AutoModelForCausalLM.from_config(config)
@@ -67,6 +68,28 @@ def test_the_whole_benchmark_runs_on_tiny_shapes_and_reports_finite_ratios():
     assert "at once (threads)" in table and "× the slowest member alone" in table  # no CUDA streams on a CPU
     assert table.count("× the floor") == len(report["single"])  # each member beside its floor
     assert all(s["floor_ratio"] > 1 for s in report["single"].values())
+    json.dumps(report)
+
+
+def test_compiled_members_are_timed_by_their_own_drafts_beside_eager_drafts_in_one_run():
+    """--compile: each member alone is its compiled drafting (generate beside it), and the ensemble
+    in turn runs once more with its drafts eager; in fp32 both answers are the same text."""
+    members = bench_gpu.build_members("tiny", ["cpu"], "float32", compile_decode=True)
+    report = bench_gpu.run_gpu_bench(members, max_new_tokens=20, segment_len=5, repeats=1, modes=("off",))
+    assert set(report["modes"]) == {"off", "eager"}
+    for single in report["single"].values():
+        assert 15 <= single["tokens"] <= 20 and single["generate_s_per_token"] > 0  # a draft may trim its end
+    compiled = report["compiled"]
+    assert compiled["same_answer_as_eager"] is True
+    assert compiled["speedup_in_turn"] > 0
+    for name, drafts in compiled["drafts"].items():
+        # One warm-up draft alone, 4 rounds of the warm-up ensemble, two timed drafts alone (the whole
+        # budget, one segment), then the timed ensemble's 4 rounds and one one-round run; the eager
+        # mode's drafts do not count.
+        assert drafts == {"static": 1 + 4 + 2 + 4 + 1, "eager": 0, "batched": 0}, name
+        assert compiled["disabled"][name] is None
+    table = bench_gpu.format_table(report)
+    assert "in turn, eager" in table and "compiled drafts:" in table and "; generate " in table
     json.dumps(report)
 
 

@@ -57,3 +57,41 @@ def test_members_on_one_gpu_on_their_own_streams_match_members_in_turn():
     turns = Ensemble(members, replace(config, parallel="off")).run("Hi")
     streams = Ensemble(members, replace(config, parallel="on")).run("Hi")
     assert turns.answer == streams.answer and turns.wins == streams.wins
+
+
+# -- compiled decoding (members/compiled.py): CUDA graphs, mode "reduce-overhead", inductor ------------
+
+
+@pytest.fixture(scope="module")
+def eager_and_compiled():
+    """The three tiny members on the GPU in fp32, eager, and the same models drafting compiled."""
+    eager = [on("cuda:0", name) for name in TINY_SPECS]
+    compiled = [HFMember(m.name, m.model, m.tokenizer, device="cuda:0", compile_decode=True) for m in eager]
+    return eager, compiled
+
+
+def test_compiled_drafts_with_cuda_graphs_play_the_same_rounds_as_eager_drafts(eager_and_compiled):
+    from torch._dynamo.utils import counters
+
+    eager, compiled = eager_and_compiled
+    config = EnsembleConfig(segment_len=6, max_new_tokens=27, exit=False, parallel="off")
+    prompt = "Why is the sky blue? Explain it to a child."
+    turns = list(Ensemble(eager, config).stream(prompt))
+    graphs = list(Ensemble(compiled, config).stream(prompt))
+    assert [r.text for r in graphs] == [r.text for r in turns]
+    assert [r.winner.member for r in graphs] == [r.winner.member for r in turns]
+    assert len({r.winner.member for r in turns}) >= 2  # members went on from one another's segments
+    for member in compiled:
+        decoder = member.compiled
+        assert decoder.cudagraphs and decoder.disabled is None, decoder.disabled
+        assert decoder.counts["static"] >= len(turns) - 1 and decoder.counts["eager"] == 0
+    assert counters["inductor"].get("cudagraph_skips", 0) == 0  # every step replayed a CUDA graph
+
+
+def test_compiled_drafts_at_once_on_their_own_streams_match_in_turn(eager_and_compiled):
+    _, compiled = eager_and_compiled
+    config = EnsembleConfig(segment_len=6, max_new_tokens=27, exit=False)
+    turns = Ensemble(compiled, replace(config, parallel="off")).run("Hi")
+    streams = Ensemble(compiled, replace(config, parallel="on")).run("Hi")  # threads: graphs per thread
+    assert streams.answer == turns.answer and streams.wins == turns.wins
+    assert all(m.compiled.disabled is None for m in compiled)

@@ -7,15 +7,14 @@ CUDA streams against members in turn, beside each member's own `generate`.
     python -m specfuse.bench gpu --shapes trio --device cpu      # the default trio's shapes on a CPU
     python -m specfuse.bench gpu --compile            # drafts in a static cache, compiled (CUDA graphs)
 
-Timing does not depend on the weights, so no checkpoint is needed: each model is built from its
-real config with random weights, directly on its device. The vocabulary keeps its real size (the
-output head is a real share of the cost), and the head is biased so that only printable ASCII byte
-tokens can come out, which an in-memory byte-level tokenizer decodes: drafts are text like any other.
+Timing does not depend on the weights, so no checkpoint is needed: the models are random-weight
+models of the real shapes (shapes.py), whose drafts are printable ASCII text like any other.
 Imports only torch, transformers, tokenizers and the engine, so it runs where nothing can be installed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import json
@@ -23,7 +22,7 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from .floor import add_floors, bandwidths, cost_line, member_floors, modes_floor
 from .measure import (
     alone_summary,
     compare_in_turn,
+    draft_alone,
     generate_alone,
     members_alone,
     peak_rss_gb,
@@ -46,134 +46,9 @@ from .measure import (
     time_mode,
     write_report,
 )
+from .shapes import SHAPES, ascii_head, build_model, byte_tokenizer
 
 PROMPT = "Write a long story about a lighthouse keeper and the ships she guides home through the storm."
-
-# The real configs (config.json of each model), written out: no hub is needed to run this.
-SHAPES: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {
-    "real": {
-        "qwen2.5-7b": (
-            "qwen2",
-            dict(
-                hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768, rope_theta=1e6,
-                rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu",
-            ),
-        ),
-        "llama-3.1-8b": (
-            "llama",
-            dict(
-                hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072, rope_theta=5e5,
-                rope_scaling={
-                    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                    "original_max_position_embeddings": 8192,
-                },
-                rms_norm_eps=1e-5, tie_word_embeddings=False, hidden_act="silu",
-            ),
-        ),
-        "gemma-2-9b": (
-            "gemma2",
-            dict(
-                hidden_size=3584, intermediate_size=14336, num_hidden_layers=42, num_attention_heads=16,
-                num_key_value_heads=8, head_dim=256, vocab_size=256000, max_position_embeddings=8192,
-                rope_theta=10000.0, sliding_window=4096, attn_logit_softcapping=50.0,
-                final_logit_softcapping=30.0, query_pre_attn_scalar=256, rms_norm_eps=1e-6,
-                hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
-            ),
-        ),
-    },
-}  # fmt: skip
-# The same architectures, small enough for a CPU test of the whole benchmark.
-SHAPES["tiny"] = {
-    name: (arch, {**cfg, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096,
-                  **({"head_dim": 16, "query_pre_attn_scalar": 16} if arch == "gemma2" else {})})
-    for name, (arch, cfg) in SHAPES["real"].items()
-}  # fmt: skip
-# The default trio's own configs (random weights): the CPU path timed on a machine with more cores
-# than this project's 2, where the real checkpoints cannot travel.
-SHAPES["trio"] = {
-    "smollm2-135m": (
-        "llama",
-        dict(
-            hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-            num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=8192,
-            rope_theta=1e5, rms_norm_eps=1e-5, tie_word_embeddings=True, hidden_act="silu",
-        ),
-    ),
-    "gemma3-270m": (
-        "gemma3_text",
-        dict(
-            hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
-            num_key_value_heads=1, head_dim=256, vocab_size=262144, max_position_embeddings=32768,
-            query_pre_attn_scalar=256, sliding_window=512, rms_norm_eps=1e-6,
-            hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
-        ),
-    ),
-    "qwen2.5-coder-0.5b": (
-        "qwen2",
-        dict(
-            hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-            num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
-            rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu",
-        ),
-    ),
-}  # fmt: skip
-EXPECTED_PARAMS = {"qwen2.5-7b": 7.62e9, "llama-3.1-8b": 8.03e9, "gemma-2-9b": 9.24e9}  # published sizes
-SPECIALS = ("<|eos|>",)
-
-
-def byte_tokenizer() -> Any:
-    """Byte-level BPE without merges, built in memory: 256 byte tokens and an end-of-sequence."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    vocab[SPECIALS[0]] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIALS[0], pad_token=SPECIALS[0])
-
-
-def build_config(arch: str, values: dict[str, Any]) -> Any:
-    from transformers import AutoConfig
-
-    return AutoConfig.for_model(arch, **values)
-
-
-def build_model(arch: str, values: dict[str, Any], device: str, dtype: Any, seed: int) -> Any:
-    """A random-weight model of this shape, made on `device` (a 9B model never passes through CPU RAM)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    config = build_config(arch, values)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        # sdpa where transformers has it; Gemma-2's soft-capped attention is eager-only (flash-attention
-        # aside, which is not installed by default).
-        attention = "eager" if arch == "gemma2" else "sdpa"
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
-    return model.eval()
-
-
-def ascii_head(model: Any, tokenizer: Any) -> None:
-    """Replace the output head by the same weights plus a bias that rules out every token but the
-    printable ASCII bytes: the vocabulary keeps its real size, the text stays decodable."""
-    import torch
-
-    head = model.get_output_embeddings()
-    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True, device=head.weight.device)
-    biased.weight = head.weight
-    with torch.no_grad():
-        bias = torch.full((head.out_features,), -1e4, device=head.weight.device)
-        for token, index in tokenizer.get_vocab().items():
-            text = tokenizer.convert_tokens_to_string([token])
-            if len(text) == 1 and text.isascii() and text.isprintable():
-                bias[index] = 0.0
-        biased.bias = torch.nn.Parameter(bias.to(head.weight.dtype), requires_grad=False)
-    model.set_output_embeddings(biased)
 
 
 def build_members(
@@ -277,32 +152,55 @@ def run_gpu_bench(
     max_new_tokens: int = 200,
     segment_len: int = 10,
     repeats: int = 3,
+    modes: Sequence[str] = ("off", "on"),
 ) -> dict[str, Any]:
-    """Each member alone, then the ensemble in turn and at once (exit off), in this order, one run."""
+    """Each member alone, then the ensemble in turn ("off") and at once ("on"; exit off), in this
+    order, one run. Members that compile their drafts are timed alone by their own drafting (the
+    path the ensemble runs), with transformers' generate beside it, and the ensemble in turn once
+    more with their drafts eager ("eager"): compiled against eager in one run."""
     import torch
 
     devices = [m.device for m in members]
     memory = _Memory(devices)
+    compiled = [m for m in members if getattr(m, "compiled", None) is not None]
     base = EnsembleConfig(
         segment_len=segment_len, max_new_tokens=max_new_tokens, exit=False, stop_strings=(), prior="uniform"
     )
     # Warm-up at full length: the first long run on a GPU pays for cudaMalloc as its caches grow (a
-    # 200-token generate took 69 ms/token the first time, 25 ms/token the next, on an H100).
+    # 200-token generate took 69 ms/token the first time, 25 ms/token the next, on an H100). A
+    # compiled member's first draft is its longest, so its static cache is made (and compiled) once.
     for m in members:
         generate_alone(m, prompt, max_new_tokens)
-    for parallel in ("off", "on"):
+        if m in compiled:
+            draft_alone(m, prompt, max_new_tokens)
+        _progress(f"{m.name}: warmed up")
+    for parallel in modes:
         Ensemble(members, replace(base, parallel=parallel)).run(prompt)
 
-    singles = members_alone(members, prompt, max_new_tokens, segment_len, repeats, memory)
+    alone = draft_alone if compiled else generate_alone
+    singles = members_alone(members, prompt, max_new_tokens, segment_len, repeats, memory, alone)
+    for m in compiled:
+        n, seconds = generate_alone(m, prompt, max_new_tokens)
+        singles[m.name]["generate_s_per_token"] = seconds / max(n, 1)
     bandwidth = bandwidths(members)
     floor_sum = add_floors(singles, member_floors(members, bandwidth))
+    _progress("alone: " + ", ".join(f"{k} {1000 * v['s_per_token']:.1f} ms/tok" for k, v in singles.items()))
 
-    modes: dict[str, dict[str, Any]] = {}
-    for parallel in ("off", "on"):
+    timed: dict[str, dict[str, Any]] = {}
+    for parallel in modes:
         memory.start()
-        modes[parallel] = time_mode(members, replace(base, parallel=parallel), prompt, singles, repeats)
-        modes[parallel]["peak_gb"] = memory.peak_gb()
-    compare_in_turn(modes["off"], modes["on"])
+        timed[parallel] = time_mode(members, replace(base, parallel=parallel), prompt, singles, repeats)
+        timed[parallel]["peak_gb"] = memory.peak_gb()
+        _progress(f"mode {parallel}: {1000 * timed[parallel]['s_per_token']:.1f} ms/token")
+    if "off" in timed and "on" in timed:
+        compare_in_turn(timed["off"], timed["on"])
+    report: dict[str, Any] = {}
+    if compiled and "off" in timed:
+        memory.start()
+        with _eager(compiled):
+            timed["eager"] = time_mode(members, replace(base, parallel="off"), prompt, singles, repeats)
+        timed["eager"]["peak_gb"] = memory.peak_gb()
+        report["compiled"] = compiled_summary(compiled, timed["off"], timed["eager"])
     gpu = torch.cuda.get_device_name(devices[0]) if devices[0].startswith("cuda") else "none (CPU)"
     return {
         "gpu": gpu,
@@ -318,9 +216,45 @@ def run_gpu_bench(
         "bandwidth_bytes_per_s": bandwidth,
         "floor_sum_s_per_token": floor_sum,
         "cost_line": cost_line(singles, bandwidth),  # fixed cost a step, marginal read rate
-        "modes": modes,
+        "modes": timed,
         "target_overhead_vs_slowest_at_once": 1.3,
+        **report,
     }
+
+
+def compiled_summary(
+    members: Sequence[Any], compiled: dict[str, Any], eager: dict[str, Any]
+) -> dict[str, Any]:
+    """The ensemble in turn with compiled drafts against eager ones, and how each member's drafts
+    decoded (static: compiled; eager: fell back), with the reason a member turned compiling off."""
+    import torch
+
+    skips = torch._dynamo.utils.counters["inductor"].get("cudagraph_skips", 0)
+    return {
+        "speedup_in_turn": eager["s_per_token"] / compiled["s_per_token"],
+        "same_answer_as_eager": compiled["answer"] == eager["answer"],
+        "drafts": {m.name: dict(m.compiled.counts) for m in members},
+        "disabled": {m.name: m.compiled.disabled for m in members},
+        "cudagraph_skips": int(skips),  # inductor's count of graphs it ran without CUDA graphs
+    }
+
+
+@contextlib.contextmanager
+def _eager(members: Sequence[Any]) -> Iterator[None]:
+    """Members draft eagerly inside (their compiled decoders set aside, then put back)."""
+    saved = [m.compiled for m in members]
+    for m in members:
+        m.compiled = None
+    try:
+        yield
+    finally:
+        for m, decoder in zip(members, saved):
+            m.compiled = decoder
+
+
+def _progress(line: str) -> None:
+    """A line on stderr as the benchmark goes (a run cut short still shows how far it got)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 # -- bare decoding: in turn, threads, processes --------------------------------------------------------
@@ -443,17 +377,26 @@ def format_table(report: dict[str, Any]) -> str:
             f"  {name:14} on {report['devices'][name]:7} {report['parameters'][name] / 1e9:5.2f} B params "
             f"alone: {1000 * s['s_per_token']:7.1f} ms/token ({s['tokens_per_s']:.1f} tok/s), first "
             f"{report['segment_len']} tokens {s['first_segment_s']:.3f} s, peak {s['peak_gb']:.1f} GB"
+            + (
+                f"; generate {1000 * s['generate_s_per_token']:.1f} ms/token"
+                if "generate_s_per_token" in s
+                else ""
+            )
         )
+    if "compiled" in report:
+        lines.append("  (alone: each member's own compiled drafting, the ensemble's path; generate: eager)")
     lines += modes_floor_lines(report)
     lines += [
         "",
-        f"{'members':9} {'ms/tok':>8} {'tok/s':>7} {'×sum':>6} {'×slowest':>8} {'1st cand':>8} "
+        f"{'members':14} {'ms/tok':>8} {'tok/s':>7} {'×sum':>6} {'×slowest':>8} {'1st cand':>8} "
         f"{'1st seg':>7} {'×slowest':>8} {'peak GB':>7}",
     ]
     for parallel, m in report["modes"].items():
-        label = {"off": "in turn", "on": "at once", "processes": "processes"}[parallel]
+        label = {"off": "in turn", "on": "at once", "processes": "processes", "eager": "in turn, eager"}[
+            parallel
+        ]
         lines.append(
-            f"{label:9} {1000 * m['s_per_token']:8.1f} "
+            f"{label:14} {1000 * m['s_per_token']:8.1f} "
             f"{m['tokens_per_s']:7.2f} {m['overhead_vs_single_sum']:6.2f} {m['overhead_vs_slowest']:8.2f} "
             f"{m['first_candidate_s']:8.3f} {m['first_segment_s']:7.3f} {m['first_segment_ratio']:8.2f} "
             f"{m['peak_gb']:7.1f}"
@@ -478,6 +421,13 @@ def format_table(report: dict[str, Any]) -> str:
             f"  target: time per token ≤ {bound} × the slowest member alone: "
             f"{m['overhead_vs_slowest']:.2f}  {verdict}",
         ]
+    if "compiled" in report:
+        c = report["compiled"]
+        lines.append(
+            f"compiled drafts: {c['speedup_in_turn']:.2f}× eager drafts' speed in turn; same answer: "
+            f"{c['same_answer_as_eager']}; drafts {c['drafts']}; off: {c['disabled']}; "
+            f"graphs skipped: {c['cudagraph_skips']}"
+        )
     if "processes" in report["modes"] and on_gpu:
         lines.append("  (processes: peak GB is the GPU memory in use after the run, every process together)")
     return "\n".join(lines)
@@ -506,6 +456,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     parser.add_argument(
         "--no-processes", action="store_true", help="leave out the mode with one process per member"
+    )
+    parser.add_argument(
+        "--no-threads", action="store_true", help="leave out the mode with members at once in threads"
     )
     parser.add_argument(
         "--compile",
@@ -549,7 +502,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         members = build_members(args.shapes, devices, args.dtype, args.compile)
         print(f"built {len(members)} members in {time.perf_counter() - began:.1f} s", file=sys.stderr)
         report = run_gpu_bench(
-            members, max_new_tokens=args.max_new_tokens, segment_len=args.segment_len, repeats=args.repeats
+            members,
+            max_new_tokens=args.max_new_tokens,
+            segment_len=args.segment_len,
+            repeats=args.repeats,
+            modes=("off",) if args.no_threads else ("off", "on"),
         )
         report["compile_decode"] = args.compile
         if not args.no_processes:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..config import EnsembleConfig
+from ..config import EnsembleConfig, MemberSettings
 from ..engine import Ensemble
 from ..errors import SpecfuseError
 from ..records import Round
@@ -119,6 +119,20 @@ def generate_alone(member: Any, prompt: str, max_new_tokens: int) -> tuple[int, 
     return int(out.shape[1] - ids.shape[1]), time.perf_counter() - began
 
 
+def draft_alone(member: Any, prompt: str, max_new_tokens: int) -> tuple[int, float]:
+    """(new tokens, seconds) of an in-process member's own drafting, the engine's path (`draft`:
+    greedy, one request, in its static cache where it compiles its decoding): the prompt is read
+    first, untimed, so the seconds are decoding alone."""
+    state = member.start(prompt, MemberSettings(max_new_tokens=max_new_tokens))
+    if str(member.device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(member.device)
+    began = time.perf_counter()
+    candidate = member.draft(state, max_new_tokens)  # each step reads its token back: synchronized
+    return candidate.num_tokens, time.perf_counter() - began
+
+
 def members_alone(
     members: Sequence[Any],
     prompt: str,
@@ -126,16 +140,18 @@ def members_alone(
     segment_len: int,
     repeats: int,
     memory: Any = None,
+    alone: Any = generate_alone,
 ) -> dict[str, dict[str, float]]:
     """Each member alone, one after another: its time per token over `max_new_tokens` and its first
-    `segment_len` tokens (median of `repeats`). With `memory` (start() / peak_gb()), each member's peak
-    memory too. What every benchmark sets the ensemble beside."""
+    `segment_len` tokens (median of `repeats`), timed by `alone` (transformers' generate, or
+    draft_alone). With `memory` (start() / peak_gb()), each member's peak memory too. What every
+    benchmark sets the ensemble beside."""
     singles = {}
     for m in members:
         if memory is not None:
             memory.start()
-        n, seconds = generate_alone(m, prompt, max_new_tokens)
-        first = statistics.median(generate_alone(m, prompt, segment_len)[1] for _ in range(repeats))
+        n, seconds = alone(m, prompt, max_new_tokens)
+        first = statistics.median(alone(m, prompt, segment_len)[1] for _ in range(repeats))
         singles[m.name] = {
             "tokens": n,
             "seconds": seconds,
