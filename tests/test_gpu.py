@@ -88,10 +88,16 @@ def test_compiled_drafts_with_cuda_graphs_play_the_same_rounds_as_eager_drafts(e
     assert counters["inductor"].get("cudagraph_skips", 0) == 0  # every step replayed a CUDA graph
 
 
-def test_compiled_drafts_at_once_on_their_own_streams_match_in_turn(eager_and_compiled):
+def test_compiled_members_at_once_on_their_own_streams_draft_eagerly_and_match_in_turn(eager_and_compiled):
+    # CUDA graphs replayed from threads on the members' own streams raced on an H100 (an index
+    # assertion in an inductor kernel): there the drafts decode eagerly, and the answer stays the same.
     _, compiled = eager_and_compiled
     config = EnsembleConfig(segment_len=6, max_new_tokens=27, exit=False)
     turns = Ensemble(compiled, replace(config, parallel="off")).run("Hi")
-    streams = Ensemble(compiled, replace(config, parallel="on")).run("Hi")  # threads: graphs per thread
+    before = [dict(m.compiled.counts) for m in compiled]
+    streams = Ensemble(compiled, replace(config, parallel="on")).run("Hi")
     assert streams.answer == turns.answer and streams.wins == turns.wins
-    assert all(m.compiled.disabled is None for m in compiled)
+    for member, counts in zip(compiled, before):
+        assert member.compiled.counts["static"] == counts["static"]
+        assert member.compiled.counts["eager"] > counts["eager"]
+        assert member.compiled.disabled is None

@@ -7,9 +7,10 @@ values are copied into a preallocated static cache (a device-to-device copy of t
 tokens), the draft decodes there, and its tokens' keys and values are simply left behind, as the
 eager path crops them away. The accepted segment is then moved into place in the DynamicCache as
 before. A batch of requests (stream_many) drafts eagerly, as does a request that finds the static
-cache in use by another thread, or a model whose layers are not all full or sliding-window
-attention. A compilation that fails (at any step) turns compiled decoding off for the member, with a
-warning, and the draft goes on eagerly: the tokens it decoded so far are fed to its own cache.
+cache in use by another thread, a GPU member drafting at once with others on a CUDA stream of its
+own (its graphs raced there), or a model whose layers are not all full or sliding-window attention.
+A compilation that fails (at any step) turns compiled decoding off for the member, with a warning,
+and the draft goes on eagerly: the tokens it decoded so far are fed to its own cache.
 
 The static cache has room for the longest draft asked for so far, in powers of two from 256 tokens:
 each new size is one compilation (and, on a GPU, one set of CUDA graphs). Each member compiles its
@@ -134,6 +135,7 @@ class CompiledDecoder:
         if not draft.held:
             if (
                 self.disabled
+                or self._off_the_default_stream()
                 or cache.get_seq_length() != position
                 or any(type(layer) is not DynamicLayer for layer in cache.layers)
                 or not self._lock.acquire(blocking=False)
@@ -158,6 +160,15 @@ class CompiledDecoder:
             return self.member._forward([*draft.fed, token], cache)[-1][None]
         draft.fed.append(token)
         return hidden
+
+    def _off_the_default_stream(self) -> bool:
+        """A member drafting at once with others, in a thread on a CUDA stream of its own: its CUDA
+        graphs are not replayed there. On an H100 that raced (a graph read a token id not yet
+        written: an inductor kernel's index assertion), so these drafts decode eagerly."""
+        if not self.cudagraphs:
+            return False
+        device = torch.device(self.member.device)
+        return bool(torch.cuda.current_stream(device) != torch.cuda.default_stream(device))
 
     def _run(self, token: int, position: int, static: _Static) -> torch.Tensor:
         device = self.member.device
