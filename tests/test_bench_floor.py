@@ -35,7 +35,7 @@ def test_the_cost_line_recovers_a_steps_fixed_cost_and_its_marginal_read_rate():
     # Steps that cost 3 ms plus their bytes at 40 GB/s, on a machine that reads 80 GB/s.
     bandwidth = {"cpu": 80e9}
     singles = {f"m{n}": single(n * 1e8, 0.003 + n * 1e8 / 40e9, 80e9) for n in (1, 2.5, 5)}
-    line = cost_line(singles, bandwidth)
+    line = cost_line(singles)
     assert line is not None and line["members"] == 3
     assert line["fixed_s_per_token"] == pytest.approx(0.003)
     assert line["marginal_bytes_per_s"] == pytest.approx(40e9)
@@ -44,15 +44,21 @@ def test_the_cost_line_recovers_a_steps_fixed_cost_and_its_marginal_read_rate():
     assert biggest["s_per_token"] / biggest["floor_s_per_token"] == pytest.approx(2.0, rel=1e-3)
     table = "\n".join(floor_lines({k: {**s, "floor_ratio": 1.0} for k, s in singles.items()}, bandwidth))
     assert "3.0 ms a step + its bytes at 40.0 GB/s" in table and "2.00× its floor" in table
+    # GPU members: the CPU's bandwidth is measured beside theirs, and the line is still theirs.
+    on_gpu = {f"m{n}": single(n * 1e9, 0.002 + n * 1e9 / 2e12, 3e12) for n in (1, 2, 4)}
+    both = {"cpu": 80e9, "cuda": 3e12}
+    table = "\n".join(floor_lines({k: {**s, "floor_ratio": 1.0} for k, s in on_gpu.items()}, both))
+    assert "2.0 ms a step + its bytes at 2000.0 GB/s" in table and "1.50× its floor" in table
 
 
 def test_the_cost_line_says_nothing_where_a_line_means_nothing():
     one = {"a": single(1e8, 0.005, 80e9)}
-    assert cost_line(one, {"cpu": 80e9}) is None  # one point
+    assert cost_line(one) is None  # one point
     same = {"a": single(1e8, 0.005, 80e9), "b": single(1e8, 0.006, 80e9)}
-    assert cost_line(same, {"cpu": 80e9}) is None  # no spread in size
+    assert cost_line(same) is None  # no spread in size
     shrinking = {"a": single(1e8, 0.009, 80e9), "b": single(3e8, 0.004, 80e9)}
-    assert cost_line(shrinking, {"cpu": 80e9}) is None  # bigger is faster: not a cost of reading
+    assert cost_line(shrinking) is None  # bigger is faster: not a cost of reading
     growing = {"a": single(1e8, 0.004, 80e9), "b": single(3e8, 0.009, 80e9)}
-    assert cost_line(growing, {"cpu": 80e9, "cuda": 3e12}) is None  # members on two kinds of device
-    assert cost_line(growing, {"cpu": 80e9}) is not None
+    assert cost_line(growing) is not None
+    two_kinds = {"a": single(1e8, 0.004, 80e9), "b": single(3e8, 0.009, 3e12)}
+    assert cost_line(two_kinds) is None  # members on two kinds of device

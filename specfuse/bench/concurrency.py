@@ -99,7 +99,7 @@ def run_concurrency(
         **alone_summary(singles),
         "bandwidth_bytes_per_s": bandwidth,
         "floor_sum_s_per_token": floor_sum,
-        "cost_line": cost_line(singles, bandwidth),  # fixed cost a step, marginal read rate
+        "cost_line": cost_line(singles),  # fixed cost a step, marginal read rate
         "modes": modes,
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),

@@ -173,7 +173,7 @@ def run_bench(
         "ensemble_tokens_per_s": tokens / main.seconds,
         "bandwidth_bytes_per_s": bandwidth,
         "floor_sum_s_per_token": floor_sum,  # the members' floors together (they all decode each token)
-        "cost_line": cost_line(singles, bandwidth),  # fixed cost a step, marginal read rate
+        "cost_line": cost_line(singles),  # fixed cost a step, marginal read rate
         "ensemble_floor_ratio": seconds_per_token / floor_sum,
         "single": singles,
         "single_sum_s_per_token": single_sum,

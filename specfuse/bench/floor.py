@@ -94,9 +94,7 @@ def add_floors(singles: dict[str, dict[str, float]], floors: Mapping[str, Mappin
     return sum(f["floor_s_per_token"] for f in floors.values())
 
 
-def cost_line(
-    singles: Mapping[str, Mapping[str, float]], bandwidth: Mapping[str, float]
-) -> dict[str, float] | None:
+def cost_line(singles: Mapping[str, Mapping[str, float]]) -> dict[str, float] | None:
     """The least-squares line s_per_token = fixed + weight_bytes / rate through the members alone.
 
     `fixed_s_per_token`: what a step costs besides its reads (graph, thread barriers, the loop around
@@ -105,8 +103,11 @@ def cost_line(
     however large it is (≤ 1 where the kernels keep up with memory). None where the line says
     nothing: fewer than two members of distinct sizes, members on several kinds of device, or time
     that does not grow with size. Three points make a rough line: read it as an order of magnitude.
+    Each member's bandwidth is the one its floor was taken at (bytes / floor): the machine's CPU
+    bandwidth is measured beside GPU members too, and is not theirs.
     """
-    if len(bandwidth) != 1:
+    reads = [s["weight_bytes"] / s["floor_s_per_token"] for s in singles.values()]
+    if not reads or max(reads) > min(reads) * (1 + 1e-9):
         return None
     points = [(s["weight_bytes"], s["s_per_token"]) for s in singles.values()]
     if len({b for b, _ in points}) < 2:
@@ -116,7 +117,7 @@ def cost_line(
     slope = sum((b - mean_b) * (t - mean_t) for b, t in points) / sum((b - mean_b) ** 2 for b, _ in points)
     if slope <= 0:
         return None
-    (read,) = bandwidth.values()
+    read = reads[0]
     return {
         "members": len(points),
         "fixed_s_per_token": mean_t - slope * mean_b,
@@ -134,7 +135,7 @@ def floor_lines(singles: Mapping[str, Mapping[str, float]], bandwidth: Mapping[s
             f"{1000 * s['floor_s_per_token']:6.1f} ms ({s['weight_bytes'] / 1e9:.2f} GB) | "
             f"{s['floor_ratio']:.2f}× the floor"
         )
-    line = cost_line(singles, bandwidth)
+    line = cost_line(singles)
     if line is not None:
         lines.append(
             f"  cost line through the {line['members']} members: {1000 * line['fixed_s_per_token']:.1f} ms a "

@@ -215,7 +215,7 @@ def run_gpu_bench(
         **alone_summary(singles),
         "bandwidth_bytes_per_s": bandwidth,
         "floor_sum_s_per_token": floor_sum,
-        "cost_line": cost_line(singles, bandwidth),  # fixed cost a step, marginal read rate
+        "cost_line": cost_line(singles),  # fixed cost a step, marginal read rate
         "modes": timed,
         "target_overhead_vs_slowest_at_once": 1.3,
         **report,
