@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import pytest
@@ -11,6 +12,7 @@ from specfuse import EnsembleConfig
 from specfuse.config import MemberSettings
 from specfuse.engine import Ensemble
 from specfuse.members.hf import HFMember
+from specfuse.members.process import ProcessMember
 from specfuse.members.workers import run_concurrently
 from specfuse.records import Candidate
 
@@ -19,9 +21,9 @@ from .conftest import TINY_SPECS, tiny_member
 pytestmark = pytest.mark.gpu
 
 
-def on(device: str, name: str) -> HFMember:
+def on(device: str, name: str, compile_decode: bool = False) -> HFMember:
     cpu = tiny_member(name)
-    return HFMember(name, cpu.model.to(device), cpu.tokenizer, device=device)
+    return HFMember(name, cpu.model.to(device), cpu.tokenizer, device=device, compile_decode=compile_decode)
 
 
 @pytest.mark.parametrize("spec", list(TINY_SPECS))
@@ -101,3 +103,20 @@ def test_compiled_members_at_once_on_their_own_streams_draft_eagerly_and_match_i
         assert member.compiled.counts["static"] == counts["static"]
         assert member.compiled.counts["eager"] > counts["eager"]
         assert member.compiled.disabled is None
+
+
+def test_compiled_drafts_in_worker_processes_on_one_gpu_match_eager_drafts_here(eager_and_compiled):
+    # Several members on one GPU load in worker processes by default (CLI, app): there each drafts
+    # compiled, with its CUDA graphs, at once with the others.
+    eager, _ = eager_and_compiled
+    config = EnsembleConfig(segment_len=6, max_new_tokens=27, exit=False)
+    prompt = "Why is the sky blue? Explain it to a child."
+    workers = [ProcessMember(functools.partial(on, "cuda:0", name, True)) for name in TINY_SPECS]
+    try:
+        assert run_concurrently(workers, "auto")
+        there = Ensemble(workers, config).run(prompt)
+        here = Ensemble(eager, replace(config, parallel="off")).run(prompt)
+        assert there.answer == here.answer and there.wins == here.wins
+    finally:
+        for worker in workers:
+            worker.close()
