@@ -77,6 +77,10 @@ def test_compiled_members_are_timed_by_their_own_drafts_beside_eager_drafts_in_o
     members = bench_gpu.build_members("tiny", ["cpu"], "float32", compile_decode=True)
     report = bench_gpu.run_gpu_bench(members, max_new_tokens=20, segment_len=5, repeats=1, modes=("off",))
     assert set(report["modes"]) == {"off", "eager"}
+    for mode in report["modes"].values():  # where the rounds went: shares of their wall time
+        assert sum(mode["phases"].values()) == pytest.approx(1.0)
+        assert 0 < mode["phases"]["draft_share"] < 1 and 0 < mode["phases"]["verify_share"] < 1
+        assert set(mode["phase_ms_per_member"]) == set(report["single"])
     for single in report["single"].values():
         assert 15 <= single["tokens"] <= 20 and single["generate_s_per_token"] > 0  # a draft may trim its end
     compiled = report["compiled"]
@@ -90,6 +94,7 @@ def test_compiled_members_are_timed_by_their_own_drafts_beside_eager_drafts_in_o
         assert compiled["disabled"][name] is None
     table = bench_gpu.format_table(report)
     assert "in turn, eager" in table and "compiled drafts:" in table and "; generate " in table
+    assert "eager: shares of a round's wall time: draft " in table
     json.dumps(report)
 
 

@@ -401,6 +401,10 @@ def format_table(report: dict[str, Any]) -> str:
             f"{m['first_candidate_s']:8.3f} {m['first_segment_s']:7.3f} {m['first_segment_ratio']:8.2f} "
             f"{m['peak_gb']:7.1f}"
         )
+    for parallel, m in report["modes"].items():
+        if "phases" in m:
+            shares = " · ".join(f"{k.removesuffix('_share')} {v:.2f}" for k, v in m["phases"].items())
+            lines.append(f"  {parallel}: shares of a round's wall time: {shares}")
     bound = report["target_overhead_vs_slowest_at_once"]
     on_gpu = not report["gpu"].startswith("none")
     lines.append("")

@@ -25,6 +25,7 @@ from typing import Any
 from ..config import EnsembleConfig, MemberSettings
 from ..engine import Ensemble
 from ..errors import SpecfuseError
+from ..members.workers import run_concurrently
 from ..records import Round
 from .floor import decoder
 
@@ -277,11 +278,15 @@ def mode_figures(
 def time_mode(
     members: Sequence[Any], config: EnsembleConfig, prompt: str, singles: dict[str, Any], repeats: int
 ) -> dict[str, Any]:
-    """One full run and `repeats` one-round runs of the ensemble, against the members alone."""
+    """One full run and `repeats` one-round runs of the ensemble, against the members alone, with
+    where the full run's rounds spent their time (each phase's share, each member's ms a round)."""
     ensemble = Ensemble(members, config)
     run = timed_stream(ensemble, prompt, config)
     firsts = [timed_stream(ensemble, prompt, replace(config, max_rounds=1)) for _ in range(repeats)]
-    return mode_figures(run, firsts, singles)
+    figures = mode_figures(run, firsts, singles)
+    figures["phases"] = phase_shares(run.rounds, concurrent=run_concurrently(members, config.parallel))
+    figures["phase_ms_per_member"] = phase_ms_per_member(run.rounds)
+    return figures
 
 
 def process_mode(
