@@ -49,6 +49,21 @@ def test_members_in_processes_of_their_own_give_the_same_answer(tiny_checkpoints
     assert answers[0] == answers[1] and answers[0].strip()
 
 
+def test_compile_drafts_in_a_static_cache_and_gives_the_eager_answer(tiny_checkpoints):
+    models = ",".join(tiny_checkpoints)
+    base = ("--models", models, "--max-new-tokens", "16", "--dtype", "float32", "--no-processes")
+    args = build_parser().parse_args([*base, "--compile", "Hi"])
+    members = _load(tiny_checkpoints, args, io.StringIO())
+    assert all(m.compiled is not None for m in members)  # each drafts in its static cache
+    code, eager, err = run_cli(*base, "Hi")
+    assert code == 0, err
+    code, compiled, err = run_cli(*base, "--compile", "Hi")
+    assert code == 0, err
+    assert compiled == eager and eager.strip()  # fp32 greedy: the same answer
+    code, _, err = run_cli("--models", models, "--compile", "--quantize", "gguf", "Hi")
+    assert code == 2 and "--compile compiles transformers' own decoding" in err
+
+
 def test_processes_refuse_a_model_listed_twice(tiny_checkpoints):
     path = tiny_checkpoints[0]
     code, _, err = run_cli("--models", f"{path},{path}", "--temperature", "0.8", "--processes", "Hi")
