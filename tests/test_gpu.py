@@ -91,7 +91,7 @@ def test_compiled_drafts_with_cuda_graphs_play_the_same_rounds_as_eager_drafts(e
 
 
 def test_compiled_members_at_once_on_their_own_streams_draft_eagerly_and_match_in_turn(eager_and_compiled):
-    # CUDA graphs replayed from threads on the members' own streams raced on an H100 (an index
+    # CUDA graphs replayed from threads on the members' own streams failed on an H100 (an index
     # assertion in an inductor kernel): there the drafts decode eagerly, and the answer stays the same.
     _, compiled = eager_and_compiled
     config = EnsembleConfig(segment_len=6, max_new_tokens=27, exit=False)

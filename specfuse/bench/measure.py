@@ -17,7 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -141,7 +141,7 @@ def members_alone(
     segment_len: int,
     repeats: int,
     memory: Any = None,
-    alone: Any = generate_alone,
+    alone: Callable[[Any, str, int], tuple[int, float]] = generate_alone,
 ) -> dict[str, dict[str, float]]:
     """Each member alone, one after another: its time per token over `max_new_tokens` and its first
     `segment_len` tokens (median of `repeats`), timed by `alone` (transformers' generate, or

@@ -8,7 +8,7 @@ tokens), the draft decodes there, and its tokens' keys and values are simply lef
 eager path crops them away. The accepted segment is then moved into place in the DynamicCache as
 before. A batch of requests (stream_many) drafts eagerly, as does a request that finds the static
 cache in use by another thread, a GPU member drafting at once with others on a CUDA stream of its
-own (its graphs raced there), or a model whose layers are not all full or sliding-window attention.
+own (its graphs failed there), or a model whose layers are not all full or sliding-window attention.
 A compilation that fails (at any step) turns compiled decoding off for the member, with a warning,
 and the draft goes on eagerly: the tokens it decoded so far are fed to its own cache.
 
@@ -163,8 +163,9 @@ class CompiledDecoder:
 
     def _off_the_default_stream(self) -> bool:
         """A member drafting at once with others, in a thread on a CUDA stream of its own: its CUDA
-        graphs are not replayed there. On an H100 that raced (a graph read a token id not yet
-        written: an inductor kernel's index assertion), so these drafts decode eagerly."""
+        graphs are not replayed there. On an H100 that failed (an index assertion in an inductor
+        kernel, most likely a race between the member's stream and the graphs'), so these drafts
+        decode eagerly."""
         if not self.cudagraphs:
             return False
         device = torch.device(self.member.device)
