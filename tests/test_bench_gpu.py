@@ -92,6 +92,7 @@ def test_compiled_members_are_timed_by_their_own_drafts_beside_eager_drafts_in_o
         # mode's drafts do not count.
         assert drafts == {"static": 1 + 4 + 2 + 4 + 1, "eager": 0, "batched": 0}, name
         assert compiled["disabled"][name] is None
+        assert compiled["verified"][name] > 0  # lone verification passes ran compiled too
     table = bench_gpu.format_table(report)
     assert "in turn, eager" in table and "compiled drafts:" in table and "; generate " in table
     assert "eager: shares of a round's wall time: draft " in table

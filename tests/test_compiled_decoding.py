@@ -2,7 +2,8 @@
 give exactly the eager drafts' answers in fp32 greedy, on three architectures (gemma3 with its
 sliding-window layers), after another member's segment is accepted, with a budget that ends
 mid-segment, a trimmed draft's tail taken over, a static cache that grows, and batches (which draft
-eagerly).
+eagerly). A lone request's verification pass runs compiled too: the same scores (to 1e-4), and the
+keys and values it leaves let accept() and the next draft go on exactly as after an eager pass.
 
 Most tests compile with the "aot_eager" backend: dynamo captures the whole step, static cache
 included, and AOTAutograd functionalizes its in-place updates, without inductor's code generation
@@ -16,6 +17,7 @@ import pytest
 from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Ensemble
 from specfuse.members.compiled import MIN_CAPACITY, CompiledDecoder
+from specfuse.records import Candidate
 
 from .conftest import TINY_SPECS, tiny_member
 from .test_batching import PROMPTS, same_rounds
@@ -58,8 +60,11 @@ def test_an_ensemble_plays_the_same_rounds_with_compiled_drafts(eager_members, c
     config = EnsembleConfig(segment_len=6, max_new_tokens=27, exit=False)
     prompt = "Why is the sky blue? Explain it to a child."
     eager = list(Ensemble(eager_members, config).stream(prompt))
+    passes = [m.compiled.verified for m in compiled_members]
     compiled = list(Ensemble(compiled_members, config).stream(prompt))
     same_rounds(eager, compiled)  # texts exactly; scores to 1e-4 (threads)
+    for member, before in zip(compiled_members, passes):  # every verification pass ran compiled too
+        assert member.compiled.verified - before == sum(member.name in r.verifiers for r in compiled) > 0
     winners = [r.candidates[r.chosen].member for r in eager]
     print("winners:", winners, "| answer:", repr(eager[-1].text))
     assert len(set(winners[:-1])) >= 2  # members accepted one another's segments, and drafted on
@@ -144,6 +149,59 @@ def test_a_busy_static_cache_leaves_the_draft_eager(eager_members, compiled_memb
     assert compiled.draft(state, 10).text == want.text  # released: static again
     assert decoder.counts["static"] == before["static"] + 1
     assert state.cache.get_seq_length() == len(state.ids)  # the draft left the request's cache as it was
+
+
+CANDIDATES = (" blue sea and sky", " the light", " scattering, 大海。")
+
+
+def scored(member, candidates=CANDIDATES):
+    """A verification pass over `candidates` after a short answer, then the first one accepted and a
+    draft after it: (scores, the draft's text, the cache's length against the request's tokens)."""
+    state = member.start("Why is the sky blue? Explain it to a child.", GREEDY)
+    member.accept(state, " Because")
+    cands = [Candidate("x", text, 3, False, 0.0) for text in candidates]
+    scores = member.score(state, cands)
+    member.accept(state, candidates[0])  # its keys and values moved into place from the pass
+    draft = member.draft(state, 8)
+    return scores, draft.text, (state.cache.get_seq_length(), len(state.ids))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_lone_verification_pass_runs_compiled_and_scores_as_eager(name, eager_members, compiled_members):
+    eager, compiled = eager_members[NAMES.index(name)], compiled_members[NAMES.index(name)]
+    before = compiled.compiled.verified
+    want_scores, want_draft, _ = scored(eager)
+    got_scores, got_draft, (cached, ids) = scored(compiled)
+    assert got_scores == pytest.approx(want_scores, abs=1e-4)
+    assert got_draft == want_draft and cached == ids
+    assert compiled.compiled.verified == before + 1 and compiled.compiled.disabled is None
+
+
+def test_a_long_pass_or_a_busy_cache_verifies_eagerly(eager_members, compiled_members):
+    eager, compiled = eager_members[0], compiled_members[0]
+    decoder, before = compiled.compiled, compiled.compiled.verified
+    long = (" word" * 60, " the light")  # 300 bytes: past MAX_VERIFY_TOKENS packed tokens
+    assert scored(compiled, long)[0] == pytest.approx(scored(eager, long)[0], abs=1e-4)
+    with decoder._lock:  # another thread's draft holds the static cache
+        assert scored(compiled)[0] == pytest.approx(scored(eager)[0], abs=1e-4)
+    assert decoder.verified == before and decoder.disabled is None
+
+
+def test_a_verification_that_fails_goes_on_eagerly_and_drafts_stay_compiled(eager_members, caplog):
+    member = tiny_member(NAMES[1])
+    member.compiled = decoder = CompiledDecoder(member, backend=FAST)
+
+    def fails(*args):
+        raise RuntimeError("recompilation failed")
+
+    decoder._compiled_verify = fails
+    with caplog.at_level("WARNING"):
+        got = scored(member)
+    want = scored(eager_members[1])
+    assert got[0] == pytest.approx(want[0], abs=1e-4) and got[1:] == want[1:]
+    assert decoder.verify_off and "recompilation failed" in decoder.verify_off and decoder.verified == 0
+    assert decoder.disabled is None and decoder.counts["static"] == 1  # the draft stayed compiled
+    assert "compiled verification is off" in caplog.text
 
 
 def broken_backend(graph, example_inputs):

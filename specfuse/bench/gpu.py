@@ -234,7 +234,8 @@ def compiled_summary(
         "speedup_in_turn": eager["s_per_token"] / compiled["s_per_token"],
         "same_answer_as_eager": compiled["answer"] == eager["answer"],
         "drafts": {m.name: dict(m.compiled.counts) for m in members},
-        "disabled": {m.name: m.compiled.disabled for m in members},
+        "verified": {m.name: m.compiled.verified for m in members},  # passes run compiled
+        "disabled": {m.name: m.compiled.disabled or m.compiled.verify_off for m in members},
         "cudagraph_skips": int(skips),  # inductor's count of graphs it ran without CUDA graphs
     }
 
@@ -429,7 +430,8 @@ def format_table(report: dict[str, Any]) -> str:
         c = report["compiled"]
         lines.append(
             f"compiled drafts: {c['speedup_in_turn']:.2f}× eager drafts' speed in turn; same answer: "
-            f"{c['same_answer_as_eager']}; drafts {c['drafts']}; off: {c['disabled']}; "
+            f"{c['same_answer_as_eager']}; drafts {c['drafts']}; verification passes "
+            f"{c.get('verified', {})}; off: {c['disabled']}; "
             f"graphs skipped: {c['cudagraph_skips']}"
         )
     if "processes" in report["modes"] and on_gpu:

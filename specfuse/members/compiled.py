@@ -12,6 +12,12 @@ own (its graphs failed there), or a model whose layers are not all full or slidi
 A compilation that fails (at any step) turns compiled decoding off for the member, with a warning,
 and the draft goes on eagerly: the tokens it decoded so far are fed to its own cache.
 
+A lone request's packed verification pass runs compiled too (`verify`): its candidates, padded to a
+block of 16, 32, 64, … tokens, are read after the committed tokens in the same static cache, with the
+packed mask widened to the cache, and their keys and values are then appended to the request's own
+DynamicCache, where the eager pass would have left them: accept() and everything after it are
+unchanged. A pass longer than MAX_VERIFY_TOKENS runs eagerly.
+
 The static cache has room for the longest draft asked for so far, in powers of two from 256 tokens:
 each new size is one compilation (and, on a GPU, one set of CUDA graphs). Each member compiles its
 own copy of the step function, so that members do not share torch.compile's per-function limit of
@@ -33,11 +39,13 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from .drafting import UTF8_GRACE_TOKENS
-from .scoring import float_mask
+from .scoring import chunk_mask, float_mask
 
 log = logging.getLogger(__name__)
 
 MIN_CAPACITY = 256  # the smallest static cache, in tokens; larger ones double
+MIN_VERIFY_BLOCK = 16  # a compiled verification pass reads 16, 32, 64, … tokens: one graph per size
+MAX_VERIFY_TOKENS = 256  # longer packed passes (long typed segments) run eagerly
 _LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 R = TypeVar("R")
 
@@ -92,6 +100,8 @@ class CompiledDecoder:
         self.cudagraphs = on_gpu and self.mode == "reduce-overhead"
         self.disabled = _unsupported(member)  # why this member always decodes eagerly, if it does
         self.counts = {"static": 0, "eager": 0, "batched": 0}  # drafts, by how they decoded
+        self.verified = 0  # lone verification passes run compiled
+        self.verify_off: str | None = None  # why verification passes run eagerly (drafts may not)
         self._lock = threading.Lock()
         self._local = threading.local()
         self._static: _Static | None = None
@@ -100,6 +110,11 @@ class CompiledDecoder:
         code = _decode.__code__.replace(co_name=f"_decode_{abs(hash(member.name))}")
         mine = types.FunctionType(code, _decode.__globals__, code.co_name, _decode.__defaults__)
         self._compiled = torch.compile(
+            mine, backend=self.backend, mode=self.mode, fullgraph=True, dynamic=False
+        )
+        code = _verify.__code__.replace(co_name=f"_verify_{abs(hash(member.name))}")
+        mine = types.FunctionType(code, _verify.__globals__, code.co_name, _verify.__defaults__)
+        self._compiled_verify = torch.compile(
             mine, backend=self.backend, mode=self.mode, fullgraph=True, dynamic=False
         )
 
@@ -159,6 +174,56 @@ class CompiledDecoder:
             # The request's cache still ends where the draft began: its tokens go there now.
             return self.member._forward([*draft.fed, token], cache)[-1][None]
         draft.fed.append(token)
+        return hidden
+
+    # -- a lone request's verification pass (HFMember.verify_many) ------------------------------
+
+    def verify(self, cache: DynamicCache, layout: Any) -> torch.Tensor | None:
+        """The hidden states [1, Q, H] of one request's packed pass (`layout`, scoring.lay_out, after
+        the `cache` of its committed tokens), read in the static cache with a compiled step; their
+        keys and values are appended to `cache` as an eager pass leaves them. None: run it eagerly
+        (nothing changed)."""
+        length, prefix = layout.length, layout.width
+        if (
+            self.disabled
+            or self.verify_off
+            or length > MAX_VERIFY_TOKENS
+            or self._off_the_default_stream()
+            or cache.get_seq_length() != prefix
+            or any(type(layer) is not DynamicLayer for layer in cache.layers)
+            or not self._lock.acquire(blocking=False)
+        ):
+            return None
+        try:
+            block = MIN_VERIFY_BLOCK
+            while block < length:
+                block *= 2
+            self._load(cache, prefix, prefix + block)
+            static = self._static
+            assert static is not None
+            input_ids, position_ids, mask = _widened(layout, block, static.capacity, self.member)
+            if self.cudagraphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            hidden = self._compiled_verify(self.member, input_ids, position_ids, mask, static.cache)
+            hidden = hidden[:, :length].clone()  # a CUDA graph's output is overwritten by its next replay
+            for mine, theirs in zip(static.layers, cast("list[DynamicLayer]", cache.layers)):
+                assert mine.keys is not None and mine.values is not None
+                assert theirs.keys is not None and theirs.values is not None
+                theirs.keys = torch.cat([theirs.keys, mine.keys[:, :, prefix : prefix + length]], dim=-2)
+                theirs.values = torch.cat(
+                    [theirs.values, mine.values[:, :, prefix : prefix + length]], dim=-2
+                )
+        except Exception as e:  # compiled verification off (drafts stay compiled), this pass eager
+            self.verify_off = f"torch.compile failed: {type(e).__name__}: {e}"
+            log.warning(
+                "%s: compiled verification is off, verifying eagerly (%s)", self.member.name, self.verify_off
+            )
+            if cache.get_seq_length() != prefix:  # never: the keys are appended last, all or none
+                cache.crop(prefix - cache.get_seq_length())
+            return None
+        finally:
+            self._lock.release()
+        self.verified += 1
         return hidden
 
     def _off_the_default_stream(self) -> bool:
@@ -243,6 +308,47 @@ def _decode(
         use_cache=True,
     )
     return out.last_hidden_state[:, -1]
+
+
+def _verify(member: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: Any, cache: Cache) -> Any:
+    """A packed verification block [1, W] after the committed tokens in a static cache; returns the
+    hidden states [1, W, H]."""
+    out = member.base(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        attention_mask=mask,
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return out.last_hidden_state
+
+
+def _widened(
+    layout: Any, block: int, capacity: int, member: _Member
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | dict[str, torch.Tensor]]:
+    """The packed pass of one request as a block of `block` tokens in a static cache of `capacity`:
+    its ids and positions padded (each padding token at the first free position, seeing only itself)
+    and its mask [1, 1, block, capacity], the packed mask in its first columns and nothing visible
+    past them."""
+    length, prefix = layout.length, layout.width
+    device = layout.input_ids.device
+    pad = block - length
+    input_ids = torch.nn.functional.pad(layout.input_ids, (0, pad), value=0)  # any token: unseen
+    position_ids = torch.nn.functional.pad(layout.position_ids, (0, pad), value=prefix)
+    packed = chunk_mask(layout, 0, length, member.dtype, member.sliding_window)
+    rows = torch.arange(length, block, device=device)
+
+    def widen(mask: torch.Tensor) -> torch.Tensor:
+        wide = torch.full(
+            (1, 1, block, capacity), torch.finfo(mask.dtype).min, dtype=mask.dtype, device=device
+        )
+        wide[:, :, :length, : prefix + length] = mask
+        wide[0, 0, rows, prefix + rows] = 0.0  # a padding token sees itself: no row is all masked
+        return wide
+
+    if isinstance(packed, dict):
+        return input_ids, position_ids, {kind: widen(m) for kind, m in packed.items()}  # type: ignore[return-value]
+    return input_ids, position_ids, widen(packed)
 
 
 def _unsupported(member: _Member) -> str | None:

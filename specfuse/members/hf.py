@@ -25,6 +25,7 @@ from .protocol import BaseMember, Verdict
 from .scoring import (
     CHUNK_TOKENS,
     Block,
+    Layout,
     OutputHead,
     chunk_mask,
     common_prefix_len,
@@ -352,18 +353,7 @@ class HFMember(BaseMember):
             self._check_fits([b for b, _, _ in rows[-1]])
         cache, pads = self._stacked_cache(states)
         packed = lay_out([[b for b, _, _ in row] for row in rows], [len(s.ids) for s in states], self.device)
-        parts = []  # each chunk's hidden states; its keys and values stay in the cache for the next
-        for begin in range(0, packed.length, self.chunk_tokens):
-            end = min(begin + self.chunk_tokens, packed.length)
-            out = self.base(
-                input_ids=packed.input_ids[:, begin:end],
-                position_ids=packed.position_ids[:, begin:end],
-                attention_mask=chunk_mask(packed, begin, end, self.dtype, self.sliding_window),
-                past_key_values=cache,
-                use_cache=True,
-            )
-            parts.append(out.last_hidden_state)
-        hidden_all = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]  # [B, Q, H]
+        hidden_all = self._packed_pass(cache, packed)  # [B, Q, H]; its keys and values stay in `cache`
         logits, logprobs = self._score_rows(states, rows, packed.offsets, hidden_all)
         next_logits, next_logprobs = iter(logits), iter(logprobs)  # in the order of the loops below
         results = []
@@ -389,6 +379,24 @@ class HFMember(BaseMember):
             )
             results.append(details)
         return results
+
+    def _packed_pass(self, cache: DynamicCache, packed: Layout) -> torch.Tensor:
+        """Hidden states of the packed tokens after `cache`, which keeps their keys and values."""
+        decoder = self.compiled if packed.input_ids.shape[0] == 1 else None  # a lone request's: compiled
+        if decoder is not None and (hidden := decoder.verify(cache, packed)) is not None:
+            return hidden
+        parts = []  # each chunk's hidden states; its keys and values stay in the cache for the next
+        for begin in range(0, packed.length, self.chunk_tokens):
+            end = min(begin + self.chunk_tokens, packed.length)
+            out = self.base(
+                input_ids=packed.input_ids[:, begin:end],
+                position_ids=packed.position_ids[:, begin:end],
+                attention_mask=chunk_mask(packed, begin, end, self.dtype, self.sliding_window),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            parts.append(out.last_hidden_state)
+        return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
     def _score_rows(
         self,
