@@ -87,10 +87,10 @@ def test_compiled_members_are_timed_by_their_own_drafts_beside_eager_drafts_in_o
     assert compiled["same_answer_as_eager"] is True
     assert compiled["speedup_in_turn"] > 0
     for name, drafts in compiled["drafts"].items():
-        # One warm-up draft alone, 4 rounds of the warm-up ensemble, two timed drafts alone (the whole
-        # budget, one segment), then the timed ensemble's 4 rounds and one one-round run; the eager
-        # mode's drafts do not count.
-        assert drafts == {"static": 1 + 4 + 2 + 4 + 1, "eager": 0, "batched": 0}, name
+        # Warm-up: a draft alone, the ensemble twice (4 rounds each), a draft alone again; then two
+        # timed drafts alone (the whole budget, one segment), the timed ensemble's 4 rounds and one
+        # one-round run. The eager mode's drafts do not count.
+        assert drafts == {"static": 1 + 2 * 4 + 1 + 2 + 4 + 1, "eager": 0, "batched": 0}, name
         assert compiled["disabled"][name] is None
         assert compiled["verified"][name] > 0  # lone verification passes ran compiled too
     table = bench_gpu.format_table(report)

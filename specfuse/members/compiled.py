@@ -13,7 +13,7 @@ A compilation that fails (at any step) turns compiled decoding off for the membe
 and the draft goes on eagerly: the tokens it decoded so far are fed to its own cache.
 
 A lone request's packed verification pass runs compiled too (`verify`): its candidates, padded to a
-block of 16, 32, 64, … tokens, are read after the committed tokens in the same static cache, with the
+block of 64 or 256 tokens, are read after the committed tokens in the same static cache, with the
 packed mask widened to the cache, and their keys and values are then appended to the request's own
 DynamicCache, where the eager pass would have left them: accept() and everything after it are
 unchanged. A pass longer than MAX_VERIFY_TOKENS runs eagerly.
@@ -44,8 +44,11 @@ from .scoring import chunk_mask, float_mask
 log = logging.getLogger(__name__)
 
 MIN_CAPACITY = 256  # the smallest static cache, in tokens; larger ones double
-MIN_VERIFY_BLOCK = 16  # a compiled verification pass reads 16, 32, 64, … tokens: one graph per size
-MAX_VERIFY_TOKENS = 256  # longer packed passes (long typed segments) run eagerly
+# A compiled verification pass reads a block of 64 tokens (three segments of 10 and their anchors fit
+# with room to spare), or of 256; longer ones (long typed segments) run eagerly. Two sizes keep the
+# compilations few: one per block size and static cache size.
+VERIFY_BLOCKS = (64, 256)
+MAX_VERIFY_TOKENS = VERIFY_BLOCKS[-1]
 _LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 R = TypeVar("R")
 
@@ -195,9 +198,7 @@ class CompiledDecoder:
         ):
             return None
         try:
-            block = MIN_VERIFY_BLOCK
-            while block < length:
-                block *= 2
+            block = next(size for size in VERIFY_BLOCKS if size >= length)
             self._load(cache, prefix, prefix + block)
             static = self._static
             assert static is not None
