@@ -87,6 +87,7 @@ def test_compiled_drafts_with_cuda_graphs_play_the_same_rounds_as_eager_drafts(e
         decoder = member.compiled
         assert decoder.cudagraphs and decoder.disabled is None, decoder.disabled
         assert decoder.counts["static"] >= len(turns) - 1 and decoder.counts["eager"] == 0
+        assert decoder.verified > 0 and decoder.verify_off is None  # verification passes compiled too
     assert counters["inductor"].get("cudagraph_skips", 0) == 0  # every step replayed a CUDA graph
 
 
