@@ -207,20 +207,19 @@ class CompiledDecoder:
                 torch.compiler.cudagraph_mark_step_begin()
             hidden = self._compiled_verify(self.member, input_ids, position_ids, mask, static.cache)
             hidden = hidden[:, :length].clone()  # a CUDA graph's output is overwritten by its next replay
-            for mine, theirs in zip(static.layers, cast("list[DynamicLayer]", cache.layers)):
-                assert mine.keys is not None and mine.values is not None
-                assert theirs.keys is not None and theirs.values is not None
-                theirs.keys = torch.cat([theirs.keys, mine.keys[:, :, prefix : prefix + length]], dim=-2)
-                theirs.values = torch.cat(
-                    [theirs.values, mine.values[:, :, prefix : prefix + length]], dim=-2
-                )
+            layers = cast("list[DynamicLayer]", cache.layers)
+            new = slice(prefix, prefix + length)
+            grown = [  # every layer's first, then all assigned: a failure leaves `cache` whole
+                (_cat(theirs.keys, mine.keys, new), _cat(theirs.values, mine.values, new))
+                for mine, theirs in zip(static.layers, layers)
+            ]
+            for theirs, (keys, values) in zip(layers, grown):
+                theirs.keys, theirs.values = keys, values
         except Exception as e:  # compiled verification off (drafts stay compiled), this pass eager
             self.verify_off = f"torch.compile failed: {type(e).__name__}: {e}"
             log.warning(
                 "%s: compiled verification is off, verifying eagerly (%s)", self.member.name, self.verify_off
             )
-            if cache.get_seq_length() != prefix:  # never: the keys are appended last, all or none
-                cache.crop(prefix - cache.get_seq_length())
             return None
         finally:
             self._lock.release()
@@ -322,6 +321,12 @@ def _verify(member: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, ma
         use_cache=True,
     )
     return out.last_hidden_state
+
+
+def _cat(committed: torch.Tensor | None, static: torch.Tensor | None, new: slice) -> torch.Tensor:
+    """A layer's committed keys (or values) followed by the static cache's at `new`."""
+    assert committed is not None and static is not None
+    return torch.cat([committed, static[:, :, new]], dim=-2)
 
 
 def _widened(
