@@ -300,19 +300,12 @@ def _decode(
             "full_attention": full,
             "sliding_attention": float_mask((allowed & near)[:, None, None, :], member.dtype),
         }
-    out = member.base(
-        input_ids=input_ids,
-        position_ids=position_ids,
-        attention_mask=mask,
-        past_key_values=cache,
-        use_cache=True,
-    )
-    return out.last_hidden_state[:, -1]
+    return _verify(member, input_ids, position_ids, mask, cache)[:, -1]
 
 
 def _verify(member: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: Any, cache: Cache) -> Any:
-    """A packed verification block [1, W] after the committed tokens in a static cache; returns the
-    hidden states [1, W, H]."""
+    """Tokens [1, W] after the committed ones in a static cache, seen as `mask` says (a packed
+    verification block; one decoding step); returns the hidden states [1, W, H]."""
     out = member.base(
         input_ids=input_ids,
         position_ids=position_ids,
