@@ -178,9 +178,9 @@ def by_group(outcomes: Sequence[Outcome], problems: Sequence[Problem]) -> list[d
     """Instruction-level strict accuracy per instruction group (the id before ':', e.g.
     `detectable_format`), one column per system: where a system keeps or loses instructions beside
     another, which the prompt-level totals hide. `instruction count` counts the group's instructions
-    over the problems the outcomes cover. No system can be named like either key (systems are
-    `single-…`, `sc<K>-…`, built-ins or variants, whose names hold no space); a system's column is
-    None where it answered none of the group's instructions."""
+    over the problems the outcomes cover. No system can be named like either key: systems are
+    `single-…` and `sc<K>-…`, the built-ins, and variants (lowercase, digits, `._-`). A system's
+    column is None where it answered none of the group's instructions."""
     instructions = {p.id: p.instructions for p in problems if p.instructions}
     given: dict[str, Counter[str]] = {}
     kept: dict[str, Counter[str]] = {}

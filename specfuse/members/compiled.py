@@ -151,13 +151,7 @@ class CompiledDecoder:
         if draft is None or draft.eager:
             return None
         if not draft.held:
-            if (
-                self.disabled
-                or self._off_the_default_stream()
-                or cache.get_seq_length() != position
-                or any(type(layer) is not DynamicLayer for layer in cache.layers)
-                or not self._lock.acquire(blocking=False)
-            ):
+            if not self._take(cache, position):
                 draft.eager = True
                 return None
             draft.held, draft.start = True, position
@@ -187,15 +181,7 @@ class CompiledDecoder:
         keys and values are appended to `cache` as an eager pass leaves them. None: run it eagerly
         (nothing changed)."""
         length, prefix = layout.length, layout.width
-        if (
-            self.disabled
-            or self.verify_off
-            or length > MAX_VERIFY_TOKENS
-            or self._off_the_default_stream()
-            or cache.get_seq_length() != prefix
-            or any(type(layer) is not DynamicLayer for layer in cache.layers)
-            or not self._lock.acquire(blocking=False)
-        ):
+        if self.verify_off or length > MAX_VERIFY_TOKENS or not self._take(cache, prefix):
             return None
         try:
             block = next(size for size in VERIFY_BLOCKS if size >= length)
@@ -225,6 +211,16 @@ class CompiledDecoder:
             self._lock.release()
         self.verified += 1
         return hidden
+
+    def _take(self, cache: DynamicCache, length: int) -> bool:
+        """Whether a request whose `cache` should hold its `length` committed tokens may use the
+        static cache now; True: this thread holds its lock (the caller releases it)."""
+        return not (
+            self.disabled
+            or self._off_the_default_stream()
+            or cache.get_seq_length() != length
+            or any(type(layer) is not DynamicLayer for layer in cache.layers)
+        ) and self._lock.acquire(blocking=False)
 
     def _off_the_default_stream(self) -> bool:
         """A member drafting at once with others, in a thread on a CUDA stream of its own: its CUDA
