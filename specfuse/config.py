@@ -82,6 +82,14 @@ class EnsembleConfig:
         "score each candidate relative to its drafter's own score of it (z_ij − z_jj) before normalizing",
         group="scoring",
     )
+    prompt_contrast: float = setting(
+        0.0,
+        "score each candidate by how much the prompt raises its likelihood: z_ij minus this weight times "
+        "z_ij with the prompt left out (0 = off; costs a second context and verify pass per member)",
+        low=0.0,
+        high=1.0,
+        group="scoring",
+    )
     aggregation: str = setting(
         "median",
         "how the verifiers' scores of a candidate combine: weighted mean (the paper), weighted median, "

@@ -74,6 +74,17 @@ def contrast(z: Matrix, verifiers: Sequence[str], drafters: Sequence[str]) -> li
     ]
 
 
+def prompt_contrast(z: Sequence[float], z_without: Sequence[float], weight: float) -> list[float]:
+    """One verifier's scores less `weight` times its scores of the same candidates with the prompt
+    left out (z_ij − λ·z°_ij): how much the prompt itself raises each candidate's likelihood. Text
+    that keeps an instruction (a format, a required word, all lowercase) is likely because of the
+    prompt; generic text and repetition are likely either way. Context-aware decoding (Shi et al.,
+    2023) and instructive decoding (Kim et al., 2023) apply this per token; here it scores segments."""
+    if len(z) != len(z_without):
+        raise ValueError(f"{len(z)} scores with the prompt but {len(z_without)} without it")
+    return [float(a) - weight * float(b) for a, b in zip(z, z_without)]
+
+
 def normalize(z: Matrix, method: str = "zsoftmax") -> list[list[float]]:
     """Normalize every row of a [verifiers][candidates] matrix."""
     return [normalize_row(row, method) for row in z]

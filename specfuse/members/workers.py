@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from typing import Any, Protocol, TypeVar
 
+from .. import feedback
 from ..config import EnsembleConfig
 from ..errors import MemberError, SpecfuseError
 from ..records import Candidate
@@ -221,6 +222,15 @@ class Request(Protocol):
     states: dict[str, Any]  # each member's state for this request
 
 
+# prompt_contrast: each member's second context, the same answer after this prompt instead of the
+# user's (nothing asked), kept in the run's states under a key no member name can take.
+PROMPT_LEFT_OUT = ""
+
+
+def without_prompt(m: str) -> str:
+    return f"{m}\x00without the prompt"
+
+
 Work = tuple[str, "Request", Any]  # (member name, run, the step's argument for that run)
 Done = tuple[tuple[str, int], tuple[T, float]]  # ((member name, id(run)), (result, seconds))
 
@@ -245,17 +255,20 @@ class MemberCalls:
         an HFMember reads their prompts together); member i of the run's own list gets
         member_settings(i), so that a run of a subset equals an ensemble of that subset. One run's
         bad prompt (too long for a member's context) fails that run, not the others starting beside
-        it; a start_many that raises fails every run it served."""
+        it; a start_many that raises fails every run it served. A run with prompt_contrast also
+        starts each member with the prompt left out (its state under without_prompt(m))."""
 
-        def begin(m: str, group: list[Request], _: list[None]) -> list[Any]:
+        def begin(m: str, group: list[Request], left_out: list[bool]) -> list[tuple[bool, Any]]:
             settings = [r.config.member_settings(r.names.index(m)) for r in group]
-            return self.members[m].start_many([r.prompt for r in group], settings)
+            prompts = [PROMPT_LEFT_OUT if out else r.prompt for r, out in zip(group, left_out)]
+            return list(zip(left_out, self.members[m].start_many(prompts, settings)))
 
-        work = [(m, r, None) for r in runs for m in r.names]
-        for (m, key), (state, _) in self._by_member("start", work, begin):
+        work = [(m, r, False) for r in runs for m in r.names]
+        work += [(m, r, True) for r in runs if r.config.prompt_contrast for m in r.names]
+        for (m, key), ((left_out, state), _) in self._by_member("start", work, begin):
             run = next(r for r in runs if id(r) == key)
             if not isinstance(state, SpecfuseError):
-                run.states[m] = state
+                run.states[without_prompt(m) if left_out else m] = state
             elif self.isolate:
                 self.failures.setdefault(key, state)
             else:
@@ -280,7 +293,16 @@ class MemberCalls:
         """Each verifier's raw scores z_i· (and token evidence, from members that keep it)."""
 
         def verify(m: str, group: list[Request], candidates: list[Sequence[Candidate]]) -> list[Verdict]:
-            return self.members[m].score_many([r.states[m] for r in group], candidates)
+            # Runs with prompt_contrast score their candidates a second time with the prompt left
+            # out, in the same call (a member batches both).
+            contrasted = [i for i, r in enumerate(group) if r.config.prompt_contrast]
+            states = [r.states[m] for r in group] + [group[i].states[without_prompt(m)] for i in contrasted]
+            verdicts = self.members[m].score_many(states, [*candidates, *(candidates[i] for i in contrasted)])
+            out = verdicts[: len(group)]
+            for i, (z_without, _) in zip(contrasted, verdicts[len(group) :]):
+                z, evidence = out[i]
+                out[i] = (feedback.prompt_contrast(z, z_without, group[i].config.prompt_contrast), evidence)
+            return out
 
         return dict(self._by_member("score", work, verify))
 
@@ -291,6 +313,8 @@ class MemberCalls:
             member = self.members[m]
             for r, t in zip(group, texts):
                 member.accept(r.states[m], t)
+                if r.config.prompt_contrast:
+                    member.accept(r.states[without_prompt(m)], t)
             return [None] * len(group)
 
         return dict(self._by_member("accept", work, accept))
