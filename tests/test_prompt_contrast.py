@@ -73,3 +73,10 @@ def test_off_by_default_and_runs_side_by_side_equal_each_alone(trio):
     assert list(first.raw_scores[0]) == pytest.approx(
         scores_by_hand(member, PROMPT, "", first.candidates, plain), abs=1e-4
     )
+
+
+def test_a_branch_reads_the_answer_so_far_into_the_context_without_the_prompt_too(trio):
+    ensemble = Ensemble(trio)
+    whole = list(ensemble.stream(PROMPT, CONTRAST))
+    assert len(whole) > 3
+    same_rounds(list(ensemble.stream(PROMPT, CONTRAST, start=whole[:2])), whole[2:])
