@@ -358,3 +358,26 @@ def test_gguf_draft_drafts_in_llama_cpp_and_scores_in_torch(local):
     assert twice[1].verifier.model is twice[0].verifier.model
     with pytest.raises(ConfigError, match="CPU only"):
         load_member("smollm2-135m", quantize="gguf-draft", device="cuda:0", cache_dir=REAL_MODEL_CACHE)
+
+
+def test_prompt_contrast_scores_against_a_second_context_without_the_prompt(member):
+    """Both contexts of every request share one verify call; the scores equal those by hand."""
+    from specfuse.members.workers import PROMPT_LEFT_OUT
+
+    config = EnsembleConfig(max_new_tokens=30, verify="always", exit=False, prompt_contrast=0.3)
+    prompts = PROMPTS[:2]
+    runs: list[list] = [[], []]
+    for i, rnd in Ensemble([member]).stream_many(prompts, config):
+        runs[i].append(rnd)
+    for prompt, rounds in zip(prompts, runs):
+        assert len(rounds) >= 2
+        before = ""
+        for rnd in rounds:
+            z = []
+            for text in (prompt, PROMPT_LEFT_OUT):
+                state = member.start(text, GREEDY)
+                if before:
+                    member.accept(state, before)
+                z.append(member.score(state, rnd.candidates))
+            assert list(rnd.raw_scores[0]) == pytest.approx([a - 0.3 * b for a, b in zip(*z)], abs=1e-3)
+            before = rnd.text
