@@ -1,0 +1,156 @@
+"""Can the members' likelihood tell which of two whole answers keeps IFEval's instructions?
+
+A ceiling for every likelihood-based choice the ensemble makes. On the IFEval development rows where
+exactly one of Qwen alone and SmolLM2 alone (bf16, bench/RESULTS-ifeval-dev.json) followed every
+instruction, each judge below picks one of the two complete answers. On the other rows any judge's
+pick is right or wrong alike, so a judge's accuracy is (rows both got right) + (discordant rows where
+it picked the right answer), set beside Qwen alone with the exact McNemar test. If no judge picks the
+right one of two whole answers clearly more often than a coin, a segment-level choice by the same
+scores cannot beat Qwen alone either.
+
+Judges (members in llama.cpp, mean log-probability of the answer's tokens after the prompt):
+- each member alone;
+- each member with prompt contrast (z − λ·z°, z° the score with the prompt left out), λ = 0.3 and 1;
+- the default's rule at the answer level: each judge's row normalized (zsoftmax), the weighted median
+  with the catalogue's trust (specfuse.feedback, as the engine does);
+- the uniform mean of the three normalized rows.
+
+    python tools/answer_judges.py --json bench/ifeval-answer-judges.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from specfuse import feedback
+from specfuse.config import MemberSettings
+from specfuse.eval import ifeval
+from specfuse.eval.stats import mcnemar_exact, wilson
+from specfuse.members.workers import PROMPT_LEFT_OUT
+from specfuse.models.catalogue import DEFAULT_MEMBERS
+from specfuse.models.loading import load_member
+from specfuse.records import Candidate
+
+QWEN, SMOL = "single-qwen2.5-coder-0.5b", "single-smollm2-135m"
+SETTINGS = MemberSettings(score="logprob", max_new_tokens=16)  # scoring only: no answer budget needed
+CONTRASTS = (0.3, 1.0)
+
+
+def discordant_rows(report: str) -> tuple[int, int, list[dict[str, Any]]]:
+    """(both right, rows, the rows where exactly one of the two was right, with both answers)."""
+    by: dict[str, dict[str, Any]] = {}
+    with open(report) as f:
+        outcomes = json.load(f)["outcomes"]
+    for o in outcomes:
+        if o["system"] in (QWEN, SMOL):
+            by.setdefault(o["problem"], {})[o["system"]] = o
+    both = sum(1 for p in by.values() if p[QWEN]["correct"] and p[SMOL]["correct"])
+    rows = [
+        {
+            "problem": k,
+            "answers": (p[QWEN]["answer"], p[SMOL]["answer"]),
+            "right": 0 if p[QWEN]["correct"] else 1,
+        }
+        for k, p in sorted(by.items())
+        if p[QWEN]["correct"] != p[SMOL]["correct"]
+    ]
+    return both, len(by), rows
+
+
+def scores(member: Any, prompts: Sequence[str], answers: Sequence[tuple[str, str]]) -> list[list[float]]:
+    """Each row's two answers scored by `member` after its prompt (one verify call for all rows)."""
+    states = [member.start(p, SETTINGS) for p in prompts]
+    cands = [[Candidate(member.name, a, 0, False, 0.0) for a in pair] for pair in answers]
+    return [z for z, _ in member.score_many(states, cands)]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--report", default="bench/RESULTS-ifeval-dev.json", help="singles' answers (bf16)")
+    parser.add_argument("--json", help="write the figures here")
+    args = parser.parse_args(argv)
+
+    both, total, rows = discordant_rows(args.report)
+    problems = {p.id: p for p in ifeval.load_ifeval(rows=range(0, 300))}
+    prompts = [problems[r["problem"]].prompt for r in rows]
+    answers = [r["answers"] for r in rows]
+    began = time.perf_counter()
+    z: dict[str, list[list[float]]] = {}
+    z_left_out: dict[str, list[list[float]]] = {}
+    members = [load_member(name, quantize="gguf") for name in DEFAULT_MEMBERS]
+    for m in members:
+        z[m.name] = scores(m, prompts, answers)
+        z_left_out[m.name] = scores(m, [PROMPT_LEFT_OUT] * len(rows), answers)
+        print(
+            f"{m.name}: scored {2 * len(rows)} answers twice ({time.perf_counter() - began:.0f} s)",
+            flush=True,
+        )
+
+    names = [m.name for m in members]
+    trust = feedback.trust_weights([m.trust for m in members])
+    judges: dict[str, list[int]] = {}  # judge -> its pick (0: Qwen's answer, 1: SmolLM2's) per row
+    for name in names:
+        judges[f"{name} alone"] = [int(b > a) for a, b in z[name]]
+        for lam in CONTRASTS:
+            judges[f"{name}, prompt contrast {lam}"] = [
+                int(b > a)
+                for a, b in (
+                    feedback.prompt_contrast(zz, z0, lam) for zz, z0 in zip(z[name], z_left_out[name])
+                )
+            ]
+    drafters = ["qwen2.5-coder-0.5b", "smollm2-135m"]
+    for label, weights, method in (
+        ("the default's rule (trust, median)", trust, "median"),
+        ("uniform mean", None, "mean"),
+    ):
+        picks = []
+        for r in range(len(rows)):
+            s = feedback.normalize([z[n][r] for n in names], "zsoftmax")
+            y = feedback.aggregate(s, weights or feedback.uniform(len(names)), names, drafters, True, method)
+            picks.append(int(y[1] > y[0]))
+        judges[label] = picks
+
+    qwen_right = sum(1 for r in rows if r["right"] == 0)
+    out = {
+        "rows": total,
+        "both_right": both,
+        "discordant": len(rows),
+        "qwen_alone": both + qwen_right,
+        "smollm2_alone": both + len(rows) - qwen_right,
+        "trust": dict(zip(names, trust)),
+        "seconds": round(time.perf_counter() - began, 1),
+        "judges": {},
+    }
+    print(f"{len(rows)} of {total} rows discordant; both right on {both}; Qwen alone {out['qwen_alone']}")
+    for label, picks in judges.items():
+        right = sum(p == r["right"] for p, r in zip(picks, rows))
+        gained = sum(
+            p == 1 == r["right"] for p, r in zip(picks, rows)
+        )  # SmolLM2's right answer, Qwen's wrong
+        lost = sum(p == 1 != r["right"] for p, r in zip(picks, rows))
+        correct = both + right
+        low, high = wilson(correct, total)
+        out["judges"][label] = {
+            "right_of_discordant": right,
+            "correct": correct,
+            "ci": [low, high],
+            "picks_smollm2": sum(picks),
+            "vs_qwen": {"gained": gained, "lost": lost, "p": mcnemar_exact(gained, lost)},
+        }
+        print(
+            f"{label:45s} right on {right:2d}/{len(rows)}  -> {correct}/{total}  "
+            f"vs Qwen {gained}:{lost}, p = {mcnemar_exact(gained, lost):.2f}"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
