@@ -68,6 +68,59 @@ def scores(member: Any, prompts: Sequence[str], answers: Sequence[tuple[str, str
     return [z for z, _ in member.score_many(states, cands)]
 
 
+def judge_picks(
+    z: dict[str, list[list[float]]],
+    z_left_out: dict[str, list[list[float]]],
+    names: Sequence[str],
+    trust: Sequence[float],
+) -> dict[str, list[int]]:
+    """Each judge's pick per row (0: Qwen's answer, 1: SmolLM2's) from the members' scores of the two
+    answers with the prompt (z) and with it left out; ties go to Qwen's, as the engine's go to the
+    first candidate."""
+    judges: dict[str, list[int]] = {}
+    for name in names:
+        judges[f"{name} alone"] = [int(b > a) for a, b in z[name]]
+        for lam in CONTRASTS:
+            contrasted = (feedback.prompt_contrast(s, s0, lam) for s, s0 in zip(z[name], z_left_out[name]))
+            judges[f"{name}, prompt contrast {lam}"] = [int(b > a) for a, b in contrasted]
+    drafters = ["qwen2.5-coder-0.5b", "smollm2-135m"]
+    rules = (("the default's rule (trust, median)", trust, "median"), ("uniform mean", None, "mean"))
+    for label, weights, method in rules:
+        picks = []
+        for r in range(len(z[names[0]])):
+            s = feedback.normalize([z[n][r] for n in names], "zsoftmax")
+            y = feedback.aggregate(s, weights or feedback.uniform(len(names)), names, drafters, True, method)
+            picks.append(int(y[1] > y[0]))
+        judges[label] = picks
+    return judges
+
+
+def tally(judges: dict[str, list[int]], right: Sequence[int], both: int, total: int) -> dict[str, Any]:
+    """Each judge's accuracy over all `total` rows: the `both` rows both answers got right, plus the
+    discordant rows where its pick is the right answer (`right`: 0 Qwen's, 1 SmolLM2's), and its
+    McNemar test against always taking Qwen's answer (Qwen alone)."""
+    out: dict[str, Any] = {
+        "rows": total,
+        "both_right": both,
+        "discordant": len(right),
+        "qwen_alone": both + right.count(0),
+        "smollm2_alone": both + right.count(1),
+        "judges": {},
+    }
+    for label, picks in judges.items():
+        gained = sum(p == 1 == r for p, r in zip(picks, right))  # SmolLM2's answer, the right one
+        lost = sum(p == 1 != r for p, r in zip(picks, right))  # SmolLM2's answer, Qwen's was right
+        correct = both + sum(p == r for p, r in zip(picks, right))
+        out["judges"][label] = {
+            "right_of_discordant": correct - both,
+            "correct": correct,
+            "ci": list(wilson(correct, total)),
+            "picks_smollm2": sum(picks),
+            "vs_qwen": {"gained": gained, "lost": lost, "p": mcnemar_exact(gained, lost)},
+        }
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -94,58 +147,14 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     names = [m.name for m in members]
     trust = feedback.trust_weights([m.trust for m in members])
-    judges: dict[str, list[int]] = {}  # judge -> its pick (0: Qwen's answer, 1: SmolLM2's) per row
-    for name in names:
-        judges[f"{name} alone"] = [int(b > a) for a, b in z[name]]
-        for lam in CONTRASTS:
-            judges[f"{name}, prompt contrast {lam}"] = [
-                int(b > a)
-                for a, b in (
-                    feedback.prompt_contrast(zz, z0, lam) for zz, z0 in zip(z[name], z_left_out[name])
-                )
-            ]
-    drafters = ["qwen2.5-coder-0.5b", "smollm2-135m"]
-    for label, weights, method in (
-        ("the default's rule (trust, median)", trust, "median"),
-        ("uniform mean", None, "mean"),
-    ):
-        picks = []
-        for r in range(len(rows)):
-            s = feedback.normalize([z[n][r] for n in names], "zsoftmax")
-            y = feedback.aggregate(s, weights or feedback.uniform(len(names)), names, drafters, True, method)
-            picks.append(int(y[1] > y[0]))
-        judges[label] = picks
-
-    qwen_right = sum(1 for r in rows if r["right"] == 0)
-    out = {
-        "rows": total,
-        "both_right": both,
-        "discordant": len(rows),
-        "qwen_alone": both + qwen_right,
-        "smollm2_alone": both + len(rows) - qwen_right,
-        "trust": dict(zip(names, trust)),
-        "seconds": round(time.perf_counter() - began, 1),
-        "judges": {},
-    }
+    out = tally(judge_picks(z, z_left_out, names, trust), [r["right"] for r in rows], both, total)
+    out["trust"] = dict(zip(names, trust))
+    out["seconds"] = round(time.perf_counter() - began, 1)
     print(f"{len(rows)} of {total} rows discordant; both right on {both}; Qwen alone {out['qwen_alone']}")
-    for label, picks in judges.items():
-        right = sum(p == r["right"] for p, r in zip(picks, rows))
-        gained = sum(
-            p == 1 == r["right"] for p, r in zip(picks, rows)
-        )  # SmolLM2's right answer, Qwen's wrong
-        lost = sum(p == 1 != r["right"] for p, r in zip(picks, rows))
-        correct = both + right
-        low, high = wilson(correct, total)
-        out["judges"][label] = {
-            "right_of_discordant": right,
-            "correct": correct,
-            "ci": [low, high],
-            "picks_smollm2": sum(picks),
-            "vs_qwen": {"gained": gained, "lost": lost, "p": mcnemar_exact(gained, lost)},
-        }
+    for label, j in out["judges"].items():
         print(
-            f"{label:45s} right on {right:2d}/{len(rows)}  -> {correct}/{total}  "
-            f"vs Qwen {gained}:{lost}, p = {mcnemar_exact(gained, lost):.2f}"
+            f"{label:45s} right on {j['right_of_discordant']:2d}/{len(rows)}  -> {j['correct']}/{total}  "
+            f"vs Qwen {j['vs_qwen']['gained']}:{j['vs_qwen']['lost']}, p = {j['vs_qwen']['p']:.2f}"
         )
     if args.json:
         with open(args.json, "w") as f:
