@@ -369,6 +369,7 @@ def test_prompt_contrast_scores_against_a_second_context_without_the_prompt(memb
     runs: list[list] = [[], []]
     for i, rnd in Ensemble([member]).stream_many(prompts, config):
         runs[i].append(rnd)
+    pull = []  # how far each score is from the plain one: the second context must count
     for prompt, rounds in zip(prompts, runs):
         assert len(rounds) >= 2
         before = ""
@@ -379,5 +380,9 @@ def test_prompt_contrast_scores_against_a_second_context_without_the_prompt(memb
                 if before:
                     member.accept(state, before)
                 z.append(member.score(state, rnd.candidates))
-            assert list(rnd.raw_scores[0]) == pytest.approx([a - 0.3 * b for a, b in zip(*z)], abs=1e-3)
+            # llama.cpp's sums depend on what else shares a batch: a few thousandths (1e-3 within a
+            # call's own requests, test above); the second context moves a score by 0.3 x ~1 nat.
+            assert list(rnd.raw_scores[0]) == pytest.approx([a - 0.3 * b for a, b in zip(*z)], abs=0.02)
+            pull += [abs(r - a) for r, a in zip(rnd.raw_scores[0], z[0])]
             before = rnd.text
+    assert max(pull) > 0.1
