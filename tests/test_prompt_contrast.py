@@ -3,6 +3,8 @@ with the prompt left out (feedback.prompt_contrast), the second context kept and
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from specfuse import feedback
@@ -80,3 +82,14 @@ def test_a_branch_reads_the_answer_so_far_into_the_context_without_the_prompt_to
     whole = list(ensemble.stream(PROMPT, CONTRAST))
     assert len(whole) > 3
     same_rounds(list(ensemble.stream(PROMPT, CONTRAST, start=whole[:2])), whole[2:])
+
+
+def test_a_member_that_cannot_read_an_empty_prompt_fails_the_run_naming_prompt_contrast():
+    from specfuse.prompts import PromptFormat
+
+    bare = tiny_member("bare", "llama-bytes", prompt_format=PromptFormat("completion", template="{prompt}"))
+    other = tiny_member("qwen-merges")
+    ensemble = Ensemble([bare, other])
+    assert list(ensemble.stream(PROMPT, replace(CONTRAST, prompt_contrast=0.0)))  # plain runs still go
+    with pytest.raises(ConfigError, match="prompt_contrast: bare cannot start a context without the prompt"):
+        list(ensemble.stream(PROMPT, CONTRAST))

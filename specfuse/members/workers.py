@@ -267,6 +267,10 @@ class MemberCalls:
         work += [(m, r, True) for r in runs if r.config.prompt_contrast for m in r.names]
         for (m, key), ((left_out, state), _) in self._by_member("start", work, begin):
             run = next(r for r in runs if id(r) == key)
+            if left_out and isinstance(state, SpecfuseError):  # say why a prompt nobody typed was read
+                state = type(state)(
+                    f"prompt_contrast: {m} cannot start a context without the prompt: {state}"
+                )
             if not isinstance(state, SpecfuseError):
                 run.states[without_prompt(m) if left_out else m] = state
             elif self.isolate:
