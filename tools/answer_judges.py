@@ -6,7 +6,7 @@ instruction, each judge below picks one of the two complete answers. On the othe
 pick is right or wrong alike, so a judge's accuracy is (rows both got right) + (discordant rows where
 it picked the right answer), set beside Qwen alone with the exact McNemar test. If no judge picks the
 right one of two whole answers clearly more often than a coin, a segment-level choice by the same
-scores cannot beat Qwen alone either.
+scores, which sees less, has little to gain over Qwen alone.
 
 Judges (members in llama.cpp, mean log-probability of the answer's tokens after the prompt):
 - each member alone;
