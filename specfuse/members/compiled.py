@@ -108,18 +108,15 @@ class CompiledDecoder:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._static: _Static | None = None
-        # A function of its own (its own code object): torch.compile keeps its compilations, and
-        # counts them against its limit, per code object.
-        code = _decode.__code__.replace(co_name=f"_decode_{abs(hash(member.name))}")
-        mine = types.FunctionType(code, _decode.__globals__, code.co_name, _decode.__defaults__)
-        self._compiled = torch.compile(
-            mine, backend=self.backend, mode=self.mode, fullgraph=True, dynamic=False
-        )
-        code = _verify.__code__.replace(co_name=f"_verify_{abs(hash(member.name))}")
-        mine = types.FunctionType(code, _verify.__globals__, code.co_name, _verify.__defaults__)
-        self._compiled_verify = torch.compile(
-            mine, backend=self.backend, mode=self.mode, fullgraph=True, dynamic=False
-        )
+        self._compiled = self._own_compiled(_decode)
+        self._compiled_verify = self._own_compiled(_verify)
+
+    def _own_compiled(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        """`step` compiled as a function of this member's own (its own code object): torch.compile
+        keeps its compilations, and counts them against its limit, per code object."""
+        code = step.__code__.replace(co_name=f"{step.__name__}_{abs(hash(self.member.name))}")
+        mine = types.FunctionType(code, step.__globals__, code.co_name, step.__defaults__)
+        return torch.compile(mine, backend=self.backend, mode=self.mode, fullgraph=True, dynamic=False)
 
     # -- a draft's begin and end (drafting(), around HFMember.draft_many) ----------------------------
 
