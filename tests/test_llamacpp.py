@@ -364,6 +364,8 @@ def test_prompt_contrast_scores_against_a_second_context_without_the_prompt(memb
     """Both contexts of every request share one verify call; the scores equal those by hand."""
     from specfuse.members.workers import PROMPT_LEFT_OUT
 
+    from .test_prompt_contrast import scores_by_hand
+
     config = EnsembleConfig(max_new_tokens=30, verify="always", exit=False, prompt_contrast=0.3)
     prompts = PROMPTS[:2]
     runs: list[list] = [[], []]
@@ -374,12 +376,10 @@ def test_prompt_contrast_scores_against_a_second_context_without_the_prompt(memb
         assert len(rounds) >= 2
         before = ""
         for rnd in rounds:
-            z = []
-            for text in (prompt, PROMPT_LEFT_OUT):
-                state = member.start(text, GREEDY)
-                if before:
-                    member.accept(state, before)
-                z.append(member.score(state, rnd.candidates))
+            z = [
+                scores_by_hand(member, text, before, rnd.candidates, config)
+                for text in (prompt, PROMPT_LEFT_OUT)
+            ]
             # llama.cpp's sums depend on what else shares a batch: a few thousandths (1e-3 within a
             # call's own requests, test above); the second context moves a score by 0.3 x ~1 nat.
             assert list(rnd.raw_scores[0]) == pytest.approx([a - 0.3 * b for a, b in zip(*z)], abs=0.02)
