@@ -83,18 +83,23 @@ def test_compiled_members_are_timed_by_their_own_drafts_beside_eager_drafts_in_o
         assert set(mode["phase_ms_per_member"]) == set(report["single"])
     for single in report["single"].values():
         assert 15 <= single["tokens"] <= 20 and single["generate_s_per_token"] > 0  # a draft may trim its end
+        # The compiled step alone, beside the draft loop's time per token and the floor.
+        assert 0 < single["bare_step_s"] < single["s_per_token"] * 5
+        ratio = single["bare_step_s"] / single["floor_s_per_token"]
+        assert single["bare_step_floor_ratio"] == pytest.approx(ratio)
     compiled = report["compiled"]
     assert compiled["same_answer_as_eager"] is True
     assert compiled["speedup_in_turn"] > 0
     for name, drafts in compiled["drafts"].items():
         # Warm-up: a draft alone, the ensemble twice (4 rounds each), a draft alone again; then two
         # timed drafts alone (the whole budget, one segment), the timed ensemble's 4 rounds and one
-        # one-round run. The eager mode's drafts do not count.
-        assert drafts == {"static": 1 + 2 * 4 + 1 + 2 + 4 + 1, "eager": 0, "batched": 0}, name
+        # one-round run, and the bare step's draft of two tokens. The eager mode's drafts do not count.
+        assert drafts == {"static": 1 + 2 * 4 + 1 + 2 + 1 + 4 + 1, "eager": 0, "batched": 0}, name
         assert compiled["disabled"][name] is None
         assert compiled["verified"][name] > 0  # lone verification passes ran compiled too
     table = bench_gpu.format_table(report)
     assert "in turn, eager" in table and "compiled drafts:" in table and "; generate " in table
+    assert "; the compiled step alone " in table
     assert "eager: shares of a round's wall time: draft " in table
     json.dumps(report)
 

@@ -1,8 +1,8 @@
 """Compiled decoding (members/compiled.py): drafts in a static KV cache with a torch.compile'd step
 give exactly the eager drafts' answers in fp32 greedy, on three architectures (gemma3 with its
 sliding-window layers), after another member's segment is accepted, with a budget that ends
-mid-segment, a trimmed draft's tail taken over, a static cache that grows, and batches (which draft
-eagerly). A lone request's verification pass runs compiled too: the same scores (to 1e-4), and the
+mid-segment, a trimmed draft's tail taken over, a static cache sized for a whole request, and
+batches (which draft eagerly). A lone request's verification pass runs compiled too: the same scores (to 1e-4), and the
 keys and values it leaves let accept() and the next draft go on exactly as after an eager pass.
 
 Most tests compile with the "aot_eager" backend: dynamo captures the whole step, static cache
@@ -16,7 +16,7 @@ import pytest
 
 from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Ensemble
-from specfuse.members.compiled import MIN_CAPACITY, CompiledDecoder
+from specfuse.members.compiled import MIN_CAPACITY, VERIFY_BLOCKS, CompiledDecoder
 from specfuse.records import Candidate
 
 from .conftest import TINY_SPECS, tiny_member
@@ -109,13 +109,20 @@ def test_a_trimmed_tail_taken_over_then_decoding_on_in_the_static_cache():
     assert all(m.compiled.counts["static"] > 0 for m in members)
 
 
-def test_a_longer_context_grows_the_static_cache_and_still_matches(eager_members, compiled_members):
-    eager, compiled = eager_members[0], compiled_members[0]
-    prompt = "the sea and the sky " * 14  # beyond MIN_CAPACITY tokens with the answer's room
-    plan = [(8, None), (8, " and then"), (8, None)]
-    assert len(eager.prompt_ids(prompt)) + 8 > MIN_CAPACITY
-    assert drafts_of(compiled, prompt, plan) == drafts_of(eager, prompt, plan)
+def test_a_request_sizes_the_static_cache_for_its_whole_answer_and_a_longer_one_grows_it(eager_members):
+    # Each new size is a compilation (tens of seconds for a 7B model on a GPU): a request must not
+    # grow the cache in the middle of its answer.
+    eager, compiled = eager_members[0], compiled_member(NAMES[0])
+    short, long = "Why is the sky blue?", "the sea and the sky " * 14
+    whole = {p: len(eager.prompt_ids(p)) + GREEDY.max_new_tokens + VERIFY_BLOCKS[0] for p in (short, long)}
+    assert len(eager.prompt_ids(short)) + 8 + 5 < MIN_CAPACITY < whole[short] <= 2 * MIN_CAPACITY
+    assert 2 * MIN_CAPACITY < whole[long] <= 4 * MIN_CAPACITY
+    state = compiled.start(short, GREEDY)
+    compiled.draft(state, 8)  # 8 tokens would fit in the smallest cache; the whole answer would not
     assert compiled.compiled.capacity == 2 * MIN_CAPACITY
+    plan = [(8, None), (8, " and then"), (8, None)]
+    assert drafts_of(compiled, long, plan) == drafts_of(eager, long, plan)
+    assert compiled.compiled.capacity == 4 * MIN_CAPACITY
 
 
 def test_batches_draft_eagerly_and_match(eager_members, compiled_members):

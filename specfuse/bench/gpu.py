@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli import Parser
-from ..config import EnsembleConfig
+from ..config import EnsembleConfig, MemberSettings
 from ..engine import Ensemble
 from ..errors import SpecfuseError
 from ..members.process import ProcessMember
@@ -186,8 +186,12 @@ def run_gpu_bench(
     for m in compiled:
         n, seconds = generate_alone(m, prompt, max_new_tokens)
         singles[m.name]["generate_s_per_token"] = seconds / max(n, 1)
+        singles[m.name]["bare_step_s"] = bare_step_s(m, prompt, max_new_tokens)
     bandwidth = bandwidths(members)
     floor_sum = add_floors(singles, member_floors(members, bandwidth))
+    for s in singles.values():
+        if "bare_step_s" in s:
+            s["bare_step_floor_ratio"] = s["bare_step_s"] / s["floor_s_per_token"]
     _progress("alone: " + ", ".join(f"{k} {1000 * v['s_per_token']:.1f} ms/tok" for k, v in singles.items()))
 
     timed: dict[str, dict[str, Any]] = {}
@@ -226,6 +230,32 @@ def run_gpu_bench(
     }
 
 
+def bare_step_s(member: Any, prompt: str, max_new_tokens: int, steps: int = 50) -> float:
+    """Seconds a member's compiled decoding step takes with nothing around it: the step replayed
+    `steps` times at one position, read back once at the end. Beside the member's time per token in
+    its own drafting, it splits a token's cost into the step's own work (on a GPU, its kernels) and
+    what the draft loop adds between steps (picking the token, reading it back, the stop checks)."""
+    import torch
+
+    decoder = member.compiled
+    state = member.start(prompt, MemberSettings(max_new_tokens=max_new_tokens))
+    member.draft(state, 2)  # its second token is a compiled step: the static cache holds the prompt
+    token, position = state.ids[-1], len(state.ids)
+
+    def sync() -> None:
+        if str(member.device).startswith("cuda"):
+            torch.cuda.synchronize(member.device)
+
+    for _ in range(3):
+        decoder.replay(token, position)
+    sync()
+    began = time.perf_counter()
+    for _ in range(steps):
+        decoder.replay(token, position)
+    sync()
+    return (time.perf_counter() - began) / steps
+
+
 def compiled_summary(
     members: Sequence[Any], compiled: dict[str, Any], eager: dict[str, Any]
 ) -> dict[str, Any]:
@@ -257,9 +287,13 @@ def _eager(members: Sequence[Any]) -> Iterator[None]:
             m.compiled = decoder
 
 
+_BEGAN = time.perf_counter()
+
+
 def _progress(line: str) -> None:
-    """A line on stderr as the benchmark goes (a run cut short still shows how far it got)."""
-    print(line, file=sys.stderr, flush=True)
+    """A line on stderr as the benchmark goes, with the seconds since it began (a run cut short
+    still shows how far it got, and how long compiling took)."""
+    print(f"[{time.perf_counter() - _BEGAN:6.1f} s] {line}", file=sys.stderr, flush=True)
 
 
 # -- bare decoding: in turn, threads, processes --------------------------------------------------------
@@ -387,6 +421,12 @@ def format_table(report: dict[str, Any]) -> str:
                 if "generate_s_per_token" in s
                 else ""
             )
+            + (
+                f"; the compiled step alone {1000 * s['bare_step_s']:.1f} ms "
+                f"({s['bare_step_floor_ratio']:.2f}× the floor)"
+                if "bare_step_floor_ratio" in s
+                else ""
+            )
         )
     if "compiled" in report:
         lines.append("  (alone: each member's own compiled drafting, the ensemble's path; generate: eager)")
@@ -510,7 +550,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         began = time.perf_counter()
         members = build_members(args.shapes, devices, args.dtype, args.compile)
-        print(f"built {len(members)} members in {time.perf_counter() - began:.1f} s", file=sys.stderr)
+        _progress(f"built {len(members)} members in {time.perf_counter() - began:.1f} s")
         report = run_gpu_bench(
             members,
             max_new_tokens=args.max_new_tokens,

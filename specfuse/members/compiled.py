@@ -18,10 +18,12 @@ packed mask widened to the cache, and their keys and values are then appended to
 DynamicCache, where the eager pass would have left them: accept() and everything after it are
 unchanged. A pass longer than MAX_VERIFY_TOKENS runs eagerly.
 
-The static cache has room for the longest draft asked for so far, in powers of two from 256 tokens:
-each new size is one compilation (and, on a GPU, one set of CUDA graphs). Each member compiles its
-own copy of the step function, so that members do not share torch.compile's per-function limit of
-recompilations.
+The static cache is sized, at a request's first compiled draft, for the whole request: its prompt,
+its answer budget and a verification block after them, in powers of two from 256 tokens. Each new
+size is one compilation (and, on a GPU, one set of CUDA graphs: tens of seconds for a 7B model), so
+a request never grows the cache in the middle of its answer; a longer request grows it once. Each
+member compiles its own copy of the step function, so that members do not share torch.compile's
+per-function limit of recompilations.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
+from ..config import MemberSettings
 from .drafting import UTF8_GRACE_TOKENS
 from .scoring import chunk_mask, float_mask
 
@@ -56,6 +59,10 @@ R = TypeVar("R")
 class _State(Protocol):
     @property
     def ids(self) -> list[int]: ...
+    @property
+    def prompt_len(self) -> int: ...
+    @property
+    def settings(self) -> MemberSettings: ...
 
 
 class _Member(Protocol):
@@ -125,7 +132,11 @@ class CompiledDecoder:
             self.counts["batched"] += 1
             self._local.draft = None
             return
-        self._local.draft = _Draft(len(states[0].ids) + max(0, budgets[0]) + UTF8_GRACE_TOKENS + 1)
+        (state,) = states
+        this_draft = len(state.ids) + max(0, budgets[0]) + UTF8_GRACE_TOKENS + 1
+        # Room for the whole request (its last draft and its last verification pass) from the first.
+        whole_request = state.prompt_len + state.settings.max_new_tokens + VERIFY_BLOCKS[0]
+        self._local.draft = _Draft(max(this_draft, whole_request))
 
     def close(self) -> None:
         draft: _Draft | None = getattr(self._local, "draft", None)
@@ -237,6 +248,15 @@ class CompiledDecoder:
             torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are read already
         hidden = self._compiled(self.member, input_ids, position_ids, static.cache, static.capacity)
         return hidden.clone()  # a CUDA graph's output is overwritten by its next replay
+
+    @torch.inference_mode()  # as in a draft: the compiled step was traced there
+    def replay(self, token: int, position: int) -> torch.Tensor:
+        """One compiled step at `position` in the static cache as the last request left it, outside
+        any draft, with no read back: a benchmark times the step's own work this way (the slot at
+        `position` is overwritten; the next draft loads the cache afresh)."""
+        if self._static is None:
+            raise RuntimeError(f"{self.member.name}: no static cache yet (draft once first)")
+        return self._run(token, position, self._static)
 
     @property
     def capacity(self) -> int:
