@@ -2,8 +2,9 @@
 give exactly the eager drafts' answers in fp32 greedy, on three architectures (gemma3 with its
 sliding-window layers), after another member's segment is accepted, with a budget that ends
 mid-segment, a trimmed draft's tail taken over, a static cache sized for a whole request, and
-batches (which draft eagerly). A lone request's verification pass runs compiled too: the same scores (to 1e-4), and the
-keys and values it leaves let accept() and the next draft go on exactly as after an eager pass.
+batches (which draft eagerly). A lone request's verification pass runs compiled too: the same
+scores (to 1e-4), and the keys and values it leaves let accept() and the next draft go on exactly
+as after an eager pass.
 
 Most tests compile with the "aot_eager" backend: dynamo captures the whole step, static cache
 included, and AOTAutograd functionalizes its in-place updates, without inductor's code generation
