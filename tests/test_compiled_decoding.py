@@ -93,21 +93,36 @@ def test_drafts_after_another_text_and_mid_word_budgets(name, eager_members, com
 
 def test_a_trimmed_tail_taken_over_then_decoding_on_in_the_static_cache():
     """Printable ASCII only (test_engine.ascii_only), so that drafts have words to trim and their
-    text re-tokenizes exactly: a won draft's trimmed tokens are taken over (fed eagerly into the
-    request's cache), and the static cache then starts after them."""
+    text re-tokenizes exactly: a won draft's trimmed tokens are taken over, by one eager forward into
+    the request's cache (as on a CPU) or as compiled steps (as under CUDA graphs), and the draft then
+    decodes on in the static cache. Both give eager drafting's rounds."""
     from .test_engine import ascii_only
 
-    def run(backend):
+    def run(backend, in_steps=False):
         members = [ascii_only(tiny_member(name)) for name in NAMES[:2]]
+        forwards = []
         for member in members:
             member.compiled = CompiledDecoder(member, backend=backend) if backend else None
+            if member.compiled:
+                member.compiled.take_over_in_steps = in_steps
+            eager_forward = member._forward
+            member._forward = lambda ids, cache, f=eager_forward: forwards.append(len(ids)) or f(ids, cache)
         config = EnsembleConfig(segment_len=6, max_new_tokens=40)
-        return list(Ensemble(members, config).stream("Once upon a time there was")), members
+        return list(Ensemble(members, config).stream("Once upon a time there was")), members, forwards
 
-    (eager, _), (compiled, members) = run(None), run(FAST)
+    (eager, _, _), (compiled, members, forwards), (stepped, stepping, forwards_stepped) = (
+        run(None),
+        run(FAST),
+        run(FAST, in_steps=True),
+    )
     same_rounds(eager, compiled)
-    assert sum(c.reused_tokens for r in compiled for c in r.candidates) > 0
-    assert all(m.compiled.counts["static"] > 0 for m in members)
+    same_rounds(eager, stepped)
+    takeovers = sum(c.reused_tokens > 0 for r in compiled for c in r.candidates)
+    assert takeovers > 0
+    # The same calls, less one eager forward per take-over: those tokens went through compiled steps.
+    assert len(forwards) - len(forwards_stepped) == takeovers
+    for m, before in zip(stepping, members):
+        assert m.compiled.counts == before.compiled.counts and m.compiled.counts["static"] > 0
 
 
 def test_a_request_sizes_the_static_cache_for_its_whole_answer_and_a_longer_one_grows_it(eager_members):

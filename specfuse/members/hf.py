@@ -282,7 +282,7 @@ class HFMember(BaseMember):
                 cuts[0].push(token)
             if taken:
                 step = reused = len(taken)
-                hidden = self._forward(taken, states[0].cache)[-1][None]
+                hidden = compiled.take_over(self, taken, len(states[0].ids), states[0].cache)
         while any(c.wants_more for c in cuts):
             logits = self.head.logits(hidden)  # [B, V] float32
             if bool(logits.isnan().any()):  # argmax would pick token 0 and go on, silently
