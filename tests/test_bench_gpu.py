@@ -83,7 +83,7 @@ def test_compiled_members_are_timed_by_their_own_drafts_beside_eager_drafts_in_o
         assert set(mode["phase_ms_per_member"]) == set(report["single"])
     for single in report["single"].values():
         assert 15 <= single["tokens"] <= 20 and single["generate_s_per_token"] > 0  # a draft may trim its end
-        # The compiled step alone, beside the draft loop's time per token and the floor.
+        # The compiled step and the head alone, beside the draft loop's time per token and the floor.
         assert 0 < single["bare_step_s"] < single["s_per_token"] * 5
         ratio = single["bare_step_s"] / single["floor_s_per_token"]
         assert single["bare_step_floor_ratio"] == pytest.approx(ratio)
@@ -99,7 +99,7 @@ def test_compiled_members_are_timed_by_their_own_drafts_beside_eager_drafts_in_o
         assert compiled["verified"][name] > 0  # lone verification passes ran compiled too
     table = bench_gpu.format_table(report)
     assert "in turn, eager" in table and "compiled drafts:" in table and "; generate " in table
-    assert "; the compiled step alone " in table
+    assert "; the compiled step and head alone " in table
     assert "eager: shares of a round's wall time: draft " in table
     json.dumps(report)
 

@@ -231,10 +231,12 @@ def run_gpu_bench(
 
 
 def bare_step_s(member: Any, prompt: str, max_new_tokens: int, steps: int = 50) -> float:
-    """Seconds a member's compiled decoding step takes with nothing around it: the step replayed
-    `steps` times at one position, read back once at the end. Beside the member's time per token in
-    its own drafting, it splits a token's cost into the step's own work (on a GPU, its kernels) and
-    what the draft loop adds between steps (picking the token, reading it back, the stop checks)."""
+    """Seconds a member's decoding step takes with nothing around it: its compiled step (the decoder
+    layers' graph) and the output head after it, `steps` times at one position, read back once at the
+    end. It reads what a token's floor counts (every weight once), so beside the member's time per
+    token in its own drafting it splits a token's cost into the step's own work (on a GPU, its
+    kernels) and what the draft loop adds between steps (picking the token, reading it back, the stop
+    checks). A GPU run before the head was added timed the graph alone (bench/gpu-h100-verify.json)."""
     import torch
 
     decoder = member.compiled
@@ -246,13 +248,14 @@ def bare_step_s(member: Any, prompt: str, max_new_tokens: int, steps: int = 50) 
         if str(member.device).startswith("cuda"):
             torch.cuda.synchronize(member.device)
 
-    for _ in range(3):
-        decoder.replay(token, position)
-    sync()
-    began = time.perf_counter()
-    for _ in range(steps):
-        decoder.replay(token, position)
-    sync()
+    with torch.inference_mode():
+        for _ in range(3):
+            member.head.logits(decoder.replay(token, position))
+        sync()
+        began = time.perf_counter()
+        for _ in range(steps):
+            member.head.logits(decoder.replay(token, position))
+        sync()
     return (time.perf_counter() - began) / steps
 
 
@@ -422,7 +425,7 @@ def format_table(report: dict[str, Any]) -> str:
                 else ""
             )
             + (
-                f"; the compiled step alone {1000 * s['bare_step_s']:.1f} ms "
+                f"; the compiled step and head alone {1000 * s['bare_step_s']:.1f} ms "
                 f"({s['bare_step_floor_ratio']:.2f}× the floor)"
                 if "bare_step_floor_ratio" in s
                 else ""
