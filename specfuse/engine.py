@@ -51,6 +51,9 @@ class Ensemble:
             raise ConfigError(f"member names must be unique, got {', '.join(names)}")
         if TYPED in names:
             raise ConfigError(f"{TYPED!r} is reserved for typed segments; rename that member")
+        for name in names:  # a name is a key, a label and a trace field (workers.without_prompt)
+            if not name.strip() or not name.isprintable():
+                raise ConfigError(f"member name {name!r}: it must be printable text, not blank")
         self.members: tuple[Member, ...] = tuple(members)
         self.config = config or EnsembleConfig()
 

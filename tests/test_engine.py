@@ -159,6 +159,9 @@ def test_duplicate_names_and_empty_ensembles_are_refused():
         Ensemble([ScriptedMember("a", ["x"], len), ScriptedMember("a", ["y"], len)])
     with pytest.raises(ConfigError, match="at least one"):
         Ensemble([])
+    for name in ("a\x00without the prompt", "a\nb", " "):  # names key states, label plots, fill traces
+        with pytest.raises(ConfigError, match="printable text"):
+            Ensemble([ScriptedMember(name, ["x"], len)])
 
 
 def test_closing_the_stream_stops_the_run_and_the_next_run_works(tiny_members):

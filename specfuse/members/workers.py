@@ -223,7 +223,8 @@ class Request(Protocol):
 
 
 # prompt_contrast: each member's second context, the same answer after this prompt instead of the
-# user's (nothing asked), kept in the run's states under a key no member name can take.
+# user's (nothing asked), kept in the run's states under a key no member name can take (the
+# Ensemble refuses names that are not printable).
 PROMPT_LEFT_OUT = ""
 
 
