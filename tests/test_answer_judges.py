@@ -3,23 +3,18 @@ alone (the real members' run is bench/ifeval-answer-judges.json; this checks the
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from .repo_tools import load_tool
+
 NAMES = ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"]
 
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("answer_judges", ROOT / "tools" / "answer_judges.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("answer_judges")
 
 
 def test_only_rows_where_exactly_one_answer_is_right_are_judged(tool, tmp_path):

@@ -3,21 +3,14 @@ member alone (the real figures are bench/ifeval-consensus-judge.json; this check
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from .repo_tools import load_tool
 
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("consensus_judge", ROOT / "tools" / "consensus_judge.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("consensus_judge")
 
 
 def test_similarities(tool):

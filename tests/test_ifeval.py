@@ -3,9 +3,7 @@ llama-index-core), the paper's four accuracies, and the command end to end."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
@@ -14,9 +12,8 @@ from specfuse.eval import ifeval
 from specfuse.eval.problems import DataError, Outcome, Problem, parse_rows
 from specfuse.eval.runs import load_outcomes
 
+from .repo_tools import load_tool
 from .scripted import ScriptedMember
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def problem(*instructions: tuple[str, dict], prompt: str = "Write something.") -> Problem:
@@ -214,10 +211,7 @@ def test_ifeval_end_to_end_grades_each_system_and_writes_the_four_accuracies(tmp
     runs = {(o.system, o.problem): o.followed for o in load_outcomes(tmp_path / "runs", data)}
     assert runs[("single-quiet", "ifeval-0001")] == (False, False)
     # tools/paired_runs.py pairs two systems' runs and splits them by instruction group as well
-    spec = importlib.util.spec_from_file_location("paired_runs", ROOT / "tools" / "paired_runs.py")
-    assert spec is not None and spec.loader is not None
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("paired_runs")
     pair = tool.compare(f"{tmp_path / 'runs'}:single-loud", f"{tmp_path / 'runs'}:single-quiet", str(data))
     assert (pair["only_a"], pair["only_b"]) == (2, 0)
     assert {r["instruction group"]: (r["a"], r["b"]) for r in pair["by_group"]} == {

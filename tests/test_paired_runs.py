@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from specfuse.eval import cli as ev
 from specfuse.eval import report as eval_report
 
+from .repo_tools import load_tool
 from .test_eval import CONFIG, scripted, write_data
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_paired_runs_joins_a_report_and_a_runs_folder_per_side_and_refuses_overlaps(tmp_path):
     # tools/paired_runs.py: a side stitched from a committed report (rows 0-1) and a new runs folder
     # (rows 2-3) pairs exactly as one run of all four rows would.
-    spec = importlib.util.spec_from_file_location("paired_runs", ROOT / "tools" / "paired_runs.py")
-    assert spec is not None and spec.loader is not None
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("paired_runs")
     members, singles = [scripted("a", 2), scripted("b", 3)], ["single-a", "single-b"]
     data = write_data(tmp_path / "d.jsonl", 4)  # gold 2, 3, 4, 5: a is right on row 0, b on row 1
     early, late = ev.load_problems(data, rows=range(0, 2)), ev.load_problems(data, rows=range(2, 4))
