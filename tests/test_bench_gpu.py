@@ -81,6 +81,9 @@ def test_compiled_members_are_timed_by_their_own_drafts_beside_eager_drafts_in_o
         assert sum(mode["phases"].values()) == pytest.approx(1.0)
         assert 0 < mode["phases"]["draft_share"] < 1 and 0 < mode["phases"]["verify_share"] < 1
         assert set(mode["phase_ms_per_member"]) == set(report["single"])
+        each = mode["phase_ms_per_member"].values()
+        assert sum(p["wins"] for p in each) == mode["rounds"]  # every round has one winner
+        assert sum(p["tokens_taken_over"] for p in each) == mode["decode_steps_saved"]
     for single in report["single"].values():
         assert 15 <= single["tokens"] <= 20 and single["generate_s_per_token"] > 0  # a draft may trim its end
         # The compiled step and the head alone, beside the draft loop's time per token and the floor.
@@ -100,6 +103,7 @@ def test_compiled_members_are_timed_by_their_own_drafts_beside_eager_drafts_in_o
     table = bench_gpu.format_table(report)
     assert "in turn, eager" in table and "compiled drafts:" in table and "; generate " in table
     assert "; the compiled step and head alone " in table
+    assert "off: a round's draft / verify per member, rounds won, tokens taken over: " in table
     assert "eager: shares of a round's wall time: draft " in table
     json.dumps(report)
 

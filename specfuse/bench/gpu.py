@@ -453,6 +453,15 @@ def format_table(report: dict[str, Any]) -> str:
         if "phases" in m:
             shares = " · ".join(f"{k.removesuffix('_share')} {v:.2f}" for k, v in m["phases"].items())
             lines.append(f"  {parallel}: shares of a round's wall time: {shares}")
+        if "wins" in next(iter(m.get("phase_ms_per_member", {}).values()), {}):
+            each = "; ".join(
+                f"{name} {p['draft_s']:.0f} / {p['verify_s']:.0f} ms, won {p['wins']:.0f}, "
+                f"took over {p['tokens_taken_over']:.0f}"
+                for name, p in m["phase_ms_per_member"].items()
+            )
+            lines.append(
+                f"  {parallel}: a round's draft / verify per member, rounds won, tokens taken over: {each}"
+            )
     bound = report["target_overhead_vs_slowest_at_once"]
     on_gpu = not report["gpu"].startswith("none")
     lines.append("")

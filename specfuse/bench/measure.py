@@ -229,7 +229,9 @@ def accept_ms_per_member(rounds: Sequence[Round], last_k: int | None = None) -> 
 
 
 def phase_ms_per_member(rounds: Sequence[Round]) -> dict[str, dict[str, float]]:
-    """Mean draft / verify / accept ms per round for each member."""
+    """Mean draft / verify / accept ms per round for each member, beside the rounds it won and the
+    tokens it took over from its trimmed drafts (a winner's next draft may begin with them, fed
+    without decoding: a cost of its own in the draft's time)."""
     out: dict[str, dict[str, float]] = {}
     for name in rounds[0].members:
         rows = [t for r in rounds for t in r.timings if t.member == name]
@@ -237,6 +239,10 @@ def phase_ms_per_member(rounds: Sequence[Round]) -> dict[str, dict[str, float]]:
             phase: 1000 * statistics.fmean(getattr(t, phase) for t in rows)
             for phase in ("draft_s", "verify_s", "accept_s")
         }
+        out[name]["wins"] = sum(r.winner.member == name for r in rounds)
+        out[name]["tokens_taken_over"] = sum(
+            c.reused_tokens for r in rounds for c in r.candidates if c.member == name
+        )
     return out
 
 
