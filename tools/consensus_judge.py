@@ -80,10 +80,10 @@ def judge(outcomes: Sequence[dict[str, Any]], members: Sequence[str] = MEMBERS) 
         "any_right": sum(any(r[m]["correct"] for m in members) for r in rows.values()),
         "judges": {},
     }
+    alone = [bool(r[first]["correct"]) for r in rows.values()]
     for label, similarity in SIMILARITIES.items():
         picks = [consensus_pick([r[m]["answer"] or "" for m in members], similarity) for r in rows.values()]
         right = [bool(r[members[i]]["correct"]) for r, i in zip(rows.values(), picks)]
-        alone = [bool(r[first]["correct"]) for r in rows.values()]
         gained = sum(x and not y for x, y in zip(right, alone))
         lost = sum(y and not x for x, y in zip(right, alone))
         out["judges"][label] = {

@@ -243,19 +243,14 @@ def bare_step_s(member: Any, prompt: str, max_new_tokens: int, steps: int = 50) 
     state = member.start(prompt, MemberSettings(max_new_tokens=max_new_tokens))
     member.draft(state, 2)  # its second token is a compiled step: the static cache holds the prompt
     token, position = state.ids[-1], len(state.ids)
-
-    def sync() -> None:
-        if str(member.device).startswith("cuda"):
-            torch.cuda.synchronize(member.device)
-
     with torch.inference_mode():
         for _ in range(3):
             member.head.logits(decoder.replay(token, position))
-        sync()
+        _sync(str(member.device))
         began = time.perf_counter()
         for _ in range(steps):
             member.head.logits(decoder.replay(token, position))
-        sync()
+        _sync(str(member.device))
     return (time.perf_counter() - began) / steps
 
 

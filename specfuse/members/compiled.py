@@ -384,15 +384,15 @@ def take_over(member: _Member, tokens: Sequence[int], position: int, cache: Dyna
     trimmed tail, HFMember.draft_many) and fed from `position`: as compiled steps in the static cache
     where the member's decoder takes them over in steps, else by one eager forward into `cache`."""
     decoder = member.compiled
-    if decoder is not None and decoder.take_over_in_steps:
-        hidden = None
-        for i, token in enumerate(tokens):
-            hidden = decoder.step(token, position + i, cache)
-            if hidden is None:  # this draft decodes eagerly from here on: `cache` holds tokens[:i]
-                return member._forward(tokens[i:], cache)[-1][None]
-        if hidden is not None:
-            return hidden
-    return member._forward(tokens, cache)[-1][None]
+    if decoder is None or not decoder.take_over_in_steps:
+        return member._forward(tokens, cache)[-1][None]
+    hidden = None
+    for i, token in enumerate(tokens):
+        hidden = decoder.step(token, position + i, cache)
+        if hidden is None:  # this draft decodes eagerly from here on: `cache` holds tokens[:i]
+            return member._forward(tokens[i:], cache)[-1][None]
+    assert hidden is not None, "nothing to take over"
+    return hidden
 
 
 def drafting(method: Callable[..., R]) -> Callable[..., R]:
