@@ -143,6 +143,25 @@ def test_verdicts_in_one_pass_equal_one_request_at_a_time(member):
         assert all(lp > -2.5 for lp in evidence[0].logprobs[:-1])
 
 
+def test_its_own_draft_is_scored_from_the_drafting_not_decoded_again(member):
+    state = member.start(PROMPTS[2], GREEDY)
+    own = member.draft(state, 10)
+    same_text = Candidate("another", own.text, own.num_tokens, own.final, 0.0)
+    longer = Candidate(member.name, own.text + " and", own.num_tokens + 1, False, 0.0)  # not as drafted
+    (z, evidence), = member.score_many([state], [[own, same_text, longer]])
+    # Only the two candidates it did not draft as they stand got sequences in the verify pass.
+    assert state.verified is not None and len(state.verified[1]) == 2
+    # Below 64 tokens a batch runs the kernels of a one-token step, and Q4_1 has no repacked ones:
+    # the drafted values equal a verify pass's exactly.
+    assert z[0] == z[1] and evidence[0] == evidence[1]
+    assert evidence[2].logits[: len(evidence[0].logits)] == evidence[0].logits
+    # Accepting the draft ends its use: the next round scores it like anyone's.
+    member.accept(state, own.text)
+    assert state.drafted is None
+    (z_after, _), = member.score_many([state], [[own, same_text]])
+    assert z_after[0] == z_after[1]
+
+
 def test_a_draft_reuses_the_accepted_prefix_and_the_verified_candidate():
     member, fresh = _smollm2(ubatch_tokens=32), _smollm2(ubatch_tokens=32)
     state = member.start(PROMPTS[1], GREEDY)

@@ -84,6 +84,9 @@ class LlamaState:
     # generation): the accepted candidate's cells move into the slot instead of being decoded again.
     verified: tuple[int, tuple[tuple[int, tuple[int, ...]], ...]] | None = None
     surprise: float | None = None  # nats per byte of the prompt's own text (settings.measure_prompt)
+    # This member's own draft from these ids: its tokens and each one's (logit, logprob) as drafted.
+    # Verification takes the own candidate's scores from here instead of decoding it again.
+    drafted: tuple[tuple[int, ...], tuple[tuple[float, float], ...]] | None = None
 
 
 # A token to decode: (sequence, position, token id, whether its logits are wanted)
@@ -234,6 +237,7 @@ class LlamaCppMember(BaseMember):
         """Append the chosen candidate: re-tokenize the answer; the slot keeps the common prefix."""
         state.answer += text
         state.ids = state.ids[: state.prompt_len] + self.encode(state.answer)
+        state.drafted = None  # drafted from the old ids
 
     def draft_many(self, states: Sequence[LlamaState], budgets: Sequence[int]) -> list[Candidate]:
         """Draft every request in lockstep: one decode call per step for all of them."""
@@ -299,6 +303,7 @@ class LlamaCppMember(BaseMember):
         began = time.perf_counter()
         slots = self._claim(states)
         cuts, rngs, items, owner = [], [], [], {}
+        picked: list[list[tuple[int, tuple[float, float]]]] = [[] for _ in states]
         for r, (state, slot, budget) in enumerate(zip(states, slots, budgets)):
             settings = state.settings
             cuts.append(
@@ -324,12 +329,14 @@ class LlamaCppMember(BaseMember):
                 slot = items[i][0]
                 r = owner[slot]
                 token = _pick(row, states[r].settings, rngs[r])
+                picked[r].append((token, _logit_and_logprob(row, token)))
                 if cuts[r].push(token):
                     following.append((slot, len(self.cached[slot]), token, True))
             items = following
         seconds = (time.perf_counter() - began) / len(states)
         out = []
-        for state, cut in zip(states, cuts):
+        for state, cut, own in zip(states, cuts, picked):
+            state.drafted = (tuple(t for t, _ in own), tuple(v for _, v in own))
             new, text, final = cut.result()
             count = drafting.tokens_in(self.decode, state.ids, new, text)
             out.append(Candidate(self.name, text, count, final, seconds))
@@ -341,7 +348,7 @@ class LlamaCppMember(BaseMember):
         self, states: Sequence[LlamaState], candidates: Sequence[Sequence[Candidate]]
     ) -> list[Verdict]:
         slots = self._claim(states)
-        plans = []  # per request: its shared context length and (keep, tail) per candidate
+        plans = []  # per request: its shared context length and (keep, tail, own values) per candidate
         items: list[Item] = []
         for state, slot, cands in zip(states, slots, candidates):
             rows = []
@@ -355,8 +362,9 @@ class LlamaCppMember(BaseMember):
                     cand.final,
                     self.end_marker,
                 )
-                rows.append((keep, tail))
-            shared = min(keep for keep, _ in rows) - 1  # cells every candidate copies from the slot
+                rows.append((keep, tail, self._own_values(state, cand, keep, tail)))
+            decoded = [keep for keep, _, own in rows if own is None]
+            shared = min(decoded, default=1) - 1  # cells every decoded candidate copies from the slot
             start = self._rewind(slot, state.ids[:shared], keep_beyond=True)
             items += [(slot, pos, state.ids[pos], False) for pos in range(start, shared)]
             plans.append((shared, rows))
@@ -365,10 +373,15 @@ class LlamaCppMember(BaseMember):
         sequence = self.slots
         wanted: dict[int, tuple[int, int, int]] = {}  # item → (request, candidate, tail index)
         kept: list[list[tuple[int, tuple[int, ...]]]] = []  # per request: (sequence, its tokens)
+        values: list[list[list[tuple[float, float]]]] = []
         items = []
         for r, (state, slot, (shared, rows)) in enumerate(zip(states, slots, plans)):
             kept.append([])
-            for c, (keep, tail) in enumerate(rows):
+            values.append([])
+            for c, (keep, tail, own) in enumerate(rows):
+                values[r].append(list(own) if own is not None else [(0.0, 0.0)] * len(tail))
+                if own is not None:
+                    continue
                 kept[r].append((sequence, (*state.ids[:keep], *tail)))
                 self.lib.llama_memory_seq_cp(self.memory, slot, sequence, 0, shared)
                 tokens = state.ids[shared:keep] + tail
@@ -378,7 +391,6 @@ class LlamaCppMember(BaseMember):
                         wanted[len(items)] = (r, c, target)
                     items.append((sequence, shared + t, token, 0 <= target < len(tail)))
                 sequence += 1
-        values = [[[(0.0, 0.0)] * len(tail) for _, tail in rows] for _, rows in plans]
         try:
             for i, row in self._decode(items):
                 r, c, t = wanted[i]
@@ -388,17 +400,31 @@ class LlamaCppMember(BaseMember):
             raise
         out: list[Verdict] = []
         for state, (_, rows), per_candidate, held in zip(states, plans, values, kept):
-            state.verified = (self.generation, tuple(held))
+            state.verified = (self.generation, tuple(held)) if held else None
             details = tuple(
                 TokenScores(
                     tuple(str(self.tokenizer.decode([t])) for t in tail),
                     tuple(v[0] for v in scores),
                     tuple(v[1] for v in scores),
                 )
-                for (_, tail), scores in zip(rows, per_candidate)
+                for (_, tail, _), scores in zip(rows, per_candidate)
             )
             out.append(([d.mean(state.settings.score) for d in details], details))
         return out
+
+    def _own_values(
+        self, state: LlamaState, cand: Candidate, keep: int, tail: Sequence[int]
+    ) -> tuple[tuple[float, float], ...] | None:
+        """The values of this member's own candidate as it drafted them, when it reads the candidate
+        as the very tokens it drafted, in the same context; None: decode it with the others.
+        Under a quantized model's batched kernels these differ from a verify pass's in the last bits
+        (up to 0.2 of a logit measured, as a request's logits already do with what shares its batch)."""
+        if state.drafted is None or cand.member != self.name or keep != len(state.ids):
+            return None
+        tokens, values = state.drafted
+        if tuple(tail) != tokens[: len(tail)]:
+            return None
+        return values[: len(tail)]
 
     # -- the KV cache --------------------------------------------------------------------------------
 
