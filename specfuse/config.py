@@ -162,6 +162,13 @@ class EnsembleConfig:
         choices=VERIFY_MODES,
         group="scoring",
     )
+    own_draft_scores: bool = setting(
+        False,
+        "a llama.cpp member scores its own candidate with the values it drafted it with, not in the verify "
+        "pass: a third less verification with three drafters; other rounding, so other answers "
+        "(docs/evaluation.md)",
+        group="scoring",
+    )
     stop_strings: tuple[str, ...] = setting((), "end the answer before any of these strings")
     parallel: str = setting(
         "auto",
@@ -206,6 +213,7 @@ class EnsembleConfig:
             stop_strings=self.stop_strings,
             max_new_tokens=self.max_new_tokens,
             measure_prompt=self.prior == "prompt",
+            own_draft_scores=self.own_draft_scores,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -248,6 +256,7 @@ class MemberSettings:
     stop_strings: tuple[str, ...] = ()
     max_new_tokens: int = 256
     measure_prompt: bool = False  # start() also measures the member's surprise at the prompt
+    own_draft_scores: bool = False  # score its own draft as drafted (llama.cpp members)
 
 
 def _finite_number(value: Any) -> bool:

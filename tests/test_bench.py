@@ -85,6 +85,19 @@ def test_phase_shares_add_up_to_one():
     assert math.isnan(bench.mean_round_seconds(rounds, 31, 40))
 
 
+def test_settings_apply_to_every_run_of_the_benchmark(tiny_members):
+    report = bench.run_bench(
+        tiny_members, max_new_tokens=40, off_rounds=3, repeats=1, settings={"max_rounds": 2}
+    )
+    assert report["rounds"] == 2 and len(report["round_seconds"]) == 2
+
+
+def test_a_bad_setting_exits_2_naming_it(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--set", "own_draft_score=true", "--no-rss"])
+    assert e.value.code == 2 and "unknown setting 'own_draft_score'" in capsys.readouterr().err
+
+
 def test_an_unknown_model_exits_2_with_one_line(capsys):
     assert bench.main(["--models", "no-such-model", "--no-rss"]) == 2
     err = capsys.readouterr().err.strip()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -143,12 +144,17 @@ def test_verdicts_in_one_pass_equal_one_request_at_a_time(member):
         assert all(lp > -2.5 for lp in evidence[0].logprobs[:-1])
 
 
-def test_its_own_draft_is_scored_from_the_drafting_not_decoded_again(member):
-    state = member.start(PROMPTS[2], GREEDY)
+def test_with_own_draft_scores_its_draft_is_scored_as_drafted_not_decoded_again(member):
+    plain = member.start(PROMPTS[2], GREEDY)
+    candidate = member.draft(plain, 10)
+    member.score_many([plain], [[candidate, Candidate("another", " Hi", 1, False, 0.0)]])
+    assert plain.verified is not None and len(plain.verified[1]) == 2  # off (the default): both decoded
+    state = member.start(PROMPTS[2], replace(GREEDY, own_draft_scores=True))
     own = member.draft(state, 10)
+    assert own.text == candidate.text
     same_text = Candidate("another", own.text, own.num_tokens, own.final, 0.0)
     longer = Candidate(member.name, own.text + " and", own.num_tokens + 1, False, 0.0)  # not as drafted
-    (z, evidence), = member.score_many([state], [[own, same_text, longer]])
+    ((z, evidence),) = member.score_many([state], [[own, same_text, longer]])
     # Only the two candidates it did not draft as they stand got sequences in the verify pass.
     assert state.verified is not None and len(state.verified[1]) == 2
     # Below 64 tokens a batch runs the kernels of a one-token step, and Q4_1 has no repacked ones:
@@ -158,7 +164,7 @@ def test_its_own_draft_is_scored_from_the_drafting_not_decoded_again(member):
     # Accepting the draft ends its use: the next round scores it like anyone's.
     member.accept(state, own.text)
     assert state.drafted is None
-    (z_after, _), = member.score_many([state], [[own, same_text]])
+    ((z_after, _),) = member.score_many([state], [[own, same_text]])
     assert z_after[0] == z_after[1]
 
 

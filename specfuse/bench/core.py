@@ -12,7 +12,8 @@ import math
 import os
 import statistics
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from ..cli import Parser
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import SpecfuseError, UnknownModelError
+from ..eval.variants import parse_setting
 from ..members.workers import run_concurrently
 from ..models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
@@ -67,6 +69,7 @@ def run_bench(
     off_rounds: int = 40,
     repeats: int = 3,
     parallel: str = "auto",
+    settings: Mapping[str, Any] | None = None,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Measure everything on `members` (HFMembers) in this process; returns the JSON-ready report.
@@ -74,18 +77,17 @@ def run_bench(
     Order: warm-up, each member alone (generate), the ensemble with verified keys/values reused,
     the same prompt with reuse off for `off_rounds` rounds, and first-segment latencies (median of
     `repeats`). Exit is off so that all N members draft every round: the per-round cost measured is
-    that of the full ensemble.
+    that of the full ensemble. `settings`: EnsembleConfig fields set on top, in every run.
     """
     names = [m.name for m in members]
-    config = EnsembleConfig(
-        segment_len=segment_len, max_new_tokens=max_new_tokens, exit=False, stop_strings=(), parallel=parallel
-    )
+    base = replace(EnsembleConfig(exit=False, stop_strings=(), parallel=parallel), **(settings or {}))
+    config = replace(base, segment_len=segment_len, max_new_tokens=max_new_tokens)
     steps = _Steps(7, progress)
 
     steps.next("warm-up")
     for m in members:
         generate_alone(m, prompt, 4)
-    Ensemble(members, config).run(prompt, EnsembleConfig(segment_len=segment_len, max_rounds=2, exit=False))
+    Ensemble(members, config).run(prompt, replace(base, segment_len=segment_len, max_rounds=2))
 
     steps.next("ensemble, reuse on")
     for m in members:
@@ -102,23 +104,14 @@ def run_bench(
     for m in members:
         m.reuse_verified_kv = False
     try:
-        off_config = EnsembleConfig(
-            segment_len=segment_len,
-            max_new_tokens=max_new_tokens,
-            max_rounds=min(off_rounds, len(main.rounds)),
-            exit=False,
-            stop_strings=(),
-            parallel=parallel,
-        )
+        off_config = replace(config, max_rounds=min(off_rounds, len(main.rounds)))
         off = timed_stream(ensemble, prompt, off_config)
     finally:
         for m in members:
             m.reuse_verified_kv = True
 
     steps.next("first-segment latency")
-    one_round = EnsembleConfig(
-        segment_len=segment_len, max_rounds=1, exit=False, stop_strings=(), parallel=parallel
-    )
+    one_round = replace(base, segment_len=segment_len, max_rounds=1)
     first_segment = statistics.median(
         timed_stream(ensemble, prompt, one_round).first_segment_s for _ in range(repeats)
     )
@@ -336,6 +329,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--off-rounds", type=int, default=12, help="rounds of the reuse-off run")
     parser.add_argument("--no-rss", action="store_true", help="skip loading each model alone in a child")
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        type=parse_setting,
+        metavar="KEY=VALUE",
+        help="an EnsembleConfig setting on top, in every run (repeatable), e.g. own_draft_scores=true",
+    )
     parser.add_argument("--profile", type=Path, default=None, help="write a cProfile of the run here")
     parser.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
@@ -363,6 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             repeats=2 if args.quick else 3,
             off_rounds=args.off_rounds,
             parallel=args.parallel,
+            settings=dict(args.settings),
             progress=True,
         )
         if args.profile is not None:
@@ -387,6 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     report["quick"] = args.quick
+    report["settings"] = dict(args.settings)
     report["quantize"] = args.quantize
     write_report(report, format_table(report), args.json)
     return 0

@@ -17,7 +17,6 @@ defaults, and whether the weights were quantized (--quantize).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -34,9 +33,9 @@ from typing import Any
 
 from ..cli import Parser
 from ..config import EnsembleConfig
-from ..errors import ConfigError, SpecfuseError
+from ..errors import SpecfuseError
 from ..eval.problems import OPEN_PROMPTS
-from ..eval.variants import parse_value
+from ..eval.variants import parse_setting
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from .core import parse_models
 from .measure import cpu_model, write_report
@@ -253,18 +252,6 @@ def format_table(report: dict[str, Any]) -> str:
     if "command" in report:
         lines += ["", f"command: {report['command']}"]
     return "\n".join(lines)
-
-
-def parse_setting(text: str) -> tuple[str, Any]:
-    """--set's KEY=VALUE → (key, value), parsed by the field's type (eval/variants.py parse_value);
-    an unknown key or a bad value is an argparse error (exit 2) that names the key."""
-    key, eq, value = text.partition("=")
-    if not eq:
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. verify=disagree)")
-    try:
-        return key.strip(), parse_value(key.strip(), value)
-    except ConfigError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

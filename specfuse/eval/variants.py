@@ -7,6 +7,7 @@ Knows nothing about models or runs.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import types
@@ -212,3 +213,15 @@ def settings_text(variants: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str
         body = ",".join(f"{k}={'|'.join(v) if isinstance(v, tuple) else v}" for k, v in settings.items())
         out.append(f"{name}:{body}")
     return out
+
+
+def parse_setting(text: str) -> tuple[str, Any]:
+    """--set's KEY=VALUE (the benchmarks) → (key, value), parsed by the field's type (parse_value);
+    an unknown key or a bad value is an argparse error (exit 2) that names the key."""
+    key, eq, value = text.partition("=")
+    if not eq:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. verify=disagree)")
+    try:
+        return key.strip(), parse_value(key.strip(), value)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

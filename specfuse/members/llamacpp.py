@@ -85,7 +85,7 @@ class LlamaState:
     verified: tuple[int, tuple[tuple[int, tuple[int, ...]], ...]] | None = None
     surprise: float | None = None  # nats per byte of the prompt's own text (settings.measure_prompt)
     # This member's own draft from these ids: its tokens and each one's (logit, logprob) as drafted.
-    # Verification takes the own candidate's scores from here instead of decoding it again.
+    # With own_draft_scores, verification takes its own candidate's values from here.
     drafted: tuple[tuple[int, ...], tuple[tuple[float, float], ...]] | None = None
 
 
@@ -329,14 +329,15 @@ class LlamaCppMember(BaseMember):
                 slot = items[i][0]
                 r = owner[slot]
                 token = _pick(row, states[r].settings, rngs[r])
-                picked[r].append((token, _logit_and_logprob(row, token)))
+                if states[r].settings.own_draft_scores:
+                    picked[r].append((token, _logit_and_logprob(row, token)))
                 if cuts[r].push(token):
                     following.append((slot, len(self.cached[slot]), token, True))
             items = following
         seconds = (time.perf_counter() - began) / len(states)
         out = []
         for state, cut, own in zip(states, cuts, picked):
-            state.drafted = (tuple(t for t, _ in own), tuple(v for _, v in own))
+            state.drafted = (tuple(t for t, _ in own), tuple(v for _, v in own)) if own else None
             new, text, final = cut.result()
             count = drafting.tokens_in(self.decode, state.ids, new, text)
             out.append(Candidate(self.name, text, count, final, seconds))
@@ -415,11 +416,12 @@ class LlamaCppMember(BaseMember):
     def _own_values(
         self, state: LlamaState, cand: Candidate, keep: int, tail: Sequence[int]
     ) -> tuple[tuple[float, float], ...] | None:
-        """The values of this member's own candidate as it drafted them, when it reads the candidate
-        as the very tokens it drafted, in the same context; None: decode it with the others.
+        """With own_draft_scores, the values of this member's own candidate as it drafted them, when it
+        reads the candidate as the very tokens it drafted, in the same context; None: decode it.
         Under a quantized model's batched kernels these differ from a verify pass's in the last bits
         (up to 0.2 of a logit measured, as a request's logits already do with what shares its batch)."""
-        if state.drafted is None or cand.member != self.name or keep != len(state.ids):
+        own = state.settings.own_draft_scores and cand.member == self.name
+        if not own or state.drafted is None or keep != len(state.ids):
             return None
         tokens, values = state.drafted
         if tuple(tail) != tokens[: len(tail)]:

@@ -114,8 +114,9 @@ class SplitMember(BaseMember):
 
 
 def _drafting(settings: MemberSettings) -> MemberSettings:
-    """The drafter's settings: the prompt's surprise (prior="prompt") is the verifier's to measure."""
-    return replace(settings, measure_prompt=False)
+    """The drafter's settings: the prompt's surprise (prior="prompt") and every score are the
+    verifier's, so the drafter keeps no values of its drafts."""
+    return replace(settings, measure_prompt=False, own_draft_scores=False)
 
 
 __all__ = ["SplitMember", "SplitState"]
