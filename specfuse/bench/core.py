@@ -21,7 +21,7 @@ from ..cli import Parser
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import SpecfuseError, UnknownModelError
-from ..eval.variants import parse_setting
+from ..eval.variants import add_set_option
 from ..members.workers import run_concurrently
 from ..models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
@@ -329,14 +329,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--off-rounds", type=int, default=12, help="rounds of the reuse-off run")
     parser.add_argument("--no-rss", action="store_true", help="skip loading each model alone in a child")
-    parser.add_argument(
-        "--set",
-        dest="settings",
-        action="append",
-        default=[],
-        type=parse_setting,
-        metavar="KEY=VALUE",
-        help="an EnsembleConfig setting on top, in every run (repeatable), e.g. own_draft_scores=true",
+    add_set_option(
+        parser,
+        "an EnsembleConfig setting on top, in every run (repeatable), e.g. own_draft_scores=true",
     )
     parser.add_argument("--profile", type=Path, default=None, help="write a cProfile of the run here")
     parser.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)

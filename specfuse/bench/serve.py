@@ -35,7 +35,7 @@ from ..cli import Parser
 from ..config import EnsembleConfig
 from ..errors import SpecfuseError
 from ..eval.problems import OPEN_PROMPTS
-from ..eval.variants import parse_setting
+from ..eval.variants import add_set_option
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from .core import parse_models
 from .measure import cpu_model, write_report
@@ -278,14 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64, help="answer budget per request (default 64)")
     parser.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
     parser.add_argument("--batch-size", type=int, default=None, help="default: the largest level")
-    parser.add_argument(
-        "--set",
-        dest="settings",
-        action="append",
-        default=[],
-        type=parse_setting,
-        metavar="KEY=VALUE",
-        help="a run setting of the server's default config, KEY an EnsembleConfig field, e.g. "
+    add_set_option(
+        parser,
+        "a run setting of the server's default config, KEY an EnsembleConfig field, e.g. "
         "verify=disagree, stop_strings=a|b (repeatable; applied after --segment-len)",
     )
     parser.add_argument(

@@ -225,3 +225,16 @@ def parse_setting(text: str) -> tuple[str, Any]:
         return key.strip(), parse_value(key.strip(), value)
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_set_option(parser: argparse.ArgumentParser, help: str) -> None:
+    """A benchmark's repeatable `--set KEY=VALUE` (into args.settings, as (key, value) pairs)."""
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        type=parse_setting,
+        metavar="KEY=VALUE",
+        help=help,
+    )
