@@ -9,11 +9,11 @@ Usage: python bench/own_draft_scores.py [--problems 12] [--rounds 4] [members…
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
 from specfuse.config import MemberSettings
+from specfuse.eval.problems import load_problems
 from specfuse.models.catalogue import DEFAULT_MEMBERS
 from specfuse.models.loading import load_member
 from specfuse.records import Candidate
@@ -30,8 +30,7 @@ def main() -> None:
     parser.add_argument("--problems", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=4, help="rounds per problem (default 4)")
     args = parser.parse_args()
-    lines = Path(args.data).read_text().splitlines()[: args.problems]
-    questions = [json.loads(line)["question"] for line in lines]
+    questions = [problem.question for problem in load_problems(args.data, args.problems)]
     for name in args.members:
         member = load_member(name, quantize="gguf")
         per_candidate, per_token = [], []
