@@ -29,6 +29,7 @@ from typing import Any
 from specfuse import feedback
 from specfuse.config import MemberSettings
 from specfuse.eval import ifeval
+from specfuse.eval.problems import parse_rows
 from specfuse.eval.stats import mcnemar_exact, wilson
 from specfuse.members.workers import PROMPT_LEFT_OUT
 from specfuse.models.catalogue import DEFAULT_MEMBERS
@@ -126,11 +127,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--report", default="bench/RESULTS-ifeval-dev.json", help="singles' answers (bf16)")
+    parser.add_argument(
+        "--rows", type=parse_rows, default=ifeval.DEV_ROWS, help="FIRST:END rows of the report (0:300)"
+    )
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
 
     both, total, rows = discordant_rows(args.report)
-    problems = {p.id: p for p in ifeval.load_ifeval(rows=range(0, 300))}
+    problems = {p.id: p for p in ifeval.load_ifeval(rows=args.rows)}
     prompts = [problems[r["problem"]].prompt for r in rows]
     answers = [r["answers"] for r in rows]
     began = time.perf_counter()
