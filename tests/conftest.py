@@ -6,6 +6,7 @@ Nothing here downloads anything: tokenizers are built in memory and models from 
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Sequence
 
 import pytest
@@ -22,6 +23,14 @@ from transformers import (
 )
 
 from specfuse.members.hf import HFMember
+
+
+def free_port() -> int:
+    """A loopback port free right now, for a server a test starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
 
 # The real models' converted cache, read before the autouse fixture points SPECFUSE_CACHE at tmp_path:
 # integration tests reuse it (converting the GGUF files takes minutes; reloading takes seconds).

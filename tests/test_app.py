@@ -6,7 +6,6 @@ import asyncio
 import dataclasses
 import html
 import json
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +19,7 @@ import app
 from specfuse import ConfigError, Ensemble, EnsembleConfig, ModelLoadError, Trace, dump_trace, load_trace
 from studio import SharedLoader, handlers, views
 
-from .conftest import TINY_SPECS, tiny_member
+from .conftest import TINY_SPECS, free_port, tiny_member
 from .scripted import ScriptedMember
 
 XSS_SCRIPT = "<script>alert(1)</script> "
@@ -203,12 +202,6 @@ def test_a_space_reads_its_start_arguments_from_spaces_config(monkeypatch):
 
 
 # ---- the API, against a launched app -------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 TINY = list(TINY_SPECS)

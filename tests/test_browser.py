@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 import app
 from specfuse import Ensemble, EnsembleConfig, Trace, load_trace, save_trace
 
-from .conftest import TINY_SPECS, tiny_member
+from .conftest import TINY_SPECS, free_port, tiny_member
 from .scripted import ScriptedMember
 
 pytestmark = pytest.mark.browser
@@ -71,12 +70,6 @@ def upload(page, path: Path) -> None:
     page.locator("#upload input[type=file]").set_input_files(str(path))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def launched(cache: Path, loader, members, **build) -> Iterator[str]:
     """The app on a free loopback port, its Gradio cache in `cache` (files outside it are not served),
@@ -89,6 +82,23 @@ def launched(cache: Path, loader, members, **build) -> Iterator[str]:
         yield address
     finally:
         demo.close()
+
+
+@contextlib.contextmanager
+def opened(browser, address: str, ready: str = "#prompt textarea", **options) -> Iterator:
+    """A page of a fresh browser context at `address` once `ready` is on it (timeouts TIMEOUT_MS;
+    dialogs dismissed and kept in page.dialogs); `options` go to new_context. Closed afterwards."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, **options)
+    try:
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.dialogs = []
+        page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+        page.goto(address)
+        page.wait_for_selector(ready)
+        yield page
+    finally:
+        context.close()
 
 
 @pytest.fixture(scope="module")
@@ -130,18 +140,8 @@ def browser():
 def page(browser, url, monkeypatch):
     address, cache = url
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
-    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    dialogs: list[str] = []
-    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-    page.dialogs = dialogs
-    page.goto(address)
-    page.wait_for_selector("#prompt textarea")
-    try:
+    with opened(browser, address, accept_downloads=True) as page:
         yield page
-    finally:
-        context.close()
 
 
 def pick(page, member: str) -> None:
@@ -488,15 +488,10 @@ def eval_page(browser, tmp_path):
             eval_dir=eval_folder(tmp_path / "eval"),
         )
         _, address, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        page = context.new_page()
-        page.set_default_timeout(TIMEOUT_MS)
         try:
-            page.goto(address)
-            page.wait_for_selector("#failures-table")
-            yield page
+            with opened(browser, address, "#failures-table") as page:
+                yield page
         finally:
-            context.close()
             demo.close()
 
 

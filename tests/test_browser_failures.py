@@ -17,7 +17,7 @@ import pytest
 import app
 from specfuse import load_trace
 
-from .test_browser import TIMEOUT_MS, TINY, free_port
+from .test_browser import TINY, free_port, opened
 from .test_browser import browser as browser  # noqa: F401  (the module's chromium, a fixture)
 
 pytestmark = pytest.mark.browser
@@ -37,15 +37,10 @@ def page(browser, tmp_path, monkeypatch):  # noqa: F811
         eval_dir=ROOT / "bench" / "RESULTS-gsm8k.json",
     )
     _, address, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
     try:
-        page.goto(address)
-        page.wait_for_selector("#failures-table")
-        yield page
+        with opened(browser, address, "#failures-table") as page:
+            yield page
     finally:
-        context.close()
         demo.close()
 
 

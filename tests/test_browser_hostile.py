@@ -14,7 +14,7 @@ import app
 
 from .conftest import tiny_member
 from .scripted import ScriptedMember
-from .test_browser import TIMEOUT_MS, TINY, free_port, launched, scripted_trace, upload, use_members
+from .test_browser import TINY, free_port, launched, opened, scripted_trace, upload, use_members
 from .test_browser import browser as browser  # noqa: F401  (the module's chromium, a fixture)
 
 pytestmark = pytest.mark.browser
@@ -61,17 +61,8 @@ def address(tmp_path_factory):
 def page(browser, address, monkeypatch):  # noqa: F811
     url, cache = address
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    page.dialogs = []
-    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
-    page.goto(url)
-    page.wait_for_selector("#prompt textarea")
-    try:
+    with opened(browser, url) as page:
         yield page
-    finally:
-        context.close()
 
 
 def toasts(page, n: int) -> str:
@@ -188,16 +179,12 @@ def test_the_members_list_shows_a_served_members_name_and_no_url(browser, tmp_pa
         served={"served-one": spec},
     )
     _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
     try:
-        page = context.new_page()
-        page.goto(url)
-        page.wait_for_selector("#models input[role=combobox]")
-        page.locator("#models input[role=combobox]").click()
-        page.wait_for_selector("ul[role=listbox]")
-        shown = page.inner_text("#models") + page.inner_text("ul[role=listbox]")
-        assert "served-one" in shown and "10.9.8.7" not in shown and "tokenizer" not in shown
-        assert "10.9.8.7" not in page.content()
+        with opened(browser, url, "#models input[role=combobox]") as page:
+            page.locator("#models input[role=combobox]").click()
+            page.wait_for_selector("ul[role=listbox]")
+            shown = page.inner_text("#models") + page.inner_text("ul[role=listbox]")
+            assert "served-one" in shown and "10.9.8.7" not in shown and "tokenizer" not in shown
+            assert "10.9.8.7" not in page.content()
     finally:
-        context.close()
         demo.close()

@@ -8,7 +8,7 @@ import pytest
 
 from .conftest import tiny_member
 from .scripted import ScriptedMember
-from .test_browser import TIMEOUT_MS, TINY, SlowMember, launched, scripted_trace, upload
+from .test_browser import TINY, SlowMember, launched, opened, scripted_trace, upload
 from .test_browser import browser as browser  # noqa: F401  (the module's chromium, a fixture)
 
 pytestmark = pytest.mark.browser
@@ -31,15 +31,8 @@ def address(tmp_path_factory):
 def page(browser, address, monkeypatch):  # noqa: F811
     url, cache = address
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
-    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto(url)
-    page.wait_for_selector("#prompt textarea")
-    try:
+    with opened(browser, url, accept_downloads=True) as page:
         yield page
-    finally:
-        context.close()
 
 
 def run(page, prompt: str = "Hello there") -> None:

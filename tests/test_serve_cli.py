@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,13 +24,9 @@ from specfuse.models.loading import load_members
 from specfuse.models.quantize import QuantizedLinear
 from specfuse.serve.cli import main as serve_main
 
+from .conftest import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve(*args: str) -> subprocess.Popen[str]:
