@@ -1,7 +1,7 @@
 """Can the members' likelihood tell which of two whole answers keeps IFEval's instructions?
 
-A ceiling for every likelihood-based choice the ensemble makes. On the IFEval development rows where
-exactly one of Qwen alone and SmolLM2 alone (bf16, bench/RESULTS-ifeval-dev.json) followed every
+A ceiling for every likelihood-based choice the ensemble makes. On the IFEval development rows (or
+those `--rows` names) where exactly one of Qwen alone and SmolLM2 alone (bf16, `--report`) followed every
 instruction, each judge below picks one of the two complete answers. On the other rows any judge's
 pick is right or wrong alike, so a judge's accuracy is (rows both got right) + (discordant rows where
 it picked the right answer), set beside Qwen alone with the exact McNemar test. If no judge picks the
@@ -16,6 +16,8 @@ Judges (members in llama.cpp, mean log-probability of the answer's tokens after 
 - the uniform mean of the three normalized rows.
 
     python tools/answer_judges.py --json bench/ifeval-answer-judges.json
+    python tools/answer_judges.py --rows 300:541 --report bench/RESULTS-ifeval-confirm-bf16-singles.json \
+        --json bench/ifeval-answer-judges-confirm.json   (the one test on the held-out rows)
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 from specfuse import feedback
 from specfuse.config import MemberSettings
 from specfuse.eval import ifeval
-from specfuse.eval.problems import parse_rows
+from specfuse.eval.problems import DataError, parse_rows
 from specfuse.eval.stats import mcnemar_exact, wilson
 from specfuse.members.workers import PROMPT_LEFT_OUT
 from specfuse.models.catalogue import DEFAULT_MEMBERS
@@ -127,14 +129,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--report", default="bench/RESULTS-ifeval-dev.json", help="singles' answers (bf16)")
-    parser.add_argument(
-        "--rows", type=parse_rows, default=ifeval.DEV_ROWS, help="FIRST:END rows of the report (0:300)"
-    )
+    parser.add_argument("--rows", default="0:300", help="FIRST:END rows of the report (default 0:300)")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
+    try:
+        rows_of_report = parse_rows(args.rows)
+    except DataError as e:
+        parser.error(str(e))
 
     both, total, rows = discordant_rows(args.report)
-    problems = {p.id: p for p in ifeval.load_ifeval(rows=args.rows)}
+    problems = {p.id: p for p in ifeval.load_ifeval(rows=rows_of_report)}
     prompts = [problems[r["problem"]].prompt for r in rows]
     answers = [r["answers"] for r in rows]
     began = time.perf_counter()
