@@ -34,3 +34,10 @@ def test_paired_runs_joins_a_report_and_a_runs_folder_per_side_and_refuses_overl
         tool.compare(overlapping, f"{tmp_path / 'whole'}:single-b", str(data))
     with pytest.raises(SystemExit, match="no outcomes of 'single-c'"):
         tool.compare(f"{tmp_path / 'late'}:single-c", f"{tmp_path / 'whole'}:single-b", str(data))
+
+
+def test_a_missing_data_file_is_a_usage_error_that_names_it(tmp_path, capsys):
+    tool = load_tool("paired_runs")
+    with pytest.raises(SystemExit) as stop:
+        tool.main(["--data", str(tmp_path / "nowhere.jsonl"), f"{tmp_path}:a", f"{tmp_path}:b"])
+    assert stop.value.code == 2 and "nowhere.jsonl" in capsys.readouterr().err

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from specfuse.errors import SpecfuseError
 from specfuse.eval import ifeval
 from specfuse.eval.problems import Outcome
 from specfuse.eval.runs import load_outcomes
@@ -70,7 +71,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--data", required=True, help="the GSM8K or IFEval JSONL the runs were made on")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args(argv)
-    result = compare(args.a, args.b, args.data)
+    try:
+        result = compare(args.a, args.b, args.data)
+    except SpecfuseError as e:  # a missing data file or runs folder, a system not in it: say which
+        parser.error(str(e))
     ci_a, ci_b = result["ci_a"], result["ci_b"]
     print(f"{result['problems']} problems both finished ({result['same_answer']} with the same answer text)")
     print(f"  {args.a}: {result['accuracy_a']:.3f} [{ci_a[0]:.3f}, {ci_a[1]:.3f}]")
