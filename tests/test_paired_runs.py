@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from specfuse.eval import cli as ev
@@ -9,6 +11,8 @@ from specfuse.eval import report as eval_report
 
 from .repo_tools import load_tool
 from .test_eval import CONFIG, scripted, write_data
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_paired_runs_joins_a_report_and_a_runs_folder_per_side_and_refuses_overlaps(tmp_path):
@@ -41,3 +45,21 @@ def test_a_missing_data_file_is_a_usage_error_that_names_it(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         tool.main(["--data", str(tmp_path / "nowhere.jsonl"), f"{tmp_path}:a", f"{tmp_path}:b"])
     assert stop.value.code == 2 and "nowhere.jsonl" in capsys.readouterr().err
+
+
+def test_data_ifeval_pairs_two_committed_reports_on_the_packaged_rows(capsys):
+    # The default and Qwen alone on IFEval rows 0-299 in llama.cpp, as docs/evaluation.md reports them
+    # (62 against 65, 9 : 12); the instruction groups come from the packaged rows too.
+    tool = load_tool("paired_runs")
+    bench = ROOT / "bench"
+    tool.main(
+        [
+            "--data",
+            "ifeval",
+            f"{bench / 'RESULTS-ifeval-gguf-median.json'}:median",
+            f"{bench / 'RESULTS-ifeval-gguf-qwen.json'}:single-qwen2.5-coder-0.5b",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert out.startswith("300 problems both finished")
+    assert "both right 53, only a 9, only b 12, both wrong 226" in out and "detectable_format" in out

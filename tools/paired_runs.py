@@ -68,9 +68,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     parser.add_argument("a", help="SOURCE:SYSTEM[,SOURCE:SYSTEM…], e.g. runs/gsm8k-int4:ensemble")
     parser.add_argument("b", help="SOURCE:SYSTEM[,…], the baseline")
-    parser.add_argument("--data", required=True, help="the GSM8K or IFEval JSONL the runs were made on")
+    parser.add_argument(
+        "--data", required=True, help="the GSM8K or IFEval JSONL of the runs (ifeval: the packaged rows)"
+    )
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args(argv)
+    if args.data == "ifeval":  # the packaged file lies in site-packages, where nobody types its path
+        args.data = str(ifeval.packaged_data())
     try:
         result = compare(args.a, args.b, args.data)
     except SpecfuseError as e:  # a missing data file or runs folder, a system not in it: say which
