@@ -84,10 +84,10 @@ def launched(cache: Path, loader, members, **build) -> Iterator[str]:
         demo.close()
 
 
-@contextlib.contextmanager
-def opened(browser, address: str, ready: str = "#prompt textarea", **options) -> Iterator:
+def open_page(browser, address: str, ready: str = "#prompt textarea", **options):
     """A page of a fresh browser context at `address` once `ready` is on it (timeouts TIMEOUT_MS;
-    dialogs dismissed and kept in page.dialogs); `options` go to new_context. Closed afterwards."""
+    dialogs dismissed and kept in page.dialogs); `options` go to new_context. The caller closes
+    page.context (or lets `opened` do it)."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000}, **options)
     try:
         page = context.new_page()
@@ -96,9 +96,20 @@ def opened(browser, address: str, ready: str = "#prompt textarea", **options) ->
         page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
         page.goto(address)
         page.wait_for_selector(ready)
+    except BaseException:
+        context.close()
+        raise
+    return page
+
+
+@contextlib.contextmanager
+def opened(browser, address: str, ready: str = "#prompt textarea", **options) -> Iterator:
+    """open_page's page, its context closed afterwards."""
+    page = open_page(browser, address, ready, **options)
+    try:
         yield page
     finally:
-        context.close()
+        page.context.close()
 
 
 @pytest.fixture(scope="module")

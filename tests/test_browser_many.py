@@ -23,7 +23,7 @@ from studio.serving import Schedulers
 
 from .conftest import tiny_member
 from .scripted import ScriptedMember
-from .test_browser import TIMEOUT_MS, TINY, free_port, use_members
+from .test_browser import TINY, free_port, open_page, use_members
 from .test_browser import browser as browser  # noqa: F401  (the module's chromium, a fixture)
 from .test_serve_clients import rss_bytes
 
@@ -71,11 +71,7 @@ def served(tmp_path_factory):
 def new_page(browser, served, monkeypatch):  # noqa: F811
     address, _, _, cache = served
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto(address)
-    page.wait_for_selector("#prompt textarea")
+    page = open_page(browser, address)
     page.evaluate(SEEN)  # every status the page shows, transient ones included
     return page
 

@@ -129,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--report", default="bench/RESULTS-ifeval-dev.json", help="singles' answers (bf16)")
-    parser.add_argument("--rows", default="0:300", help="FIRST:END rows of the report (default 0:300)")
+    dev = f"{ifeval.DEV_ROWS.start}:{ifeval.DEV_ROWS.stop}"
+    parser.add_argument("--rows", default=dev, help=f"FIRST:END rows of the report (default {dev})")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
     try:
