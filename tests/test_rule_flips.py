@@ -64,3 +64,11 @@ def test_an_empty_folder_is_refused_by_name(tool, tmp_path):
     (tmp_path / "none").mkdir()
     with pytest.raises(SystemExit, match="none: no trace files"):
         tool.replay(tmp_path / "none")
+
+
+def test_a_file_that_is_not_a_trace_is_refused_by_name(tool, tmp_path):
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    (folder / "other.json").write_text('{"outcomes": []}')
+    with pytest.raises(SystemExit, match="other.json: not a specfuse trace"):
+        tool.replay(folder)

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specfuse import load_trace  # noqa: E402
 from specfuse.config import EnsembleConfig  # noqa: E402
+from specfuse.errors import SpecfuseError  # noqa: E402
 from specfuse.rules import RECORDED, Rule, choose_by  # noqa: E402
 
 
@@ -74,7 +75,10 @@ def replay(folder: Path) -> dict[str, Any]:
         "rules": {},
     }
     for path in files:
-        trace = load_trace(path)
+        try:
+            trace = load_trace(path)
+        except SpecfuseError as e:  # a malformed or foreign JSON file: name it, and stop
+            raise SystemExit(f"{path}: {e}") from None
         base = own_rule(trace.config)
         rules = [base, *variations(base)]
         changed_answer: set[str] = set()
