@@ -30,32 +30,27 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q chromium fonts-wqy-zenhei; } \
 		|| echo "chromium could not be installed: the browser test will be skipped"
 
-# llama.cpp's llama-server for the real served-member test and bench-remote: built once from the
-# llama-cpp-python sdist (28 min measured on 2 busy cores) and cached in $(LLAMA_SERVER_DIR), never committed.
-# The sdist is pinned by version and SHA-256 in the script. It changes directory first, so it gets
-# the venv's python as an absolute path. A failed build fails the target where CI is set (CI runs
-# `CI=true make test`); elsewhere it says so and the real-server tests skip.
-LLAMA_SERVER_DIR ?= $(HOME)/.cache/specfuse/llama-server
-llama-server: install
-	@LLAMA_SERVER_DIR=$(LLAMA_SERVER_DIR) nice -n 19 tools/build_llama_server.sh $(abspath $(PY)) \
-		|| { if [ -n "$$CI" ]; then echo "llama-server could not be built (CI is set): failing" >&2; exit 1; fi; \
-		     echo "llama-server could not be built: the real-server test will be skipped"; }
-
-# llama-cpp-python for `--quantize gguf` (llama.cpp in this process): a wheel built once from the
-# same pinned sdist (libraries only: 2.6 min measured on 2 quiet cores), cached in $(LLAMA_CPP_DIR)
-# and installed into the venv. A failed build fails the target where CI is set, as llama-server's.
-LLAMA_CPP_DIR ?= $(HOME)/.cache/specfuse/llama-cpp
+# llama.cpp, compiled once from the llama-cpp-python sdist pinned in tools/llama_sdist.sh, into one
+# cached CMake tree ($(LLAMA_DIR), never committed): `llama-cpp` builds its shared libraries and installs
+# llama-cpp-python over them (`--quantize gguf`, the app's CPU default); `llama-server` adds the server
+# (served-member tests, bench-remote) on the same tree, compiling only the server's own sources.
+# Costs: docs/development.md. The script changes directory first, so it gets the venv's python as an
+# absolute path. A failed build fails the target where CI is set (CI runs `CI=true make test`);
+# elsewhere it says so and the llama.cpp tests skip.
+LLAMA_DIR ?= $(HOME)/.cache/specfuse/llama.cpp
+LLAMA_FAILED = { if [ -n "$$CI" ]; then echo "llama.cpp could not be built (CI is set): failing" >&2; exit 1; fi; \
+	echo "llama.cpp could not be built: the llama.cpp tests will be skipped"; }
 llama-cpp: install
-	@LLAMA_CPP_DIR=$(LLAMA_CPP_DIR) tools/build_llama_cpp.sh $(abspath $(PY)) \
-		|| { if [ -n "$$CI" ]; then echo "llama-cpp-python could not be built (CI is set): failing" >&2; exit 1; fi; \
-		     echo "llama-cpp-python could not be built: the llama.cpp tests will be skipped"; }
+	@LLAMA_DIR=$(LLAMA_DIR) tools/build_llama.sh $(abspath $(PY)) || $(LLAMA_FAILED)
+llama-server: install
+	@LLAMA_DIR=$(LLAMA_DIR) tools/build_llama.sh $(abspath $(PY)) --server || $(LLAMA_FAILED)
 
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: install browser llama-server llama-cpp lint
+test: install browser llama-server lint
 	$(PY) -m pytest -q -ra
 
 test-fast: install

@@ -24,7 +24,7 @@ def test_the_report_puts_both_setups_side_by_side_with_ratios():
 
 
 def test_a_missing_binary_says_how_to_build_it(tmp_path, monkeypatch):
-    monkeypatch.setenv("LLAMA_SERVER_DIR", str(tmp_path))
+    monkeypatch.setenv("LLAMA_DIR", str(tmp_path))
     assert llama_server_binary() == tmp_path / "bin" / "llama-server"
     with pytest.raises(SpecfuseError, match="make llama-server"), llama_server(Path("model.gguf")):
         pass

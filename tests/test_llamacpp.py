@@ -219,7 +219,7 @@ def test_limits_and_errors(member, tmp_path):
         load_member("smollm2-135m", quantize="gguf4", cache_dir=REAL_MODEL_CACHE)
 
 
-def test_the_trio_in_llama_cpp_plays_whole_runs():
+def test_the_trio_in_llama_cpp_plays_whole_runs(record_property):
     _needs_build()
     members = load_members(
         ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"], quantize="gguf", cache_dir=REAL_MODEL_CACHE
@@ -232,12 +232,59 @@ def test_the_trio_in_llama_cpp_plays_whole_runs():
         rounds = list(ensemble.stream(PROMPTS[1], config))
         check_invariants(rounds)
         assert "84" in rounds[-1].text
-    # Several prompts in lockstep: the same answers as one at a time (greedy; inner batches under 64
-    # tokens, so that llama.cpp rounds alike however many requests share a pass).
+    # Several prompts in lockstep against each played alone (greedy; inner batches under 64 tokens).
     exact = Ensemble([_member(m.name, ubatch_tokens=32) for m in members])
     config = EnsembleConfig(max_new_tokens=32)
-    together = {i: r.text for i, r in exact.stream_many(PROMPTS[:3], config)}
-    assert [together[i] for i in range(3)] == [exact.run(p, config).answer for p in PROMPTS[:3]]
+    lockstep: list[list] = [[] for _ in PROMPTS[:3]]
+    for i, rnd in exact.stream_many(PROMPTS[:3], config):
+        lockstep[i].append(rnd)
+    alone = [list(exact.stream(p, config)) for p in PROMPTS[:3]]
+    agreed = sum(a[-1].text == b[-1].text for a, b in zip(lockstep, alone))
+    drift = max(score_drift(a, b) for a, b in zip(lockstep, alone))
+    kernels = llama_cpp_kernels()
+    record_property("lockstep_answers_equal_to_solo", f"{agreed}/3 ({kernels})")
+    print(f"{kernels} kernels: lockstep answers equal to solo {agreed}/3, largest score drift {drift:.4f}")
+    for rounds in lockstep:
+        check_invariants(rounds)
+    # Until the runs part, each verifier's score of the same candidate after the same context is the
+    # same computation, batched or not: it may differ by rounding, never by more.
+    assert drift <= DRIFT_BOUND
+    # Where the answers are equal depends on the kernels: on AVX-512 these three have been equal to
+    # solo ones on every machine measured (runs are deterministic for one build); on AVX2 a drafted
+    # near-tie goes the other way in one of them (docs/development.md). Tested where it holds.
+    if kernels == "AVX-512":
+        assert [r[-1].text for r in lockstep] == [r[-1].text for r in alone]
+
+
+# Rounding's share of a raw score when a request shares its batch: at most 0.09 measured (AVX-512
+# kernels; 0.03 on AVX2). Scoring another request's cells or positions moves a mean log-prob by whole
+# units, far past this bound.
+DRIFT_BOUND = 0.25
+
+
+def llama_cpp_kernels() -> str:
+    """The CPU kernels this build of llama.cpp runs: "AVX-512", "AVX2" or "other" (its system info)."""
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode()
+    if "AVX512 = 1" in info:
+        return "AVX-512"
+    return "AVX2" if "AVX2 = 1" in info else "other"
+
+
+def score_drift(lockstep: list, alone: list) -> float:
+    """The largest difference between the raw scores two runs of one prompt gave the same candidates,
+    over the rounds the runs share: up to and including the first round whose candidates or choice
+    differ (the same context in both), and in that round for the candidates both drafted alike."""
+    drift = 0.0
+    for a, b in zip(lockstep, alone):
+        same = [j for j, (x, y) in enumerate(zip(a.candidates, b.candidates)) if x.text == y.text]
+        assert a.verifiers == b.verifiers
+        for row_a, row_b in zip(a.raw_scores, b.raw_scores):
+            drift = max([drift, *(abs(row_a[j] - row_b[j]) for j in same)])
+        if len(same) < len(a.candidates) or a.winner.text != b.winner.text:
+            break
+    return drift
 
 
 def test_the_backends_benchmark_sets_the_three_setups_side_by_side():

@@ -92,13 +92,13 @@ def test_a_carrier_package_is_located_without_running_its_code(tmp_path, monkeyp
         _part_chunks("probe_carrier_part", 3)()
 
 
-@pytest.mark.parametrize("build", ["build_llama_server.sh", "build_llama_cpp.sh"])
-def test_the_llama_cpp_archive_is_pinned_and_a_changed_one_is_never_compiled(tmp_path, build):
-    pins = (ROOT / "tools" / "llama_sdist.sh").read_text()  # the one pin both builds source
+@pytest.mark.parametrize("targets", [[], ["--server"]])
+def test_the_llama_cpp_archive_is_pinned_and_a_changed_one_is_never_compiled(tmp_path, targets):
+    pins = (ROOT / "tools" / "llama_sdist.sh").read_text()  # the one pin the build sources
     version = re.search(r"^VERSION=(\S+)$", pins, re.M)
     sha = re.search(r"^SHA256=([0-9a-f]{64})$", pins, re.M)
     assert version and sha and "--require-hashes" in pins
-    script = ROOT / "tools" / build
+    script = ROOT / "tools" / "build_llama.sh"
     assert "llama_sdist.sh" in script.read_text() and "VERSION=" not in script.read_text()
     # A pip that hands back another archive (as a compromised index or mirror would), and a source tree
     # unpacked by an older, unpinned run: neither reaches the compiler.
@@ -118,24 +118,25 @@ def test_the_llama_cpp_archive_is_pinned_and_a_changed_one_is_never_compiled(tmp
     env = {
         **os.environ,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "LLAMA_SERVER_DIR": str(cache),
-        "LLAMA_CPP_DIR": str(cache),
+        "LLAMA_DIR": str(cache),
     }
-    done = subprocess.run(["bash", str(script), str(fake_python)], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", str(script), str(fake_python), *targets], env=env, capture_output=True, text=True
+    )
     assert done.returncode != 0
     assert f"the pinned one is {sha[1]}" in done.stderr and "refusing" in done.stderr
     assert not (tmp_path / "cmake.log").exists() or "-S" not in (tmp_path / "cmake.log").read_text()
     assert not (cache / "bin").exists() and not list(cache.glob("wheel/*.whl"))
     assert not list((cache / "src").glob("*.tar.gz"))
-    if build == "build_llama_server.sh":
-        assert not old_tree.exists()  # an unpinned tree is removed before anything is unpacked
+    assert not old_tree.exists()  # an unpinned tree is removed before anything is unpacked
 
 
 def test_make_gives_the_build_script_an_absolute_python():
     """The script changes directory before it runs pip: a relative .venv/bin/python would not exist."""
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
-    dry = subprocess.run(["make", "-n", "llama-server"], cwd=ROOT, capture_output=True, text=True, check=True)
-    [line] = [x for x in dry.stdout.splitlines() if "build_llama_server.sh" in x]
-    python = line.split("build_llama_server.sh ")[1].split()[0]
-    assert Path(python).is_absolute() and python.endswith("/bin/python")
+    for target in ("llama-server", "llama-cpp"):
+        dry = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, check=True)
+        [line] = [x for x in dry.stdout.splitlines() if "build_llama.sh" in x]
+        python = line.split("build_llama.sh ")[1].split()[0]
+        assert Path(python).is_absolute() and python.endswith("/bin/python")

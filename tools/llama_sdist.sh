@@ -1,5 +1,5 @@
-# Sourced by build_llama_server.sh and build_llama_cpp.sh: the one pinned llama-cpp-python sdist both
-# compile, and how it is fetched. pip refuses an archive with another hash (--require-hashes) and the
+# Sourced by build_llama.sh: the one pinned llama-cpp-python sdist whose vendored llama.cpp it
+# compiles, and how it is fetched. pip refuses an archive with another hash (--require-hashes) and the
 # archive is checked again before use, so a changed archive (on the index, or left in the folder) is
 # never compiled. To move to a new version, change VERSION and SHA256 together (the hash PyPI lists
 # for llama_cpp_python-VERSION.tar.gz).

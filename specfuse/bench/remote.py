@@ -33,8 +33,8 @@ PROMPT = "Write a numbered list of five tips for learning to cook, one sentence 
 
 
 def llama_server_binary() -> Path:
-    """Where `make llama-server` (tools/build_llama_server.sh) puts the binary; it may be absent."""
-    root = os.environ.get("LLAMA_SERVER_DIR") or Path.home() / ".cache" / "specfuse" / "llama-server"
+    """Where `make llama-server` (tools/build_llama.sh) puts the binary; it may be absent."""
+    root = os.environ.get("LLAMA_DIR") or Path.home() / ".cache" / "specfuse" / "llama.cpp"
     return Path(root).expanduser() / "bin" / "llama-server"
 
 
