@@ -93,9 +93,7 @@ def _is_spec(name: str) -> bool:
     return is_server_spec(name)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    from specfuse.models.devices import plan_devices
-
+def build_parser() -> Parser:
     parser = Parser(prog="app.py", description="SpecFuse Studio: the Gradio app.")
     parser.add_argument(
         "--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), help="address to bind"
@@ -163,9 +161,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         metavar="SPEC",
         help="offer a served member, ENGINE:URL#NAME[?tokenizer=...] (repeatable; docs/remote.md)",
     )
+    return parser
+
+
+def parse_args(parser: Parser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """app.py's arguments: `argv`, else the Space's (spaces_config.yaml) when started bare on one, else
+    the command line. A bad value exits with status 2 and says which."""
     args = parser.parse_args(space_arguments() if argv is None and len(sys.argv) == 1 else argv)
     if min(args.concurrency, args.batch_size, args.queue_size) < 1:
         parser.exit(2, "error: --concurrency, --batch-size and --queue-size must be at least 1\n")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from specfuse.models.devices import plan_devices
+
+    parser = build_parser()
+    args = parse_args(parser, argv)
 
     try:
         trust = load_trust(args.trust) if args.trust is not None else None

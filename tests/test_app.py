@@ -17,7 +17,9 @@ from gradio_client.exceptions import AppError
 
 import app
 from specfuse import ConfigError, Ensemble, EnsembleConfig, ModelLoadError, Trace, dump_trace, load_trace
+from specfuse.serve.scheduler import DEFAULT_BATCH_SIZE
 from studio import SharedLoader, handlers, views
+from studio.serving import DEFAULT_CONCURRENCY
 
 from .conftest import TINY_SPECS, free_port, tiny_member
 from .scripted import ScriptedMember
@@ -199,6 +201,18 @@ def test_a_space_reads_its_start_arguments_from_spaces_config(monkeypatch):
     assert args[:2] == ["--host", "0.0.0.0"] and "--models" in args and "--allow-paths" not in args
     monkeypatch.setenv("SPECFUSE_APP_ARGS", "--port 9000")
     assert app.space_arguments() == ["--port", "9000"]
+
+
+def test_the_space_arguments_parse_and_keep_the_batching(monkeypatch):
+    """A Space serves its visitors through the one rolling batch, as a plain `python app.py` does: its
+    arguments lower neither the runs at once nor the batch below the defaults."""
+    monkeypatch.delenv("SPECFUSE_APP_ARGS", raising=False)
+    monkeypatch.setenv("SPACE_ID", "someone/specfuse-studio")
+    monkeypatch.setattr(app.sys, "argv", ["app.py"])
+    args = app.parse_args(app.build_parser())
+    assert args.host == "0.0.0.0" and len(args.models) == 3
+    assert args.concurrency >= DEFAULT_CONCURRENCY and args.batch_size >= DEFAULT_BATCH_SIZE > 1
+    assert args.queue_size >= 16
 
 
 # ---- the API, against a launched app -------------------------------------------------------------
