@@ -17,7 +17,7 @@ from typing import Any
 import gradio as gr
 
 from specfuse import SpecfuseError
-from specfuse.cli import Parser
+from specfuse.cli import Parser, add_parallel_flag
 from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from specfuse.models.quantize_options import CLI_HELP_AUTO as QUANTIZE_HELP
 from specfuse.models.quantize_options import check_quantize, cpu_only
@@ -125,6 +125,7 @@ def build_parser() -> Parser:
         help="each model in a worker process of its own (default: where that measured faster: on a "
         "GPU, or a CPU with 8 or more cores; docs/gpu.md)",
     )
+    add_parallel_flag(parser)
     parser.add_argument("--queue-size", type=int, default=16, help="requests waiting at most")
     parser.add_argument(
         "--concurrency",
@@ -209,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     name_of = {spec: name for name, spec in served.items()}
     defaults = [name_of.get(m, m) for m in args.models if m in specs or m in named]
     choices = list(dict.fromkeys([*installed, *named, *served]))
-    schedulers = Schedulers(batch_size=args.batch_size)
+    schedulers = Schedulers(batch_size=args.batch_size, parallel=args.parallel)
     api = None
     if args.preload or args.api:
         from specfuse.models.loading import load_each, tqdm_progress

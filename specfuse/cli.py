@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from .config import EnsembleConfig
+from .config import PARALLEL_HELP, PARALLEL_MODES, EnsembleConfig
 from .engine import Ensemble, check_prompt
 from .errors import ConfigError, SpecfuseError
 from .models.catalogue import CATALOGUE
@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         "on a GPU (H100: 2.92x as fast as eager drafts; docs/gpu.md), no gain on a CPU. Implies "
         "--quantize none; compiles once per member at the first draft (about a minute for a 7B model)",
     )
+    add_parallel_flag(parser)
     add(
         "--processes",
         action=argparse.BooleanOptionalAction,
@@ -100,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
 FLAG_NAMES = {"stop_strings": "--stop"}
 OLD_ALIASES = {"exited_verify": "--exited-no-verify"}  # store_false spellings that keep working
 METAVARS = {int: "N", float: "X", str: "TEXT"}
+
+
+def add_parallel_flag(parser: argparse.ArgumentParser) -> None:
+    """--parallel, for every entry point that loads members (the CLI, the server, the app)."""
+    parser.add_argument("--parallel", default="auto", choices=PARALLEL_MODES, help=PARALLEL_HELP)
 
 
 def add_settings(parser: argparse.ArgumentParser) -> None:
@@ -261,7 +267,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             file=err,
         )
     members = _load(names, args, err)
-    ensemble = Ensemble(members, config)
+    ensemble = Ensemble(members, config, parallel=args.parallel)
     trace = Trace(prompt, ensemble.names, config, ())
     rounds: list[Round] = []
     try:

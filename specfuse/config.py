@@ -19,7 +19,13 @@ NORMALIZATIONS = ("zsoftmax", "minmax", "sum", "none")
 AGGREGATIONS = ("mean", "median", "filtered")  # feedback.aggregate
 PRIORS = ("trust", "uniform", "prompt")
 SCORE_MODES = ("logit", "logprob")
+# Where members run is the loaded members' property, not a run's: Ensemble(parallel=…) and the
+# operator's --parallel flag take it (issue 42); PARALLEL_HELP is that flag's help everywhere.
 PARALLEL_MODES = ("auto", "on", "off")
+PARALLEL_HELP = (
+    "members work at the same time: on, off, or auto (on several devices, or sharing a multi-core CPU)"
+)
+RETIRED_KEYS = ("parallel",)  # stored in configs by earlier versions; read and left out
 VERIFY_MODES = ("always", "contested", "disagree")  # run.py: Run.take_candidates
 MAX_SEGMENT_LEN = 256
 
@@ -170,12 +176,6 @@ class EnsembleConfig:
         group="scoring",
     )
     stop_strings: tuple[str, ...] = setting((), "end the answer before any of these strings")
-    parallel: str = setting(
-        "auto",
-        "members work at the same time (auto: on several devices, or sharing a multi-core CPU)",
-        choices=PARALLEL_MODES,
-        group="devices",
-    )
 
     def __post_init__(self) -> None:
         # Types, choices and bounds come from each field's setting(); a new field is checked for free.
@@ -222,12 +222,13 @@ class EnsembleConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EnsembleConfig:
-        """Rebuild (and re-validate) a config stored by to_dict; unknown keys are an error."""
+        """Rebuild (and re-validate) a config stored by to_dict; unknown keys are an error, and keys
+        that earlier versions stored but that are no longer a run's (RETIRED_KEYS) are left out."""
         known = set(cls.__dataclass_fields__)
-        unknown = set(data) - known
+        unknown = set(data) - known - set(RETIRED_KEYS)
         if unknown:
             raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
-        return cls(**data)  # __post_init__ turns JSON lists back into tuples
+        return cls(**{k: v for k, v in data.items() if k in known})  # __post_init__: lists → tuples
 
 
 # The paper's rule (SPEC.md), one switch away: mean raw logits normalized by their row sum, uniform

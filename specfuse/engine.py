@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Generator, Iterator, Sequence
 
-from .config import EnsembleConfig
+from .config import PARALLEL_MODES, EnsembleConfig
 from .errors import ConfigError, SpecfuseError
 from .limits import check_prompt as check_prompt
 from .limits import check_request
@@ -37,7 +37,13 @@ log = logging.getLogger(__name__)
 class Ensemble:
     """Several members answering prompts together (SpecEM). Members are shared, runs are not."""
 
-    def __init__(self, members: Sequence[Member], config: EnsembleConfig | None = None) -> None:
+    def __init__(
+        self, members: Sequence[Member], config: EnsembleConfig | None = None, *, parallel: str = "auto"
+    ) -> None:
+        """`parallel`: whether the members work at the same time (config.PARALLEL_MODES); a property
+        of where they run, so it is the ensemble's, not a run's."""
+        if parallel not in PARALLEL_MODES:
+            raise ConfigError(f"parallel must be one of {', '.join(PARALLEL_MODES)}, got {parallel!r}")
         if not members:
             raise ConfigError("an ensemble needs at least one member")
         for m in members:
@@ -56,6 +62,7 @@ class Ensemble:
                 raise ConfigError(f"member name {name!r}: it must be printable text, not blank")
         self.members: tuple[Member, ...] = tuple(members)
         self.config = config or EnsembleConfig()
+        self.parallel = parallel
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -135,8 +142,7 @@ class Ensemble:
     def _lockstep(self, runs: list[Run], batch_size: int = 1) -> Iterator[tuple[int, Draft | Round]]:
         for run in runs:  # limits.py: every bound that needs no model, before any model work
             check_request(run.prompt, run.config, run.start, run.forced, run.names)
-        config = runs[0].config if runs else self.config
-        batch = Batch(self.members, run_concurrently(self.members, config.parallel))
+        batch = Batch(self.members, run_concurrently(self.members, self.parallel))
         index = {id(run): i for i, run in enumerate(runs)}
         waiting = list(runs)
         try:

@@ -41,8 +41,10 @@ class Schedulers:
         *,
         batch_size: int = DEFAULT_BATCH_SIZE,
         queue: int = DEFAULT_QUEUE,
+        parallel: str = "auto",
     ) -> None:
-        self.config = config or EnsembleConfig()  # the operator's: `parallel` is read from it
+        self.config = config or EnsembleConfig()
+        self.parallel = parallel  # the operator's (--parallel): where members run, for every run
         self.batch_size = batch_size
         self.queue = queue
         self.all: list[Scheduler] = []
@@ -64,7 +66,9 @@ class Schedulers:
                     if new:
                         scheduler.add_members(new)
                     return scheduler
-            scheduler = Scheduler(members, self.config, batch_size=self.batch_size, queue=self.queue)
+            scheduler = Scheduler(
+                members, self.config, batch_size=self.batch_size, queue=self.queue, parallel=self.parallel
+            )
             self.all.append(scheduler)
             return scheduler
 

@@ -17,7 +17,7 @@ import gradio as gr
 
 from specfuse import ConfigError, EnsembleConfig
 
-GROUPS = ("run", "sampling", "scoring", "feedback", "exit", "devices")
+GROUPS = ("run", "sampling", "scoring", "feedback", "exit")
 
 # Where the metadata alone would give a poor widget: a label, a slider's practical range, a radio.
 OVERRIDES: dict[str, dict[str, Any]] = {

@@ -19,7 +19,7 @@ import app
 from specfuse import ConfigError, Ensemble, EnsembleConfig, ModelLoadError, Trace, dump_trace, load_trace
 from specfuse.serve.scheduler import DEFAULT_BATCH_SIZE
 from studio import SharedLoader, handlers, views
-from studio.serving import DEFAULT_CONCURRENCY
+from studio.serving import DEFAULT_CONCURRENCY, Schedulers
 
 from .conftest import TINY_SPECS, free_port, tiny_member
 from .scripted import ScriptedMember
@@ -296,7 +296,7 @@ def test_a_run_streams_one_update_per_round_with_that_rounds_panels(client):
 
 
 def test_candidates_show_as_they_arrive_before_their_round_is_decided(client):
-    job = submit(client, TINY, "Hello there", parallel="on")
+    job = submit(client, TINY, "Hello there")
     job.result(timeout=60)
     outputs = job.outputs()
     arriving = [o for o in outputs if "candidates in" in o[STATUS]]
@@ -307,6 +307,47 @@ def test_candidates_show_as_they_arrive_before_their_round_is_decided(client):
     assert outputs.index(first) < min(i for i, o in enumerate(outputs) if "candidates in" not in o[STATUS])
     members = {row[0] for o in arriving for row in o[CANDIDATES]["data"]}
     assert members == set(TINY)
+
+
+class Clocked(ScriptedMember):
+    """A scripted member that keeps when each of its drafts began and ended."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, [" tick tock"] * 20, len, draft_delay=0.3)
+        self.spans: list[tuple[float, float]] = []
+
+    def draft(self, state, max_new_tokens):
+        began = time.monotonic()
+        candidate = super().draft(state, max_new_tokens)
+        self.spans.append((began, time.monotonic()))
+        return candidate
+
+
+@pytest.mark.parametrize("parallel", ["off", "on"])
+def test_the_operators_parallel_decides_whether_the_apps_members_draft_at_once(
+    parallel, tmp_path, monkeypatch
+):
+    """`parallel` is where members run, so the operator's (app.py --parallel), and the app's runs follow
+    it; the settings form no longer offers a choice that the app's batch never read."""
+    members = {m.name: m for m in (Clocked("clock-a"), Clocked("clock-b"))}
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    demo = app.build_demo(
+        lambda name, device, progress: members[name],
+        choices=list(members),
+        default_models=list(members),
+        schedulers=Schedulers(parallel=parallel),
+    )
+    _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
+    try:
+        client = Client(url, verbose=False, download_files=str(tmp_path))
+        with pytest.raises(TypeError):  # the form has no such field any more
+            client.submit(members=list(members), prompt="Go", parallel="on", api_name="/run")
+        submit(client, list(members), "Go", max_new_tokens=6).result(timeout=60)
+    finally:
+        demo.close()
+    (a_began, a_ended), (b_began, b_ended) = members["clock-a"].spans[0], members["clock-b"].spans[0]
+    overlap = min(a_ended, b_ended) - max(a_began, b_began)
+    assert overlap > 0.15 if parallel == "on" else overlap <= 0
 
 
 def test_two_clients_at_once_each_get_their_own_answer(served, client):

@@ -12,7 +12,10 @@ import pytest
 
 from specfuse.cli import build_parser, config_from_args
 from specfuse.config import EnsembleConfig
+from specfuse.engine import Ensemble
 from specfuse.errors import ConfigError
+
+from .scripted import ScriptedMember
 
 FIELDS = dataclasses.fields(EnsembleConfig)
 HINTS = typing.get_type_hints(EnsembleConfig)
@@ -167,6 +170,16 @@ def test_to_dict_and_from_dict_round_trip_through_json():
     assert EnsembleConfig(stop_strings=["a"]).stop_strings == ("a",)  # lists become tuples
     with pytest.raises(ConfigError, match="unknown config keys: bogus"):
         EnsembleConfig.from_dict({**EnsembleConfig().to_dict(), "bogus": 1})
+
+
+def test_a_config_stored_with_parallel_by_an_earlier_version_still_loads():
+    # `parallel` was a run setting until it became the ensemble's (where members run): traces and
+    # runs folders written before still carry it, and load as they were, without it.
+    stored = {**EnsembleConfig(segment_len=7).to_dict(), "parallel": "on"}
+    assert EnsembleConfig.from_dict(stored) == EnsembleConfig(segment_len=7)
+    assert "parallel" not in EnsembleConfig().to_dict()
+    with pytest.raises(ConfigError, match="parallel must be one of auto, on, off, got 'sometimes'"):
+        Ensemble([ScriptedMember("a", ["x"], len)], parallel="sometimes")
 
 
 def test_an_integer_without_an_upper_bound_takes_any_size():

@@ -133,8 +133,8 @@ def test_stop_strings_end_the_answer_before_them_even_across_segments():
 
 
 def test_parallel_drafting_gives_the_same_rounds_as_sequential(tiny_members):
-    seq = Ensemble(tiny_members, EnsembleConfig(max_new_tokens=20, parallel="off")).run("Hi")
-    par = Ensemble(tiny_members, EnsembleConfig(max_new_tokens=20, parallel="on")).run("Hi")
+    seq = Ensemble(tiny_members, EnsembleConfig(max_new_tokens=20), parallel="off").run("Hi")
+    par = Ensemble(tiny_members, EnsembleConfig(max_new_tokens=20), parallel="on").run("Hi")
     assert seq.answer == par.answer and seq.wins == par.wins
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 
 import pytest
 import torch
@@ -41,8 +40,8 @@ def test_packed_scores_on_the_gpu_equal_the_cpus(spec):
 def test_one_member_per_gpu_drafts_concurrently_and_matches_sequential():
     devices = [f"cuda:{i % torch.cuda.device_count()}" for i in range(3)]
     members = [on(d, name) for d, name in zip(devices, TINY_SPECS)]
-    seq = Ensemble(members, EnsembleConfig(max_new_tokens=24, parallel="off")).run("Hi")
-    par = Ensemble(members, EnsembleConfig(max_new_tokens=24, parallel="on")).run("Hi")
+    seq = Ensemble(members, EnsembleConfig(max_new_tokens=24), parallel="off").run("Hi")
+    par = Ensemble(members, EnsembleConfig(max_new_tokens=24), parallel="on").run("Hi")
     assert seq.answer == par.answer
 
 
@@ -56,8 +55,8 @@ def test_members_on_one_gpu_on_their_own_streams_match_members_in_turn():
     members = [on("cuda:0", name) for name in TINY_SPECS]
     config = EnsembleConfig(max_new_tokens=24, segment_len=4)
     assert not run_concurrently(members, "auto")  # one GPU: streams only when asked
-    turns = Ensemble(members, replace(config, parallel="off")).run("Hi")
-    streams = Ensemble(members, replace(config, parallel="on")).run("Hi")
+    turns = Ensemble(members, config, parallel="off").run("Hi")
+    streams = Ensemble(members, config, parallel="on").run("Hi")
     assert turns.answer == streams.answer and turns.wins == streams.wins
 
 
@@ -76,10 +75,10 @@ def test_compiled_drafts_with_cuda_graphs_play_the_same_rounds_as_eager_drafts(e
     from torch._dynamo.utils import counters
 
     eager, compiled = eager_and_compiled
-    config = EnsembleConfig(segment_len=6, max_new_tokens=27, exit=False, parallel="off")
+    config = EnsembleConfig(segment_len=6, max_new_tokens=27, exit=False)
     prompt = "Why is the sky blue? Explain it to a child."
-    turns = list(Ensemble(eager, config).stream(prompt))
-    graphs = list(Ensemble(compiled, config).stream(prompt))
+    turns = list(Ensemble(eager, config, parallel="off").stream(prompt))
+    graphs = list(Ensemble(compiled, config, parallel="off").stream(prompt))
     assert [r.text for r in graphs] == [r.text for r in turns]
     assert [r.winner.member for r in graphs] == [r.winner.member for r in turns]
     assert len({r.winner.member for r in turns}) >= 2  # members went on from one another's segments
@@ -96,9 +95,9 @@ def test_compiled_members_at_once_on_their_own_streams_draft_eagerly_and_match_i
     # assertion in an inductor kernel): there the drafts decode eagerly, and the answer stays the same.
     _, compiled = eager_and_compiled
     config = EnsembleConfig(segment_len=6, max_new_tokens=27, exit=False)
-    turns = Ensemble(compiled, replace(config, parallel="off")).run("Hi")
+    turns = Ensemble(compiled, config, parallel="off").run("Hi")
     before = [dict(m.compiled.counts) for m in compiled]
-    streams = Ensemble(compiled, replace(config, parallel="on")).run("Hi")
+    streams = Ensemble(compiled, config, parallel="on").run("Hi")
     assert streams.answer == turns.answer and streams.wins == turns.wins
     for member, counts in zip(compiled, before):
         assert member.compiled.counts["static"] == counts["static"]
@@ -116,7 +115,7 @@ def test_compiled_drafts_in_worker_processes_on_one_gpu_match_eager_drafts_here(
     try:
         assert run_concurrently(workers, "auto")
         there = Ensemble(workers, config).run(prompt)
-        here = Ensemble(eager, replace(config, parallel="off")).run(prompt)
+        here = Ensemble(eager, config, parallel="off").run(prompt)
         assert there.answer == here.answer and there.wins == here.wins
     finally:
         for worker in workers:

@@ -105,11 +105,11 @@ def whole_token_mean(member, state, cand):
 def test_a_remote_ensemble_plays_the_same_rounds_as_the_local_one(local, engine):
     first, second = tiny_member("qwen-merges"), local["gemma-meta"]
     stub, remote = served(engine, second)
-    config = EnsembleConfig(score="logprob", max_new_tokens=40, segment_len=6, parallel="off")
+    config = EnsembleConfig(score="logprob", max_new_tokens=40, segment_len=6)
     try:
-        ours = list(Ensemble([first, second], config).stream("Tell me a story."))
+        ours = list(Ensemble([first, second], config, parallel="off").stream("Tell me a story."))
         remote.name = second.name
-        theirs = list(Ensemble([first, remote], config).stream("Tell me a story."))
+        theirs = list(Ensemble([first, remote], config, parallel="off").stream("Tell me a story."))
         assert theirs[-1].text == "".join(r.winner.text for r in theirs)
         if engine == "llama-server":  # its scores leave out byte tokens: the rounds may differ
             return
@@ -148,9 +148,9 @@ def test_asking_a_server_for_raw_logits_is_a_config_error_naming_the_member(loca
 def test_members_on_different_servers_run_concurrently(local):
     (s1, r1), (s2, r2) = served("vllm", local["llama-bytes"]), served("sglang", local["gemma-meta"])
     try:
-        assert run_concurrently([r1, r2], EnsembleConfig().parallel)
-        config = EnsembleConfig(score="logprob", max_new_tokens=20, parallel="auto")
-        result = Ensemble([r1, r2], config).run("Hello")
+        assert run_concurrently([r1, r2], Ensemble([r1, r2]).parallel)
+        config = EnsembleConfig(score="logprob", max_new_tokens=20)
+        result = Ensemble([r1, r2], config, parallel="auto").run("Hello")
         assert result.rounds >= 1
     finally:
         s1.stop()

@@ -16,7 +16,8 @@ def test_the_settings_form_has_a_widget_for_every_config_field():
         form = settings.build_settings(EnsembleConfig())
     assert sorted(form) == sorted(f.name for f in dataclasses.fields(EnsembleConfig))
     assert isinstance(form["feedback"], gr.Checkbox)
-    assert isinstance(form["normalization"], gr.Radio) and isinstance(form["parallel"], gr.Dropdown)
+    assert isinstance(form["normalization"], gr.Radio) and isinstance(form["verify"], gr.Dropdown)
+    assert "parallel" not in form  # where members run is the operator's (--parallel), not a run's
     assert isinstance(form["exit_threshold"], gr.Slider) and isinstance(form["seed"], gr.Number)
     assert form["top_p"].minimum == 0.05  # the override table narrows what the metadata allows
     assert form["segment_len"].info == EnsembleConfig.__dataclass_fields__["segment_len"].metadata["help"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
 
 import pytest
 import torch
@@ -145,11 +144,10 @@ def test_auto_runs_members_at_once_on_a_multicore_cpu_only(tiny_members):
 def test_members_at_the_same_time_give_the_rounds_of_members_in_turn(tiny_members, two_threads, exit):
     config = EnsembleConfig(
         max_new_tokens=40, segment_len=5, exit=exit, exit_warmup=1, exit_threshold=1.0, learning_rate=5.0,
-        parallel="off",
     )  # fmt: skip
     prompt = "Why is the sky blue? Explain it to a child."
-    turns = list(Ensemble(tiny_members, config).stream(prompt))
-    at_once = list(Ensemble(tiny_members, replace(config, parallel="on")).stream(prompt))
+    turns = list(Ensemble(tiny_members, config, parallel="off").stream(prompt))
+    at_once = list(Ensemble(tiny_members, config, parallel="on").stream(prompt))
     assert (len(turns[-1].active) < 3) == exit  # with exit on, members do leave, at the same rounds
     assert [r.text for r in turns] == [r.text for r in at_once]
     assert [r.active for r in turns] == [r.active for r in at_once]
@@ -163,8 +161,8 @@ def test_events_yield_each_candidate_as_its_drafter_finishes_fastest_first():
     judge = lambda text: float(len(text))  # noqa: E731
     slow = ScriptedMember("slow", [" slow one", " slow two"], judge, draft_delay=0.4)
     fast = ScriptedMember("fast", [" quick", " quick again"], judge)
-    config = EnsembleConfig(max_rounds=2, exit=False, parallel="on", prior="uniform")
-    events = list(Ensemble([slow, fast], config).events("go"))
+    config = EnsembleConfig(max_rounds=2, exit=False, prior="uniform")
+    events = list(Ensemble([slow, fast], config, parallel="on").events("go"))
     kinds = [type(e).__name__ for e in events]
     assert kinds == ["Draft", "Draft", "Round", "Draft", "Draft", "Round"]
     drafts = [e for e in events if isinstance(e, Draft)]
@@ -174,14 +172,16 @@ def test_events_yield_each_candidate_as_its_drafter_finishes_fastest_first():
     for k, rnd in enumerate(rounds, 1):
         arrived = {d.candidate for d in drafts if d.k == k}
         assert arrived == set(rnd.candidates) and all(d.elapsed <= rnd.elapsed for d in drafts if d.k == k)
-    assert [r.text for r in Ensemble([slow, fast], config).stream("go")] == [r.text for r in rounds]
+    assert [r.text for r in Ensemble([slow, fast], config, parallel="on").stream("go")] == [
+        r.text for r in rounds
+    ]
 
 
 def test_stream_is_events_without_the_drafts(tiny_members):
-    config = EnsembleConfig(max_new_tokens=20, segment_len=5, parallel="off")
-    events = list(Ensemble(tiny_members, config).events("Hi there"))
+    config = EnsembleConfig(max_new_tokens=20, segment_len=5)
+    events = list(Ensemble(tiny_members, config, parallel="off").events("Hi there"))
     drafts = [e for e in events if isinstance(e, Draft)]
-    rounds = list(Ensemble(tiny_members, config).stream("Hi there"))
+    rounds = list(Ensemble(tiny_members, config, parallel="off").stream("Hi there"))
     assert [r.text for r in rounds] == [e.text for e in events if isinstance(e, Round)]
     assert len(drafts) == sum(len(r.active) for r in rounds)
     # Members in turn: candidates arrive in ensemble order.

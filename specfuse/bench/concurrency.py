@@ -64,7 +64,7 @@ def run_concurrency(
     for m in members:  # warm-up: first calls allocate and pick kernels
         generate_alone(m, prompt, 4)
     for parallel in ("off", "on"):
-        Ensemble(members, replace(base, max_rounds=2, parallel=parallel)).run(prompt)
+        Ensemble(members, replace(base, max_rounds=2), parallel=parallel).run(prompt)
 
     singles = members_alone(members, prompt, max_new_tokens, segment_len, repeats)
     bandwidth = bandwidths(members)
@@ -73,8 +73,8 @@ def run_concurrency(
     modes: dict[str, dict[str, Any]] = {}
     for exit_ in (False, True):
         for parallel in ("off", "on"):
-            config = replace(base, exit=exit_, parallel=parallel)
-            figures = time_mode(members, config, prompt, singles, repeats)
+            config = replace(base, exit=exit_)
+            figures = time_mode(members, config, prompt, singles, repeats, parallel)
             modes[f"exit {'on' if exit_ else 'off'}, parallel {parallel}"] = {
                 "exit": exit_,
                 "parallel": parallel,

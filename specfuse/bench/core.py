@@ -80,19 +80,21 @@ def run_bench(
     that of the full ensemble. `settings`: EnsembleConfig fields set on top, in every run.
     """
     names = [m.name for m in members]
-    base = replace(EnsembleConfig(exit=False, stop_strings=(), parallel=parallel), **(settings or {}))
+    base = replace(EnsembleConfig(exit=False, stop_strings=()), **(settings or {}))
     config = replace(base, segment_len=segment_len, max_new_tokens=max_new_tokens)
     steps = _Steps(7, progress)
 
     steps.next("warm-up")
     for m in members:
         generate_alone(m, prompt, 4)
-    Ensemble(members, config).run(prompt, replace(base, segment_len=segment_len, max_rounds=2))
+    Ensemble(members, config, parallel=parallel).run(
+        prompt, replace(base, segment_len=segment_len, max_rounds=2)
+    )
 
     steps.next("ensemble, reuse on")
     for m in members:
         m.reuse_verified_kv = True
-    ensemble = Ensemble(members, config)
+    ensemble = Ensemble(members, config, parallel=parallel)
     main = timed_stream(ensemble, prompt, config)
     tokens = tokens_of(main.rounds)
     log.info("ensemble: %d rounds, %d tokens, %.1f s", len(main.rounds), tokens, main.seconds)

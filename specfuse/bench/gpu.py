@@ -23,7 +23,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -177,7 +176,7 @@ def run_gpu_bench(
         # Compiled members: twice, so that every step and block size has compiled at the static
         # cache's final size (the verification passes grow it) before anything is timed.
         for _ in range(2 if compiled else 1):
-            Ensemble(members, replace(base, parallel=parallel)).run(prompt)
+            Ensemble(members, base, parallel=parallel).run(prompt)
     for m in compiled:
         draft_alone(m, prompt, max_new_tokens)
 
@@ -197,7 +196,7 @@ def run_gpu_bench(
     timed: dict[str, dict[str, Any]] = {}
     for parallel in modes:
         memory.start()
-        timed[parallel] = time_mode(members, replace(base, parallel=parallel), prompt, singles, repeats)
+        timed[parallel] = time_mode(members, base, prompt, singles, repeats, parallel)
         timed[parallel]["peak_gb"] = memory.peak_gb()
         _progress(f"mode {parallel}: {1000 * timed[parallel]['s_per_token']:.1f} ms/token")
     if "off" in timed and "on" in timed:
@@ -206,7 +205,7 @@ def run_gpu_bench(
     if compiled and "off" in timed:
         memory.start()
         with _eager(compiled):
-            timed["eager"] = time_mode(members, replace(base, parallel="off"), prompt, singles, repeats)
+            timed["eager"] = time_mode(members, base, prompt, singles, repeats, "off")
         timed["eager"]["peak_gb"] = memory.peak_gb()
         report["compiled"] = compiled_summary(compiled, timed["off"], timed["eager"])
     gpu = torch.cuda.get_device_name(devices[0]) if devices[0].startswith("cuda") else "none (CPU)"

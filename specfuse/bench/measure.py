@@ -282,15 +282,20 @@ def mode_figures(
 
 
 def time_mode(
-    members: Sequence[Any], config: EnsembleConfig, prompt: str, singles: dict[str, Any], repeats: int
+    members: Sequence[Any],
+    config: EnsembleConfig,
+    prompt: str,
+    singles: dict[str, Any],
+    repeats: int,
+    parallel: str = "auto",
 ) -> dict[str, Any]:
     """One full run and `repeats` one-round runs of the ensemble, against the members alone, with
     where the full run's rounds spent their time (each phase's share, each member's ms a round)."""
-    ensemble = Ensemble(members, config)
+    ensemble = Ensemble(members, config, parallel=parallel)
     run = timed_stream(ensemble, prompt, config)
     firsts = [timed_stream(ensemble, prompt, replace(config, max_rounds=1)) for _ in range(repeats)]
     figures = mode_figures(run, firsts, singles)
-    figures["phases"] = phase_shares(run.rounds, concurrent=run_concurrently(members, config.parallel))
+    figures["phases"] = phase_shares(run.rounds, concurrent=run_concurrently(members, parallel))
     figures["phase_ms_per_member"] = phase_ms_per_member(run.rounds)
     return figures
 
@@ -300,8 +305,7 @@ def process_mode(
 ) -> dict[str, Any]:
     """time_mode for members in worker processes of their own (processes.ProcessMember), after a
     full-length warm-up: their processes are fresh, the other modes' members are not."""
-    config = replace(config, parallel="auto")  # members in processes run at once under auto
-    Ensemble(workers, config).run(prompt)
+    Ensemble(workers, config).run(prompt)  # members in processes run at once under parallel="auto"
     return time_mode(workers, config, prompt, singles, repeats)
 
 

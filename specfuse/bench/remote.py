@@ -91,11 +91,9 @@ def llama_server(
 
 def _run(members: Sequence[Any], prompt: str, max_new_tokens: int, parallel: str) -> dict[str, float]:
 
-    config = EnsembleConfig(score="logprob", max_new_tokens=max_new_tokens, parallel=parallel)
-    ensemble = Ensemble(members, config)
-    ensemble.run(
-        "Say hello.", EnsembleConfig(score="logprob", max_new_tokens=10, parallel=parallel)
-    )  # warm-up
+    config = EnsembleConfig(score="logprob", max_new_tokens=max_new_tokens)
+    ensemble = Ensemble(members, config, parallel=parallel)
+    ensemble.run("Say hello.", EnsembleConfig(score="logprob", max_new_tokens=10))  # warm-up
     result = ensemble.run(prompt)
     return {
         "tokens": result.tokens,

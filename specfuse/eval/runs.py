@@ -164,7 +164,7 @@ def _differences(a: EnsembleConfig, b: EnsembleConfig, solo: bool = False) -> li
     for side in (left, right):
         for key, same in SAME_CHOICES.items():
             side[key] = same.get(side[key], side[key])
-    keys = SOLO_SETTINGS if solo else [k for k in left if k != "parallel"]
+    keys = SOLO_SETTINGS if solo else list(left)
     return [f"{k} {left[k]!r} vs {right[k]!r}" for k in keys if left[k] != right[k]]
 
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
-from ..cli import HELP_WIDTH, Parser, add_settings, config_from_args, parse_models
+from ..cli import HELP_WIDTH, Parser, add_parallel_flag, add_settings, config_from_args, parse_models
 from ..errors import ConfigError, SpecfuseError
 from ..models.catalogue import DEFAULT_MEMBERS
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=limits.traces,
         help="recent traces kept for GET /v1/traces/ID (default %(default)s)",
     )
+    add_parallel_flag(parser)
     add_settings(parser)
     return parser
 
@@ -151,7 +152,12 @@ def _serve(args: argparse.Namespace) -> int:
             if trust is not None:
                 apply_trust(members, trust)
             scheduler = Scheduler(
-                members, config, batch_size=args.batch_size, queue=args.queue, join_wait=args.join_wait
+                members,
+                config,
+                batch_size=args.batch_size,
+                queue=args.queue,
+                join_wait=args.join_wait,
+                parallel=args.parallel,
             )
             app.state.serving.attach(scheduler)
             log.info(

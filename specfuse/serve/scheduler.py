@@ -176,20 +176,22 @@ class Scheduler:
         batch_size: int = DEFAULT_BATCH_SIZE,
         queue: int = DEFAULT_QUEUE,
         join_wait: float = DEFAULT_JOIN_WAIT,
+        parallel: str = "auto",
     ) -> None:
+        """`parallel`: whether the members work at the same time (Ensemble's), for every request."""
         if batch_size < 1:
             raise ConfigError(f"the batch size must be at least 1, got {batch_size}")
         if queue < 0:
             raise ConfigError(f"the queue length must be at least 0, got {queue}")
         if not join_wait >= 0:
             raise ConfigError(f"the join wait must be at least 0 seconds, got {join_wait}")
-        self.ensemble = Ensemble(members, config)  # checks the members: protocol, unique names
+        self.ensemble = Ensemble(members, config, parallel=parallel)  # checks members and `parallel`
         self.batch_size = batch_size
         self.queue = queue
         self.join_wait = join_wait
         self._freed = 0  # requests that left the batch in the last round
         self._last_round_s = 0.0
-        self._batch = Batch(self.ensemble.members, run_concurrently(members, self.config.parallel))
+        self._batch = Batch(self.ensemble.members, run_concurrently(members, parallel))
         self._cond = threading.Condition()
         self._waiting: collections.deque[Ticket] = collections.deque()
         self._running: dict[int, Ticket] = {}  # id(run) → ticket, for runs in the batch
@@ -266,7 +268,9 @@ class Scheduler:
         """Members loaded later (the app loads a model the first time someone picks it): requests may
         name them from now on. The batch takes them on between rounds; names must be new."""
         with self._cond:
-            self.ensemble = Ensemble([*self.ensemble.members, *members], self.config)
+            self.ensemble = Ensemble(
+                [*self.ensemble.members, *members], self.config, parallel=self.ensemble.parallel
+            )
             self._cond.notify_all()
 
     def stats(self) -> dict[str, int]:
@@ -317,7 +321,7 @@ class Scheduler:
                     if self._members_changed():  # add_members: between rounds
                         members = self.ensemble.members
                         self._batch.calls.shutdown()
-                        concurrent = run_concurrently(members, self.config.parallel)
+                        concurrent = run_concurrently(members, self.ensemble.parallel)
                         self._batch.calls = MemberCalls(members, concurrent, isolate=True)
                     joining = self._admit()
                 try:
