@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from .config import PARALLEL_HELP, PARALLEL_MODES, EnsembleConfig
 from .engine import Ensemble, check_prompt
-from .errors import ConfigError, SpecfuseError
-from .models.catalogue import CATALOGUE
+from .errors import ConfigError, SpecfuseError, UnknownModelError
+from .models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from .models.quantize_options import CLI_HELP_AUTO as QUANTIZE_HELP
 from .models.trust import CLI_HELP as TRUST_HELP
 from .records import Round
@@ -195,15 +195,31 @@ def config_from_args(args: argparse.Namespace) -> EnsembleConfig:
     return EnsembleConfig(**values)
 
 
-def parse_models(spec: str, sampling: bool) -> list[str]:
-    """Member names from `a,b,c`. The same model twice only makes sense when sampling."""
-    names = [n.strip() for n in spec.split(",") if n.strip()]
+def parse_models(
+    values: str | Sequence[str] | None, *, sampling: bool = False, hub: bool = True
+) -> list[str]:
+    """Member names from --models, for every entry point: `a,b,c`, or several such arguments
+    (nargs="+"); None: the default trio. The same model twice only makes sense when sampling.
+
+    `hub=False` (the benchmarks and the evaluation, which never download) refuses at once, before
+    any loading, a name that is neither a catalogue name, a checkpoint folder nor a server spec."""
+    given = DEFAULT_MEMBERS if values is None else [values] if isinstance(values, str) else values
+    names = [n.strip() for arg in given for n in arg.split(",") if n.strip()]
     if not names:
         raise ConfigError("--models is empty; name at least one model")
+    if not hub:
+        from .models.loading import check_member_name  # brings torch
+
+        for name in names:
+            if check_member_name(name).kind == "hub":
+                raise UnknownModelError(
+                    f"Unknown model {name!r}; known: {', '.join(CATALOGUE)}, a local checkpoint folder "
+                    "or a server spec (docs/remote.md)."
+                )
     if len(set(names)) != len(names) and not sampling:
         raise ConfigError(
-            "the same model twice would draft identical candidates under greedy decoding; "
-            "set --temperature > 0 or list different models"
+            f"--models names a model twice ({', '.join(names)}): the same model twice would draft "
+            "identical candidates under greedy decoding; set --temperature > 0 or list different models"
         )
     return names
 
@@ -248,7 +264,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     config = config_from_args(args)
     prompt = read_prompt(args.prompt)
     check_prompt(prompt)
-    names = parse_models(args.models, config.sampling)
+    names = parse_models(args.models, sampling=config.sampling)
     if args.trace is not None:
         check_writable(args.trace)  # before minutes of loading, not after the answer
     if args.compile and args.quantize not in ("auto", "none"):

@@ -17,9 +17,7 @@ from gradio_client.exceptions import AppError
 
 import app
 from specfuse import ConfigError, Ensemble, EnsembleConfig, ModelLoadError, Trace, dump_trace, load_trace
-from specfuse.serve.scheduler import DEFAULT_BATCH_SIZE
 from studio import SharedLoader, handlers, views
-from studio.serving import DEFAULT_CONCURRENCY, Schedulers
 
 from .conftest import TINY_SPECS, free_port, tiny_member
 from .scripted import ScriptedMember
@@ -192,29 +190,6 @@ def test_the_loaders_auto_uses_processes_only_on_a_cpu_with_eight_cores_or_more(
         member.close()
 
 
-def test_a_space_reads_its_start_arguments_from_spaces_config(monkeypatch):
-    monkeypatch.delenv("SPECFUSE_APP_ARGS", raising=False)
-    monkeypatch.delenv("SPACE_ID", raising=False)
-    assert app.space_arguments() is None
-    monkeypatch.setenv("SPACE_ID", "someone/specfuse-studio")
-    args = app.space_arguments()
-    assert args[:2] == ["--host", "0.0.0.0"] and "--models" in args and "--allow-paths" not in args
-    monkeypatch.setenv("SPECFUSE_APP_ARGS", "--port 9000")
-    assert app.space_arguments() == ["--port", "9000"]
-
-
-def test_the_space_arguments_parse_and_keep_the_batching(monkeypatch):
-    """A Space serves its visitors through the one rolling batch, as a plain `python app.py` does: its
-    arguments lower neither the runs at once nor the batch below the defaults."""
-    monkeypatch.delenv("SPECFUSE_APP_ARGS", raising=False)
-    monkeypatch.setenv("SPACE_ID", "someone/specfuse-studio")
-    monkeypatch.setattr(app.sys, "argv", ["app.py"])
-    args = app.parse_args(app.build_parser())
-    assert args.host == "0.0.0.0" and len(args.models) == 3
-    assert args.concurrency >= DEFAULT_CONCURRENCY and args.batch_size >= DEFAULT_BATCH_SIZE > 1
-    assert args.queue_size >= 16
-
-
 # ---- the API, against a launched app -------------------------------------------------------------
 
 
@@ -307,47 +282,6 @@ def test_candidates_show_as_they_arrive_before_their_round_is_decided(client):
     assert outputs.index(first) < min(i for i, o in enumerate(outputs) if "candidates in" not in o[STATUS])
     members = {row[0] for o in arriving for row in o[CANDIDATES]["data"]}
     assert members == set(TINY)
-
-
-class Clocked(ScriptedMember):
-    """A scripted member that keeps when each of its drafts began and ended."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name, [" tick tock"] * 20, len, draft_delay=0.3)
-        self.spans: list[tuple[float, float]] = []
-
-    def draft(self, state, max_new_tokens):
-        began = time.monotonic()
-        candidate = super().draft(state, max_new_tokens)
-        self.spans.append((began, time.monotonic()))
-        return candidate
-
-
-@pytest.mark.parametrize("parallel", ["off", "on"])
-def test_the_operators_parallel_decides_whether_the_apps_members_draft_at_once(
-    parallel, tmp_path, monkeypatch
-):
-    """`parallel` is where members run, so the operator's (app.py --parallel), and the app's runs follow
-    it; the settings form no longer offers a choice that the app's batch never read."""
-    members = {m.name: m for m in (Clocked("clock-a"), Clocked("clock-b"))}
-    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
-    demo = app.build_demo(
-        lambda name, device, progress: members[name],
-        choices=list(members),
-        default_models=list(members),
-        schedulers=Schedulers(parallel=parallel),
-    )
-    _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
-    try:
-        client = Client(url, verbose=False, download_files=str(tmp_path))
-        with pytest.raises(TypeError):  # the form has no such field any more
-            client.submit(members=list(members), prompt="Go", parallel="on", api_name="/run")
-        submit(client, list(members), "Go", max_new_tokens=6).result(timeout=60)
-    finally:
-        demo.close()
-    (a_began, a_ended), (b_began, b_ended) = members["clock-a"].spans[0], members["clock-b"].spans[0]
-    overlap = min(a_ended, b_ended) - max(a_began, b_began)
-    assert overlap > 0.15 if parallel == "on" else overlap <= 0
 
 
 def test_two_clients_at_once_each_get_their_own_answer(served, client):

@@ -498,9 +498,9 @@ def test_failure_cases_list_both_directions_against_the_best_member(tmp_path):
 
 
 def tiny_cli(monkeypatch, tiny_members):
-    import specfuse.bench.core
+    import specfuse.eval.cli
 
-    monkeypatch.setattr(specfuse.bench.core, "parse_models", lambda values: [m.name for m in tiny_members])
+    monkeypatch.setattr(specfuse.eval.cli, "parse_models", lambda values, hub: [m.name for m in tiny_members])
     monkeypatch.setattr(ev, "_load", lambda names, dtype: list(tiny_members))
 
 

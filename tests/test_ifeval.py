@@ -179,9 +179,9 @@ def test_ifeval_end_to_end_grades_each_system_and_writes_the_four_accuracies(tmp
     # "loud" follows both of row 2's rules and breaks no rule of row 1; "quiet" writes commas.
     loud = scripted("loud", "HELLO THERE MY FRIEND. IS THERE ANYTHING ELSE I CAN HELP WITH?")
     quiet = scripted("quiet", "hello, there")
-    import specfuse.bench.core
+    import specfuse.eval.cli
 
-    monkeypatch.setattr(specfuse.bench.core, "parse_models", lambda values: ["loud", "quiet"])
+    monkeypatch.setattr(specfuse.eval.cli, "parse_models", lambda values, hub: ["loud", "quiet"])
     monkeypatch.setattr(ev, "_load", lambda names, dtype: [loud, quiet])
     data = write_rows(tmp_path / "if.jsonl", ROWS)
     args = ["ifeval", "--data", str(data), "--rows", "0:2", "--runs", str(tmp_path / "runs")]
@@ -222,9 +222,9 @@ def test_ifeval_end_to_end_grades_each_system_and_writes_the_four_accuracies(tmp
 
 
 def test_self_consistency_is_refused_for_ifeval(tmp_path, monkeypatch, capsys):
-    import specfuse.bench.core
+    import specfuse.eval.cli
 
-    monkeypatch.setattr(specfuse.bench.core, "parse_models", lambda values: ["loud"])
+    monkeypatch.setattr(specfuse.eval.cli, "parse_models", lambda values, hub: ["loud"])
     data = write_rows(tmp_path / "if.jsonl", ROWS)
     args = ["ifeval", "--data", str(data), "--rows", "0:1", "--systems", "sc3-loud", "--runs", str(tmp_path)]
     assert ev.main(args) == 2
@@ -232,9 +232,9 @@ def test_self_consistency_is_refused_for_ifeval(tmp_path, monkeypatch, capsys):
 
 
 def test_ifeval_runs_on_tiny_models(tiny_members, tmp_path, monkeypatch):
-    import specfuse.bench.core
+    import specfuse.eval.cli
 
-    monkeypatch.setattr(specfuse.bench.core, "parse_models", lambda values: [m.name for m in tiny_members])
+    monkeypatch.setattr(specfuse.eval.cli, "parse_models", lambda values, hub: [m.name for m in tiny_members])
     monkeypatch.setattr(ev, "_load", lambda names, dtype: list(tiny_members))
     args = ["ifeval", "--rows", "0:2", "--max-new-tokens", "8", "--segment-len", "4", "--batch-size", "2"]
     args += ["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "bench"), "--no-png"]

@@ -79,6 +79,32 @@ def test_no_import_circle_among_the_project_modules():
     assert _cycle(graph) is None, f"import circle: {' -> '.join(_cycle(graph) or [])}"
 
 
+# Higher layers build on lower ones, never the reverse: the benchmarks use the evaluation and the
+# server, all three use the engine; members and model loading know nothing of either; no library
+# module knows the app.
+ABOVE_THE_MEMBERS = ("specfuse.engine", "specfuse.run", "specfuse.serve", "specfuse.eval", "specfuse.bench")
+NEVER_IMPORTS = {
+    "specfuse.members": (*ABOVE_THE_MEMBERS, "specfuse.cli"),
+    "specfuse.models": (*ABOVE_THE_MEMBERS, "specfuse.cli"),
+    "specfuse.eval": ("specfuse.bench", "specfuse.serve"),
+    "specfuse.serve": ("specfuse.bench", "specfuse.eval"),
+    "specfuse": ("studio",),
+}
+
+
+def test_imports_never_run_back_up_the_layers():
+    modules = _modules()
+    upward = sorted(
+        f"{name} imports {target}"
+        for name, path in modules.items()
+        for layer, above in NEVER_IMPORTS.items()
+        if name == layer or name.startswith(layer + ".")
+        for target in _imports(name, path, set(modules))
+        if any(target == a or target.startswith(a + ".") for a in above)
+    )
+    assert not upward, upward
+
+
 def test_the_cycle_check_finds_a_circle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None

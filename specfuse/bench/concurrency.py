@@ -20,12 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..cli import Parser
+from ..cli import Parser, parse_models
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import SpecfuseError
 from ..members.workers import thread_shares
-from .core import LONG_PROMPT, parse_models
+from .core import LONG_PROMPT
 from .floor import add_floors, bandwidths, cost_line, member_floors, modes_floor_lines
 from .measure import (
     alone_summary,
@@ -285,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..models.loading import load_members, tqdm_progress
 
     try:
-        names = parse_models(args.models)
+        names = parse_models(args.models, hub=False)
         members = load_members(names, dtype=args.dtype, progress=tqdm_progress("loading"))
         report = run_concurrency(
             members,

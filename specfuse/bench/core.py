@@ -17,13 +17,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..cli import Parser
+from ..cli import Parser, parse_models
 from ..config import EnsembleConfig
 from ..engine import Ensemble
-from ..errors import SpecfuseError, UnknownModelError
+from ..errors import SpecfuseError
 from ..eval.variants import add_set_option
 from ..members.workers import run_concurrently
-from ..models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from .floor import add_floors, bandwidths, cost_line, floor_lines, member_floors
 from .measure import (
@@ -293,23 +292,6 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parse_models(values: Sequence[str] | None) -> list[str]:
-    """Model names from --models (space- or comma-separated; default: the trio), checked before any
-    loading: a catalogue name or an existing checkpoint folder, since no hub is reachable."""
-    from ..models.loading import check_member_name
-
-    names = [n for arg in (values or DEFAULT_MEMBERS) for n in arg.split(",") if n]
-    for name in names:
-        if check_member_name(name).kind == "hub":
-            raise UnknownModelError(
-                f"Unknown model {name!r}; known: {', '.join(CATALOGUE)}, a local checkpoint folder "
-                "or a server spec (docs/remote.md)."
-            )
-    if len(set(names)) != len(names):
-        raise SpecfuseError(f"--models names a model twice: {', '.join(names)}")
-    return names
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = Parser(
         prog="python -m specfuse.bench",
@@ -351,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     tokens = args.max_new_tokens or (160 if args.quick else 440)
     try:
-        names = parse_models(args.models)
+        names = parse_models(args.models, hub=False)
         members = load_members(
             names, dtype=args.dtype, progress=tqdm_progress("loading"), quantize=args.quantize
         )

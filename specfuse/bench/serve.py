@@ -31,13 +31,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..cli import Parser
+from ..cli import Parser, parse_models
 from ..config import EnsembleConfig
 from ..errors import SpecfuseError
 from ..eval.problems import OPEN_PROMPTS
 from ..eval.variants import add_set_option
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
-from .core import parse_models
 from .measure import cpu_model, write_report
 
 log = logging.getLogger(__name__)
@@ -306,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = replace(
             EnsembleConfig(segment_len=args.segment_len, max_new_tokens=max_tokens), **dict(args.settings)
         )  # checked before loading: a bad combination of settings fails at once
-        names = parse_models(args.models)
+        names = parse_models(args.models, hub=False)
         members = load_members(
             names,
             device=args.device,

@@ -48,7 +48,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..cli import Parser
+from ..cli import Parser, parse_models
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import ConfigError, SpecfuseError
@@ -320,9 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             problems = load_problems(args.data, args.problems)
         else:
             problems = open_problems()[: args.problems]
-        from ..bench.core import parse_models
-
-        names = parse_models(args.models)
+        names = parse_models(args.models, hub=False)
         systems = parse_systems(getattr(args, "systems", None))
         if args.task == "ifeval" and any(re.fullmatch(r"sc\d+-.+", s) for s in systems or ()):
             raise ConfigError("self-consistency votes over answers; IFEval has no answer to vote on")

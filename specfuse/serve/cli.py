@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None, stderr: TextIO | None = None) -> int
 
 def _serve(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    names = parse_models(args.models, config.sampling)
+    names = parse_models(args.models, sampling=config.sampling)
     for flag in ("batch_size", "max_prompt_chars", "max_tokens", "traces"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1")
