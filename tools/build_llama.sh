@@ -69,7 +69,10 @@ else
 fi
 
 # The Python bindings: llama-cpp-python's own files, with this build's libraries in its lib folder.
-PKG=$("$PY" -c "import importlib.util as u; s = u.find_spec('llama_cpp'); print(s.submodule_search_locations[0] if s else '')" 2>/dev/null || true)
+package_dir() {  # where PYTHON imports llama_cpp from; empty where it is not installed
+  "$PY" -c "import importlib.util as u; s = u.find_spec('llama_cpp'); print(s.submodule_search_locations[0] if s else '')" 2>/dev/null || true
+}
+PKG=$(package_dir)
 if [ -n "$PKG" ] && [ "$(cat "$PKG/lib/.identity" 2>/dev/null)" = "$IDENTITY" ] \
   && cmp -s "$PKG/lib/libllama.so" "$BIN/libllama.so"; then
   echo "llama-cpp-python $VERSION already installed with these libraries"
@@ -90,7 +93,7 @@ echo "$DISKCACHE" > "$DIR/diskcache.txt"
 "$PY" -m pip install -q --no-deps --require-hashes -r "$DIR/diskcache.txt"
 # shellcheck disable=SC2086
 "$PY" -m pip install -q --no-deps --force-reinstall $WHEEL_GLOB
-PKG=$("$PY" -c "import importlib.util as u; print(u.find_spec('llama_cpp').submodule_search_locations[0])")
+PKG=$(package_dir)
 mkdir -p "$PKG/lib"
 cp -a "$BIN"/lib*.so* "$PKG/lib/"
 cp "$BIN/.identity" "$PKG/lib/.identity"

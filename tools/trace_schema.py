@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 import typing
@@ -39,14 +40,15 @@ TraceDocument = dataclasses.make_dataclass(
         ("schema", Literal[SCHEMA]),  # type: ignore[valid-type]
         ("version", Literal[VERSION]),  # type: ignore[valid-type]
         ("result", Result | None),
-        *((f.name, typing.get_type_hints(Trace)[f.name]) for f in dataclasses.fields(Trace)),
+        *typing.get_type_hints(Trace).items(),
     ],
     # Strict types, no key beyond the declared ones: the nested records take the same config.
     namespace={"__pydantic_config__": ConfigDict(extra="forbid", strict=True)},
 )
 
 
-def adapter() -> TypeAdapter[Any]:
+@functools.cache
+def adapter() -> TypeAdapter[Any]:  # built once: checking a folder of traces reuses it
     return TypeAdapter(TraceDocument)
 
 
