@@ -144,6 +144,8 @@ def test_errors_come_as_openai_error_json_with_the_right_status(client, server):
         client.chat.completions.create(**chat, extra_body={"specfuse": {"segment_len": 0}})
     with pytest.raises(openai.BadRequestError, match="specfuse.colour is not a setting"):
         client.chat.completions.create(**chat, extra_body={"specfuse": {"colour": 1}})
+    with pytest.raises(openai.BadRequestError, match="specfuse.parallel is the server's setting"):
+        client.chat.completions.create(**chat, extra_body={"specfuse": {"parallel": "on"}})
     with pytest.raises(openai.BadRequestError, match="unknown members nobody"):
         client.chat.completions.create(**chat, extra_body={"specfuse": {"members": ["nobody"]}})
     with pytest.raises(openai.BadRequestError, match="temperature must be ≥ 0"):
