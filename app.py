@@ -18,12 +18,12 @@ import gradio as gr
 
 from specfuse import SpecfuseError
 from specfuse.cli import Parser, add_parallel_flag
+from specfuse.engine import DEFAULT_BATCH_SIZE
 from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from specfuse.models.quantize_options import CLI_HELP_AUTO as QUANTIZE_HELP
 from specfuse.models.quantize_options import check_quantize, cpu_only
 from specfuse.models.trust import CLI_HELP as TRUST_HELP
 from specfuse.models.trust import load_trust
-from specfuse.serve.scheduler import DEFAULT_BATCH_SIZE
 from specfuse.trace import MAX_TRACE_BYTES
 from studio import DEVICES, SharedLoader, build_demo
 from studio.loading import installed_models, served_members, usable_devices

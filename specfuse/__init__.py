@@ -7,7 +7,7 @@ every view (app, CLI, trace, benchmark, evaluation) consumes that stream.
 __version__ = "0.3.0"  # pyproject.toml reads it; CHANGELOG.md says what changed
 
 from .config import EnsembleConfig, MemberSettings
-from .engine import Ensemble
+from .engine import Ensemble, Scheduler, Ticket
 from .errors import (
     ConfigError,
     MemberError,
@@ -22,7 +22,9 @@ from .records import (
     Candidate,
     Draft,
     ExitEvent,
+    Finished,
     MemberTiming,
+    Queued,
     Result,
     Round,
     TokenScores,
@@ -40,14 +42,18 @@ __all__ = [
     "Ensemble",
     "EnsembleConfig",
     "ExitEvent",
+    "Finished",
     "MemberError",
     "MemberSettings",
     "MemberTiming",
     "ModelLoadError",
     "PromptTooLongError",
+    "Queued",
     "Result",
     "Round",
+    "Scheduler",
     "SpecfuseError",
+    "Ticket",
     "TokenScores",
     "Trace",
     "TraceError",

@@ -37,6 +37,22 @@ class Draft:
 
 
 @dataclass(frozen=True)
+class Queued:
+    """A request waiting for a place in the scheduler's batch: `place` 1 joins next. Sent each time
+    the place changes, only while the request really waits (more are ahead than the batch has room)."""
+
+    place: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A request's stream ends: "done" after its last round (stop_reason set), or "cancelled". A
+    request that fails ends with its error raised instead."""
+
+    state: str
+
+
+@dataclass(frozen=True)
 class TokenScores:
     """One verifier's token-level evidence on one candidate: the values behind z_ij.
 

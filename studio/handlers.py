@@ -28,7 +28,7 @@ from specfuse import (
 )
 from specfuse.engine import TYPED, check_prompt
 from specfuse.limits import check_request
-from specfuse.records import Branch, Draft
+from specfuse.records import Branch, Draft, Queued
 from specfuse.trace import MAX_TRACE_BYTES, load_trace
 
 from . import settings, views
@@ -38,8 +38,8 @@ from .serving import Held, Schedulers, in_worker
 from .untrusted import Servers, error
 
 if TYPE_CHECKING:  # members.py brings torch; the app needs it only once models load
+    from specfuse.engine import Ticket
     from specfuse.members.protocol import Member
-    from specfuse.serve.scheduler import Ticket
 
 try:  # On a Hugging Face ZeroGPU Space this grants a GPU per call; elsewhere it changes nothing.
     import spaces
@@ -276,8 +276,8 @@ class Studio:
         ticket = cast("Ticket", held.ticket)
         try:
             for rnd in stream:
-                if isinstance(rnd, int):  # still waiting for a place in the batch
-                    yield {v.status: views.waiting_status(rnd, self.schedulers.stats()["running"])}
+                if isinstance(rnd, Queued):  # still waiting for a place in the batch
+                    yield {v.status: views.waiting_status(rnd.place, self.schedulers.stats()["running"])}
                     continue
                 if isinstance(rnd, Draft):
                     drafts.append(rnd)
@@ -290,6 +290,8 @@ class Studio:
                             drafts, drafting, time.perf_counter() - began, loading_s
                         ),
                     }
+                    continue
+                if not isinstance(rnd, Round):  # Finished: the last round came before it
                     continue
                 drafts = []
                 rounds.append(rnd)
@@ -464,9 +466,9 @@ class Studio:
             raise self.error(e) from e
         try:
             for new in stream:
-                if isinstance(new, int):
+                if isinstance(new, Queued):
                     running = self.schedulers.stats()["running"]
-                    yield {w.branch_view: views.waiting_status(new, running, html=True)}
+                    yield {w.branch_view: views.waiting_status(new.place, running, html=True)}
                 if not isinstance(new, Round):
                     continue
                 rounds.append(new)

@@ -17,8 +17,8 @@ from starlette.routing import BaseRoute, Match, NoMatchFound, get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from specfuse import EnsembleConfig
-from specfuse.records import Draft, Round
-from specfuse.serve.scheduler import DEFAULT_BATCH_SIZE, DEFAULT_QUEUE, Scheduler, Ticket
+from specfuse.engine import DEFAULT_BATCH_SIZE, DEFAULT_QUEUE, Scheduler, Ticket
+from specfuse.engine.scheduler import Event
 
 if TYPE_CHECKING:
     from specfuse.members.protocol import Member
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 # Runs at once in the app (Gradio's concurrency limit on Run and Branch): a batch's worth play, the
 # others wait in the scheduler's line and see their place in it; more than that wait in the page's queue.
 DEFAULT_CONCURRENCY = 2 * DEFAULT_BATCH_SIZE
-WAIT_POLL_S = 0.5  # how often a run waiting in line looks at its place
 
 
 class Schedulers:
@@ -72,13 +71,10 @@ class Schedulers:
             self.all.append(scheduler)
             return scheduler
 
-    def submit(
-        self, members: Sequence[Member], prompt: str, config: EnsembleConfig, **branch: Any
-    ) -> tuple[Ticket, Scheduler]:
-        """A run of `members` (in this order) in their scheduler's batch, and that scheduler. Raises
-        ConfigError, QueueFull or SchedulerClosed at once; the run's own errors come from its events()."""
-        scheduler = self.of(members)
-        return scheduler.submit(prompt, config, members=[m.name for m in members], **branch), scheduler
+    def submit(self, members: Sequence[Member], prompt: str, config: EnsembleConfig, **branch: Any) -> Ticket:
+        """A run of `members` (in this order) in their scheduler's batch. Raises ConfigError, QueueFull
+        or SchedulerClosed at once; the run's own errors come from its events()."""
+        return self.of(members).submit(prompt, config, members=[m.name for m in members], **branch)
 
     def stats(self) -> dict[str, int]:
         """Runs under way and waiting, over every scheduler."""
@@ -101,40 +97,18 @@ class Held:
         self.ticket: Ticket | None = None
         self.cancelled = False
 
-    def hold(self, submitted: tuple[Ticket, Scheduler]) -> Generator[int | Draft | Round, None, None]:
-        """Hold a submitted ticket and follow it: its place in line while it waits (an int, when it
-        changes), then its events (Draft, Round). Closing the stream cancels the ticket."""
-        ticket, scheduler = submitted
+    def hold(self, ticket: Ticket) -> Generator[Event, None, None]:
+        """Hold a submitted ticket and follow its events (its place in line while it waits, then
+        Draft and Round, then Finished). Closing the stream cancels the ticket."""
         self.ticket = ticket
         if self.cancelled:
             ticket.cancel()
-        return follow(ticket, scheduler)
+        return ticket.events()
 
     def cancel(self) -> None:
         self.cancelled = True
         if self.ticket is not None:
             self.ticket.cancel()
-
-
-def follow(ticket: Ticket, scheduler: Scheduler) -> Generator[int | Draft | Round, None, None]:
-    """The ticket's place in line while it waits, then its events; closing it cancels the ticket."""
-    try:
-        yield from places(ticket, scheduler)
-        yield from ticket.events()
-    finally:
-        ticket.cancel()  # a no-op once it has ended
-
-
-def places(ticket: Ticket, scheduler: Scheduler, every: float = WAIT_POLL_S) -> Iterator[int]:
-    """The ticket's place in line each time it changes (1: next to join), until it runs or ends. Only
-    while the batch is full or others are ahead: a newcomer with room joins at the next round."""
-    last = None
-    while place := ticket.position():
-        stats = scheduler.stats()
-        if place != last and (place > 1 or stats["running"] >= stats["batch_size"]):
-            yield place
-            last = place
-        ticket.wait(every)
 
 
 T = TypeVar("T")

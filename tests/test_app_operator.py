@@ -9,7 +9,7 @@ import pytest
 from gradio_client import Client
 
 import app
-from specfuse.serve.scheduler import DEFAULT_BATCH_SIZE
+from specfuse.engine import DEFAULT_BATCH_SIZE
 from studio.serving import DEFAULT_CONCURRENCY, Schedulers
 
 from .conftest import free_port

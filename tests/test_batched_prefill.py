@@ -10,12 +10,11 @@ import pytest
 import torch
 
 from specfuse.config import EnsembleConfig, MemberSettings
-from specfuse.engine import Ensemble
+from specfuse.engine import Ensemble, Scheduler
 from specfuse.errors import MemberError, PromptTooLongError
 from specfuse.members import drafting, prefill
 from specfuse.members.hf import HFMember, HFState
 from specfuse.prompts import PromptFormat
-from specfuse.serve.scheduler import Scheduler
 
 from .test_batching import PROMPTS, same_rounds
 from .test_serve_scheduler import collect, solo

@@ -105,8 +105,8 @@ def test_a_trimmed_tail_taken_over_then_decoding_on_in_the_static_cache():
             member.compiled = CompiledDecoder(member, backend=backend) if backend else None
             if member.compiled:
                 member.compiled.take_over_in_steps = in_steps
-            eager_forward = member._forward
-            member._forward = lambda ids, cache, f=eager_forward: forwards.append(len(ids)) or f(ids, cache)
+            eager = member.hidden_states
+            member.hidden_states = lambda ids, cache, f=eager: forwards.append(len(ids)) or f(ids, cache)
         config = EnsembleConfig(segment_len=6, max_new_tokens=40)
         return list(Ensemble(members, config).stream("Once upon a time there was")), members, forwards
 

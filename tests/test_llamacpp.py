@@ -434,7 +434,7 @@ def test_gguf_draft_drafts_in_llama_cpp_and_scores_in_torch(local):
 
 def test_prompt_contrast_scores_against_a_second_context_without_the_prompt(member):
     """Both contexts of every request share one verify call; the scores equal those by hand."""
-    from specfuse.members.workers import PROMPT_LEFT_OUT
+    from specfuse.engine.calls import PROMPT_LEFT_OUT
 
     from .test_prompt_contrast import scores_by_hand
 

@@ -10,8 +10,8 @@ import pytest
 from specfuse import feedback
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble
+from specfuse.engine.calls import PROMPT_LEFT_OUT
 from specfuse.errors import ConfigError
-from specfuse.members.workers import PROMPT_LEFT_OUT
 
 from .conftest import tiny_member
 from .test_batching import same_rounds

@@ -13,11 +13,10 @@ import httpx
 import openai
 import pytest
 
+from specfuse.bench.serve import running
 from specfuse.config import EnsembleConfig
-from specfuse.engine import Ensemble
+from specfuse.engine import Ensemble, Scheduler
 from specfuse.serve.api import create_app
-from specfuse.serve.cli import running
-from specfuse.serve.scheduler import Scheduler
 from specfuse.serve.schema import Limits, render_messages
 from specfuse.trace import parse_trace
 

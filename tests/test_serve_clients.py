@@ -19,11 +19,10 @@ import httpx
 import openai
 import pytest
 
+from specfuse.bench.serve import running
 from specfuse.config import EnsembleConfig
-from specfuse.engine import Ensemble
+from specfuse.engine import Ensemble, Scheduler
 from specfuse.serve.api import create_app
-from specfuse.serve.cli import running
-from specfuse.serve.scheduler import Scheduler
 
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "dev.jsonl"

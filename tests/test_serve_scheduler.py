@@ -9,11 +9,10 @@ import time
 import pytest
 
 from specfuse.config import EnsembleConfig
-from specfuse.engine import Ensemble
+from specfuse.engine import Ensemble, QueueFull, Scheduler, SchedulerClosed
+from specfuse.engine import scheduler as scheduling
 from specfuse.errors import ConfigError, MemberError
-from specfuse.records import Draft
-from specfuse.serve import scheduler as scheduling
-from specfuse.serve.scheduler import QueueFull, Scheduler, SchedulerClosed
+from specfuse.records import Draft, Finished, Queued, Round
 
 from .scripted import ScriptedMember
 from .test_batching import PROMPTS, same_rounds
@@ -29,10 +28,11 @@ def solo(members, names, prompt, config, **branch):
 
 
 def collect(ticket):
-    drafts, rounds = [], []
-    for event in ticket.events(timeout=120):
-        (drafts if isinstance(event, Draft) else rounds).append(event)
-    return drafts, rounds
+    """A ticket's drafts and rounds, once its stream has ended with Finished("done")."""
+    events = list(ticket.events(timeout=120))
+    assert events[-1] == Finished("done") and not any(isinstance(e, Finished) for e in events[:-1])
+    drafts = [e for e in events if isinstance(e, Draft)]
+    return drafts, [e for e in events if isinstance(e, Round)]
 
 
 def test_concurrent_requests_with_their_own_configs_and_members_equal_their_solo_runs(tiny_members):
@@ -86,13 +86,13 @@ def test_a_branch_through_the_scheduler_equals_the_branch_alone(tiny_members):
     same_rounds(want, rounds)
 
 
-def rounds_played(scheduler, monkeypatch) -> list[set[int]]:
+def rounds_played(scheduler, monkeypatch) -> list[set[str]]:
     """The runs (their ids) that play each round of the scheduler's batch, in order."""
-    played: list[set[int]] = []
+    played: list[set[str]] = []
     real = scheduler._batch.step
 
     def step():
-        played.append({id(run) for run in scheduler._batch.live if not run.cancelled})
+        played.append({run.id for run in scheduler._batch.live if not run.cancelled})
         return (yield from real())
 
     monkeypatch.setattr(scheduler._batch, "step", step)
@@ -117,12 +117,12 @@ def test_a_request_sent_as_another_ends_joins_the_next_round(tiny_members, monke
     finally:
         going_on.cancel()
         scheduler.close()
-    ended = max(i for i, runs in enumerate(played) if id(ending.run) in runs)
-    joined = min(i for i, runs in enumerate(played) if id(after.run) in runs)
+    ended = max(i for i, runs in enumerate(played) if ending.id in runs)
+    joined = min(i for i, runs in enumerate(played) if after.id in runs)
     if wait:
-        assert joined == ended + 1 and id(going_on.run) in played[joined]
+        assert joined == ended + 1 and going_on.id in played[joined]
     else:
-        assert joined > ended + 3 and id(going_on.run) in played[joined - 1]  # it waited out rounds
+        assert joined > ended + 3 and going_on.id in played[joined - 1]  # it waited out rounds
     same_rounds(solo(tiny_members, [m.name for m in tiny_members], PROMPTS[2], SHORT), rounds)
 
 
@@ -143,7 +143,7 @@ def test_requests_that_arrive_while_newcomers_are_read_join_their_first_round(ti
         results = [collect(ticket)[1] for ticket in (first, *late)]
     finally:
         scheduler.close()
-    assert played[0] == {id(ticket.run) for ticket in (first, *late)}
+    assert played[0] == {ticket.id for ticket in (first, *late)}
     names = [m.name for m in tiny_members]
     for prompt, rounds in zip(PROMPTS, results):
         same_rounds(solo(tiny_members, names, prompt, SHORT), rounds)
@@ -162,10 +162,13 @@ def test_waiting_requests_know_their_place_and_a_full_line_refuses(tiny_members)
             scheduler.submit(PROMPTS[0], SHORT)
         second.cancel()  # leaves the line: the one behind moves up
         assert second.state == "cancelled" and second.position() is None and third.position() == 1
-        assert list(second.events(timeout=5)) == []
+        assert list(second.events(timeout=5)) == [Queued(1), Finished("cancelled")]
         first.cancel()  # leaves the batch; the next in line joins
         assert first.wait(30) and first.state == "cancelled"
-        _, rounds = collect(third)
+        events = list(third.events(timeout=120))  # told its place each time it changed, then played
+        assert [e.place for e in events if isinstance(e, Queued)] == [2, 1]
+        assert events[-1] == Finished("done") and isinstance(events[2], Draft)
+        rounds = [e for e in events if isinstance(e, Round)]
         assert third.state == "done" and third.position() is None
         same_rounds(solo(tiny_members, [m.name for m in tiny_members], PROMPTS[2], SHORT), rounds)
     finally:

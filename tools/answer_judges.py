@@ -30,10 +30,10 @@ from typing import Any
 
 from specfuse import feedback
 from specfuse.config import MemberSettings
+from specfuse.engine.calls import PROMPT_LEFT_OUT
 from specfuse.eval import ifeval
 from specfuse.eval.problems import DataError, parse_rows
 from specfuse.eval.stats import mcnemar_exact, wilson
-from specfuse.members.workers import PROMPT_LEFT_OUT
 from specfuse.models.catalogue import DEFAULT_MEMBERS
 from specfuse.models.loading import load_member
 from specfuse.records import Candidate

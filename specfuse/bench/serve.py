@@ -17,16 +17,18 @@ defaults, and whether the weights were quantized (--quantize).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import queue
+import socket
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -156,9 +158,8 @@ def run_serve(
 ) -> dict[str, Any]:
     """Every level against one live server over `members`; returns the JSON-ready report. Each
     level sends `per_client` requests per client (at least MIN_REQUESTS), or `requests` if given."""
+    from ..engine import DEFAULT_JOIN_WAIT, Scheduler
     from ..serve.api import create_app
-    from ..serve.cli import running
-    from ..serve.scheduler import DEFAULT_JOIN_WAIT, Scheduler
 
     def count(clients: int) -> int:
         return requests if requests is not None else max(clients * per_client, MIN_REQUESTS)
@@ -331,3 +332,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+@contextlib.contextmanager
+def running(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """The app served by uvicorn on a thread of this process, for as long as the block lasts; yields
+    its base URL (port 0: a free port). For tests and benchmarks that need a live server."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="specfuse-uvicorn", daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not server.started:
+        raise SpecfuseError(f"the server did not start on {host}:{sock.getsockname()[1]}")
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()

@@ -243,7 +243,7 @@ def _save_error(job: _Job, message: str) -> str:
 def _run_batch(
     ensemble: Ensemble,
     jobs: Sequence[_Job],
-    done: dict[int, Trace | str],
+    done: dict[Path, Trace | str],
     batch_size: int = 1,
     finished: Callable[[], object] = lambda: None,
 ) -> None:
@@ -260,20 +260,20 @@ def _run_batch(
         for i, rnd in ensemble.stream_many(prompts, configs, batch_size=batch_size):
             jobs[i].rounds.append(rnd)
             if rnd.stop_reason is not None:
-                done[id(jobs[i])] = _save(jobs[i])
+                done[jobs[i].path] = _save(jobs[i])
                 finished()
     except SpecfuseError as e:
         if len(jobs) == 1:
-            done[id(jobs[0])] = _save_error(jobs[0], str(e))
+            done[jobs[0].path] = _save_error(jobs[0], str(e))
             finished()
             return
         for job in jobs:
-            if id(job) not in done:
+            if job.path not in done:
                 _run_batch(ensemble, [job], done, 1, finished)
         return
     for job in jobs:
-        if id(job) not in done:  # the stream ended without a last round for it
-            done[id(job)] = _save_error(job, "the run ended without a stop reason")
+        if job.path not in done:  # the stream ended without a last round for it
+            done[job.path] = _save_error(job, "the run ended without a stop reason")
 
 
 def run_systems(
@@ -302,24 +302,24 @@ def run_systems(
         for s in systems
         for i, suffix in enumerate(s.suffixes)
     ]
-    done: dict[int, Trace | str] = {}
+    done: dict[Path, Trace | str] = {}
     pending: dict[tuple[str, ...], list[_Job]] = {}
     for job in jobs:
         existing = _load_existing(job, _starting_weights(job, by_name))
         if existing is None:
             pending.setdefault(job.system.members, []).append(job)
         else:
-            done[id(job)] = existing
+            done[job.path] = existing
     bar = tqdm(total=sum(map(len, pending.values())), desc="eval", file=sys.stderr, disable=not progress)
     for names, queue in pending.items():
         ensemble = Ensemble([by_name[n] for n in names], queue[0].config)
         bar.set_description_str(f"eval {'+'.join(names)}")
         _run_batch(ensemble, queue, done, batch_size, lambda: bar.update(1))
     bar.close()
-    grouped: dict[tuple[int, str], list[tuple[Path, Trace | str]]] = {}
+    grouped: dict[tuple[str, str], list[tuple[Path, Trace | str]]] = {}
     for job in jobs:
-        grouped.setdefault((id(job.system), job.problem.id), []).append((job.path, done[id(job)]))
-    return [_outcome(s.name, p, grouped[id(s), p.id]) for s in systems for p in problems]
+        grouped.setdefault((job.system.folder, job.problem.id), []).append((job.path, done[job.path]))
+    return [_outcome(s.name, p, grouped[s.folder, p.id]) for s in systems for p in problems]
 
 
 def _outcome(system: str, problem: Problem, runs: Sequence[tuple[Path, Trace | str]]) -> Outcome:

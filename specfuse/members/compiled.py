@@ -82,7 +82,7 @@ class _Member(Protocol):
     def base(self) -> Any: ...
     @property
     def compiled(self) -> CompiledDecoder | None: ...
-    def _forward(self, ids: Sequence[int], cache: DynamicCache) -> torch.Tensor: ...
+    def hidden_states(self, ids: Sequence[int], cache: DynamicCache) -> torch.Tensor: ...
 
 
 @dataclass
@@ -181,7 +181,7 @@ class CompiledDecoder:
             )
             draft.eager = True
             # The request's cache still ends where the draft began: its tokens go there now.
-            return self.member._forward([*draft.fed, token], cache)[-1][None]
+            return self.member.hidden_states([*draft.fed, token], cache)[-1][None]
         draft.fed.append(token)
         return hidden
 
@@ -385,12 +385,12 @@ def take_over(member: _Member, tokens: Sequence[int], position: int, cache: Dyna
     where the member's decoder takes them over in steps, else by one eager forward into `cache`."""
     decoder = member.compiled
     if decoder is None or not decoder.take_over_in_steps:
-        return member._forward(tokens, cache)[-1][None]
+        return member.hidden_states(tokens, cache)[-1][None]
     hidden = None
     for i, token in enumerate(tokens):
         hidden = decoder.step(token, position + i, cache)
         if hidden is None:  # this draft decodes eagerly from here on: `cache` holds tokens[:i]
-            return member._forward(tokens[i:], cache)[-1][None]
+            return member.hidden_states(tokens[i:], cache)[-1][None]
     assert hidden is not None, "nothing to take over"
     return hidden
 

@@ -218,7 +218,7 @@ class HFMember(BaseMember):
         if len(states) == 1:
             # A fresh cache, also after a failed batch.
             states[0].cache = head.cache() if head is not None else DynamicCache()
-            hiddens = [self._forward(states[0].ids[skip:], states[0].cache)]
+            hiddens = [self.hidden_states(states[0].ids[skip:], states[0].cache)]
         else:
             pad = self.tokenizer.pad_token_id or 0
             cache, batch = prefill.forward_rows(
@@ -239,7 +239,7 @@ class HFMember(BaseMember):
         """The template's head (read the first time it is asked for), if every context begins with it."""
         if self.reuse_template and self._head is None:
             ids = drafting.template_head(self.tokenizer, self.prompt_format)
-            self._head = prefill.read_head(ids, self._forward)
+            self._head = prefill.read_head(ids, self.hidden_states)
         head = self._head
         return head if head is not None and all(head.covers(s.ids) for s in states) else None
 
@@ -481,7 +481,7 @@ class HFMember(BaseMember):
         keep = min(common_prefix_len(state.ids, target), len(target) - 1)
         state.cache.crop(keep - state.cache.get_seq_length())
         if keep < len(target):
-            state.last_hidden = self._forward(target[keep:], state.cache)[-1]
+            state.last_hidden = self.hidden_states(target[keep:], state.cache)[-1]
         state.ids, state.answer = target, answer
 
     # -- internals -----------------------------------------------------------------------------------
@@ -497,7 +497,7 @@ class HFMember(BaseMember):
         """How many of the drafted tokens `new` make up `text` (a prefix of their decode)."""
         return drafting.tokens_in(self.decode, ids, new, text)
 
-    def _forward(self, ids: Sequence[int], cache: DynamicCache) -> torch.Tensor:
+    def hidden_states(self, ids: Sequence[int], cache: DynamicCache) -> torch.Tensor:
         """Run `ids` after the cache, chunk_tokens at a time (memory linear in a long prompt's
         length); returns the final hidden states [len(ids), H]."""
         parts = []
@@ -552,7 +552,7 @@ class HFMember(BaseMember):
                 and (hidden := self.compiled.step(tokens[0], positions[0], cache)) is not None
             ):
                 return hidden
-            return self._forward(tokens, cache)[-1][None]
+            return self.hidden_states(tokens, cache)[-1][None]
         width = cache.get_seq_length() + 1
         column = torch.arange(width, device=self.device)
         pad = torch.tensor(pads, device=self.device)[:, None]

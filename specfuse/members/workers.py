@@ -1,6 +1,5 @@
-"""How the members' part of a step runs (MemberCalls): once per member for all the requests it
-serves, timed, a failure named; and, when members run at the same time, where: one thread per
-member, each with its share of the CPU cores or its own CUDA stream.
+"""Where members run when they work at the same time: one thread per member, each with its share of
+the CPU cores or its own CUDA stream (the engine's MemberCalls, engine/calls.py, asks them here).
 
 Why threads: torch releases the GIL inside every kernel, so members whose forward passes overlap
 keep the cores busy while the other one is in Python. One worker process per member would add
@@ -17,17 +16,13 @@ import contextlib
 import logging
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
-from .. import feedback
-from ..config import EnsembleConfig
-from ..errors import MemberError, SpecfuseError
-from ..records import Candidate
-from .protocol import Member, Verdict, in_this_process, shares_cpu
+from ..errors import MemberError
+from .protocol import Member, in_this_process, shares_cpu
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -208,161 +203,3 @@ def run_concurrently(members: Sequence[Member], mode: str) -> bool:
         return mode == "on" and len(members) > 1
     places = {(m.host, m.device) for m in members}
     return len(places) > 1 or (all(m.device.startswith("cpu") for m in members) and cpu_cores() > 1)
-
-
-# ---- the members' part of one step of a round ---------------------------------------------------
-
-
-class Request(Protocol):
-    """What MemberCalls needs of one request in progress (the engine's run)."""
-
-    prompt: str
-    config: EnsembleConfig
-    names: tuple[str, ...]  # the request's own members, in its order (a subset of those loaded)
-    states: dict[str, Any]  # each member's state for this request
-
-
-# prompt_contrast: each member's second context, the same answer after this prompt instead of the
-# user's (nothing asked), kept in the run's states under a key no member name can take (the
-# Ensemble refuses names that are not printable).
-PROMPT_LEFT_OUT = ""
-
-
-def without_prompt(m: str) -> str:
-    return f"{m}\x00without the prompt"
-
-
-Work = tuple[str, "Request", Any]  # (member name, run, the step's argument for that run)
-Done = tuple[tuple[str, int], tuple[T, float]]  # ((member name, id(run)), (result, seconds))
-
-
-class MemberCalls:
-    """The members' part of a step, over every run that needs it: one call per member for all the
-    runs it serves (members batch them), members at the same time (workers.py) when asked to,
-    timed, and a failure re-raised with the member's name and the step.
-
-    With `isolate`, a failure is not raised: it is kept in `failures` (by id of each run the failed
-    call served) and the step goes on for the other members, so that the caller can end only the
-    runs that needed the failed member."""
-
-    def __init__(self, members: Sequence[Member], concurrent: bool, *, isolate: bool = False) -> None:
-        self.members = {m.name: m for m in members}
-        self.workers = MemberWorkers(members) if concurrent else None
-        self.isolate = isolate
-        self.failures: dict[int, SpecfuseError] = {}  # id(run) -> why it cannot go on (isolate)
-
-    def start(self, runs: Sequence[Request]) -> None:
-        """Each run's own members start it, each member once for all the runs it serves (start_many:
-        an HFMember reads their prompts together); member i of the run's own list gets
-        member_settings(i), so that a run of a subset equals an ensemble of that subset. One run's
-        bad prompt (too long for a member's context) fails that run, not the others starting beside
-        it; a start_many that raises fails every run it served. A run with prompt_contrast also
-        starts each member with the prompt left out (its state under without_prompt(m))."""
-
-        def begin(m: str, group: list[Request], left_out: list[bool]) -> list[tuple[bool, Any]]:
-            settings = [r.config.member_settings(r.names.index(m)) for r in group]
-            prompts = [PROMPT_LEFT_OUT if out else r.prompt for r, out in zip(group, left_out)]
-            return list(zip(left_out, self.members[m].start_many(prompts, settings)))
-
-        work = [(m, r, False) for r in runs for m in r.names]
-        work += [(m, r, True) for r in runs if r.config.prompt_contrast for m in r.names]
-        for (m, key), ((left_out, state), _) in self._by_member("start", work, begin):
-            run = next(r for r in runs if id(r) == key)
-            if left_out and isinstance(state, SpecfuseError):  # say why a prompt nobody typed was read
-                state = type(state)(
-                    f"prompt_contrast: {m} cannot start a context without the prompt: {state}"
-                )
-            if not isinstance(state, SpecfuseError):
-                run.states[without_prompt(m) if left_out else m] = state
-            elif self.isolate:
-                self.failures.setdefault(key, state)
-            else:
-                raise state
-
-    def surprise(self, m: str, run: Request) -> float | None:
-        """The member's surprise at the prompt (nats per byte), when it can tell (prior weights)."""
-        return self.members[m].prompt_surprise(run.states[m])
-
-    def trust(self, m: str) -> float | None:
-        return self.members[m].trust
-
-    def draft(self, work: Sequence[Work]) -> Iterator[Done[Candidate]]:
-        """Each member's candidates, yielded as each member finishes (the fastest first)."""
-
-        def draft(m: str, group: list[Request], budgets: list[int]) -> list[Candidate]:
-            return self.members[m].draft_many([r.states[m] for r in group], budgets)
-
-        return self._by_member("draft", work, draft)
-
-    def verify(self, work: Sequence[Work]) -> dict[tuple[str, int], tuple[Verdict, float]]:
-        """Each verifier's raw scores z_i· (and token evidence, from members that keep it)."""
-
-        def verify(m: str, group: list[Request], candidates: list[Sequence[Candidate]]) -> list[Verdict]:
-            # Runs with prompt_contrast score their candidates a second time with the prompt left
-            # out, in the same call (a member batches both).
-            contrasted = [i for i, r in enumerate(group) if r.config.prompt_contrast]
-            states = [r.states[m] for r in group] + [group[i].states[without_prompt(m)] for i in contrasted]
-            verdicts = self.members[m].score_many(states, [*candidates, *(candidates[i] for i in contrasted)])
-            out = verdicts[: len(group)]
-            for i, (z_without, _) in zip(contrasted, verdicts[len(group) :]):
-                z, evidence = out[i]
-                out[i] = (feedback.prompt_contrast(z, z_without, group[i].config.prompt_contrast), evidence)
-            return out
-
-        return dict(self._by_member("score", work, verify))
-
-    def accept(self, work: Sequence[Work]) -> dict[tuple[str, int], tuple[None, float]]:
-        """Each member appends the text to each request's context; the seconds it took."""
-
-        def accept(m: str, group: list[Request], texts: list[str]) -> list[None]:
-            member = self.members[m]
-            for r, t in zip(group, texts):
-                member.accept(r.states[m], t)
-                if r.config.prompt_contrast:
-                    member.accept(r.states[without_prompt(m)], t)
-            return [None] * len(group)
-
-        return dict(self._by_member("accept", work, accept))
-
-    def _by_member(
-        self, step: str, work: Sequence[Work], call: Callable[[str, list[Request], list[Any]], list[T]]
-    ) -> Iterator[Done[T]]:
-        groups: dict[str, list[tuple[Request, Any]]] = {}
-        for m, run, arg in work:
-            groups.setdefault(m, []).append((run, arg))
-
-        def timed(m: str) -> list[tuple[T, float]] | SpecfuseError:
-            runs = [r for r, _ in groups[m]]
-            began = time.perf_counter()
-            try:
-                try:
-                    outs = call(m, runs, [a for _, a in groups[m]])
-                except SpecfuseError:
-                    raise
-                except Exception as e:  # re-raised with the member's name, never swallowed
-                    raise MemberError(f"{m}: {step} failed: {type(e).__name__}: {e}") from e
-            except SpecfuseError as e:
-                if not self.isolate:
-                    raise
-                return e
-            each = (time.perf_counter() - began) / max(1, len(runs))  # a batch's time, shared out
-            return [(o, each) for o in outs]
-
-        names = list(groups)
-        if self.workers is None:
-            finished: Iterator[tuple[str, list[tuple[T, float]] | SpecfuseError]] = (
-                (m, timed(m)) for m in names
-            )
-        else:
-            finished = self.workers.as_completed(timed, names)
-        for m, outs in finished:
-            if isinstance(outs, SpecfuseError):  # isolate: the runs this call served cannot go on
-                for run, _ in groups[m]:
-                    self.failures.setdefault(id(run), outs)
-                continue
-            for (run, _), out in zip(groups[m], outs):
-                yield (m, id(run)), out
-
-    def shutdown(self) -> None:
-        if self.workers is not None:
-            self.workers.shutdown()

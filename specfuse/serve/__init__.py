@@ -1,5 +1,5 @@
-"""Serving many people at once: one scheduler over the loaded members (scheduler.py) and an
-OpenAI-compatible HTTP API in front of it (api.py, started by `python -m specfuse.serve`).
+"""Serving many people at once over HTTP: an OpenAI-compatible API (api.py, its bodies in schema.py,
+started by `python -m specfuse.serve`, cli.py) in front of the engine's Scheduler (specfuse.engine).
 
-Knows nothing about the app's panels; the app calls the scheduler like any other client.
+HTTP only: the batch, its thread and the line are the engine's; the app calls the same Scheduler.
 """

@@ -21,11 +21,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..engine import QueueFull, Scheduler, SchedulerClosed, Ticket
 from ..errors import ConfigError, PromptTooLongError, SpecfuseError
-from ..records import Round
+from ..records import Finished, Round
 from ..trace import Trace, dump_trace
 from . import schema
-from .scheduler import QueueFull, Scheduler, SchedulerClosed, Ticket
 from .schema import ApiError, Ask, Limits
 
 POLL_S = 0.25  # how often a request in progress checks for its client's disconnect and its deadline
@@ -181,13 +181,16 @@ async def _next_round(
     events: AsyncGenerator[Any, None], ticket: Ticket, watch: asyncio.Task[str | None]
 ) -> Round | None:
     """The next Round (Drafts are the app's, not the API's); None when the stream has ended."""
+    ended = None
     try:
         async for event in events:
             if isinstance(event, Round):
                 return event
+            if isinstance(event, Finished):
+                ended = event.state
     except SpecfuseError as e:
         raise _as_api_error(e) from None
-    if ticket.state == "cancelled":
+    if ended == "cancelled":
         reason = await watch if watch.done() else None
         if reason == "timeout":
             raise ApiError(

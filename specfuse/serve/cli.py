@@ -1,7 +1,7 @@
 """`specfuse-serve` / `python -m specfuse.serve`: load the members, start the Scheduler, serve the
 OpenAI-compatible API with uvicorn (on 127.0.0.1 unless told otherwise).
 
-Knows nothing about the routes (api.py) or the batch (scheduler.py); the run settings are the CLI's
+Knows nothing about the routes (api.py) or the batch (specfuse.engine); the run settings are the CLI's
 own flags (specfuse.cli.add_settings), and a bad flag exits 2 with one line, as there.
 """
 
@@ -11,20 +11,18 @@ import argparse
 import contextlib
 import logging
 import os
-import socket
 import sys
-import threading
-import time
-from collections.abc import Iterator, Sequence
-from typing import Any, TextIO
+from collections.abc import Sequence
+from typing import TextIO
 
 from ..cli import HELP_WIDTH, Parser, add_parallel_flag, add_settings, config_from_args, parse_models
+from ..engine import DEFAULT_BATCH_SIZE, DEFAULT_JOIN_WAIT, DEFAULT_QUEUE, Scheduler
+from ..engine.scheduler import load_in_background
 from ..errors import ConfigError, SpecfuseError
 from ..models.catalogue import DEFAULT_MEMBERS
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from ..models.quantize_options import check_quantize, cpu_only
 from ..models.trust import CLI_HELP as TRUST_HELP
-from .scheduler import DEFAULT_BATCH_SIZE, DEFAULT_JOIN_WAIT, DEFAULT_QUEUE, Scheduler
 from .schema import Limits
 
 log = logging.getLogger("specfuse.serve")
@@ -142,74 +140,49 @@ def _serve(args: argparse.Namespace) -> int:
     trust = load_trust(args.trust) if args.trust is not None else None  # a bad file: refused at once
     limits = Limits(args.max_prompt_chars, args.max_tokens, args.request_timeout, args.traces)
     app = create_app(api_key=args.api_key, limits=limits)
-    failed: list[BaseException] = []
 
-    def load() -> None:  # the server answers 503 (and /health "loading") until this is done
-        try:
-            members = load_members(
-                names, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir, quantize=args.quantize
-            )
-            if trust is not None:
-                apply_trust(members, trust)
-            scheduler = Scheduler(
-                members,
-                config,
-                batch_size=args.batch_size,
-                queue=args.queue,
-                join_wait=args.join_wait,
-                parallel=args.parallel,
-            )
-            app.state.serving.attach(scheduler)
-            log.info(
-                "serving %s, batch size %d, queue %d", ", ".join(scheduler.names), args.batch_size, args.queue
-            )
-        except BaseException as e:
-            failed.append(e)
-            log.error("loading failed: %s", e)
-            server.should_exit = True
+    def load() -> Scheduler:  # the server answers 503 (and /health "loading") until this is done
+        members = load_members(
+            names, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir, quantize=args.quantize
+        )
+        if trust is not None:
+            apply_trust(members, trust)
+        return Scheduler(
+            members,
+            config,
+            batch_size=args.batch_size,
+            queue=args.queue,
+            join_wait=args.join_wait,
+            parallel=args.parallel,
+        )
 
+    def ready(scheduler: Scheduler) -> None:
+        app.state.serving.attach(scheduler)
+        log.info(
+            "serving %s, batch size %d, queue %d", ", ".join(scheduler.names), args.batch_size, args.queue
+        )
+
+    def failed(e: BaseException) -> None:
+        failures.append(e)
+        log.error("loading failed: %s", e)
+        server.should_exit = True
+
+    failures: list[BaseException] = []
     served = uvicorn.Config(
         app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=10
     )
     server = uvicorn.Server(served)
-    threading.Thread(target=load, name="specfuse-load", daemon=True).start()
+    load_in_background(load, ready, failed)
     log.info("listening on http://%s:%d/v1 (loading %s)", args.host, args.port, ", ".join(names))
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C after shutting down
         server.run()
     scheduler = app.state.serving.scheduler
     if scheduler is not None:
         scheduler.close()
-    if failed:
+    if failures:
         raise (
-            failed[0]
-            if isinstance(failed[0], SpecfuseError)
-            else SpecfuseError(f"loading failed: {failed[0]}")
+            failures[0]
+            if isinstance(failures[0], SpecfuseError)
+            else SpecfuseError(f"loading failed: {failures[0]}")
         )
     return 0
-
-
-@contextlib.contextmanager
-def running(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """The app served by uvicorn on a thread of this process, for as long as the block lasts; yields
-    its base URL (port 0: a free port). For tests and benchmarks that need a live server."""
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
-    thread = threading.Thread(
-        target=server.run, kwargs={"sockets": [sock]}, name="specfuse-uvicorn", daemon=True
-    )
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    if not server.started:
-        raise SpecfuseError(f"the server did not start on {host}:{sock.getsockname()[1]}")
-    try:
-        yield f"http://{host}:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()

@@ -1,8 +1,8 @@
 """One prompt's run in progress: its state from round to round, and its own part of each step.
 
-engine.Batch plays runs in lockstep: it asks the members (draft, verify, accept) once for all the
+batch.Batch plays runs in lockstep: it asks the members (draft, verify, accept) once for all the
 runs they serve, and each run does the rest on its own (choose, feedback, stop, exit, record), in
-the order engine.py's docstring gives. Everything here belongs to one request, never to a member:
+the order batch.py's docstring gives. Everything here belongs to one request, never to a member:
 the weights, qualities, exits, the answer so far and each member's state for this request.
 """
 
@@ -14,14 +14,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import feedback
-from .config import EnsembleConfig
-from .errors import ConfigError, MemberError
-from .loops import ends_in_loop
-from .members.protocol import Verdict
-from .members.workers import MemberCalls
-from .records import Candidate, ExitEvent, MemberTiming, Round, TokenScores
-from .segments import agreement, echoes_prompt, repeated_fraction, stop_string_cut
+from .. import feedback
+from ..config import EnsembleConfig
+from ..errors import ConfigError, MemberError
+from ..loops import ends_in_loop
+from ..members.protocol import Verdict
+from ..records import Candidate, ExitEvent, MemberTiming, Round, TokenScores
+from ..segments import agreement, echoes_prompt, repeated_fraction, stop_string_cut
+from ..trace import new_trace_id
+from .calls import MemberCalls
 
 TYPED = "you"  # the origin of a segment a person typed into a branch
 LOOP_GUARD_COPIES = 2  # the loop guard acts once a block repeats twice, before a loop sets in
@@ -65,6 +66,7 @@ class Run:
     start: Sequence[Round] = ()
     forced: str | None = None
     origin: str = TYPED
+    id: str = field(default_factory=new_trace_id)  # the key of its results in a batch; its trace's id
     states: dict[str, Any] = field(default_factory=dict)  # each member's state for this request
     read: dict[str, int] = field(default_factory=dict)  # how much of the answer each member's state holds
     # Set by resume(), then carried from round to round.
@@ -131,9 +133,9 @@ class Run:
             play.drafting = [m for m in self.names if m in self.active or m in self.exited]
             play.verifiers = list(play.drafting)
 
-    def take_candidates(self, drafted: dict[tuple[str, int], tuple[Candidate, float]]) -> None:
+    def take_candidates(self, drafted: dict[tuple[str, str], tuple[Candidate, float]]) -> None:
         play = self.play
-        candidates = [drafted[(m, id(self))][0] for m in play.drafting]
+        candidates = [drafted[(m, self.id)][0] for m in play.drafting]
         play.draft_s = {c.member: c.seconds for c in candidates}
         if self.forced is not None and not any(c.text == self.forced for c in candidates):
             # A typed segment joins the round as one more candidate, scored by every verifier.
@@ -149,15 +151,15 @@ class Run:
             if play.agreed is not None:
                 play.verifiers = []  # nothing to decide: no verify pass
 
-    def take_scores(self, verdicts: dict[tuple[str, int], tuple[Verdict, float]]) -> None:
+    def take_scores(self, verdicts: dict[tuple[str, str], tuple[Verdict, float]]) -> None:
         play = self.play
         if play.scorable:
-            rows = [verdicts[(m, id(self))][0] for m in play.verifiers]
+            rows = [verdicts[(m, self.id)][0] for m in play.verifiers]
             play.raw = [list(z) for z, _ in rows]
             for m, row in zip(play.verifiers, play.raw):
                 _check_finite(m, row, play.candidates)
             play.details = tuple(d for _, d in rows) if all(d for _, d in rows) else ()
-            play.verify_s = {m: verdicts[(m, id(self))][1] for m in play.verifiers}
+            play.verify_s = {m: verdicts[(m, self.id)][1] for m in play.verifiers}
         else:  # every draft came back empty: nothing to choose from
             play.raw = [[0.0] * len(play.candidates) for _ in play.verifiers]
 
@@ -294,10 +296,10 @@ class Run:
     def winner_text(self) -> str:
         return self.play.candidates[self.play.chosen].text
 
-    def record(self, accepted: dict[tuple[str, int], tuple[None, float]]) -> Round:
+    def record(self, accepted: dict[tuple[str, str], tuple[None, float]]) -> Round:
         """The round as a plain record; then the run moves on (or ends)."""
         play = self.play
-        accept_s = {m: accepted[(m, id(self))][1] for m in play.accepting}
+        accept_s = {m: accepted[(m, self.id)][1] for m in play.accepting}
         self.read.update(dict.fromkeys(play.accepting, len(self.answer)))
         now = time.perf_counter()
         rnd = Round(

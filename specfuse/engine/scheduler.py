@@ -1,8 +1,9 @@
-"""The serving scheduler: owns the loaded members and one rolling batch (engine.Batch) that requests
-join at the next round boundary and leave the moment they end, each with its own stream of events.
+"""The scheduler: owns the loaded members and one rolling batch (batch.Batch), played on a thread of
+its own, that requests join at the next round boundary and leave the moment they end, each with its
+own stream of records (Queued, Draft, Round, Finished).
 
-Knows nothing about HTTP, OpenAI's bodies or the app's panels: api.py and the app call submit(),
-read a Ticket's events, its position in line, and cancel() it.
+Knows nothing about HTTP, OpenAI's bodies or the app's panels: the API (specfuse.serve) and the app
+call submit(), read a Ticket's events and cancel() it.
 """
 
 from __future__ import annotations
@@ -14,18 +15,19 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Callable, Generator, Sequence
+from typing import TypeVar
 
 from ..config import EnsembleConfig
-from ..engine import Batch, Ensemble
 from ..errors import ConfigError, SpecfuseError
 from ..limits import check_request
 from ..members.protocol import Member
-from ..members.workers import MemberCalls, run_concurrently
-from ..records import Draft, Result, Round, summarize
-from ..run import TYPED, Run
-from ..trace import Trace, new_trace_id
+from ..members.workers import run_concurrently
+from ..records import Draft, Finished, Queued, Result, Round, summarize
+from ..trace import Trace
+from .batch import Batch
+from .ensemble import Ensemble
+from .run import TYPED, Run
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,7 @@ DEFAULT_QUEUE = 64  # requests waiting for a place in the batch; one more is ref
 DEFAULT_JOIN_WAIT = 0.25
 JOIN_WAIT_SHARE = 0.1
 
-Event = Draft | Round
+Event = Queued | Draft | Round | Finished
 
 
 class QueueFull(SpecfuseError):
@@ -52,25 +54,21 @@ class SchedulerClosed(SpecfuseError):
     """The scheduler was shut down before the request could finish."""
 
 
-@dataclass(frozen=True)
-class _End:
-    error: SpecfuseError | None = None
-
-
 class Ticket:
-    """One request's handle: its events (Draft, then Round, round after round), its place in line,
-    its state, and cancel(). Safe to read from any thread; events() and aevents() consume one stream
-    (use one of them, once)."""
+    """One request's handle: its events (its place in line while it waits, then Draft and Round
+    round after round, then Finished), its state, and cancel(). Safe to read from any thread;
+    events() and aevents() consume one stream (use one of them, once)."""
 
     def __init__(self, scheduler: Scheduler, run: Run) -> None:
-        self.id = new_trace_id()  # also the id of its trace
+        self.id = run.id  # also the id of its trace
         self.run = run
         self.submitted = time.perf_counter()
         self.state = "waiting"  # waiting → running → done | failed | cancelled
         self.error: SpecfuseError | None = None
         self.rounds: list[Round] = []
         self._scheduler = scheduler
-        self._queue: queue.SimpleQueue[Event | _End] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Event | SpecfuseError] = queue.SimpleQueue()
+        self._place: int | None = None  # the last place in line it was told (Queued)
         self._wakers: list[Callable[[], None]] = []
         self._ended = threading.Event()
 
@@ -103,18 +101,18 @@ class Ticket:
         """Block until the request has ended; False if `timeout` seconds passed first."""
         return self._ended.wait(timeout)
 
-    def events(self, timeout: float | None = None) -> Iterator[Event]:
-        """Each event as it happens; the stream ends after the last round, or raises the error that
-        ended the request. `timeout`: the longest wait for one event (queue.Empty after it).
-        Closing the iterator early cancels the request."""
+    def events(self, timeout: float | None = None) -> Generator[Event, None, None]:
+        """Each event as it happens; the stream ends with Finished, or raises the error that ended
+        the request. `timeout`: the longest wait for one event (queue.Empty after it). Closing the
+        iterator early cancels the request."""
         try:
             while True:
                 item = self._queue.get(timeout=timeout)
-                if isinstance(item, _End):
-                    if item.error is not None:
-                        raise item.error
-                    return
+                if isinstance(item, SpecfuseError):
+                    raise item
                 yield item
+                if isinstance(item, Finished):
+                    return
         finally:
             self.cancel()
 
@@ -136,11 +134,11 @@ class Ticket:
                     await arrived.wait()
                     arrived.clear()
                     continue
-                if isinstance(item, _End):
-                    if item.error is not None:
-                        raise item.error
-                    return
+                if isinstance(item, SpecfuseError):
+                    raise item
                 yield item
+                if isinstance(item, Finished):
+                    return
         finally:
             self._wakers.remove(wake)
             self.cancel()
@@ -152,7 +150,7 @@ class Ticket:
     def trace(self) -> Trace:
         return Trace(self.prompt, self.members, self.config, tuple(self.rounds), id=self.id)
 
-    def _put(self, item: Event | _End) -> None:
+    def _put(self, item: Event | SpecfuseError) -> None:
         self._queue.put(item)
         for wake in list(self._wakers):
             wake()
@@ -194,7 +192,7 @@ class Scheduler:
         self._batch = Batch(self.ensemble.members, run_concurrently(members, parallel))
         self._cond = threading.Condition()
         self._waiting: collections.deque[Ticket] = collections.deque()
-        self._running: dict[int, Ticket] = {}  # id(run) → ticket, for runs in the batch
+        self._running: dict[str, Ticket] = {}  # run id → ticket, for runs in the batch
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="specfuse-scheduler", daemon=True)
         self._thread.start()
@@ -239,6 +237,7 @@ class Scheduler:
                     "try again later"
                 )
             self._waiting.append(ticket)
+            self._tell_places()
             self._cond.notify_all()
         return ticket
 
@@ -260,6 +259,7 @@ class Scheduler:
             if ticket in self._waiting:
                 self._waiting.remove(ticket)
                 self._end(ticket, "cancelled")
+                self._tell_places()
                 return
             ticket.run.cancelled = True  # the loop drops it from the batch within a phase
             self._cond.notify_all()
@@ -320,18 +320,13 @@ class Scheduler:
                         break
                     if self._members_changed():  # add_members: between rounds
                         members = self.ensemble.members
-                        self._batch.calls.shutdown()
-                        concurrent = run_concurrently(members, self.ensemble.parallel)
-                        self._batch.calls = MemberCalls(members, concurrent, isolate=True)
-                    joining = self._admit()
+                        self._batch.use(members, run_concurrently(members, self.ensemble.parallel))
                 try:
-                    self._play(joining)
+                    self._play()
                 except Exception as e:  # a bug, not a member: end what is under way, keep serving
                     log.exception("the batch failed")
                     error = SpecfuseError(f"internal error in the batch: {type(e).__name__}: {e}")
-                    for run in list(self._batch.live):
-                        run.states.clear()
-                    self._batch.live = []
+                    self._batch.drop()
                     with self._cond:
                         for ticket in list(self._running.values()):
                             self._end(ticket, "failed", error)
@@ -344,7 +339,7 @@ class Scheduler:
                 self._waiting.clear()
 
     def _members_changed(self) -> bool:
-        return self.ensemble.members != tuple(self._batch.calls.members.values())
+        return self.ensemble.members != self._batch.members
 
     def _await_newcomers(self) -> None:
         """Under the lock, before a round: if requests left the batch in the last one, wait a little
@@ -361,28 +356,39 @@ class Scheduler:
                 return
             self._cond.wait(left)
 
-    def _admit(self) -> list[Ticket]:
-        """Under the lock: the tickets that take the batch's free places, first come, first served."""
-        room = self.batch_size - len(self._batch.live)
-        joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
-        for ticket in joining:
-            ticket.state = "running"
-            self._running[id(ticket.run)] = ticket
-        return joining
+    def _take(self, room: int) -> list[Run]:
+        """The runs of the tickets that take the batch's free places, first come, first served (none
+        once closed, or before the batch takes on new members)."""
+        with self._cond:
+            if self._closed or self._members_changed():
+                return []
+            joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+            for ticket in joining:
+                ticket.state = "running"
+                self._running[ticket.id] = ticket
+            self._tell_places()
+            return [ticket.run for ticket in joining]
 
-    def _play(self, joining: list[Ticket]) -> None:
+    def _tell_places(self) -> None:
+        """Under the lock: each waiting ticket whose place in line changed is told it (Queued), while
+        it really waits (more are ahead of it than the batch has free places)."""
+        room = self.batch_size - len(self._running)
+        for place, ticket in enumerate(self._waiting, 1):
+            if ticket._place != place and place > room:
+                ticket._place = place
+                ticket._put(Queued(place))
+
+    def _play(self) -> None:
         """Admit the newcomers, then play one round of the batch and hand each event to its ticket.
-        Requests that arrive while newcomers' prompts are read join too: a burst of arrivals (a class
-        pressing Run together) starts in one round, not one request first and the rest a round later."""
+        Requests that arrive while newcomers' prompts are read join too (Batch.admit): a burst of
+        arrivals (a class pressing Run together) starts in one round, not one request first and the
+        rest a round later."""
         began = time.perf_counter()
-        while joining:
-            for run, error in self._batch.join([t.run for t in joining]):
-                with self._cond:
-                    self._end(self._running[id(run)], "failed", error)
+        for run, error in self._batch.admit(self._take, self.batch_size):
             with self._cond:
-                joining = [] if self._closed or self._members_changed() else self._admit()
+                self._end(self._running[run.id], "failed", error)
         for run, event in self._batch.step():
-            ticket = self._running[id(run)]
+            ticket = self._running[run.id]
             if isinstance(event, SpecfuseError):
                 with self._cond:
                     self._end(ticket, "failed", event)
@@ -396,7 +402,7 @@ class Scheduler:
             if last:
                 with self._cond:
                     self._end(ticket, "done")
-        live = {id(run) for run in self._batch.live}
+        live = {run.id for run in self._batch.live}
         with self._cond:
             for key, ticket in list(self._running.items()):
                 if key not in live:  # left the batch without an ending of its own: cancelled
@@ -407,8 +413,29 @@ class Scheduler:
         """Under the lock: the ticket's last state and its stream's end."""
         if ticket.ended:
             return
-        if self._running.pop(id(ticket.run), None) is not None:
+        if self._running.pop(ticket.id, None) is not None:
             self._freed += 1
         ticket.state, ticket.error = state, error
         ticket._ended.set()
-        ticket._put(_End(error))
+        ticket._put(error if error is not None else Finished(state))
+
+
+T = TypeVar("T")
+
+
+def load_in_background(
+    load: Callable[[], T], ready: Callable[[T], None], failed: Callable[[BaseException], None]
+) -> None:
+    """load() (members: minutes) on a thread of its own, then ready(its result) or failed(the error),
+    so that a server listens meanwhile (and says it is loading). A daemon thread: stopping the server
+    while the members load does not wait for them."""
+
+    def work() -> None:
+        try:
+            result = load()
+        except BaseException as e:
+            failed(e)
+        else:
+            ready(result)
+
+    threading.Thread(target=work, name="specfuse-load", daemon=True).start()

@@ -1,0 +1,39 @@
+"""The wing that plays runs: everything between a prompt and its stream of rounds.
+
+    ensemble.py   Ensemble: the library's front door (one prompt, or many in lockstep)
+    scheduler.py  Scheduler: one batch on its own thread, requests in line, a Ticket each (the app, the API)
+    batch.py      Batch: the round loop, the seven steps over every live run
+    run.py        Run: one request's state from round to round, and its own part of each step
+    calls.py      MemberCalls: the members' part of a step, once per member for all the runs it serves
+
+Everything here speaks in records (specfuse.records); members (specfuse.members) know nothing of it.
+"""
+
+from ..limits import check_prompt
+from .batch import Batch
+from .ensemble import Ensemble
+from .run import TYPED, Run
+from .scheduler import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_JOIN_WAIT,
+    DEFAULT_QUEUE,
+    QueueFull,
+    Scheduler,
+    SchedulerClosed,
+    Ticket,
+)
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_JOIN_WAIT",
+    "DEFAULT_QUEUE",
+    "TYPED",
+    "Batch",
+    "Ensemble",
+    "QueueFull",
+    "Run",
+    "Scheduler",
+    "SchedulerClosed",
+    "Ticket",
+    "check_prompt",
+]

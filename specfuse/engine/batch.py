@@ -1,0 +1,192 @@
+"""The round loop. One round is seven steps, in this order:
+
+1. draft     each active member continues its own context for at most L tokens
+2. verify    each verifier scores every candidate in one packed pass (raw z_ij)
+3. choose    normalize each verifier's row, aggregate with the weights so far, pick the winner
+4. feedback  reward the drafters and update the weights (after the choice)
+5. stop      append the winner to the answer; decide whether the run ends
+6. exit      members whose candidates keep losing stop drafting
+7. accept    every member that plays on appends the winner to its own context
+
+Batch._round calls them in that order, by these names: the members' steps here, each run's own in
+run.py. (With the loop guard, exited members that come back for a round first catch up: an accept of
+what they missed, before the draft.) Knows nothing about tokenizers, tensors or devices: members
+hide them behind the Member protocol (members/protocol.py), and the arithmetic lives in feedback.py.
+Several runs play in lockstep (Ensemble.stream_many, and the Scheduler): each member step then asks
+a member once for all the runs it serves, which a member may batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Iterator, Sequence
+
+from ..errors import SpecfuseError
+from ..members.protocol import Member
+from ..records import Candidate, Draft, Round
+from .calls import MemberCalls
+from .run import Run
+
+Event = Draft | Round
+
+
+class Batch:
+    """The one round loop: runs join between rounds, every live run plays a round per step (each
+    member asked once per step for all the runs it serves), and a run leaves the moment it ends,
+    fails or is cancelled, its states dropped. Ensemble and the Scheduler play runs here, through
+    admit(), step() and close() only; a run may use a subset of the members (its `names`). A failed
+    member call ends only the runs it served: they come out of admit() or step() with the error
+    (naming the member); the others go on.
+    """
+
+    def __init__(self, members: Sequence[Member], concurrent: bool) -> None:
+        self._calls = MemberCalls(members, concurrent, isolate=True)
+        self._live: list[Run] = []
+
+    @property
+    def live(self) -> tuple[Run, ...]:
+        """The runs under way, in the order they joined."""
+        return tuple(self._live)
+
+    @property
+    def members(self) -> tuple[Member, ...]:
+        return tuple(self._calls.members.values())
+
+    def use(self, members: Sequence[Member], concurrent: bool) -> None:
+        """Between rounds: play with these members from now on (the Scheduler's add_members)."""
+        self._calls.shutdown()
+        self._calls = MemberCalls(members, concurrent, isolate=True)
+
+    def admit(
+        self, take: Callable[[int], Sequence[Run]], capacity: int
+    ) -> Iterator[tuple[Run, SpecfuseError]]:
+        """Fill the batch up to `capacity` live runs between rounds: `take(room)` hands over at most
+        `room` waiting runs (none: nobody is waiting), which join together, their prompts read in one
+        call per member; asked again while there is room, so that runs arriving while the last ones
+        were read join this round too. Runs that could not start are yielded with the reason."""
+        while (room := capacity - len(self._live)) > 0 and (runs := take(room)):
+            yield from self._join(runs)
+
+    def step(self) -> Iterator[tuple[Run, Event | SpecfuseError]]:
+        """One round of every live run: each Draft as it arrives, then each Round, or the error that
+        ended a run. A run cancelled from any thread (run.cancelled) leaves at the next phase."""
+        runs = [run for run in self._live if not run.cancelled]
+        ended = yield from self._round(runs)
+        going_on = {run.id for run in ended if not run.done}
+        for run in self._live:
+            if run.id not in going_on:
+                run.states.clear()  # cancelled before the round began
+        self._live = [run for run in self._live if run.id in going_on]
+
+    def drop(self) -> list[Run]:
+        """End every live run at once (their states go): the runs dropped."""
+        dropped, self._live = self._live, []
+        for run in dropped:
+            run.states.clear()
+        return dropped
+
+    def close(self) -> None:
+        self.drop()
+        self._calls.shutdown()
+
+    # -- one round -----------------------------------------------------------------------------------
+
+    def _join(self, runs: Sequence[Run]) -> Iterator[tuple[Run, SpecfuseError]]:
+        """Start each run's own members (the prompt's prefill) and set its starting point (resume)."""
+        for run in runs:
+            run.began = time.perf_counter()  # a run's clock includes its prefill
+        self._calls.start(runs)
+        for run in runs:
+            error = self._calls.failures.pop(run.id, None)
+            if error is None:
+                try:
+                    run.resume(self._calls)
+                except SpecfuseError as e:
+                    error = e
+                error = error or self._calls.failures.pop(run.id, None)  # a branch's accept
+            if error is None:
+                self._live.append(run)
+            else:
+                run.states.clear()
+                yield run, error
+
+    def _round(self, runs: list[Run]) -> Generator[tuple[Run, Event | SpecfuseError], None, list[Run]]:
+        """One round of every run, steps 1-7 in order. The members' steps (draft, verify, accept) are
+        asked once per member for all the runs it serves; the others are per run. Yields each
+        candidate as it arrives, then the rounds; returns the runs that played the round through."""
+        for run in runs:
+            run.begin_round()
+        drafted: dict[tuple[str, str], tuple[Candidate, float]] = {}
+        self._catch_up(runs)  # exited members drafting again first read the answer they missed
+        runs = yield from self._settle(runs)
+        yield from self._draft(runs, drafted)  # 1
+        runs = yield from self._settle(runs)
+        for run in runs:
+            run.take_candidates(drafted)
+        self._verify(runs)  # 2
+        runs = yield from self._settle(runs)
+        for run in runs:
+            run.choose()  # 3
+            run.feedback()  # 4
+            run.stop()  # 5
+            run.exit()  # 6
+        accepted = self._accept(runs)  # 7
+        runs = yield from self._settle(runs)
+        for run in runs:
+            rnd = run.record(accepted)
+            if run.done:
+                run.states.clear()  # a finished run's caches go now, not at the end
+            yield run, rnd
+        return runs
+
+    def _settle(self, runs: list[Run]) -> Generator[tuple[Run, SpecfuseError], None, list[Run]]:
+        """The runs that go on after a member phase: not those a failed member call served (yielded
+        with the error), nor those cancelled meanwhile."""
+        going_on = []
+        for run in runs:
+            error = self._calls.failures.pop(run.id, None)
+            if error is None and not run.cancelled:
+                going_on.append(run)
+                continue
+            run.states.clear()
+            if error is not None:
+                yield run, error
+        return going_on
+
+    def _draft(
+        self, runs: list[Run], drafted: dict[tuple[str, str], tuple[Candidate, float]]
+    ) -> Iterator[tuple[Run, Draft]]:
+        """1. Draft: each active member continues its own context for at most L tokens."""
+        by_id = {run.id: run for run in runs}
+        work = [(m, run, run.play.budget) for run in runs for m in run.play.drafting]
+        for key, out in self._calls.draft(work):
+            drafted[key] = out
+            run = by_id[key[1]]
+            yield run, Draft(run.k, out[0], time.perf_counter() - run.began)
+
+    def _catch_up(self, runs: list[Run]) -> None:
+        """Before drafting: members back from an exit append what was accepted while they were out."""
+        work = [
+            (m, run, run.answer[run.read[m] :])
+            for run in runs
+            for m in run.play.rejoining
+            if run.read[m] < len(run.answer)
+        ]
+        if work:
+            self._calls.accept(work)
+        for run in runs:
+            run.read.update(dict.fromkeys(run.play.rejoining, len(run.answer)))
+
+    def _verify(self, runs: list[Run]) -> None:
+        """2. Verify: each verifier scores every candidate in one packed pass (raw z_ij)."""
+        work = [
+            (m, run, run.play.candidates) for run in runs if run.play.scorable for m in run.play.verifiers
+        ]
+        verdicts = self._calls.verify(work)
+        for run in runs:
+            if run.id not in self._calls.failures:
+                run.take_scores(verdicts)
+
+    def _accept(self, runs: list[Run]) -> dict[tuple[str, str], tuple[None, float]]:
+        """7. Accept: every member that plays on appends the winner's text to its own context."""
+        return self._calls.accept([(m, run, run.winner_text) for run in runs for m in run.play.accepting])
