@@ -11,12 +11,11 @@ import contextlib
 import dataclasses
 import logging
 import sys
-import typing
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from .config import PARALLEL_HELP, PARALLEL_MODES, EnsembleConfig
+from .config import PARALLEL_HELP, PARALLEL_MODES, EnsembleConfig, Setting, settings
 from .engine import Ensemble, check_prompt
 from .errors import ConfigError, SpecfuseError, UnknownModelError
 from .models.catalogue import CATALOGUE, DEFAULT_MEMBERS
@@ -111,49 +110,34 @@ def add_parallel_flag(parser: argparse.ArgumentParser) -> None:
 def add_settings(parser: argparse.ArgumentParser) -> None:
     """One flag per EnsembleConfig field, typed, defaulted and documented from its setting()."""
     group = parser.add_argument_group("run settings (the same ones the app shows)")
-    defaults = EnsembleConfig()
-    hints = typing.get_type_hints(EnsembleConfig)
-    for f in dataclasses.fields(EnsembleConfig):
-        flag = FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-"))
-        default = getattr(defaults, f.name)
-        kind, optional = _scalar(hints[f.name])
-        meta = f.metadata
-        if kind is bool:
+    for setting in settings():
+        name, default = setting.name, setting.default
+        flag = FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+        if setting.kind is bool:
             action = argparse.BooleanOptionalAction
-            group.add_argument(flag, dest=f.name, action=action, default=default, help=_help(meta, default))
-            if f.name in OLD_ALIASES:
-                group.add_argument(
-                    OLD_ALIASES[f.name], dest=f.name, action="store_false", help=argparse.SUPPRESS
-                )
-        elif typing.get_origin(kind) is tuple:
-            item = typing.get_args(kind)[0]
+            group.add_argument(flag, dest=name, action=action, default=default, help=_help(setting))
+            if name in OLD_ALIASES:
+                group.add_argument(OLD_ALIASES[name], dest=name, action="store_false", help=argparse.SUPPRESS)
+        elif setting.item is not None:
             group.add_argument(
                 flag,
-                dest=f.name,
+                dest=name,
                 action="append",
                 default=None,  # append would add to a non-empty default instead of replacing it
-                type=item,
-                metavar=METAVARS.get(item, "VALUE"),
-                help=f"{meta['help']} (repeatable)",
+                type=setting.item,
+                metavar=METAVARS.get(setting.item, "VALUE"),
+                help=f"{setting.help} (repeatable)",
             )
         else:
             group.add_argument(
                 flag,
-                dest=f.name,
-                type=_or_none(kind) if optional else kind,
+                dest=name,
+                type=_or_none(setting.kind) if setting.optional else setting.kind,
                 default=default,
-                choices=meta.get("choices"),
-                metavar=None if meta.get("choices") else METAVARS.get(kind, "VALUE"),
-                help=_help(meta, default),
+                choices=setting.choices,
+                metavar=None if setting.choices else METAVARS.get(setting.kind, "VALUE"),
+                help=_help(setting),
             )
-
-
-def _scalar(hint: Any) -> tuple[Any, bool]:
-    """(the type inside `X | None`, whether None is allowed)."""
-    args = typing.get_args(hint)
-    if type(None) in args:
-        return next(a for a in args if a is not type(None)), True
-    return hint, False
 
 
 def _or_none(kind: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -164,15 +148,15 @@ def _or_none(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
-def _help(meta: Mapping[str, Any], default: Any) -> str:
-    low, high = meta.get("low"), meta.get("high")
+def _help(setting: Setting) -> str:
+    low, high, default = setting.low, setting.high, setting.default
     bounds = ""
     if low is not None and high is not None:
         bounds = f"{low:g}..{high:g}; "
     elif low is not None:
         bounds = f"≥ {low:g}; "
     shown = {None: "none", True: "on", False: "off"}.get(default, default) if _plain(default) else default
-    return f"{meta['help']} ({bounds}default: {shown})".replace("%", "%%")
+    return f"{setting.help} ({bounds}default: {shown})".replace("%", "%%")
 
 
 def _plain(value: Any) -> bool:
@@ -184,14 +168,13 @@ def config_from_args(args: argparse.Namespace) -> EnsembleConfig:
 
     Built from the fields, never listed by hand: a new setting() field arrives here by itself.
     """
-    hints = typing.get_type_hints(EnsembleConfig)
     values = {}
-    for f in dataclasses.fields(EnsembleConfig):
-        value = getattr(args, f.name)
+    for setting in settings():
+        value = getattr(args, setting.name)
         if isinstance(value, list):
             value = tuple(value)
-        if value is not None or _scalar(hints[f.name])[1]:
-            values[f.name] = value  # an unrepeated repeatable flag (None) keeps the field's default
+        if value is not None or setting.optional:
+            values[setting.name] = value  # an unrepeated repeatable flag (None) keeps the field's default
     return EnsembleConfig(**values)
 
 

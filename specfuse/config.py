@@ -1,6 +1,9 @@
 """EnsembleConfig: every setting of one run (segment length, budgets, sampling, scoring, feedback, exit).
 
-Validated once, in __post_init__, with ConfigError messages that name the setting and its range.
+Declared once, as setting() fields; settings() describes them (type, default, help, choices, bounds,
+group) for every view that offers or checks them: the CLI's flags, the app's form, the variants, the
+API's request schema (pydantic, specfuse.serve.schema). Validated once, in __post_init__, with
+ConfigError messages that name the setting and its range (check_setting: one value alone).
 Stdlib only; knows nothing about models.
 """
 
@@ -179,9 +182,8 @@ class EnsembleConfig:
 
     def __post_init__(self) -> None:
         # Types, choices and bounds come from each field's setting(); a new field is checked for free.
-        for f in fields(self):
-            value = _check_field(f.name, getattr(self, f.name), _hints()[f.name], f.metadata)
-            object.__setattr__(self, f.name, value)
+        for s in settings():
+            object.__setattr__(self, s.name, check_setting(s, getattr(self, s.name)))
         # Bounds a setting() cannot say: open intervals and non-empty items.
         if self.top_p <= 0:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -224,7 +226,7 @@ class EnsembleConfig:
     def from_dict(cls, data: dict[str, Any]) -> EnsembleConfig:
         """Rebuild (and re-validate) a config stored by to_dict; unknown keys are an error, and keys
         that earlier versions stored but that are no longer a run's (RETIRED_KEYS) are left out."""
-        known = set(cls.__dataclass_fields__)
+        known = {s.name for s in settings()}
         unknown = set(data) - known - set(RETIRED_KEYS)
         if unknown:
             raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
@@ -295,21 +297,60 @@ def _integer_range(low: float | None, high: float | None) -> str:
     return "an integer" if high is None else f"an integer ≤ {high:g}"
 
 
+@dataclass(frozen=True)
+class Setting:
+    """One EnsembleConfig field, as every view that offers or checks it needs it."""
+
+    name: str
+    kind: Any  # the type without None: int, float, bool, str, tuple[float, ...] or tuple[str, ...]
+    optional: bool  # None is a value too (no limit)
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None  # a str setting's values
+    low: float | None  # the bounds __post_init__ enforces (inclusive)
+    high: float | None
+    group: str  # where the app places it: run, sampling, scoring, feedback, exit
+
+    @property
+    def item(self) -> Any:
+        """A tuple setting's item type (float, str); None for a scalar."""
+        return typing.get_args(self.kind)[0] if typing.get_origin(self.kind) is tuple else None
+
+
 @functools.cache
-def _hints() -> dict[str, Any]:
-    return typing.get_type_hints(EnsembleConfig)
+def settings() -> tuple[Setting, ...]:
+    """Every EnsembleConfig field, in order. The one place its type hints are read."""
+    hints = typing.get_type_hints(EnsembleConfig)
+    out = []
+    for f in fields(EnsembleConfig):
+        kind, args = hints[f.name], typing.get_args(hints[f.name])
+        optional = type(None) in args and typing.get_origin(kind) is not tuple
+        if optional:
+            (kind,) = [a for a in args if a is not type(None)]
+        default = f.default_factory() if callable(f.default_factory) else f.default
+        meta: Mapping[str, Any] = f.metadata
+        out.append(
+            Setting(
+                f.name, kind, optional, default, meta["help"], meta.get("choices"), meta.get("low"),
+                meta.get("high"), meta.get("group", "run"),
+            )
+        )  # fmt: skip
+    return tuple(out)
 
 
-def _check_field(name: str, value: Any, hint: Any, meta: Mapping[str, Any]) -> Any:
-    """`value` checked against the field's type hint and its setting() metadata; tuples normalized."""
-    args = typing.get_args(hint)
-    if type(None) in args:  # X | None
-        if value is None:
-            return None
-        (hint,) = [a for a in args if a is not type(None)]
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        kind = typing.get_args(hint)[0]
+def setting_named(name: str) -> Setting | None:
+    return next((s for s in settings() if s.name == name), None)
+
+
+def check_setting(setting: Setting, value: Any) -> Any:
+    """`value` checked against the setting's type, choices and bounds (ConfigError naming it and
+    its range); tuples normalized from lists, ints to floats where the setting is a float."""
+    name, low, high, choices = setting.name, setting.low, setting.high, setting.choices
+    if setting.optional and value is None:
+        return None
+    hint = setting.kind
+    if setting.item is not None:
+        kind = setting.item
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
             raise ConfigError(f"{name} must be a tuple of {kind.__name__}, got {_show(value)}")
         if kind is float and all(_finite_number(v) for v in value):
@@ -317,7 +358,6 @@ def _check_field(name: str, value: Any, hint: Any, meta: Mapping[str, Any]) -> A
         if not all(isinstance(v, kind) for v in value):
             raise ConfigError(f"{name} must be a tuple of {kind.__name__}, got {_show(value)}")
         return tuple(value)
-    low, high, choices = meta.get("low"), meta.get("high"), meta.get("choices")
     if hint is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{name} must be true or false, got {_show(value)}")

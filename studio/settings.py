@@ -1,21 +1,19 @@
-"""The settings form, built from EnsembleConfig's field metadata, and the config read back from it.
+"""The settings form, built from EnsembleConfig's settings, and the config read back from it.
 
-One mapping from a field's type and metadata (help, choices, low, high, group; see
-specfuse.config.setting) to a widget, plus a small override table for widget choices. A field added
+One mapping from a setting's type and description (help, choices, low, high, group; see
+specfuse.config.settings) to a widget, plus a small override table for widget choices. A field added
 to EnsembleConfig appears in the form without a change here. Knows nothing about runs or rounds.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from collections.abc import Mapping
 from typing import Any
 
 import gradio as gr
 
 from specfuse import ConfigError, EnsembleConfig
+from specfuse.config import Setting, settings
 
 GROUPS = ("run", "sampling", "scoring", "feedback", "exit")
 
@@ -39,33 +37,20 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 }
 
 
-def _base(annotation: Any) -> tuple[Any, bool]:
-    """(the type without None, whether None is allowed) for `int | None` and friends."""
-    args = typing.get_args(annotation)
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args:
-        rest = [a for a in args if a is not type(None)]
-        return (rest[0] if len(rest) == 1 else annotation), True
-    return annotation, False
-
-
-def fields() -> list[tuple[dataclasses.Field, Any, bool]]:
-    """Every EnsembleConfig field with its resolved type and whether it may be None."""
-    hints = typing.get_type_hints(EnsembleConfig)
-    return [(f, *_base(hints[f.name])) for f in dataclasses.fields(EnsembleConfig)]
-
-
 def _label(name: str) -> str:
     return name.replace("_", " ").capitalize()
 
 
-def widget(field: dataclasses.Field, kind: Any, optional: bool, value: Any) -> gr.components.Component:
+def widget(setting: Setting, value: Any) -> gr.components.Component:
     """The one widget for one setting: bool → Checkbox, choices → Dropdown (or Radio), a number with
     both bounds → Slider, other numbers → Number, a tuple of strings → Textbox (one per line)."""
-    meta = {**field.metadata, **OVERRIDES.get(field.name, {})}
+    kind, optional = setting.kind, setting.optional
+    described = {"help": setting.help, "choices": setting.choices, "low": setting.low, "high": setting.high}
+    meta = {**described, **OVERRIDES.get(setting.name, {})}
     common: dict[str, Any] = {
-        "label": meta.get("label") or _label(field.name),
+        "label": meta.get("label") or _label(setting.name),
         "info": meta.get("help"),
-        "elem_id": f"setting-{field.name}",
+        "elem_id": f"setting-{setting.name}",
     }
     low, high = meta.get("low"), meta.get("high")
     if kind is bool:
@@ -84,7 +69,7 @@ def widget(field: dataclasses.Field, kind: Any, optional: bool, value: Any) -> g
             return gr.Slider(low, high, value=value, step=step, **common)
         precision = 0 if kind is int else None
         return gr.Number(value, precision=precision, step=step, minimum=low, maximum=high, **common)
-    if typing.get_origin(kind) is tuple:
+    if setting.item is not None:
         return gr.Textbox("\n".join(str(v) for v in value or ()), lines=2, **common)
     return gr.Textbox("" if value is None else str(value), **common)
 
@@ -94,15 +79,15 @@ def build_settings(defaults: EnsembleConfig) -> dict[str, gr.components.Componen
 
     Call it inside a Blocks context: it renders the groups as accordions.
     """
-    rows = fields()
-    groups = [g for g in GROUPS if any(f.metadata.get("group", "run") == g for f, _, _ in rows)]
-    groups += sorted({f.metadata.get("group", "run") for f, _, _ in rows} - set(groups))
+    rows = settings()
+    groups = [g for g in GROUPS if any(s.group == g for s in rows)]
+    groups += sorted({s.group for s in rows} - set(groups))
     widgets: dict[str, gr.components.Component] = {}
     for group in groups:
         with gr.Accordion(group.capitalize(), open=group == "run"):
-            for f, kind, optional in rows:
-                if f.metadata.get("group", "run") == group:
-                    widgets[f.name] = widget(f, kind, optional, getattr(defaults, f.name))
+            for setting in rows:
+                if setting.group == group:
+                    widgets[setting.name] = widget(setting, getattr(defaults, setting.name))
     return widgets
 
 
@@ -159,20 +144,21 @@ def config_from_form(values: Mapping[str, Any]) -> EnsembleConfig:
     Fields missing from `values` keep their defaults (an API caller may send only some).
     """
     kwargs: dict[str, Any] = {}
-    for f, kind, optional in fields():
-        if f.name not in values:
+    for setting in settings():
+        name, kind = setting.name, setting.kind
+        if name not in values:
             continue
-        value = values[f.name]
-        if optional and (value is None or (isinstance(value, str) and not value.strip())):
-            kwargs[f.name] = None
+        value = values[name]
+        if setting.optional and (value is None or (isinstance(value, str) and not value.strip())):
+            kwargs[name] = None
         elif kind is bool:
-            kwargs[f.name] = _flag(value, f.name)
+            kwargs[name] = _flag(value, name)
         elif kind is int:
-            kwargs[f.name] = _whole(value, f.name)
+            kwargs[name] = _whole(value, name)
         elif kind is float:
-            kwargs[f.name] = _number(value, f.name)
-        elif typing.get_origin(kind) is tuple:
-            kwargs[f.name] = _items(value, f.name, typing.get_args(kind)[0])
+            kwargs[name] = _number(value, name)
+        elif setting.item is not None:
+            kwargs[name] = _items(value, name, setting.item)
         else:
-            kwargs[f.name] = value
+            kwargs[name] = value
     return EnsembleConfig(**kwargs)

@@ -267,3 +267,23 @@ def test_a_request_past_the_time_limit_is_cancelled_with_a_504_or_an_error_event
             assert wait_idle(url)["running"] == 0
     finally:
         scheduler.close()
+
+
+def test_openapi_json_publishes_the_request_bodies_with_the_specfuse_fields_behind_the_key():
+    from fastapi.testclient import TestClient
+
+    from specfuse.config import settings
+
+    client = TestClient(create_app(api_key="sesame"))
+    assert client.get("/openapi.json").status_code == 401
+    spec = client.get("/openapi.json", headers={"Authorization": "Bearer sesame"}).json()
+    schemas = spec["components"]["schemas"]
+    for path, body in (("/v1/chat/completions", "ChatRequest"), ("/v1/completions", "CompletionRequest")):
+        ref = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        assert ref == f"#/components/schemas/{body}" and "specfuse" in schemas[body]["properties"]
+    fields = schemas["SpecfuseOptions"]["properties"]
+    assert set(fields) == {"members"} | {s.name for s in settings()}  # every run setting, declared once
+    segment = next(t for t in fields["segment_len"]["anyOf"] if t["type"] == "integer")
+    assert (segment["minimum"], segment["maximum"]) == (1, 256)
+    assert {"enum": ["mean", "median", "filtered"], "type": "string"} in fields["aggregation"]["anyOf"]
+    assert schemas["ChatMessage"]["properties"]["role"]["enum"] == ["system", "user", "assistant"]

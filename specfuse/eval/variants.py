@@ -1,6 +1,6 @@
 """Named ensemble configurations for studies: the built-in systems, --variant NAME:key=value and files.
 
-Works generically from `dataclasses.fields(EnsembleConfig)`: a field added to the config is a variant
+Works generically from `config.settings()`: a field added to the config is a variant
 key at once, its value parsed by the field's type and checked by its choices and by __post_init__.
 Knows nothing about models or runs.
 """
@@ -11,12 +11,12 @@ import argparse
 import json
 import re
 import types
-import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .. import config
 from ..config import PAPER, EnsembleConfig
 from ..errors import ConfigError
 
@@ -38,34 +38,14 @@ _RESERVED = re.compile(r"single-.*|sc\d+-.*|sc-.*")
 _TRUE, _FALSE, _NONE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}, {"none", "null"}
 
 
-def config_keys() -> dict[str, Any]:
-    """EnsembleConfig field name → its resolved type (int, float | None, tuple[str, ...], …)."""
-    hints = typing.get_type_hints(EnsembleConfig)
-    return {f.name: hints[f.name] for f in fields(EnsembleConfig)}
-
-
-def _choices(key: str) -> tuple[str, ...] | None:
-    meta = {f.name: f.metadata for f in fields(EnsembleConfig)}[key]
-    choices = meta.get("choices")
-    return tuple(choices) if choices else None
-
-
-def _describe(kind: Any) -> str:
-    return getattr(kind, "__name__", None) or str(kind).replace("typing.", "")
-
-
 def parse_value(key: str, value: Any, where: str = "") -> Any:
     """A config value from text (or a JSON/TOML value), by the field's type; ConfigError naming the key."""
-    keys = config_keys()
-    if key not in keys:
-        raise ConfigError(f"{where}unknown setting {key!r}; valid keys: {', '.join(keys)}")
-    kind = keys[key]
-    args = typing.get_args(kind)
-    optional = (typing.get_origin(kind) in (typing.Union, types.UnionType)) and type(None) in args
-    if optional:
-        kind = next(a for a in args if a is not type(None))
+    setting = config.setting_named(key)
+    if setting is None:
+        keys = ", ".join(s.name for s in config.settings())
+        raise ConfigError(f"{where}unknown setting {key!r}; valid keys: {keys}")
+    kind, optional, choices = setting.kind, setting.optional, setting.choices
     text = value.strip() if isinstance(value, str) else None
-    choices = _choices(key)
 
     def bad(expected: str) -> ConfigError:
         return ConfigError(f"{where}{key}={value!r}: expected {expected}")
@@ -95,8 +75,8 @@ def parse_value(key: str, value: Any, where: str = "") -> Any:
         if text is None or (choices and text not in choices):
             raise bad(f"one of {', '.join(choices)}" if choices else "text")
         return text
-    if typing.get_origin(kind) is tuple:  # "a|b" in text, a list in a file
-        item = typing.get_args(kind)[0]
+    if setting.item is not None:  # "a|b" in text, a list in a file
+        item = setting.item
         if isinstance(value, (list, tuple)):
             parts: list[Any] = list(value)
         elif text is not None:
@@ -113,7 +93,7 @@ def parse_value(key: str, value: Any, where: str = "") -> Any:
         if all(isinstance(p, str) for p in parts):
             return tuple(parts)
         raise bad("strings separated by |")
-    raise bad(_describe(kind))  # a field type this parser does not know yet
+    raise bad(getattr(kind, "__name__", None) or str(kind))  # a field type this parser does not know yet
 
 
 def _raise() -> Any:

@@ -18,9 +18,12 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .. import __version__
 from ..engine import QueueFull, Scheduler, SchedulerClosed, Ticket
 from ..errors import ConfigError, PromptTooLongError, SpecfuseError
 from ..records import Finished, Round
@@ -94,6 +97,14 @@ def create_app(
                 401, "a valid API key is required (Authorization: Bearer KEY)", code="invalid_api_key"
             )
 
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request) -> JSONResponse:
+        """The API's schema, request bodies included (the `specfuse` fields with their ranges)."""
+        authorize(request)
+        if app.openapi_schema is None:
+            app.openapi_schema = _openapi(app)
+        return JSONResponse(app.openapi_schema)
+
     @app.get("/health")
     async def health() -> JSONResponse:
         if serving.scheduler is None:
@@ -162,6 +173,26 @@ def create_app(
         return JSONResponse(await run.whole(first))
 
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema of the routes, with the request bodies the handlers read themselves (they
+    check the body's size before parsing it) described by schema.py's models."""
+    spec = get_openapi(title=app.title, version=__version__, routes=app.routes)
+    _, defs = models_json_schema(
+        [(model, "validation") for model in schema.REQUESTS.values()],
+        ref_template="#/components/schemas/{model}",
+    )
+    spec.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
+    for path, model in (
+        ("/v1/chat/completions", schema.ChatRequest),
+        ("/v1/completions", schema.CompletionRequest),
+    ):
+        spec["paths"][path]["post"]["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+        }
+    return spec
 
 
 async def _watch(request: Request, ticket: Ticket, deadline: float) -> str | None:

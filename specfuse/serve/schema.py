@@ -1,5 +1,7 @@
 """OpenAI's request and response bodies in the engine's terms: a chat or completion request → the
 prompt, an EnsembleConfig, the members and the stream options; rounds → completion and chunk bodies.
+Requests are validated by pydantic models (ChatRequest, CompletionRequest, whose `specfuse` object is
+generated from the run settings' one declaration), which the API also publishes (/openapi.json).
 
 Knows nothing about HTTP, sockets or the scheduler's thread: api.py reads the body, calls these, and
 sends what they return. Errors are ApiError, which carries OpenAI's error JSON and its status.
@@ -10,9 +12,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from ..config import EnsembleConfig
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
+
+from ..config import EnsembleConfig, Setting, check_setting, setting_named, settings
 from ..errors import ConfigError
 from ..records import Result, Round
 
@@ -69,6 +81,181 @@ class Ask:
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage
 
 
+# ---- requests: pydantic models, so that /openapi.json publishes what a body may hold ----------------
+
+
+def _api_error(e: ValidationError) -> ApiError:
+    """A body refused by the models: the first problem, named by where it is (`messages[0].role`).
+    A check of ours (a setting's range, a role) says it in its own words; pydantic's own, after the
+    place it found them."""
+    first = e.errors(include_url=False)[0]
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
+    error = first.get("ctx", {}).get("error")
+    message = str(error) if isinstance(error, (ValueError, ConfigError)) else f"{where}: {first['msg']}"
+    return ApiError(400, message, param=where or None)
+
+
+class TextPart(BaseModel):
+    """One part of a message's content; only text parts are read."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["text"]
+    text: str = ""
+
+
+class ChatMessage(BaseModel):
+    """One message; other fields (name, …) are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    role: Literal["system", "user", "assistant"]
+    content: str | list[TextPart]
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _known_role(cls, role: Any) -> Any:
+        if role not in ROLES:
+            raise ValueError(f"role {_short(role)} is not supported; use one of {', '.join(ROLES)}")
+        return role
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class _CheckedSettings(BaseModel):
+    """The base of SpecfuseOptions: every key and value checked by the run settings' own rules."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _checked(cls, values: Any) -> Any:
+        if not isinstance(values, dict):
+            raise ValueError("specfuse must be an object of run settings")
+        out = {}
+        for key, value in values.items():
+            setting = setting_named(key)
+            if key == "members":
+                if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
+                    raise ValueError("specfuse.members must be a list of member names")
+            elif key in SERVER_SETTINGS:
+                raise ValueError(f"specfuse.{key} is the server's setting, not a request's")
+            elif setting is None:
+                raise ValueError(f"specfuse.{_cut(key)} is not a setting")
+            else:
+                value = check_setting(setting, value)
+            out[key] = value
+        return out
+
+
+def _specfuse_model() -> type[BaseModel]:
+    """The `specfuse` object of a request: `members`, and every run setting (config.settings(): the
+    same declaration the CLI's flags and the app's form come from) but the server's own. Checked by
+    config.check_setting first, so that a bad value gets the message the CLI and the app give."""
+
+    def annotation(setting: Setting) -> Any:
+        kind = Literal[setting.choices] if setting.choices else setting.kind  # type: ignore[valid-type]
+        return kind | None
+
+    fields: dict[str, Any] = {
+        "members": (list[str] | None, Field(None, description="the members that play this request")),
+        **{
+            s.name: (annotation(s), Field(None, description=s.help, ge=s.low, le=s.high))
+            for s in settings()
+            if s.name not in SERVER_SETTINGS
+        },
+    }
+    return create_model(
+        "SpecfuseOptions",
+        __base__=_CheckedSettings,
+        __doc__="SpecFuse's own request fields: the members and any run setting (docs/serve.md).",
+        **fields,
+    )
+
+
+SpecfuseOptions = _specfuse_model()
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    include_usage: bool = False
+
+
+class _Request(BaseModel):
+    """The fields both endpoints read; any other field a client sends is ignored, as OpenAI's
+    servers do for fields they do not know."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    model: str = Field(description="'specfuse' (the ensemble) or one member's name")
+    n: int | None = Field(1, description="must be 1: the ensemble gives one answer per request")
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    specfuse: SpecfuseOptions | None = None  # type: ignore[valid-type]
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _named(cls, model: Any) -> Any:
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model is required: {ENSEMBLE_MODEL!r} (the ensemble) or one member's name")
+        return model
+
+    @field_validator("n", mode="before")
+    @classmethod
+    def _one(cls, n: Any) -> Any:
+        if n not in (1, None) or isinstance(n, bool):
+            raise ValueError("n must be 1: the ensemble gives one answer per request")
+        return n
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stops(cls, stop: Any) -> Any:
+        listed = [stop] if isinstance(stop, str) else stop
+        if listed is not None and (
+            not isinstance(listed, list) or not all(isinstance(s, str) and s for s in listed)
+        ):
+            raise ValueError("stop must be a non-empty string or a list of them")
+        if listed is not None and len(listed) > MAX_STOP:
+            raise ValueError(f"stop takes at most {MAX_STOP} strings")
+        return listed
+
+
+class ChatRequest(_Request):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _listed(cls, messages: Any) -> Any:
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list of {role, content} objects")
+        return messages
+
+
+class CompletionRequest(_Request):
+    """POST /v1/completions: one prompt per request."""
+
+    prompt: str | list[str]
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, prompt: Any) -> Any:
+        if isinstance(prompt, str) or (
+            isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str)
+        ):
+            return prompt
+        raise ValueError("prompt must be one string (one prompt per request)")
+
+
+REQUESTS: dict[str, type[_Request]] = {"chat": ChatRequest, "text": CompletionRequest}
+
+
 def render_messages(messages: Any) -> str:
     """The chat messages as the one prompt the members' chat templates wrap as a user turn.
 
@@ -76,32 +263,17 @@ def render_messages(messages: Any) -> str:
     plain transcript, one paragraph per message: "System: …", "User: …", "Assistant: …", in order;
     the last message must be the user's.
     """
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "messages must be a non-empty list of {role, content} objects", param="messages")
-    turns: list[tuple[str, str]] = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise ApiError(400, f"{where} must be an object with role and content", param=where)
-        role = message.get("role")
-        if role not in ROLES:
-            raise ApiError(
-                400, f"{where}.role {role!r} is not supported; use one of {', '.join(ROLES)}", param=where
-            )
-        turns.append((role, _content(message.get("content"), where)))
-    if turns[-1][0] != "user":
+    try:
+        turns = [m if isinstance(m, ChatMessage) else ChatMessage.model_validate(m) for m in messages]
+    except ValidationError as e:
+        raise _api_error(e) from None
+    except TypeError:
+        raise ApiError(400, "messages must be a non-empty list of {role, content} objects") from None
+    if not turns or turns[-1].role != "user":
         raise ApiError(400, "the last message must be the user's", param=f"messages[{len(turns) - 1}]")
     if len(turns) == 1:
-        return turns[0][1]
-    return "\n\n".join(f"{SPEAKERS[role]}: {text}" for role, text in turns)
-
-
-def _content(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        return "".join(str(p.get("text", "")) for p in content)
-    raise ApiError(400, f"{where}.content must be text (or a list of text parts)", param=f"{where}.content")
+        return turns[0].text
+    return "\n\n".join(f"{SPEAKERS[m.role]}: {m.text}" for m in turns)
 
 
 def parse_request(
@@ -117,11 +289,11 @@ def parse_request(
     400 for anything malformed, 404 for an unknown model, 413 for a prompt over the limit."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise ApiError(
-            400, "model is required: 'specfuse' (the ensemble) or one member's name", param="model"
-        )
+    try:
+        request = REQUESTS[kind].model_validate(body)
+    except ValidationError as e:
+        raise _api_error(e) from None
+    model = request.model
     if model != ENSEMBLE_MODEL and model not in names:
         raise ApiError(
             404,
@@ -129,10 +301,11 @@ def parse_request(
             param="model",
             code="model_not_found",
         )
-    n = body.get("n", 1)
-    if n not in (1, None):
-        raise ApiError(400, "n must be 1: the ensemble gives one answer per request", param="n")
-    prompt = render_messages(body.get("messages")) if kind == "chat" else _prompt(body.get("prompt"))
+    if isinstance(request, ChatRequest):
+        prompt = render_messages(request.messages)
+    else:
+        assert isinstance(request, CompletionRequest)
+        prompt = request.prompt if isinstance(request.prompt, str) else request.prompt[0]
     if len(prompt) > limits.max_prompt_chars:
         raise ApiError(
             413,
@@ -141,35 +314,20 @@ def parse_request(
             param="messages" if kind == "chat" else "prompt",
             code="context_length_exceeded",
         )
-    stream = _typed(body, "stream", bool, False)
-    options = _typed(body, "stream_options", dict, {})
-    values = _standard(body, base, limits)
+    values = _standard(request, base, limits)
     members: tuple[str, ...] | None = None if model == ENSEMBLE_MODEL else (model,)
-    extra = _typed(body, "specfuse", dict, {})
-    for key, value in extra.items():
-        if key == "members":
-            if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
-                raise ApiError(
-                    400, "specfuse.members must be a list of member names", param="specfuse.members"
-                )
-            if members is not None and tuple(value) != members:
-                raise ApiError(
-                    400, f"model {model!r} is one member; leave specfuse.members out", param="model"
-                )
-            members = tuple(value)
-        elif key in SERVER_SETTINGS:
-            raise ApiError(
-                400, f"specfuse.{key} is the server's setting, not a request's", param=f"specfuse.{key}"
-            )
-        elif key in EnsembleConfig.__dataclass_fields__:
-            values[key] = value
-        else:
-            raise ApiError(400, f"specfuse.{key} is not a setting", param=f"specfuse.{key}")
+    extra: dict[str, Any] = {}
+    if request.specfuse is not None:
+        extra = request.specfuse.model_dump(exclude_unset=True)
+    if "members" in extra:  # a list of names (SpecfuseOptions checked it)
+        chosen = tuple(extra.pop("members"))
+        if members is not None and chosen != members:
+            raise ApiError(400, f"model {model!r} is one member; leave specfuse.members out", param="model")
+        members = chosen
+    values.update(extra)
     try:
         config = dataclasses.replace(base, **values)
     except ConfigError as e:
-        raise ApiError(400, str(e)) from None
-    except TypeError as e:  # a value of a type a field cannot hold at all
         raise ApiError(400, str(e)) from None
     if config.max_new_tokens > limits.max_tokens:
         raise ApiError(
@@ -177,46 +335,34 @@ def parse_request(
             f"max_tokens {config.max_new_tokens} is over this server's limit of {limits.max_tokens}",
             param="max_tokens",
         )
-    return Ask(kind, model, prompt, config, members, stream, bool(options.get("include_usage", False)))
+    include_usage = request.stream_options is not None and request.stream_options.include_usage
+    return Ask(kind, model, prompt, config, members, bool(request.stream), include_usage)
 
 
-def _prompt(prompt: Any) -> str:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        return prompt[0]
-    if isinstance(prompt, str):
-        return prompt
-    raise ApiError(400, "prompt must be one string (one prompt per request)", param="prompt")
+def _short(value: Any) -> str:
+    """A value for an error message, quoted and cut short: any client may send anything."""
+    return _cut(repr(value))
 
 
-def _typed(body: dict[str, Any], key: str, kind: type, default: Any) -> Any:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, kind):
-        raise ApiError(400, f"{key} must be {kind.__name__}, got {type(value).__name__}", param=key)
-    return value
+def _cut(text: str, width: int = 40) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _standard(body: dict[str, Any], base: EnsembleConfig, limits: Limits) -> dict[str, Any]:
+def _standard(request: _Request, base: EnsembleConfig, limits: Limits) -> dict[str, Any]:
     """OpenAI's sampling fields as EnsembleConfig values; a field left out keeps the server's."""
     values: dict[str, Any] = {}
-    budget = body.get("max_completion_tokens", body.get("max_tokens"))
+    budget = (
+        request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+    )
     if budget is not None:
         values["max_new_tokens"] = budget
     elif base.max_new_tokens > limits.max_tokens:
         values["max_new_tokens"] = limits.max_tokens
     for key in ("temperature", "top_p", "seed"):
-        if body.get(key) is not None:
-            values[key] = body[key]
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        stop = [stop]
-    if stop is not None:
-        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-            raise ApiError(400, "stop must be a non-empty string or a list of them", param="stop")
-        if len(stop) > MAX_STOP:
-            raise ApiError(400, f"stop takes at most {MAX_STOP} strings", param="stop")
-        values["stop_strings"] = tuple(stop)
+        if getattr(request, key) is not None:
+            values[key] = getattr(request, key)
+    if request.stop is not None:
+        values["stop_strings"] = tuple(request.stop)
     return values
 
 
