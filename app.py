@@ -17,12 +17,10 @@ from typing import Any
 import gradio as gr
 
 from specfuse import SpecfuseError
-from specfuse.cli import Parser, add_parallel_flag
+from specfuse.cli import Parser, add_loading_flags
 from specfuse.engine import DEFAULT_BATCH_SIZE
 from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
-from specfuse.models.quantize_options import CLI_HELP_AUTO as QUANTIZE_HELP
 from specfuse.models.quantize_options import check_quantize, cpu_only
-from specfuse.models.trust import CLI_HELP as TRUST_HELP
 from specfuse.models.trust import load_trust
 from specfuse.trace import MAX_TRACE_BYTES
 from studio import DEVICES, SharedLoader, build_demo
@@ -106,26 +104,8 @@ def build_parser() -> Parser:
     parser.add_argument(
         "--models", nargs="+", default=list(DEFAULT_MEMBERS), help="the members selected at start"
     )
-    parser.add_argument(
-        "--device", default="auto", choices=DEVICES, help="where members load (auto: GPUs if any)"
-    )
-    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
-    parser.add_argument("--quantize", default="auto", help=QUANTIZE_HELP)
+    add_loading_flags(parser, device="auto", devices=DEVICES, cache_dir=False)
     parser.add_argument("--preload", action="store_true", help="load the default members before serving")
-    parser.add_argument(
-        "--trust",
-        default=None,
-        metavar="FILE",
-        help=TRUST_HELP,
-    )
-    parser.add_argument(
-        "--processes",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="each model in a worker process of its own (default: where that measured faster: on a "
-        "GPU, or a CPU with 8 or more cores; docs/gpu.md)",
-    )
-    add_parallel_flag(parser)
     parser.add_argument("--queue-size", type=int, default=16, help="requests waiting at most")
     parser.add_argument(
         "--concurrency",

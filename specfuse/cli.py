@@ -19,7 +19,8 @@ from .config import PARALLEL_HELP, PARALLEL_MODES, EnsembleConfig, Setting, sett
 from .engine import Ensemble, check_prompt
 from .errors import ConfigError, SpecfuseError, UnknownModelError
 from .models.catalogue import CATALOGUE, DEFAULT_MEMBERS
-from .models.quantize_options import CLI_HELP_AUTO as QUANTIZE_HELP
+from .models.quantize_options import CLI_HELP as QUANTIZE_HELP
+from .models.quantize_options import CLI_HELP_AUTO as QUANTIZE_HELP_AUTO
 from .models.trust import CLI_HELP as TRUST_HELP
 from .records import Round
 from .trace import Trace, save_trace
@@ -51,10 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--models", default="smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b", help="comma-separated members")
     add_settings(parser)
-    add("--device", default="cpu", help="cpu, cuda, cuda:K, auto (one model per GPU), per-gpu")
+    add_loading_flags(parser)
     add("--device-map", default=None, help="accelerate device map for large models, e.g. auto")
-    add("--dtype", default="auto", help="auto (per device), float32, bfloat16, float16")
-    add("--quantize", default="auto", help=QUANTIZE_HELP)
     add(
         "--compile",
         action="store_true",
@@ -62,28 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         "on a GPU (H100: 2.92x as fast as eager drafts; docs/gpu.md), no gain on a CPU. Implies "
         "--quantize none; compiles once per member at the first draft (about a minute for a 7B model)",
     )
-    add_parallel_flag(parser)
-    add(
-        "--processes",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="each member in a worker process of its own, so members at once do not share one GIL. "
-        "Neither flag (auto): when several members share a GPU or a CPU with 8 or more cores, where "
-        "processes measured faster than threads (H100: 1.64x vs in turn, threads 0.91x; 16-core "
-        "Xeon: 1.54x, threads 1.10x), and never for a model listed twice",
-    )
-    add(
-        "--cache-dir",
-        default=None,
-        help="converted-model cache (default $SPECFUSE_CACHE or ~/.cache/specfuse)",
-    )
     add("--trust-remote-code", action="store_true", help="allow model code from checkpoints (off by default)")
-    add(
-        "--trust",
-        default=None,
-        metavar="FILE",
-        help=TRUST_HELP,
-    )
     add("--trace", default=None, metavar="PATH", help="write the run as a JSON trace")
     add("--quiet", action="store_true", help="no progress on stderr")
     add("--list-models", action="store_true", help="list the catalogue and exit")
@@ -96,15 +74,53 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
 # Flags whose names predate the generic rule (`--field-name`; a bool also gets `--no-field-name`).
 FLAG_NAMES = {"stop_strings": "--stop"}
 OLD_ALIASES = {"exited_verify": "--exited-no-verify"}  # store_false spellings that keep working
 METAVARS = {int: "N", float: "X", str: "TEXT"}
 
 
-def add_parallel_flag(parser: argparse.ArgumentParser) -> None:
-    """--parallel, for every entry point that loads members (the CLI, the server, the app)."""
-    parser.add_argument("--parallel", default="auto", choices=PARALLEL_MODES, help=PARALLEL_HELP)
+def add_loading_flags(
+    parser: argparse.ArgumentParser,
+    *,
+    device: str = "cpu",
+    devices: Sequence[str] | None = None,
+    quantize: str = "auto",
+    processes: bool = True,
+    cache_dir: bool = True,
+) -> None:
+    """Where and how members load, the same flags wherever members load (the CLI, the server, the
+    app): --device, --dtype, --quantize, --trust, --parallel, and --processes and --cache-dir where
+    that entry point offers them. Only the defaults differ (the server loads unquantized members)."""
+    add = parser.add_argument
+    add(
+        "--device",
+        default=device,
+        choices=devices,
+        help="cpu, cuda, cuda:K, auto (one model per GPU), per-gpu",
+    )
+    add("--dtype", default="auto", choices=DTYPES, help="auto (per device), float32, bfloat16, float16")
+    add("--quantize", default=quantize, help=QUANTIZE_HELP_AUTO if quantize == "auto" else QUANTIZE_HELP)
+    add("--trust", default=None, metavar="FILE", help=TRUST_HELP)
+    add("--parallel", default="auto", choices=PARALLEL_MODES, help=PARALLEL_HELP)
+    if processes:
+        add(
+            "--processes",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="each member in a worker process of its own, so members at once do not share one GIL. "
+            "Neither flag (auto): when several members share a GPU or a CPU with 8 or more cores, where "
+            "processes measured faster than threads (H100: 1.64x vs in turn, threads 0.91x; 16-core "
+            "Xeon: 1.54x, threads 1.10x), and never for a model listed twice",
+        )
+    if cache_dir:
+        add(
+            "--cache-dir",
+            default=None,
+            help="converted-model cache (default $SPECFUSE_CACHE or ~/.cache/specfuse)",
+        )
 
 
 def add_settings(parser: argparse.ArgumentParser) -> None:

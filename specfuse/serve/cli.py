@@ -15,14 +15,12 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from ..cli import HELP_WIDTH, Parser, add_parallel_flag, add_settings, config_from_args, parse_models
+from ..cli import HELP_WIDTH, Parser, add_loading_flags, add_settings, config_from_args, parse_models
 from ..engine import DEFAULT_BATCH_SIZE, DEFAULT_JOIN_WAIT, DEFAULT_QUEUE, Scheduler
 from ..engine.scheduler import load_in_background
 from ..errors import ConfigError, SpecfuseError
 from ..models.catalogue import DEFAULT_MEMBERS
-from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from ..models.quantize_options import check_quantize, cpu_only
-from ..models.trust import CLI_HELP as TRUST_HELP
 from .schema import Limits
 
 log = logging.getLogger("specfuse.serve")
@@ -40,20 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     add("--port", type=int, default=8000, help="port (default 8000)")
     add("--models", default=",".join(DEFAULT_MEMBERS), help="comma-separated members (as the CLI takes them)")
-    add("--device", default="cpu", help="cpu, cuda, cuda:K, auto (one model per GPU), per-gpu")
-    add("--dtype", default="auto", help="auto (per device), float32, bfloat16, float16")
-    add("--quantize", default="none", help=QUANTIZE_HELP)
-    add(
-        "--trust",
-        default=None,
-        metavar="FILE",
-        help=TRUST_HELP,
-    )
-    add(
-        "--cache-dir",
-        default=None,
-        help="converted-model cache (default $SPECFUSE_CACHE or ~/.cache/specfuse)",
-    )
+    add_loading_flags(parser, quantize="none", processes=False)
     add(
         "--batch-size",
         type=int,
@@ -102,7 +87,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=limits.traces,
         help="recent traces kept for GET /v1/traces/ID (default %(default)s)",
     )
-    add_parallel_flag(parser)
     add_settings(parser)
     return parser
 
