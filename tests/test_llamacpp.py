@@ -287,10 +287,11 @@ def score_drift(lockstep: list, alone: list) -> float:
     return drift
 
 
-def test_the_backends_benchmark_sets_the_three_setups_side_by_side():
+def test_the_backends_benchmark_sets_the_three_setups_side_by_side(monkeypatch):
     from specfuse.bench.backends import SETUPS, format_report, run
 
     _needs_build()
+    monkeypatch.setenv("SPECFUSE_CACHE", REAL_MODEL_CACHE)  # converted once, not again in tmp_path
     pair = ["smollm2-135m", "qwen2.5-coder-0.5b"]
     report = run(pair, ["What is 2 + 3?", "Who wrote Hamlet?"], EnsembleConfig(max_new_tokens=12))
     totals = report["totals"]
