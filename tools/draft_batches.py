@@ -5,7 +5,7 @@ in a round, and the wall time of reading the requests' prompts (start, then a fi
 llama.cpp reads a prompt at its first draft, torch at start): the numbers behind
 `--quantize gguf-draft`.
 
-Usage: python bench/draft_batches.py [model ...]   (default: the default trio; needs make llama-cpp)
+Usage: python tools/draft_batches.py [model ...]   (default: the default trio; needs make llama-cpp)
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ same text decoded again in a verify pass (the same text under another member's n
 log-prob's difference per candidate (mean, standard deviation, largest) and per token, over a few
 rounds of GSM8K prompts, each member's own draft accepted in turn.
 
-Usage: python bench/own_draft_scores.py [--problems 12] [--rounds 4] [members…]
+Usage: python tools/own_draft_scores.py [--problems 12] [--rounds 4] [members…]
 """
 
 from __future__ import annotations

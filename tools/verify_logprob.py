@@ -10,7 +10,7 @@ for the candidates of 1 and of 8 requests (3 candidates of 11 scored tokens each
 their ratio, and the largest difference between the two results. Hidden states are the member's own
 on real text. One process, each figure the median of REPEATS runs.
 
-Usage: python bench/verify_logprob.py [model ...]   (default: the default trio)
+Usage: python tools/verify_logprob.py [model ...]   (default: the default trio)
 """
 
 from __future__ import annotations

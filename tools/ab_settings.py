@@ -3,8 +3,8 @@
 machine's drift hits both. Prints each run's ms per token, phase shares and each member's verify and
 draft ms a round, then the medians and their ratio. Run it alone on the machine.
 
-Usage: python bench/ab_settings.py --set KEY=VALUE [--set …] [--repeats 2] [--json OUT] [-- bench options]
-       e.g. python bench/ab_settings.py --set own_draft_scores=true -- --quantize gguf
+Usage: python tools/ab_settings.py --set KEY=VALUE [--set …] [--repeats 2] [--json OUT] [-- bench options]
+       e.g. python tools/ab_settings.py --set own_draft_scores=true -- --quantize gguf
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Interleaved A/B of one member's per-token drafting cost: HFMember.draft vs transformers' generate
 vs a bare base() + head loop, in ms per token, three repeats alternated so that noise hits all three.
 
-Usage: python bench/draft_vs_generate.py [model]   (default smollm2-135m)
+Usage: python tools/draft_vs_generate.py [model]   (default smollm2-135m)
 """
 
 from __future__ import annotations
