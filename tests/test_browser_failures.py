@@ -1,8 +1,8 @@
-"""The failure-case browser over a shipped study (`python app.py --eval-dir bench/RESULTS-gsm8k.json`;
-with `--eval-dir bench` it opens the largest of the reports, today the IFEval study), in a browser.
+"""The failure-case browser over a shipped study (`python app.py --eval-dir results/RESULTS-gsm8k.json`;
+with `--eval-dir results` it opens the largest of the reports, today the IFEval study), in a browser.
 
 It listed 150 problems and opened none: the report names runs/gsm8k/… traces that are not shipped,
-and the copies it ships (bench/RESULTS-gsm8k-cases/…) were never read. The replay also sat 3,700 px
+and the copies it ships (results/RESULTS-gsm8k-cases/…) were never read. The replay also sat 3,700 px
 above the table, "guarded" was not called the ensemble, and "300 answers" meant 150 problems × 2
 systems (issue 24, item 8).
 """
@@ -23,7 +23,14 @@ from .test_browser import browser as browser  # noqa: F401  (the module's chromi
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parent.parent
-REPORT = json.loads((ROOT / "bench" / "RESULTS-gsm8k.json").read_text(encoding="utf-8"))
+REPORT_FILE = ROOT / "results/RESULTS-gsm8k.json"
+REPORT = json.loads(REPORT_FILE.read_text(encoding="utf-8"))
+
+
+def shipped(copy: str) -> Path:
+    """A failure case's copy, which the report names under the folder it was written to
+    (`bench/RESULTS-gsm8k-cases/…`: results/ was called bench/ then): it ships beside the report."""
+    return REPORT_FILE.parent.joinpath(*Path(copy).parts[1:])
 
 
 @pytest.fixture
@@ -34,7 +41,7 @@ def page(browser, tmp_path, monkeypatch):  # noqa: F811
         lambda name, device, progress: None,
         choices=TINY,
         default_models=TINY[:2],
-        eval_dir=ROOT / "bench" / "RESULTS-gsm8k.json",
+        eval_dir=REPORT_FILE,
     )
     _, address, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
     try:
@@ -65,12 +72,12 @@ def test_the_shipped_study_opens_its_failure_cases_right_under_the_table(page):
         problem = case["problem"]
         open_problem(page, problem)
         page.wait_for_function(f"document.querySelector('#status').innerText.includes('problem {problem}')")
-        trace = load_trace(ROOT / case["system_copy"])
+        trace = load_trace(shipped(case["system_copy"]))
         assert page.input_value("#plain textarea") == trace.rounds[-1].text  # replayed exactly
         shown = page.inner_text("#failures-case")
         assert f"gold answer {case['gold']}" in shown and "guarded (the ensemble)" in shown
         assert trace.rounds[-1].text.strip()[:40] in shown  # the ensemble's answer, from its trace
-        assert load_trace(ROOT / case["best_copy"]).rounds[-1].text.strip()[:40] in shown
+        assert load_trace(shipped(case["best_copy"])).rounds[-1].text.strip()[:40] in shown
     # The answers sit right under the table, and the replay right under them.
     table, opened = page.locator("#failures").bounding_box(), page.locator("#failures-case").bounding_box()
     status = page.locator("#status").bounding_box()

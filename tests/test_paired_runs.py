@@ -51,13 +51,12 @@ def test_data_ifeval_pairs_two_committed_reports_on_the_packaged_rows(capsys):
     # The default and Qwen alone on IFEval rows 0-299 in llama.cpp, as docs/evaluation.md reports them
     # (62 against 65, 9 : 12); the instruction groups come from the packaged rows too.
     tool = load_tool("paired_runs")
-    bench = ROOT / "bench"
     tool.main(
         [
             "--data",
             "ifeval",
-            f"{bench / 'RESULTS-ifeval-gguf-median.json'}:median",
-            f"{bench / 'RESULTS-ifeval-gguf-qwen.json'}:single-qwen2.5-coder-0.5b",
+            f"{ROOT / 'results/RESULTS-ifeval-gguf-median.json'}:median",
+            f"{ROOT / 'results/RESULTS-ifeval-gguf-qwen.json'}:single-qwen2.5-coder-0.5b",
         ]
     )
     out = capsys.readouterr().out

@@ -6,8 +6,8 @@ model alone) run through `Ensemble.stream_many`, and every figure is recomputed 
 traces, so an interrupted run resumes where it stopped. `python -m specfuse.eval --help`:
 
     python -m specfuse.eval gsm8k --data dev.jsonl --limit 50 --systems ensemble,paper \\
-        --variant lr2:learning_rate=2 --batch-size 8 --out bench --name RESULTS-gsm8k
-    python -m specfuse.eval open-ended --systems ensemble,paper --out bench
+        --variant lr2:learning_rate=2 --batch-size 8 --out results --name RESULTS-gsm8k
+    python -m specfuse.eval open-ended --systems ensemble,paper --out results
     python -m specfuse.eval throughput --data dev.jsonl --problems 8 --batch-size 8
 
 Trace layout under --runs (default runs/gsm8k): `single-<member>/<problem id>.json` (shared by
@@ -217,7 +217,7 @@ def _parser() -> argparse.ArgumentParser:
         "lr2:learning_rate=2,exit=false",
     )
     study.add_argument("--variants", type=Path, default=None, help="JSON or TOML file {name: {key: value}}")
-    study.add_argument("--out", type=Path, default=Path("bench"), help="report folder (default bench/)")
+    study.add_argument("--out", type=Path, default=Path("results"), help="report folder (default results/)")
     study.add_argument("--title", default=None, help="the results page's title")
     study.add_argument("--cases", type=int, default=6, help="failure-case traces to copy per list")
     study.add_argument("--no-png", action="store_true", help="skip the PNG chart (needs kaleido)")

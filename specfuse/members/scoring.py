@@ -26,7 +26,7 @@ CHUNK_TOKENS = 512
 # 5.5 GB; a slice is 8 MB, so the passes over it (float32, soft-capping, exp) stay in the CPU's
 # cache instead of streaming rows of 262k floats through memory, while the head's weights are read
 # once per LOGPROB_ROWS rows: for the candidates of 8 requests, Gemma 3's head took 169 ms, against
-# 459 ms made candidate by candidate over whole rows (bench/verify_logprob.py, verify-logprob.txt).
+# 459 ms made candidate by candidate over whole rows (tools/verify_logprob.py, verify-logprob.txt).
 LOGPROB_ROWS = 256
 VOCAB_SLICE = 8192
 

@@ -6,7 +6,7 @@ reading every weight per token, so it is bound by memory reads: llama.cpp on the
 once for all candidates' tokens, so it is bound by arithmetic: torch's bf16 matrix products
 (AVX-512 BF16 through oneDNN) do it faster than llama.cpp's 4-bit kernels. `--quantize gguf-draft`
 pairs them: the same model, with drafts read from its 4-bit weights and every score computed in
-bf16 (docs/benchmarks.md has the measurements).
+bf16 (docs/benchmarks-log.md has the measurements).
 
 Each half keeps its own context for a request. The drafter appends every winner at once; so does
 the verifier after a round it verified (the winner's keys and values are already in its cache).

@@ -352,7 +352,8 @@ def resolve_quantize(
 ) -> str:
     """ "auto": "gguf" for a GGUF model (a catalogue name or a .gguf file) bound for the CPU where
     llama-cpp-python is installed, else "none". Any other value stays as it is. (Not "gguf-draft",
-    faster still: its GSM8K score fell 2 points from bf16's, past the 1-point bound; docs/benchmarks.md.)"""
+    faster still: its GSM8K score fell 2 points from bf16's, past the 1-point bound;
+    docs/benchmarks-log.md.)"""
     if quantize != "auto":
         return quantize
     on_cpu = device_map is None and (device.startswith("cpu") or (device == "auto" and not gpu_count()))

@@ -10,7 +10,7 @@ divisible by 32, outputs by 16); the output head and any other layer stay int8. 
 the model's dtype (bf16 or fp32). Embeddings and norms are untouched.
 
 No package is needed: torchao 0.18's Int8WeightOnlyConfig converts the whole int8 weight to the
-activations' dtype at every eager call, and its int4 configs have no CPU path (docs/benchmarks.md).
+activations' dtype at every eager call, and its int4 configs have no CPU path (docs/benchmarks-log.md).
 
 The quantized weight of each layer is a QuantizedWeight: a tensor of the codes themselves (so that
 `numel() * element_size()` is its real size, and the floor counts what a step reads), carrying its
