@@ -63,7 +63,7 @@ bench-remote: install llama-server
 	$(PY) -m specfuse.bench remote
 
 eval: install
-	$(PY) -m specfuse.eval gsm8k --data ../shared/data/gsm8k/dev.jsonl --limit 20
+	$(PY) -m specfuse.eval gsm8k --data ../shared/data/gsm8k/dev.jsonl --limit 20 --out out/eval  # not results/: the shipped reports stay
 
 # docs/cli.md's copy of `specfuse --help` (tests/test_cli.py checks it is current)
 readme-help: install
