@@ -1,16 +1,17 @@
 """HFMember: one Hugging Face causal LM in this process, its drafting, scoring and KV cache.
 
 A member is shared by all runs; everything per request (token ids, cache, random generator) lives
-in the state object that start() returns. Knows nothing about the other members or the weights.
+in the state object that start() returns (HFState, hf_state.py). Knows nothing about the other
+members or the weights. This module holds the model and the contexts: loading a member, reading
+prompts into their caches (start, start_many), committing the chosen text (accept) and the forward
+passes they share; its drafting (hf_drafting.py) and its verification (hf_verifying.py) are mixins
+HFMember inherits, each in a module of its own.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from itertools import islice
 from typing import TYPE_CHECKING
 
 import torch
@@ -19,20 +20,12 @@ from transformers import DynamicCache
 from ..config import MemberSettings
 from ..errors import ConfigError, MemberError, PromptTooLongError, SpecfuseError
 from ..prompts import CHAT, PromptFormat
-from ..records import Candidate, TokenScores
-from . import compiled, drafting, prefill, workers
-from .protocol import BaseMember, Verdict
-from .scoring import (
-    CHUNK_TOKENS,
-    Block,
-    Layout,
-    OutputHead,
-    chunk_mask,
-    common_prefix_len,
-    float_mask,
-    lay_out,
-    sliding_window_of,
-)
+from . import compiled, drafting, prefill
+from .hf_drafting import Drafting
+from .hf_state import HFState
+from .hf_verifying import Verifying
+from .protocol import BaseMember
+from .scoring import CHUNK_TOKENS, OutputHead, common_prefix_len, sliding_window_of
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -40,38 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _PackedPass:
-    """What the last verify pass left in the cache beyond the committed tokens, for accept()."""
-
-    texts: tuple[str, ...]  # candidate texts, in block order
-    starts: tuple[int, ...]  # anchor position of each block
-    text_tokens: tuple[tuple[int, ...], ...]  # tokens of each candidate's text (no end marker)
-    offsets: tuple[int, ...]  # where each block begins in the packed tokens
-    last_hidden: tuple[torch.Tensor, ...]  # [H] hidden state after each candidate's text
-    prefix_len: int  # committed length when the pass ran
-
-
-@dataclass
-class HFState:
-    """One request's context in one member: the cache holds exactly `ids` (plus a packed pass)."""
-
-    settings: MemberSettings
-    prompt_len: int  # tokens of the formatted prompt
-    ids: list[int]  # prompt tokens + the answer's canonical tokens
-    answer: str
-    cache: DynamicCache
-    last_hidden: torch.Tensor  # [H]: final hidden state of ids[-1], predicts the next token
-    generator: torch.Generator | None
-    packed: _PackedPass | None = field(default=None)
-    surprise: float | None = None  # nats per byte of the prompt's own text (settings.measure_prompt)
-    # Greedy drafts trimmed back to a word boundary: (the ids the draft continued, its kept tokens,
-    # the tokens trimmed away). If the kept text wins, the next greedy draft begins with exactly the
-    # trimmed tokens, so they are taken over instead of decoded again.
-    trimmed: tuple[tuple[int, ...], tuple[int, ...]] | None = None
-
-
-class HFMember(BaseMember):
+class HFMember(Drafting, Verifying, BaseMember):
     """A transformers causal LM as an ensemble member (any architecture, any tokenizer), in this process."""
 
     def __init__(
@@ -248,230 +210,19 @@ class HFMember(BaseMember):
         measured). Bytes, not tokens, so that members with different tokenizers compare."""
         return state.surprise
 
-    def draft(self, state: HFState, max_new_tokens: int) -> Candidate:
-        return self.draft_many([state], [max_new_tokens])[0]
-
-    @torch.inference_mode()
-    @compiled.drafting
-    def draft_many(self, states: Sequence[HFState], budgets: Sequence[int]) -> list[Candidate]:
-        """Draft for several requests at once: one forward pass per token for all of them.
-
-        Each request continues its own context (a batch row of the stacked caches, left-padded);
-        a row that has finished feeds a placeholder until the last one is done.
-        """
-        began = time.perf_counter()
-        for state in states:
-            self._drop_packed(state)
-        rows = len(states)
-        cache, pads = self._stacked_cache(states)
-        cuts = [
-            drafting.DraftCut(
-                budget,
-                decode=self.decode,
-                ids=state.ids,
-                stop_ids=self.stop_token_ids,
-                stops=(*self.prompt_format.stop_strings, *state.settings.stop_strings),
-            )
-            for state, budget in zip(states, budgets)
-        ]
-        hidden = torch.stack([s.last_hidden for s in states])  # [B, H]
-        step = reused = 0
-        if rows == 1 and cuts[0].wants_more:  # batch rows would need a ragged catch-up pass
-            taken = self._take_over_trimmed(states[0], cuts[0].limit)
-            for token in taken:
-                cuts[0].push(token)
-            if taken:
-                step = reused = len(taken)
-                hidden = compiled.take_over(self, taken, len(states[0].ids), states[0].cache)
-        while any(c.wants_more for c in cuts):
-            logits = self.head.logits(hidden)  # [B, V] float32
-            if bool(logits.isnan().any()):  # argmax would pick token 0 and go on, silently
-                raise MemberError(
-                    f"{self.name}: its logits are not finite (nan) while drafting; its weights are "
-                    "damaged (a model file that changed on disk?), so this request ends"
-                )
-            feed = [self.tokenizer.pad_token_id or 0] * rows  # placeholders for finished rows
-            for b, (state, cut) in enumerate(zip(states, cuts)):
-                if cut.wants_more:
-                    token = self._pick(logits[b], state)
-                    if cut.push(token):
-                        feed[b] = token
-            if not any(c.wants_more for c in cuts):
-                break
-            positions = [len(s.ids) + step for s in states]
-            hidden = self._step(feed, positions, pads, cache)
-            step += 1
-        if rows == 1:  # drafted straight into the request's own cache: forget the draft's keys
-            states[0].cache.crop(len(states[0].ids) - states[0].cache.get_seq_length())
-        seconds = (time.perf_counter() - began) / rows
-        out = []
-        for state, cut in zip(states, cuts):
-            new, text, final = cut.result()
-            count = self._tokens_in(state.ids, new, text)
-            state.trimmed = None
-            if self.reuse_trimmed and state.settings.temperature <= 0 and count < len(new):
-                state.trimmed = (tuple(state.ids) + tuple(new[:count]), tuple(new[count:]))
-            out.append(Candidate(self.name, text, count, final, seconds, reused))
-        return out
-
-    def _take_over_trimmed(self, state: HFState, limit: int) -> tuple[int, ...]:
-        """The tokens the last greedy draft trimmed away, when its kept text is now the answer's end:
-        greedy decoding from the same context would produce exactly them again."""
-        trimmed, state.trimmed = state.trimmed, None
-        if trimmed is None or tuple(state.ids) != trimmed[0]:
-            return ()
-        return trimmed[1][:limit]
-
-    def score(self, state: HFState, candidates: Sequence[Candidate]) -> list[float]:
-        """Raw scores z_i· of all candidates in one forward pass (verify-in-line)."""
-        ((z, _),) = self.score_many([state], [candidates])
-        return z
-
-    def score_many(
-        self, states: Sequence[HFState], candidates: Sequence[Sequence[Candidate]]
-    ) -> list[Verdict]:
-        """Every request's raw scores, all requests in one forward pass, with the token evidence."""
-        out = []
-        for state, details in zip(states, self.verify_many(states, candidates)):
-            out.append(([d.mean(state.settings.score) for d in details], tuple(details)))
-        return out
-
-    @torch.inference_mode()
-    def verify_many(
-        self, states: Sequence[HFState], candidates: Sequence[Sequence[Candidate]]
-    ) -> list[list[TokenScores]]:
-        """Score every request's candidates, all requests in one forward pass (verify-in-line).
-
-        Returns, per request and candidate, the tokens as this verifier reads them in context and
-        each one's raw logit (and log-probability when the request scores by log-probability, the
-        only case that needs full vocabulary rows); z_ij is their mean.
-        """
-        rows = []
-        for state, cands in zip(states, candidates):
-            self._drop_packed(state)
-            rows.append(self._blocks(state, cands))
-            self._check_fits([b for b, _, _ in rows[-1]])
-        cache, pads = self._stacked_cache(states)
-        packed = lay_out([[b for b, _, _ in row] for row in rows], [len(s.ids) for s in states], self.device)
-        hidden_all = self._packed_pass(cache, packed)  # [B, Q, H]; its keys and values stay in `cache`
-        logits, logprobs = self._score_rows(states, rows, packed.offsets, hidden_all)
-        next_logits, next_logprobs = iter(logits), iter(logprobs)  # in the order of the loops below
-        results = []
-        for r, (state, row) in enumerate(zip(states, rows)):
-            hidden = hidden_all[r]
-            offsets = packed.offsets[r]
-            details, last_hidden = [], []
-            for offset, (_, tail, text_ids) in zip(offsets, row):
-                logit = tuple(islice(next_logits, len(tail)))
-                logprob = tuple(islice(next_logprobs, len(tail))) if state.settings.score == "logprob" else ()
-                pieces = tuple(str(self.tokenizer.decode([t])) for t in tail)
-                details.append(TokenScores(pieces, logit, logprob))
-                last_hidden.append(hidden[offset + len(text_ids)])
-            if len(states) > 1:  # keep the pass's keys and values in the request's own cache
-                self._append_row(state.cache, cache, r, pads[r] + len(state.ids), packed.length)
-            state.packed = _PackedPass(
-                texts=tuple(c.text for c in candidates[r]),
-                starts=tuple(b.start for b, _, _ in row),
-                text_tokens=tuple(tuple(t) for _, _, t in row),
-                offsets=offsets,
-                last_hidden=tuple(last_hidden),
-                prefix_len=len(state.ids),
-            )
-            results.append(details)
-        return results
-
-    def _packed_pass(self, cache: DynamicCache, packed: Layout) -> torch.Tensor:
-        """Hidden states of the packed tokens after `cache`, which keeps their keys and values."""
-        decoder = self.compiled if packed.input_ids.shape[0] == 1 else None  # a lone request's: compiled
-        if decoder is not None and (hidden := decoder.verify(cache, packed)) is not None:
-            return hidden
-        parts = []  # each chunk's hidden states; its keys and values stay in the cache for the next
-        for begin in range(0, packed.length, self.chunk_tokens):
-            end = min(begin + self.chunk_tokens, packed.length)
-            out = self.base(
-                input_ids=packed.input_ids[:, begin:end],
-                position_ids=packed.position_ids[:, begin:end],
-                attention_mask=chunk_mask(packed, begin, end, self.dtype, self.sliding_window),
-                past_key_values=cache,
-                use_cache=True,
-            )
-            parts.append(out.last_hidden_state)
-        return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-
-    def _score_rows(
-        self,
-        states: Sequence[HFState],
-        rows: Sequence[Sequence[tuple[Block, list[int], list[int]]]],
-        offsets: Sequence[Sequence[int]],
-        hidden_all: torch.Tensor,
-    ) -> tuple[list[float], list[float]]:
-        """The raw logit of every scored token of every request's candidates, in order, and the
-        log-probabilities of those whose request scores by them. All through the output head at
-        once: a log-probability needs the full vocabulary row, and the head's weights (Gemma 3's
-        262k tokens: 335 MB in bf16) are then read once a pass rather than once a candidate."""
-        picked, tokens, wanted = [], [], []
-        for r, (state, row) in enumerate(zip(states, rows)):
-            for offset, (_, tail, _) in zip(offsets[r], row):
-                picked.append(hidden_all[r, offset : offset + len(tail)])  # row t predicts tail[t]
-                tokens += tail
-                wanted += [state.settings.score == "logprob"] * len(tail)
-        hidden = torch.cat(picked)
-        targets = torch.tensor(tokens, device=hidden.device)
-        logits = self.head.token_logits(hidden, targets).tolist()
-        if not any(wanted):
-            return logits, []
-        keep = torch.tensor(wanted, device=hidden.device)
-        return logits, self.head.token_logprobs(hidden[keep], targets[keep]).tolist()
-
-    def _check_fits(self, blocks: Sequence[Block]) -> None:
-        """Refuse, before the pass, a candidate that would run past the model's context (a long typed
-        segment; an answer whose tokens in this tokenizer outgrew the budget counted in another's)."""
-        for block in blocks:
-            reach = block.start + len(block.tokens)
-            if reach > self.max_positions:
-                raise PromptTooLongError(
-                    f"{self.name}: a candidate of {len(block.tokens) - 1} tokens after {block.start + 1} "
-                    f"in context would reach position {reach}, beyond the model's context of "
-                    f"{self.max_positions}; shorten the typed segment or the prompt, or lower max_new_tokens"
-                )
-
-    def _blocks(
-        self, state: HFState, candidates: Sequence[Candidate]
-    ) -> list[tuple[Block, list[int], list[int]]]:
-        """(packed block, scored tokens, the candidate's own tokens) for each candidate in context."""
-        out = []
-        for cand in candidates:
-            keep, tokens, tail = drafting.scored_tokens(
-                self.encode, state.ids, state.prompt_len, state.answer, cand.text, cand.final, self.end_marker
-            )
-            out.append((Block(start=keep - 1, tokens=(state.ids[keep - 1], *tail)), tail, tokens))
-        return out
-
     @torch.inference_mode()
     def accept(self, state: HFState, text: str) -> None:
         """Append the chosen candidate: re-tokenize the answer and keep the longest common prefix.
 
         When this member has just verified that candidate, its keys and values already sit in the
         cache (same positions, the packed pass restarted them there): they are moved into place
-        instead of being computed again.
+        instead of being computed again (hf_verifying.py).
         """
         answer = state.answer + text
         target = state.ids[: state.prompt_len] + self.encode(answer)
-        packed = state.packed
-        if self.reuse_verified_kv and packed is not None and text in packed.texts:
-            b = packed.texts.index(text)
-            start, tokens = packed.starts[b], packed.text_tokens[b]
-            if list(target) == state.ids[: start + 1] + list(tokens):
-                source = packed.prefix_len + packed.offsets[b] + 1  # skip the anchor
-                for layer in state.cache.layers:
-                    for name in ("keys", "values"):
-                        kv = getattr(layer, name)
-                        moved = kv[..., source : source + len(tokens), :].clone()
-                        kv[..., start + 1 : start + 1 + len(tokens), :] = moved
-                        setattr(layer, name, kv[..., : start + 1 + len(tokens), :])
-                state.last_hidden = packed.last_hidden[b] if tokens else state.last_hidden
-                state.ids, state.answer, state.packed = target, answer, None
-                return
+        if self.reuse_verified_kv and self._move_verified(state, text, target):
+            state.ids, state.answer, state.packed = target, answer, None
+            return
         self._drop_packed(state)
         if len(target) > self.max_positions:  # a branch's answer from a trace is never verified here
             raise PromptTooLongError(
@@ -486,17 +237,6 @@ class HFMember(BaseMember):
 
     # -- internals -----------------------------------------------------------------------------------
 
-    def _drop_packed(self, state: HFState) -> None:
-        """Forget a packed pass: crop the cache back to the committed tokens."""
-        extra = state.cache.get_seq_length() - len(state.ids)
-        if extra:
-            state.cache.crop(-extra)
-        state.packed = None
-
-    def _tokens_in(self, ids: Sequence[int], new: Sequence[int], text: str) -> int:
-        """How many of the drafted tokens `new` make up `text` (a prefix of their decode)."""
-        return drafting.tokens_in(self.decode, ids, new, text)
-
     def hidden_states(self, ids: Sequence[int], cache: DynamicCache) -> torch.Tensor:
         """Run `ids` after the cache, chunk_tokens at a time (memory linear in a long prompt's
         length); returns the final hidden states [len(ids), H]."""
@@ -506,20 +246,6 @@ class HFMember(BaseMember):
             out = self.base(input_ids=input_ids, past_key_values=cache, use_cache=True)
             parts.append(out.last_hidden_state[0])
         return torch.cat(parts) if len(parts) > 1 else parts[0]
-
-    def _pick(self, logits: torch.Tensor, state: HFState) -> int:
-        """The next token from a [V] float32 row of logits: greedy, or sampled with the request's
-        own generator (temperature, top-p)."""
-        settings = state.settings
-        if settings.temperature <= 0:
-            return int(logits.argmax())
-        probs = torch.softmax(logits / settings.temperature, dim=-1)
-        if settings.top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
-            outside = sorted_probs.cumsum(-1) - sorted_probs >= settings.top_p  # keep the first past p
-            sorted_probs[outside] = 0.0
-            probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-        return int(torch.multinomial(probs, 1, generator=state.generator))
 
     def _stacked_cache(self, states: Sequence[HFState]) -> tuple[DynamicCache, list[int]]:
         """One cache for a batch of requests: each row left-padded to the longest (the pads are
@@ -541,47 +267,6 @@ class HFMember(BaseMember):
             data.append((pair[0], pair[1]))
         return DynamicCache(data), pads
 
-    def _step(
-        self, tokens: Sequence[int], positions: Sequence[int], pads: Sequence[int], cache: DynamicCache
-    ) -> torch.Tensor:
-        """One decoding step for every row: [B] tokens at their own positions → hidden [B, H]."""
-        workers.rebalance()  # members at once on a CPU: take over the cores of those already done
-        if len(tokens) == 1:
-            if (
-                self.compiled is not None
-                and (hidden := self.compiled.step(tokens[0], positions[0], cache)) is not None
-            ):
-                return hidden
-            return self.hidden_states(tokens, cache)[-1][None]
-        width = cache.get_seq_length() + 1
-        column = torch.arange(width, device=self.device)
-        pad = torch.tensor(pads, device=self.device)[:, None]
-        allowed = column[None, :] >= pad  # [B, K]: the left padding stays invisible
-        full = float_mask(allowed[:, None, None, :], self.dtype)  # [B, 1, 1, K]
-        mask: torch.Tensor | dict[str, torch.Tensor] = full
-        if self.sliding_window is not None:
-            near = column[None, :] > width - 1 - self.sliding_window
-            mask = {
-                "full_attention": full,
-                "sliding_attention": float_mask((allowed & near)[:, None, None, :], self.dtype),
-            }
-        out = self.base(
-            input_ids=torch.tensor([[t] for t in tokens], device=self.device),
-            position_ids=torch.tensor([[p] for p in positions], device=self.device),
-            attention_mask=mask,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        return out.last_hidden_state[:, -1]
-
-    @staticmethod
-    def _append_row(target: DynamicCache, stacked: DynamicCache, row: int, begin: int, count: int) -> None:
-        """Copy row `row`'s keys and values of columns [begin, begin + count) onto `target`."""
-        for mine, theirs in zip(target.layers, stacked.layers):
-            for name in ("keys", "values"):
-                tail = getattr(theirs, name)[row : row + 1, :, begin : begin + count]
-                setattr(mine, name, torch.cat([getattr(mine, name), tail], dim=-2))
-
     def _surprise(self, prompt: str, ids: Sequence[int], hidden: torch.Tensor) -> float | None:
         """Mean negative log-likelihood per byte of the tokens that spell the prompt itself."""
         span = drafting.prompt_span(self.tokenizer, self.prompt_format, prompt, ids)
@@ -598,3 +283,6 @@ def _stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) 
     """End-of-sequence and end-of-turn tokens, from the tokenizer and the model's generation config."""
     gen = getattr(model, "generation_config", None)
     return drafting.stop_token_ids(tokenizer, getattr(gen, "eos_token_id", None))
+
+
+__all__ = ["HFMember", "HFState"]

@@ -1,0 +1,180 @@
+"""HFMember's drafting: a draft for several requests at once, one forward pass per token for all of
+them, each row continuing its own context (a stacked, left-padded cache), greedy or sampled.
+
+A mixin of HFMember (hf.py), which holds the model, the contexts and their caches: these methods
+are its own, read apart. What they use of the member is declared below, for the type checker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import DynamicCache
+
+from ..errors import MemberError
+from ..prompts import PromptFormat
+from ..records import Candidate
+from . import compiled, drafting, workers
+from .compiled import drafting as compiled_drafting  # `compiled` is the member's decoder here
+from .hf_state import HFState
+from .scoring import float_mask
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from .compiled import CompiledDecoder
+    from .scoring import OutputHead
+
+
+class Drafting:
+    """HFMember's draft and draft_many, and the decoding steps under them."""
+
+    if TYPE_CHECKING:  # HFMember's (hf.py, hf_verifying.py)
+        name: str
+        model: PreTrainedModel
+        tokenizer: PreTrainedTokenizerBase
+        prompt_format: PromptFormat
+        device: str
+        dtype: torch.dtype
+        base: torch.nn.Module
+        head: OutputHead
+        sliding_window: int | None
+        stop_token_ids: frozenset[int]
+        reuse_trimmed: bool
+        compiled: CompiledDecoder | None
+
+        def decode(self, ids: Sequence[int]) -> str: ...
+        def hidden_states(self, ids: Sequence[int], cache: DynamicCache) -> torch.Tensor: ...
+        def _stacked_cache(self, states: Sequence[HFState]) -> tuple[DynamicCache, list[int]]: ...
+        def _drop_packed(self, state: HFState) -> None: ...
+
+    def draft(self, state: HFState, max_new_tokens: int) -> Candidate:
+        return self.draft_many([state], [max_new_tokens])[0]
+
+    @torch.inference_mode()
+    @compiled_drafting
+    def draft_many(self, states: Sequence[HFState], budgets: Sequence[int]) -> list[Candidate]:
+        """Draft for several requests at once: one forward pass per token for all of them.
+
+        Each request continues its own context (a batch row of the stacked caches, left-padded);
+        a row that has finished feeds a placeholder until the last one is done.
+        """
+        began = time.perf_counter()
+        for state in states:
+            self._drop_packed(state)
+        rows = len(states)
+        cache, pads = self._stacked_cache(states)
+        cuts = [
+            drafting.DraftCut(
+                budget,
+                decode=self.decode,
+                ids=state.ids,
+                stop_ids=self.stop_token_ids,
+                stops=(*self.prompt_format.stop_strings, *state.settings.stop_strings),
+            )
+            for state, budget in zip(states, budgets)
+        ]
+        hidden = torch.stack([s.last_hidden for s in states])  # [B, H]
+        step = reused = 0
+        if rows == 1 and cuts[0].wants_more:  # batch rows would need a ragged catch-up pass
+            taken = self._take_over_trimmed(states[0], cuts[0].limit)
+            for token in taken:
+                cuts[0].push(token)
+            if taken:
+                step = reused = len(taken)
+                hidden = compiled.take_over(self, taken, len(states[0].ids), states[0].cache)
+        while any(c.wants_more for c in cuts):
+            logits = self.head.logits(hidden)  # [B, V] float32
+            if bool(logits.isnan().any()):  # argmax would pick token 0 and go on, silently
+                raise MemberError(
+                    f"{self.name}: its logits are not finite (nan) while drafting; its weights are "
+                    "damaged (a model file that changed on disk?), so this request ends"
+                )
+            feed = [self.tokenizer.pad_token_id or 0] * rows  # placeholders for finished rows
+            for b, (state, cut) in enumerate(zip(states, cuts)):
+                if cut.wants_more:
+                    token = self._pick(logits[b], state)
+                    if cut.push(token):
+                        feed[b] = token
+            if not any(c.wants_more for c in cuts):
+                break
+            positions = [len(s.ids) + step for s in states]
+            hidden = self._step(feed, positions, pads, cache)
+            step += 1
+        if rows == 1:  # drafted straight into the request's own cache: forget the draft's keys
+            states[0].cache.crop(len(states[0].ids) - states[0].cache.get_seq_length())
+        seconds = (time.perf_counter() - began) / rows
+        out = []
+        for state, cut in zip(states, cuts):
+            new, text, final = cut.result()
+            count = self._tokens_in(state.ids, new, text)
+            state.trimmed = None
+            if self.reuse_trimmed and state.settings.temperature <= 0 and count < len(new):
+                state.trimmed = (tuple(state.ids) + tuple(new[:count]), tuple(new[count:]))
+            out.append(Candidate(self.name, text, count, final, seconds, reused))
+        return out
+
+    def _take_over_trimmed(self, state: HFState, limit: int) -> tuple[int, ...]:
+        """The tokens the last greedy draft trimmed away, when its kept text is now the answer's end:
+        greedy decoding from the same context would produce exactly them again."""
+        trimmed, state.trimmed = state.trimmed, None
+        if trimmed is None or tuple(state.ids) != trimmed[0]:
+            return ()
+        return trimmed[1][:limit]
+
+    def _tokens_in(self, ids: Sequence[int], new: Sequence[int], text: str) -> int:
+        """How many of the drafted tokens `new` make up `text` (a prefix of their decode)."""
+        return drafting.tokens_in(self.decode, ids, new, text)
+
+    def _pick(self, logits: torch.Tensor, state: HFState) -> int:
+        """The next token from a [V] float32 row of logits: greedy, or sampled with the request's
+        own generator (temperature, top-p)."""
+        settings = state.settings
+        if settings.temperature <= 0:
+            return int(logits.argmax())
+        probs = torch.softmax(logits / settings.temperature, dim=-1)
+        if settings.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            outside = sorted_probs.cumsum(-1) - sorted_probs >= settings.top_p  # keep the first past p
+            sorted_probs[outside] = 0.0
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        return int(torch.multinomial(probs, 1, generator=state.generator))
+
+    def _step(
+        self, tokens: Sequence[int], positions: Sequence[int], pads: Sequence[int], cache: DynamicCache
+    ) -> torch.Tensor:
+        """One decoding step for every row: [B] tokens at their own positions → hidden [B, H]."""
+        workers.rebalance()  # members at once on a CPU: take over the cores of those already done
+        if len(tokens) == 1:
+            if (
+                self.compiled is not None
+                and (hidden := self.compiled.step(tokens[0], positions[0], cache)) is not None
+            ):
+                return hidden
+            return self.hidden_states(tokens, cache)[-1][None]
+        width = cache.get_seq_length() + 1
+        column = torch.arange(width, device=self.device)
+        pad = torch.tensor(pads, device=self.device)[:, None]
+        allowed = column[None, :] >= pad  # [B, K]: the left padding stays invisible
+        full = float_mask(allowed[:, None, None, :], self.dtype)  # [B, 1, 1, K]
+        mask: torch.Tensor | dict[str, torch.Tensor] = full
+        if self.sliding_window is not None:
+            near = column[None, :] > width - 1 - self.sliding_window
+            mask = {
+                "full_attention": full,
+                "sliding_attention": float_mask((allowed & near)[:, None, None, :], self.dtype),
+            }
+        out = self.base(
+            input_ids=torch.tensor([[t] for t in tokens], device=self.device),
+            position_ids=torch.tensor([[p] for p in positions], device=self.device),
+            attention_mask=mask,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        return out.last_hidden_state[:, -1]
+
+
+__all__ = ["Drafting"]

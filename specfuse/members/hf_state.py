@@ -1,0 +1,49 @@
+"""HFState: one request's context in an HFMember (its tokens, KV cache, random generator), and the
+packed pass a verification may leave in that cache for accept().
+
+Its own module so that hf.py and the member's drafting and verifying halves (hf_drafting.py,
+hf_verifying.py), which hf.py imports, all name it without an import circle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from ..config import MemberSettings
+
+
+@dataclass
+class PackedPass:
+    """What the last verify pass left in the cache beyond the committed tokens, for accept()."""
+
+    texts: tuple[str, ...]  # candidate texts, in block order
+    starts: tuple[int, ...]  # anchor position of each block
+    text_tokens: tuple[tuple[int, ...], ...]  # tokens of each candidate's text (no end marker)
+    offsets: tuple[int, ...]  # where each block begins in the packed tokens
+    last_hidden: tuple[torch.Tensor, ...]  # [H] hidden state after each candidate's text
+    prefix_len: int  # committed length when the pass ran
+
+
+@dataclass
+class HFState:
+    """One request's context in one member: the cache holds exactly `ids` (plus a packed pass)."""
+
+    settings: MemberSettings
+    prompt_len: int  # tokens of the formatted prompt
+    ids: list[int]  # prompt tokens + the answer's canonical tokens
+    answer: str
+    cache: DynamicCache
+    last_hidden: torch.Tensor  # [H]: final hidden state of ids[-1], predicts the next token
+    generator: torch.Generator | None
+    packed: PackedPass | None = field(default=None)
+    surprise: float | None = None  # nats per byte of the prompt's own text (settings.measure_prompt)
+    # Greedy drafts trimmed back to a word boundary: (the ids the draft continued, its kept tokens,
+    # the tokens trimmed away). If the kept text wins, the next greedy draft begins with exactly the
+    # trimmed tokens, so they are taken over instead of decoded again.
+    trimmed: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+
+__all__ = ["HFState", "PackedPass"]

@@ -1,0 +1,215 @@
+"""HFMember's verification (verify-in-line): every request's candidates packed into one forward pass
+after its cached prefix, scored off the final hidden states (scoring.py builds the pack and reads
+the output head's rows); the pass's keys and values stay in the cache, so that accept() can move
+the chosen candidate's into place instead of computing them again.
+
+A mixin of HFMember (hf.py), which holds the model, the contexts and their caches: these methods
+are its own, read apart. What they use of the member is declared below, for the type checker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import islice
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import DynamicCache
+
+from ..errors import PromptTooLongError
+from ..records import Candidate, TokenScores
+from . import drafting
+from .hf_state import HFState, PackedPass
+from .protocol import Verdict
+from .scoring import Block, Layout, chunk_mask, lay_out
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from .compiled import CompiledDecoder
+    from .scoring import OutputHead
+
+
+class Verifying:
+    """HFMember's score, score_many and verify_many, and the packed pass they leave for accept()."""
+
+    if TYPE_CHECKING:  # HFMember's (hf.py)
+        name: str
+        tokenizer: PreTrainedTokenizerBase
+        device: str
+        dtype: torch.dtype
+        base: torch.nn.Module
+        head: OutputHead
+        sliding_window: int | None
+        max_positions: int
+        end_marker: tuple[int, ...]
+        chunk_tokens: int
+        compiled: CompiledDecoder | None
+
+        def encode(self, text: str) -> list[int]: ...
+        def _stacked_cache(self, states: Sequence[HFState]) -> tuple[DynamicCache, list[int]]: ...
+
+    def score(self, state: HFState, candidates: Sequence[Candidate]) -> list[float]:
+        """Raw scores z_i· of all candidates in one forward pass (verify-in-line)."""
+        ((z, _),) = self.score_many([state], [candidates])
+        return z
+
+    def score_many(
+        self, states: Sequence[HFState], candidates: Sequence[Sequence[Candidate]]
+    ) -> list[Verdict]:
+        """Every request's raw scores, all requests in one forward pass, with the token evidence."""
+        out = []
+        for state, details in zip(states, self.verify_many(states, candidates)):
+            out.append(([d.mean(state.settings.score) for d in details], tuple(details)))
+        return out
+
+    @torch.inference_mode()
+    def verify_many(
+        self, states: Sequence[HFState], candidates: Sequence[Sequence[Candidate]]
+    ) -> list[list[TokenScores]]:
+        """Score every request's candidates, all requests in one forward pass (verify-in-line).
+
+        Returns, per request and candidate, the tokens as this verifier reads them in context and
+        each one's raw logit (and log-probability when the request scores by log-probability, the
+        only case that needs full vocabulary rows); z_ij is their mean.
+        """
+        rows = []
+        for state, cands in zip(states, candidates):
+            self._drop_packed(state)
+            rows.append(self._blocks(state, cands))
+            self._check_fits([b for b, _, _ in rows[-1]])
+        cache, pads = self._stacked_cache(states)
+        packed = lay_out([[b for b, _, _ in row] for row in rows], [len(s.ids) for s in states], self.device)
+        hidden_all = self._packed_pass(cache, packed)  # [B, Q, H]; its keys and values stay in `cache`
+        logits, logprobs = self._score_rows(states, rows, packed.offsets, hidden_all)
+        next_logits, next_logprobs = iter(logits), iter(logprobs)  # in the order of the loops below
+        results = []
+        for r, (state, row) in enumerate(zip(states, rows)):
+            hidden = hidden_all[r]
+            offsets = packed.offsets[r]
+            details, last_hidden = [], []
+            for offset, (_, tail, text_ids) in zip(offsets, row):
+                logit = tuple(islice(next_logits, len(tail)))
+                logprob = tuple(islice(next_logprobs, len(tail))) if state.settings.score == "logprob" else ()
+                pieces = tuple(str(self.tokenizer.decode([t])) for t in tail)
+                details.append(TokenScores(pieces, logit, logprob))
+                last_hidden.append(hidden[offset + len(text_ids)])
+            if len(states) > 1:  # keep the pass's keys and values in the request's own cache
+                self._append_row(state.cache, cache, r, pads[r] + len(state.ids), packed.length)
+            state.packed = PackedPass(
+                texts=tuple(c.text for c in candidates[r]),
+                starts=tuple(b.start for b, _, _ in row),
+                text_tokens=tuple(tuple(t) for _, _, t in row),
+                offsets=offsets,
+                last_hidden=tuple(last_hidden),
+                prefix_len=len(state.ids),
+            )
+            results.append(details)
+        return results
+
+    def _packed_pass(self, cache: DynamicCache, packed: Layout) -> torch.Tensor:
+        """Hidden states of the packed tokens after `cache`, which keeps their keys and values."""
+        decoder = self.compiled if packed.input_ids.shape[0] == 1 else None  # a lone request's: compiled
+        if decoder is not None and (hidden := decoder.verify(cache, packed)) is not None:
+            return hidden
+        parts = []  # each chunk's hidden states; its keys and values stay in the cache for the next
+        for begin in range(0, packed.length, self.chunk_tokens):
+            end = min(begin + self.chunk_tokens, packed.length)
+            out = self.base(
+                input_ids=packed.input_ids[:, begin:end],
+                position_ids=packed.position_ids[:, begin:end],
+                attention_mask=chunk_mask(packed, begin, end, self.dtype, self.sliding_window),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            parts.append(out.last_hidden_state)
+        return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+
+    def _score_rows(
+        self,
+        states: Sequence[HFState],
+        rows: Sequence[Sequence[tuple[Block, list[int], list[int]]]],
+        offsets: Sequence[Sequence[int]],
+        hidden_all: torch.Tensor,
+    ) -> tuple[list[float], list[float]]:
+        """The raw logit of every scored token of every request's candidates, in order, and the
+        log-probabilities of those whose request scores by them. All through the output head at
+        once: a log-probability needs the full vocabulary row, and the head's weights (Gemma 3's
+        262k tokens: 335 MB in bf16) are then read once a pass rather than once a candidate."""
+        picked, tokens, wanted = [], [], []
+        for r, (state, row) in enumerate(zip(states, rows)):
+            for offset, (_, tail, _) in zip(offsets[r], row):
+                picked.append(hidden_all[r, offset : offset + len(tail)])  # row t predicts tail[t]
+                tokens += tail
+                wanted += [state.settings.score == "logprob"] * len(tail)
+        hidden = torch.cat(picked)
+        targets = torch.tensor(tokens, device=hidden.device)
+        logits = self.head.token_logits(hidden, targets).tolist()
+        if not any(wanted):
+            return logits, []
+        keep = torch.tensor(wanted, device=hidden.device)
+        return logits, self.head.token_logprobs(hidden[keep], targets[keep]).tolist()
+
+    def _check_fits(self, blocks: Sequence[Block]) -> None:
+        """Refuse, before the pass, a candidate that would run past the model's context (a long typed
+        segment; an answer whose tokens in this tokenizer outgrew the budget counted in another's)."""
+        for block in blocks:
+            reach = block.start + len(block.tokens)
+            if reach > self.max_positions:
+                raise PromptTooLongError(
+                    f"{self.name}: a candidate of {len(block.tokens) - 1} tokens after {block.start + 1} "
+                    f"in context would reach position {reach}, beyond the model's context of "
+                    f"{self.max_positions}; shorten the typed segment or the prompt, or lower max_new_tokens"
+                )
+
+    def _blocks(
+        self, state: HFState, candidates: Sequence[Candidate]
+    ) -> list[tuple[Block, list[int], list[int]]]:
+        """(packed block, scored tokens, the candidate's own tokens) for each candidate in context."""
+        out = []
+        for cand in candidates:
+            keep, tokens, tail = drafting.scored_tokens(
+                self.encode, state.ids, state.prompt_len, state.answer, cand.text, cand.final, self.end_marker
+            )
+            out.append((Block(start=keep - 1, tokens=(state.ids[keep - 1], *tail)), tail, tokens))
+        return out
+
+    def _move_verified(self, state: HFState, text: str, target: list[int]) -> bool:
+        """accept()'s shortcut: when the last verify pass scored exactly the chosen candidate's tokens
+        after the same anchor (`target` is the new committed ids), its keys and values already sit in
+        the cache (same positions, the packed pass restarted them there) and are moved into place
+        instead of being computed again. False: nothing was moved, the caller feeds the tokens."""
+        packed = state.packed
+        if packed is None or text not in packed.texts:
+            return False
+        b = packed.texts.index(text)
+        start, tokens = packed.starts[b], packed.text_tokens[b]
+        if list(target) != state.ids[: start + 1] + list(tokens):
+            return False
+        source = packed.prefix_len + packed.offsets[b] + 1  # skip the anchor
+        for layer in state.cache.layers:
+            for name in ("keys", "values"):
+                kv = getattr(layer, name)
+                moved = kv[..., source : source + len(tokens), :].clone()
+                kv[..., start + 1 : start + 1 + len(tokens), :] = moved
+                setattr(layer, name, kv[..., : start + 1 + len(tokens), :])
+        state.last_hidden = packed.last_hidden[b] if tokens else state.last_hidden
+        return True
+
+    def _drop_packed(self, state: HFState) -> None:
+        """Forget a packed pass: crop the cache back to the committed tokens."""
+        extra = state.cache.get_seq_length() - len(state.ids)
+        if extra:
+            state.cache.crop(-extra)
+        state.packed = None
+
+    @staticmethod
+    def _append_row(target: DynamicCache, stacked: DynamicCache, row: int, begin: int, count: int) -> None:
+        """Copy row `row`'s keys and values of columns [begin, begin + count) onto `target`."""
+        for mine, theirs in zip(target.layers, stacked.layers):
+            for name in ("keys", "values"):
+                tail = getattr(theirs, name)[row : row + 1, :, begin : begin + count]
+                setattr(mine, name, torch.cat([getattr(mine, name), tail], dim=-2))
+
+
+__all__ = ["Verifying"]
