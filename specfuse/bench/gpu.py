@@ -18,9 +18,7 @@ import contextlib
 import functools
 import gc
 import json
-import math
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -32,7 +30,9 @@ from ..engine import Ensemble
 from ..errors import SpecfuseError
 from ..members.process import ProcessMember
 from ..prompts import QA_COMPLETION
-from .floor import add_floors, bandwidths, cost_line, member_floors, modes_floor_lines
+from .floor import add_floors, bandwidths, cost_line, member_floors
+from .gpu_report import format_race, format_table
+from .gpu_workers import PROMPT, auto_dtype, build_one, compare_workers, sync
 from .measure import (
     alone_summary,
     compare_in_turn,
@@ -41,13 +41,10 @@ from .measure import (
     members_alone,
     peak_rss_gb,
     process_mode,
-    race_in_processes,
     time_mode,
     write_report,
 )
 from .shapes import SHAPES, ascii_head, build_model, byte_tokenizer
-
-PROMPT = "Write a long story about a lighthouse keeper and the ships she guides home through the storm."
 
 
 def build_members(
@@ -57,7 +54,7 @@ def build_members(
 
     from ..members.hf import HFMember
 
-    dtype = getattr(torch, dtype_name) if dtype_name != "auto" else _auto_dtype(devices[0])
+    dtype = getattr(torch, dtype_name) if dtype_name != "auto" else auto_dtype(devices[0])
     tokenizer = byte_tokenizer()
     members = []
     for i, (name, (arch, values)) in enumerate(SHAPES[shapes].items()):
@@ -93,14 +90,6 @@ def build_process_members(
     ]
     with concurrent.futures.ThreadPoolExecutor(count) as pool:
         return list(pool.map(ProcessMember, builds))
-
-
-def _auto_dtype(device: str) -> Any:
-    import torch
-
-    if device.startswith("cuda"):
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
 
 
 class _Memory:
@@ -165,27 +154,8 @@ def run_gpu_bench(
     base = EnsembleConfig(
         segment_len=segment_len, max_new_tokens=max_new_tokens, exit=False, stop_strings=(), prior="uniform"
     )
-    # Warm-up at full length: the first long run on a GPU pays for cudaMalloc as its caches grow (a
-    # 200-token generate took 69 ms/token the first time, 25 ms/token the next, on an H100).
-    for m in members:
-        generate_alone(m, prompt, max_new_tokens)
-        if m in compiled:
-            draft_alone(m, prompt, max_new_tokens)
-        _progress(f"{m.name}: warmed up")
-    for parallel in modes:
-        # Compiled members: twice, so that every step and block size has compiled at the static
-        # cache's final size (the verification passes grow it) before anything is timed.
-        for _ in range(2 if compiled else 1):
-            Ensemble(members, base, parallel=parallel).run(prompt)
-    for m in compiled:
-        draft_alone(m, prompt, max_new_tokens)
-
-    alone = draft_alone if compiled else generate_alone
-    singles = members_alone(members, prompt, max_new_tokens, segment_len, repeats, memory, alone)
-    for m in compiled:
-        n, seconds = generate_alone(m, prompt, max_new_tokens)
-        singles[m.name]["generate_s_per_token"] = seconds / max(n, 1)
-        singles[m.name]["bare_step_s"] = bare_step_s(m, prompt, max_new_tokens)
+    _warm_up(members, compiled, base, prompt, max_new_tokens, modes)
+    singles = _time_alone(members, compiled, prompt, max_new_tokens, segment_len, repeats, memory)
     bandwidth = bandwidths(members)
     floor_sum = add_floors(singles, member_floors(members, bandwidth))
     for s in singles.values():
@@ -193,21 +163,7 @@ def run_gpu_bench(
             s["bare_step_floor_ratio"] = s["bare_step_s"] / s["floor_s_per_token"]
     _progress("alone: " + ", ".join(f"{k} {1000 * v['s_per_token']:.1f} ms/tok" for k, v in singles.items()))
 
-    timed: dict[str, dict[str, Any]] = {}
-    for parallel in modes:
-        memory.start()
-        timed[parallel] = time_mode(members, base, prompt, singles, repeats, parallel)
-        timed[parallel]["peak_gb"] = memory.peak_gb()
-        _progress(f"mode {parallel}: {1000 * timed[parallel]['s_per_token']:.1f} ms/token")
-    if "off" in timed and "on" in timed:
-        compare_in_turn(timed["off"], timed["on"])
-    report: dict[str, Any] = {}
-    if compiled and "off" in timed:
-        memory.start()
-        with _eager(compiled):
-            timed["eager"] = time_mode(members, base, prompt, singles, repeats, "off")
-        timed["eager"]["peak_gb"] = memory.peak_gb()
-        report["compiled"] = compiled_summary(compiled, timed["off"], timed["eager"])
+    timed, report = _time_modes(members, compiled, base, prompt, singles, repeats, modes, memory)
     gpu = torch.cuda.get_device_name(devices[0]) if devices[0].startswith("cuda") else "none (CPU)"
     return {
         "gpu": gpu,
@@ -229,6 +185,80 @@ def run_gpu_bench(
     }
 
 
+def _warm_up(
+    members: Sequence[Any],
+    compiled: Sequence[Any],
+    base: EnsembleConfig,
+    prompt: str,
+    max_new_tokens: int,
+    modes: Sequence[str],
+) -> None:
+    # Warm-up at full length: the first long run on a GPU pays for cudaMalloc as its caches grow (a
+    # 200-token generate took 69 ms/token the first time, 25 ms/token the next, on an H100).
+    for m in members:
+        generate_alone(m, prompt, max_new_tokens)
+        if m in compiled:
+            draft_alone(m, prompt, max_new_tokens)
+        _progress(f"{m.name}: warmed up")
+    for parallel in modes:
+        # Compiled members: twice, so that every step and block size has compiled at the static
+        # cache's final size (the verification passes grow it) before anything is timed.
+        for _ in range(2 if compiled else 1):
+            Ensemble(members, base, parallel=parallel).run(prompt)
+    for m in compiled:
+        draft_alone(m, prompt, max_new_tokens)
+
+
+def _time_alone(
+    members: Sequence[Any],
+    compiled: Sequence[Any],
+    prompt: str,
+    max_new_tokens: int,
+    segment_len: int,
+    repeats: int,
+    memory: _Memory,
+) -> dict[str, dict[str, Any]]:
+    """Each member alone: compiled members by their own drafting, with generate and the bare
+    compiled step beside it; the others by generate."""
+    alone = draft_alone if compiled else generate_alone
+    singles = members_alone(members, prompt, max_new_tokens, segment_len, repeats, memory, alone)
+    for m in compiled:
+        n, seconds = generate_alone(m, prompt, max_new_tokens)
+        singles[m.name]["generate_s_per_token"] = seconds / max(n, 1)
+        singles[m.name]["bare_step_s"] = bare_step_s(m, prompt, max_new_tokens)
+    return singles
+
+
+def _time_modes(
+    members: Sequence[Any],
+    compiled: Sequence[Any],
+    base: EnsembleConfig,
+    prompt: str,
+    singles: dict[str, dict[str, Any]],
+    repeats: int,
+    modes: Sequence[str],
+    memory: _Memory,
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The ensemble in each mode, then (compiled members) in turn once more with eager drafts: the
+    modes timed, and the report's "compiled" entry where there is one."""
+    timed: dict[str, dict[str, Any]] = {}
+    for parallel in modes:
+        memory.start()
+        timed[parallel] = time_mode(members, base, prompt, singles, repeats, parallel)
+        timed[parallel]["peak_gb"] = memory.peak_gb()
+        _progress(f"mode {parallel}: {1000 * timed[parallel]['s_per_token']:.1f} ms/token")
+    if "off" in timed and "on" in timed:
+        compare_in_turn(timed["off"], timed["on"])
+    report: dict[str, Any] = {}
+    if compiled and "off" in timed:
+        memory.start()
+        with _eager(compiled):
+            timed["eager"] = time_mode(members, base, prompt, singles, repeats, "off")
+        timed["eager"]["peak_gb"] = memory.peak_gb()
+        report["compiled"] = compiled_summary(compiled, timed["off"], timed["eager"])
+    return timed, report
+
+
 def bare_step_s(member: Any, prompt: str, max_new_tokens: int, steps: int = 50) -> float:
     """Seconds a member's decoding step takes with nothing around it: its compiled step (the decoder
     layers' graph) and the output head after it, `steps` times at one position, read back once at the
@@ -245,11 +275,11 @@ def bare_step_s(member: Any, prompt: str, max_new_tokens: int, steps: int = 50) 
     with torch.inference_mode():
         for _ in range(3):
             member.head.logits(decoder.replay(token, position))
-        _sync(str(member.device))
+        sync(str(member.device))
         began = time.perf_counter()
         for _ in range(steps):
             member.head.logits(decoder.replay(token, position))
-        _sync(str(member.device))
+        sync(str(member.device))
     return (time.perf_counter() - began) / steps
 
 
@@ -293,203 +323,29 @@ def _progress(line: str) -> None:
     print(f"[{time.perf_counter() - _BEGAN:6.1f} s] {line}", file=sys.stderr, flush=True)
 
 
-# -- bare decoding: in turn, threads, processes --------------------------------------------------------
-
-
-def build_one(shapes: str, index: int, device: str, dtype_name: str, compile_decode: bool = False) -> Any:
-    """Member `index` of `shapes`, alone (what one worker process builds for itself)."""
-    import torch
-
-    from ..members.hf import HFMember
-
-    name, (arch, values) = list(SHAPES[shapes].items())[index]
-    dtype = getattr(torch, dtype_name) if dtype_name != "auto" else _auto_dtype(device)
-    tokenizer = byte_tokenizer()
-    model = build_model(arch, values, device, dtype, seed=index)
-    ascii_head(model, tokenizer)
-    return HFMember(
-        name, model, tokenizer, prompt_format=QA_COMPLETION, device=device, compile_decode=compile_decode
-    )
-
-
-def compare_workers(
-    shapes: str, device: str, dtype_name: str, tokens: int, prompt: str = PROMPT
-) -> dict[str, Any]:
-    """Seconds for the three members to decode `tokens` each with `generate`: one after another, at
-    once in threads (each on its own CUDA stream), and at once in one process per member.
-
-    Why processes: at batch 1 a decoding step of a Hugging Face model is mostly Python launching
-    kernels, and threads take turns holding the GIL; a process per member has its own.
-    """
-    import torch
-
-    count = len(SHAPES[shapes])
-    members = [build_one(shapes, i, device, dtype_name) for i in range(count)]
-    for m in members:  # each timing follows a full-length warm-up in the same place (see run_gpu_bench)
-        generate_alone(m, prompt, tokens)
-    _sync(device)
-    began = time.perf_counter()
-    for m in members:
-        generate_alone(m, prompt, tokens)
-    _sync(device)
-    in_turn = time.perf_counter() - began
-
-    warm = threading.Barrier(count + 1)
-
-    def alone(m: Any) -> None:
-        if device.startswith("cuda"):  # the allocator's cached blocks are per stream: warm this one
-            torch.cuda.set_stream(torch.cuda.Stream(device=device))
-        generate_alone(m, prompt, tokens)
-        _sync(device)
-        warm.wait()
-        warm.wait()
-        generate_alone(m, prompt, tokens)
-        _sync(device)
-
-    threads = [threading.Thread(target=alone, args=(m,)) for m in members]
-    for t in threads:
-        t.start()
-    warm.wait()
-    began = time.perf_counter()
-    warm.wait()
-    for t in threads:
-        t.join()
-    in_threads = time.perf_counter() - began
-    del members, threads
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()  # the processes build their own copies
-
-    in_processes = race_in_processes(
-        _decode_child, [(shapes, i, device, dtype_name, prompt, tokens) for i in range(count)], timeout=900
-    )
-    return {
-        "tokens": tokens,
-        "in_turn_s": in_turn,
-        "threads_s": in_threads,
-        "processes_s": in_processes,
-        "threads_speedup": in_turn / in_threads,
-        "processes_speedup": in_turn / in_processes,
-    }
-
-
-def _sync(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
-
-
-def _decode_child(
-    shapes: str,
-    index: int,
-    device: str,
-    dtype_name: str,
-    prompt: str,
-    tokens: int,
-    ready: Any,
-    results: Any,
-    go: Any,
-) -> None:
-    member = build_one(shapes, index, device, dtype_name)
-    generate_alone(member, prompt, tokens)
-    _sync(device)
-    ready.put(index)
-    go.wait()
-    generate_alone(member, prompt, tokens)
-    _sync(device)
-    results.put(index)
-
-
-def format_table(report: dict[str, Any]) -> str:
-    lines = [
-        f"GPU: {report['gpu']}, torch {report['torch']}, {report['dtype']}, L = {report['segment_len']}, "
-        f"{report['max_new_tokens']} tokens, exit off"
-        + (", drafts compiled (static cache)" if report.get("compile_decode") else ""),
-        f"command: {report.get('command', '')}",
-        "",
-    ]
-    for name, s in report["single"].items():
-        lines.append(
-            f"  {name:14} on {report['devices'][name]:7} {report['parameters'][name] / 1e9:5.2f} B params "
-            f"alone: {1000 * s['s_per_token']:7.1f} ms/token ({s['tokens_per_s']:.1f} tok/s), first "
-            f"{report['segment_len']} tokens {s['first_segment_s']:.3f} s, peak {s['peak_gb']:.1f} GB"
-            + (
-                f"; generate {1000 * s['generate_s_per_token']:.1f} ms/token"
-                if "generate_s_per_token" in s
-                else ""
-            )
-            + (
-                f"; the compiled step and head alone {1000 * s['bare_step_s']:.1f} ms "
-                f"({s['bare_step_floor_ratio']:.2f}× the floor)"
-                if "bare_step_floor_ratio" in s
-                else ""
-            )
-        )
-    if "compiled" in report:
-        lines.append("  (alone: each member's own compiled drafting, the ensemble's path; generate: eager)")
-    lines += modes_floor_lines(report)
-    lines += [
-        "",
-        f"{'members':14} {'ms/tok':>8} {'tok/s':>7} {'×sum':>6} {'×slowest':>8} {'1st cand':>8} "
-        f"{'1st seg':>7} {'×slowest':>8} {'peak GB':>7}",
-    ]
-    for parallel, m in report["modes"].items():
-        label = {"off": "in turn", "on": "at once", "processes": "processes", "eager": "in turn, eager"}[
-            parallel
-        ]
-        lines.append(
-            f"{label:14} {1000 * m['s_per_token']:8.1f} "
-            f"{m['tokens_per_s']:7.2f} {m['overhead_vs_single_sum']:6.2f} {m['overhead_vs_slowest']:8.2f} "
-            f"{m['first_candidate_s']:8.3f} {m['first_segment_s']:7.3f} {m['first_segment_ratio']:8.2f} "
-            f"{m['peak_gb']:7.1f}"
-        )
-    for parallel, m in report["modes"].items():
-        if "phases" in m:
-            shares = " · ".join(f"{k.removesuffix('_share')} {v:.2f}" for k, v in m["phases"].items())
-            lines.append(f"  {parallel}: shares of a round's wall time: {shares}")
-        if "wins" in next(iter(m.get("phase_ms_per_member", {}).values()), {}):
-            each = "; ".join(
-                f"{name} {p['draft_s']:.0f} / {p['verify_s']:.0f} ms, won {p['wins']:.0f}, "
-                f"took over {p['tokens_taken_over']:.0f}"
-                for name, p in m["phase_ms_per_member"].items()
-            )
-            lines.append(
-                f"  {parallel}: a round's draft / verify per member, rounds won, tokens taken over: {each}"
-            )
-    bound = report["target_overhead_vs_slowest_at_once"]
-    on_gpu = not report["gpu"].startswith("none")
-    lines.append("")
-    for parallel in ("on", "processes"):
-        m = report["modes"].get(parallel)
-        if m is None:
-            continue
-        streams = ", CUDA streams" if on_gpu else ""
-        label = f"at once (threads{streams})" if parallel == "on" else "at once (one process per member)"
-        verdict = (
-            "PASS"
-            if math.isfinite(m["overhead_vs_slowest"]) and m["overhead_vs_slowest"] <= bound
-            else "MISS"
-        )
-        lines += [
-            f"{label}: {m['speedup_vs_in_turn']:.2f}× in turn's speed; "
-            f"same answer: {m['same_answer_as_in_turn']} ({m['common_prefix_chars']} characters in common)",
-            f"  target: time per token ≤ {bound} × the slowest member alone: "
-            f"{m['overhead_vs_slowest']:.2f}  {verdict}",
-        ]
-    if "compiled" in report:
-        c = report["compiled"]
-        lines.append(
-            f"compiled drafts: {c['speedup_in_turn']:.2f}× eager drafts' speed in turn; same answer: "
-            f"{c['same_answer_as_eager']}; drafts {c['drafts']}; verification passes "
-            f"{c.get('verified', {})}; off: {c['disabled']}; "
-            f"graphs skipped: {c['cudagraph_skips']}"
-        )
-    if "processes" in report["modes"] and on_gpu:
-        lines.append("  (processes: peak GB is the GPU memory in use after the run, every process together)")
-    return "\n".join(lines)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    devices = [d.strip() for d in (args.devices or args.device).split(",") if d.strip()]
+    try:
+        _check_devices(args, devices)
+        if args.workers:
+            race = compare_workers(args.shapes, devices[0], args.dtype, args.max_new_tokens)
+            print(format_race(race))
+            if args.json:
+                args.json.write_text(json.dumps(race, indent=1))
+            return 0
+        report = _run(args, devices)
+    except SpecfuseError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    report["command"] = " ".join(
+        ["python -m specfuse.bench gpu", *(argv if argv is not None else sys.argv[1:])]
+    )
+    write_report(report, format_table(report), args.json)
+    return 0
+
+
+def _parser() -> Parser:
     parser = Parser(
         prog="python -m specfuse.bench gpu",
         description="Three random-weight members with real 7-9B shapes: members at once on CUDA streams "
@@ -526,64 +382,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="instead: bare decoding of the three members in turn, in threads and in one process each",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _check_devices(args: Any, devices: Sequence[str]) -> None:
+    """Refuse GPUs torch does not see; on a CPU, dtype auto is float32."""
     import torch
 
-    devices = [d.strip() for d in (args.devices or args.device).split(",") if d.strip()]
-    try:
-        if any(d.startswith("cuda") for d in devices):
-            if not torch.cuda.is_available():
-                raise SpecfuseError(
-                    f"--device {','.join(devices)}: torch sees no GPU here (torch {torch.__version__}); "
-                    "install a CUDA build of torch on a GPU machine, or use --shapes tiny --device cpu"
-                )
-            count = torch.cuda.device_count()
-            for d in devices:
-                if d != "cuda" and int(d.split(":", 1)[1]) >= count:
-                    raise SpecfuseError(f"{d}: this machine has {count} GPU(s)")
-        elif args.dtype == "auto":
-            args.dtype = "float32"
-        if args.workers:
-            race = compare_workers(args.shapes, devices[0], args.dtype, args.max_new_tokens)
-            print(
-                f"{race['tokens']} tokens each: in turn {race['in_turn_s']:.2f} s, "
-                f"threads {race['threads_s']:.2f} s "
-                f"({race['threads_speedup']:.2f}×), processes {race['processes_s']:.2f} s "
-                f"({race['processes_speedup']:.2f}×)"
+    if any(d.startswith("cuda") for d in devices):
+        if not torch.cuda.is_available():
+            raise SpecfuseError(
+                f"--device {','.join(devices)}: torch sees no GPU here (torch {torch.__version__}); "
+                "install a CUDA build of torch on a GPU machine, or use --shapes tiny --device cpu"
             )
-            if args.json:
-                args.json.write_text(json.dumps(race, indent=1))
-            return 0
-        began = time.perf_counter()
-        members = build_members(args.shapes, devices, args.dtype, args.compile)
-        _progress(f"built {len(members)} members in {time.perf_counter() - began:.1f} s")
-        report = run_gpu_bench(
-            members,
-            max_new_tokens=args.max_new_tokens,
-            segment_len=args.segment_len,
-            repeats=args.repeats,
-            modes=("off",) if args.no_threads else ("off", "on"),
-        )
-        report["compile_decode"] = args.compile
-        if not args.no_processes:
-            del members  # the worker processes build their own copies: free this one's first
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            workers = build_process_members(args.shapes, devices, args.dtype, args.compile)
-            try:
-                add_process_mode(report, workers, repeats=args.repeats)
-            finally:
-                for w in workers:
-                    w.close()
-    except SpecfuseError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    report["command"] = " ".join(
-        ["python -m specfuse.bench gpu", *(argv if argv is not None else sys.argv[1:])]
+        count = torch.cuda.device_count()
+        for d in devices:
+            if d != "cuda" and int(d.split(":", 1)[1]) >= count:
+                raise SpecfuseError(f"{d}: this machine has {count} GPU(s)")
+    elif args.dtype == "auto":
+        args.dtype = "float32"
+
+
+def _run(args: Any, devices: Sequence[str]) -> dict[str, Any]:
+    """The members built here, timed alone and in each mode; then, unless --no-processes, built
+    again one per worker process and timed as the mode "processes"."""
+    import torch
+
+    began = time.perf_counter()
+    members = build_members(args.shapes, devices, args.dtype, args.compile)
+    _progress(f"built {len(members)} members in {time.perf_counter() - began:.1f} s")
+    report = run_gpu_bench(
+        members,
+        max_new_tokens=args.max_new_tokens,
+        segment_len=args.segment_len,
+        repeats=args.repeats,
+        modes=("off",) if args.no_threads else ("off", "on"),
     )
-    write_report(report, format_table(report), args.json)
-    return 0
+    report["compile_decode"] = args.compile
+    if not args.no_processes:
+        del members  # the worker processes build their own copies: free this one's first
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        workers = build_process_members(args.shapes, devices, args.dtype, args.compile)
+        try:
+            add_process_mode(report, workers, repeats=args.repeats)
+        finally:
+            for w in workers:
+                w.close()
+    return report
 
 
 if __name__ == "__main__":
