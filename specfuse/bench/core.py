@@ -26,6 +26,7 @@ from ..members.workers import run_concurrently
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from .floor import add_floors, bandwidths, cost_line, floor_lines, member_floors
 from .measure import (
+    TimedRun,
     accept_ms_per_member,
     alone_summary,
     cpu_model,
@@ -78,7 +79,6 @@ def run_bench(
     `repeats`). Exit is off so that all N members draft every round: the per-round cost measured is
     that of the full ensemble. `settings`: EnsembleConfig fields set on top, in every run.
     """
-    names = [m.name for m in members]
     base = replace(EnsembleConfig(exit=False, stop_strings=()), **(settings or {}))
     config = replace(base, segment_len=segment_len, max_new_tokens=max_new_tokens)
     steps = _Steps(7, progress)
@@ -117,17 +117,28 @@ def run_bench(
         timed_stream(ensemble, prompt, one_round).first_segment_s for _ in range(repeats)
     )
     steps.close()
+    run = dict(prompt=prompt, segment_len=segment_len, max_new_tokens=max_new_tokens, parallel=parallel)
+    return _report(members, run, main, off, singles, first_segment)
 
+
+def _report(
+    members: Sequence[Any],
+    run: dict[str, Any],
+    main: TimedRun,
+    off: TimedRun,
+    singles: dict[str, dict[str, Any]],
+    first_segment: float,
+) -> dict[str, Any]:
+    """The report from what run_bench measured (the memory bandwidth is read here, last); `run`: its
+    prompt, segment_len, max_new_tokens and parallel, as they were passed."""
     early, late = late_early_ranges(len(main.rounds))
-    shares = phase_shares(main.rounds, concurrent=run_concurrently(members, parallel))
+    shares = phase_shares(main.rounds, concurrent=run_concurrently(members, run["parallel"]))
     bandwidth = bandwidths(members)
     floor_sum = add_floors(singles, member_floors(members, bandwidth))
+    tokens = tokens_of(main.rounds)
     seconds_per_token = main.seconds / max(tokens, 1)
     alone = alone_summary(singles)
     single_sum, slowest_first = alone["single_sum_s_per_token"], alone["slowest_single_first_segment_s"]
-    compared = len(off.rounds)
-    on_accept = accept_ms_per_member(main.rounds, last_k=compared)
-    off_accept = accept_ms_per_member(off.rounds)
     import torch
 
     report: dict[str, Any] = {
@@ -136,13 +147,13 @@ def run_bench(
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "transformers": _version("transformers"),
-        "models": names,
+        "models": [m.name for m in members],
         "dtypes": {m.name: str(m.dtype).replace("torch.", "") for m in members},
-        "prompt": prompt,
-        "segment_len": segment_len,
-        "max_new_tokens": max_new_tokens,
+        "prompt": run["prompt"],
+        "segment_len": run["segment_len"],
+        "max_new_tokens": run["max_new_tokens"],
         "exit": False,
-        "parallel": parallel,
+        "parallel": run["parallel"],
         "rounds": len(main.rounds),
         "answer_tokens": tokens,
         "answer_chars": len(main.rounds[-1].text),
@@ -176,19 +187,26 @@ def run_bench(
         "first_segment_latency_s_in_long_run": main.first_segment_s,
         "slowest_single_first_segment_s": slowest_first,
         "first_segment_latency_ratio": first_segment / slowest_first,
-        "accept_cost": {
-            "rounds_compared": compared,
-            "reuse_on_ms": on_accept,
-            "reuse_off_ms": off_accept,
-            "reuse_on_share_of_round": sum(t.accept_s for r in main.rounds[:compared] for t in r.timings)
-            / sum(r.seconds for r in main.rounds[:compared]),
-            "reuse_off_share_of_round": sum(t.accept_s for r in off.rounds for t in r.timings)
-            / sum(r.seconds for r in off.rounds),
-            "reuse_off_same_text": off.rounds[-1].text == main.rounds[len(off.rounds) - 1].text,
-        },
+        "accept_cost": _accept_cost(main, off),
         "peak_rss_gb": peak_rss_gb(),
     }
     return report
+
+
+def _accept_cost(main: TimedRun, off: TimedRun) -> dict[str, Any]:
+    """The accept phase's cost with verified keys/values reused (`main`) against without (`off`),
+    over the rounds both ran."""
+    compared = len(off.rounds)
+    return {
+        "rounds_compared": compared,
+        "reuse_on_ms": accept_ms_per_member(main.rounds, last_k=compared),
+        "reuse_off_ms": accept_ms_per_member(off.rounds),
+        "reuse_on_share_of_round": sum(t.accept_s for r in main.rounds[:compared] for t in r.timings)
+        / sum(r.seconds for r in main.rounds[:compared]),
+        "reuse_off_share_of_round": sum(t.accept_s for r in off.rounds for t in r.timings)
+        / sum(r.seconds for r in off.rounds),
+        "reuse_off_same_text": off.rounds[-1].text == main.rounds[len(off.rounds) - 1].text,
+    }
 
 
 class _Steps:
@@ -293,6 +311,27 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.rss_child is not None:
+        rss_child(args.rss_child, args.dtype)
+        return 0
+    try:
+        report = _run(args)
+    except SpecfuseError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    report["quick"] = args.quick
+    report["settings"] = dict(args.settings)
+    report["quantize"] = args.quantize
+    write_report(report, format_table(report), args.json)
+    return 0
+
+
+def _parser() -> Parser:
     parser = Parser(
         prog="python -m specfuse.bench",
         description="Benchmark the ensemble against its members alone on one prompt (issue 4).",
@@ -320,59 +359,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--profile", type=Path, default=None, help="write a cProfile of the run here")
     parser.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
-    )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if args.rss_child is not None:
-        rss_child(args.rss_child, args.dtype)
-        return 0
+    return parser
 
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
+    """Load the models, run the benchmark (under cProfile with --profile), then (unless --no-rss or
+    quantized) each model's memory alone in a child process."""
     from ..models.loading import load_members, tqdm_progress
 
     tokens = args.max_new_tokens or (160 if args.quick else 440)
-    try:
-        names = parse_models(args.models, hub=False)
-        members = load_members(
-            names, dtype=args.dtype, progress=tqdm_progress("loading"), quantize=args.quantize
-        )
-        bench_kwargs = dict(
-            prompt=args.prompt,
-            max_new_tokens=tokens,
-            segment_len=args.segment_len,
-            repeats=2 if args.quick else 3,
-            off_rounds=args.off_rounds,
-            parallel=args.parallel,
-            settings=dict(args.settings),
-            progress=True,
-        )
-        if args.profile is not None:
-            import cProfile
-            import pstats
+    names = parse_models(args.models, hub=False)
+    members = load_members(names, dtype=args.dtype, progress=tqdm_progress("loading"), quantize=args.quantize)
+    bench_kwargs = dict(
+        prompt=args.prompt,
+        max_new_tokens=tokens,
+        segment_len=args.segment_len,
+        repeats=2 if args.quick else 3,
+        off_rounds=args.off_rounds,
+        parallel=args.parallel,
+        settings=dict(args.settings),
+        progress=True,
+    )
+    if args.profile is not None:
+        import cProfile
+        import pstats
 
-            profiler = cProfile.Profile()
-            report = profiler.runcall(run_bench, members, **bench_kwargs)
-            profiler.dump_stats(args.profile)
-            with open(args.profile.with_suffix(".txt"), "w") as f:
-                pstats.Stats(profiler, stream=f).sort_stats("cumulative").print_stats(40)
-        else:
-            report = run_bench(members, **bench_kwargs)
-        if not args.no_rss and args.quantize == "none":  # the children load unquantized models
-            alone = rss_alone(names, args.dtype)
-            report["rss_alone_gb"] = alone
-            report["rss_sum_alone_gb"] = sum(alone[n] for n in names)
-            report["rss_sum_alone_one_baseline_gb"] = (
-                report["rss_sum_alone_gb"] - (len(names) - 1) * alone["baseline"]
-            )
-    except SpecfuseError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    report["quick"] = args.quick
-    report["settings"] = dict(args.settings)
-    report["quantize"] = args.quantize
-    write_report(report, format_table(report), args.json)
-    return 0
+        profiler = cProfile.Profile()
+        report = profiler.runcall(run_bench, members, **bench_kwargs)
+        profiler.dump_stats(args.profile)
+        with open(args.profile.with_suffix(".txt"), "w") as f:
+            pstats.Stats(profiler, stream=f).sort_stats("cumulative").print_stats(40)
+    else:
+        report = run_bench(members, **bench_kwargs)
+    if not args.no_rss and args.quantize == "none":  # the children load unquantized models
+        alone = rss_alone(names, args.dtype)
+        report["rss_alone_gb"] = alone
+        report["rss_sum_alone_gb"] = sum(alone[n] for n in names)
+        report["rss_sum_alone_one_baseline_gb"] = (
+            report["rss_sum_alone_gb"] - (len(names) - 1) * alone["baseline"]
+        )
+    return report
 
 
 if __name__ == "__main__":
