@@ -183,6 +183,14 @@ def _parser() -> argparse.ArgumentParser:
     tasks = parser.add_subparsers(
         dest="task", required=True, metavar="{gsm8k,ifeval,open-ended,trust,throughput}"
     )
+    common, study = _common_flags(), _study_flags()
+    _add_studies(tasks, common, study)
+    _add_trust_and_throughput(tasks, common)
+    return parser
+
+
+def _common_flags() -> Parser:
+    """Every task's flags but trust's: the members, the decoding and the batch."""
     common = Parser(add_help=False)
     common.add_argument("--models", nargs="+", default=None, help="catalogue names (default: the trio)")
     common.add_argument("--max-new-tokens", type=int, default=256, help="answer budget (default 256)")
@@ -200,6 +208,11 @@ def _parser() -> argparse.ArgumentParser:
         help=trust_file.CLI_HELP,
     )
     common.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
+    return common
+
+
+def _study_flags() -> Parser:
+    """The flags of a study (gsm8k, ifeval, open-ended): its systems, variants and report."""
     study = Parser(add_help=False)
     systems_help = ", ".join(f"{k} ({h})" for k, (_, h) in BUILTIN.items())
     study.add_argument(
@@ -221,7 +234,11 @@ def _parser() -> argparse.ArgumentParser:
     study.add_argument("--title", default=None, help="the results page's title")
     study.add_argument("--cases", type=int, default=6, help="failure-case traces to copy per list")
     study.add_argument("--no-png", action="store_true", help="skip the PNG chart (needs kaleido)")
+    return study
 
+
+def _add_studies(tasks: argparse._SubParsersAction[Parser], common: Parser, study: Parser) -> None:
+    """The gsm8k, ifeval and open-ended tasks."""
     gsm = tasks.add_parser("gsm8k", parents=[common, study], help="GSM8K accuracy with paired statistics")
     gsm.add_argument("--data", type=Path, required=True, help="GSM8K JSONL (question, answer)")
     gsm.add_argument("--limit", type=int, default=None, help="the first N problems only (of --rows)")
@@ -260,6 +277,9 @@ def _parser() -> argparse.ArgumentParser:
     open_.add_argument("--runs", type=Path, default=Path("runs/open"), help="trace root (default runs/open)")
     open_.add_argument("--name", default="RESULTS-open", help="report file stem (default RESULTS-open)")
 
+
+def _add_trust_and_throughput(tasks: argparse._SubParsersAction[Parser], common: Parser) -> None:
+    """The trust task (from reports, no members) and the throughput task."""
     trust = tasks.add_parser(
         "trust", help="members' starting trust from their accuracy alone in evaluation reports"
     )
@@ -273,7 +293,6 @@ def _parser() -> argparse.ArgumentParser:
     speed.add_argument("--problems", type=int, default=8, help="how many problems (default 8)")
     speed.add_argument("--repeats", type=int, default=1, help="alternating passes of each kind (default 1)")
     speed.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    return parser
 
 
 def _variants(args: argparse.Namespace) -> dict[str, dict[str, Any]]:

@@ -1,31 +1,43 @@
 """Names → members: the one loading path, for one member or an ensemble, here, in processes or served.
 
-Knows nothing about drafting, scoring or rounds: it hands back members and stops there.
+Knows nothing about drafting, scoring or rounds: it hands back members and stops there. Which kind of
+member a name is, and who may name it, is names.py's; this module builds the member.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import os
-import re
 import struct
 import sys
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specfuse.errors import ConfigError, ModelLoadError, UnknownModelError
+from specfuse.errors import ConfigError, ModelLoadError
 from specfuse.members.process import ProcessMember, wanted
 from specfuse.members.workers import cpu_cores
 from specfuse.prompts import CHAT, QA_COMPLETION, PromptFormat
 
-from .cache import Progress, assemble_gguf, cache_root, cached_folder, ensure_cached, no_progress
-from .catalogue import CATALOGUE, installed_models
+from .cache import Progress, assemble_gguf, cache_root, ensure_cached, no_progress
+from .catalogue import CATALOGUE
 from .devices import gpu_count, plan_devices, resolve_dtype
+from .names import (  # Loader, LoadRequest, load_tokenizer, resolve_quantize: importable here too
+    Loader,
+    LoadRequest,
+    hub_failure,
+    is_dir,
+    is_gguf,
+    is_hub_id,
+    is_server,
+    load_tokenizer,
+    offline,
+    pick_loader,
+    resolve_quantize,
+)
 from .quantize import check_quantize, quantize_model
 from .quantize_options import LLAMA_CPP
 
@@ -37,44 +49,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
 MemberLoad = Callable[..., "Member"]  # load_member's signature: (name, *, device, progress, **options)
 
 
 # ---- one name → one member, here ------------------------------------------------------------------
-
-
-def _unknown(name: str, allow_paths: bool) -> UnknownModelError:
-    hint = " Give a local checkpoint folder or a hub id (owner/name)." if allow_paths else ""
-    installed = installed_models()
-    missing = [m for m in CATALOGUE if m not in installed]
-    absent = f" (also in the catalogue, not installed here: {', '.join(missing)})" if missing else ""
-    return UnknownModelError(
-        f"Unknown model {name!r}; installed: {', '.join(installed) or 'none'}{absent}.{hint}"
-    )
-
-
-def _offline() -> bool:
-    # huggingface_hub reads HF_HUB_OFFLINE once at import; read it per call so tests and users can
-    # set it late.
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _hub_failure(name: str, e: BaseException) -> str:
-    """Why a hub id did not load, and the next step that fits how HF_HUB_OFFLINE is set."""
-    detail = (str(e).splitlines() or [type(e).__name__])[0][:200]
-    if _offline():
-        return (
-            f"Could not load {name!r}: HF_HUB_OFFLINE is set, so only the local hub cache is used, and "
-            "the repo is not in it. Unset HF_HUB_OFFLINE to download it (needs a connection), or give "
-            f"a local checkpoint folder. ({detail})"
-        )
-    return (
-        f"Could not load {name!r} from the Hugging Face hub: it is unreachable or the repo does not "
-        "exist. Check the id and the connection, set HF_HUB_OFFLINE=1 to use only the local cache "
-        f"(and skip retries), or give a local checkpoint folder. ({detail})"
-    )
 
 
 def _from_pretrained(
@@ -93,50 +71,6 @@ def _from_pretrained(
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device_map, **kwargs)
     return model, tokenizer
-
-
-@dataclass(frozen=True)
-class LoadRequest:
-    """How to load one member: what load_member was asked, for every loader alike."""
-
-    name: str
-    device: str
-    dtype: str
-    device_map: str | dict[str, Any] | None
-    cache_dir: str | os.PathLike[str] | None
-    trust_remote_code: bool
-    progress: Progress
-    compile_decode: bool = False  # HFMember drafts in a static cache, compiled (members/compiled.py)
-    quantize: str = "none"  # "int8"/"int4": torch weights quantized (quantize.py); "gguf": llama.cpp
-
-
-@dataclass(frozen=True)
-class Loader:
-    """One way to name a member. The first loader whose `matches` accepts a name loads it."""
-
-    kind: str  # "catalogue", "server", "folder", "gguf", "hub"
-    matches: Callable[[str], bool]
-    trust: str  # who may use it: "anyone", "paths" (the operator's own files and hub ids), "servers"
-    load: Callable[[LoadRequest], Member]
-
-
-def _is_dir(name: str) -> bool:
-    return Path(name).expanduser().is_dir()
-
-
-def _is_gguf(name: str) -> bool:
-    path = Path(name).expanduser()
-    return path.is_file() and path.suffix == ".gguf"
-
-
-def _is_hub_id(name: str) -> bool:
-    return bool(_HUB_ID.match(name)) and not Path(name).expanduser().exists()
-
-
-def _is_server(name: str) -> bool:
-    from specfuse.members.remote import is_server_spec
-
-    return is_server_spec(name)
 
 
 def _load_catalogue(req: LoadRequest) -> Member:
@@ -161,7 +95,7 @@ def _load_gguf(req: LoadRequest) -> Member:
 
 
 def _load_hub(req: LoadRequest) -> HFMember:
-    return _load_hf(req, req.name, None, _offline(), None)
+    return _load_hf(req, req.name, None, offline(), None)
 
 
 def _load_llamacpp(req: LoadRequest, path: Path, trust: float | None) -> Member:
@@ -221,61 +155,13 @@ def _load_server(req: LoadRequest) -> Member:
     return member
 
 
-def load_tokenizer(
-    source: str, cache_dir: str | os.PathLike[str] | None = None, progress: Progress = no_progress
-) -> tuple[Any, PromptFormat, Any]:
-    """A model's tokenizer without its weights: (tokenizer, prompt format, generation eos ids).
-
-    `source`: a catalogue name (its converted folder when cached, else its GGUF file), a local
-    folder, a .gguf file, or a hub id.
-    """
-    from transformers import AutoTokenizer, GenerationConfig
-
-    entry = CATALOGUE.get(source)
-    gguf_file = None
-    if entry is not None:
-        folder = cached_folder(entry, cache_dir)
-        if folder is None:
-            gguf = assemble_gguf(entry, cache_root(cache_dir) / "gguf", progress)
-            folder, gguf_file = gguf.parent, gguf.name
-        where: str | Path = folder
-    elif _is_dir(source):
-        where = Path(source).expanduser()
-    elif _is_gguf(source):
-        path = Path(source).expanduser()
-        where, gguf_file = path.parent, path.name
-    elif _is_hub_id(source):
-        where = source
-    else:
-        raise UnknownModelError(
-            f"Unknown tokenizer {source!r} for a served member; give a catalogue name "
-            f"({', '.join(CATALOGUE)}), a local folder, a .gguf file or a hub id with ?tokenizer="
-        )
-    kwargs: dict[str, Any] = {"local_files_only": _offline() if isinstance(where, str) else True}
-    if gguf_file is not None:
-        kwargs["gguf_file"] = gguf_file
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
-    except (OSError, ValueError, KeyError, struct.error) as e:  # struct.error: a truncated GGUF file
-        raise ModelLoadError(f"Could not load the tokenizer {source!r}: {e}") from e
-    try:
-        eos = GenerationConfig.from_pretrained(where, **kwargs).eos_token_id
-    except (OSError, ValueError, KeyError, TypeError):
-        eos = None  # no generation config: the tokenizer's own end tokens are used
-    if entry is not None:
-        prompt_format = entry.prompt_format
-    else:
-        prompt_format = CHAT if getattr(tokenizer, "chat_template", None) else QA_COMPLETION
-    return tokenizer, prompt_format, eos
-
-
 # The order matters: a server spec holds slashes, a hub id looks like a relative path.
 LOADERS: tuple[Loader, ...] = (
     Loader("catalogue", lambda name: name in CATALOGUE, "anyone", _load_catalogue),
-    Loader("server", _is_server, "servers", _load_server),
-    Loader("folder", _is_dir, "paths", _load_folder),
-    Loader("gguf", _is_gguf, "paths", _load_gguf),
-    Loader("hub", _is_hub_id, "paths", _load_hub),
+    Loader("server", is_server, "servers", _load_server),
+    Loader("folder", is_dir, "paths", _load_folder),
+    Loader("gguf", is_gguf, "paths", _load_gguf),
+    Loader("hub", is_hub_id, "paths", _load_hub),
 )
 
 
@@ -286,20 +172,7 @@ def check_member_name(name: str, *, allow_paths: bool = True, allow_servers: boo
     `allow_servers` (default: as `allow_paths`) admits server specs; the app allows them only for
     the specs the operator gave at start, so that a browser user can never make it reach a URL.
     """
-    allow_servers = allow_paths if allow_servers is None else allow_servers
-    allowed = {"anyone": True, "paths": allow_paths, "servers": allow_servers}
-    for loader in LOADERS:
-        if loader.matches(name):
-            if allowed[loader.trust]:
-                return loader
-            if loader.kind == "server":
-                raise UnknownModelError(
-                    f"Unknown model {name!r}: only the operator names servers (with start-up flags)."
-                )
-            raise _unknown(name, allow_paths=False)
-    if allow_paths and (os.sep in name or name.startswith((".", "~"))):
-        raise ModelLoadError(f"No checkpoint folder at {name!r}; give an existing folder.")
-    raise _unknown(name, allow_paths=allow_paths)
+    return pick_loader(name, LOADERS, allow_paths=allow_paths, allow_servers=allow_servers)
 
 
 def load_member(
@@ -347,20 +220,6 @@ def load_member(
     return loader.load(request)
 
 
-def resolve_quantize(
-    quantize: str, name: str, device: str, device_map: str | dict[str, Any] | None = None
-) -> str:
-    """ "auto": "gguf" for a GGUF model (a catalogue name or a .gguf file) bound for the CPU where
-    llama-cpp-python is installed, else "none". Any other value stays as it is. (Not "gguf-draft",
-    faster still: its GSM8K score fell 2 points from bf16's, past the 1-point bound;
-    docs/benchmarks-log.md.)"""
-    if quantize != "auto":
-        return quantize
-    on_cpu = device_map is None and (device.startswith("cpu") or (device == "auto" and not gpu_count()))
-    has_gguf = name in CATALOGUE or _is_gguf(name)
-    return "gguf" if on_cpu and has_gguf and importlib.util.find_spec("llama_cpp") is not None else "none"
-
-
 def _load_hf(
     req: LoadRequest,
     source: str | Path,
@@ -391,7 +250,7 @@ def _load_hf(
         )
     except OSError as e:  # includes ConnectionError and huggingface_hub's offline errors
         if isinstance(source, str):
-            raise ModelLoadError(_hub_failure(name_or_path, e)) from e
+            raise ModelLoadError(hub_failure(name_or_path, e)) from e
         raise ModelLoadError(f"Could not load {name_or_path!r} from {source}: {e}") from e
     except (ValueError, KeyError, ImportError, struct.error) as e:  # struct.error: a truncated GGUF file
         raise ModelLoadError(f"Could not load {name_or_path!r}: {e}") from e
@@ -526,23 +385,10 @@ def load_members(
     check_quantize(quantize)
     load_here = load or load_member
     distinct = list(dict.fromkeys(names))
-    repeated = [n for n in distinct if names.count(n) > 1]
-    if devices is not None:
-        if len(devices) != len(names):
-            raise ConfigError(f"{len(devices)} devices for {len(names)} members")
-        placed = [devices[names.index(n)] for n in distinct]
-    else:
-        placed = plan_devices(len(distinct), device) if device_map is None else [device] * len(distinct)
-    for name in repeated:
-        if _is_server(name):
-            raise ConfigError(f"{name} is served by an inference server; list it once")
-    if processes == "auto" and (device_map is not None or repeated):
-        processes = False  # "auto" is for whole members, each listed once
-    local = [d for n, d in zip(distinct, placed) if not _is_server(n)]
-    in_processes = wanted(processes, ensemble_devices or local, cpu_cores())
-    if in_processes and repeated:
-        raise ConfigError(f"{repeated[0]}: with --processes, list each model once")
+    placed = _placement(names, distinct, devices, device, device_map)
+    in_processes = _in_processes(names, distinct, placed, processes, device_map, ensemble_devices)
     sharing = len(ensemble_devices or distinct)
+    servers = allow_paths if allow_servers is None else allow_servers
 
     def one(name: str, place: str, step: Progress) -> Member:
         options: dict[str, Any] = dict(
@@ -551,22 +397,74 @@ def load_members(
             device_map=device_map,
             cache_dir=cache_dir,
             allow_paths=allow_paths or name in trusted,
-            allow_servers=(allow_paths if allow_servers is None else allow_servers) or name in trusted,
+            allow_servers=servers or name in trusted,
             trust_remote_code=trust_remote_code,
         )
         if compile_decode:
             options["compile_decode"] = True
         if quantize != "none":
             options["quantize"] = quantize
-        if not in_processes or _is_server(name):
+        if not in_processes or is_server(name):
             return load_here(name, progress=step, **options)
-        step(0.0, f"loading {name} in a process of its own")
-        threads = max(1, cpu_cores() // sharing) if place.startswith("cpu") else None
-        member = load_in_process(name, threads=threads, load=load_here, **options)
-        step(1.0, f"{name} loaded")
-        return member
+        return _load_in_own_process(name, place, step, load_here, sharing, options)
 
-    loaded = dict(zip(distinct, load_each(distinct, placed, one, progress)))
+    return _with_repeats(names, dict(zip(distinct, load_each(distinct, placed, one, progress))))
+
+
+def _placement(
+    names: Sequence[str],
+    distinct: Sequence[str],
+    devices: Sequence[str] | None,
+    device: str,
+    device_map: str | dict[str, Any] | None,
+) -> list[str]:
+    """The device of each distinct name: its own in `devices` (one per name), else plan_devices over
+    them on `device`; with `device_map`, `device` for each (accelerate spreads each model)."""
+    if devices is not None:
+        if len(devices) != len(names):
+            raise ConfigError(f"{len(devices)} devices for {len(names)} members")
+        return [devices[names.index(n)] for n in distinct]
+    return plan_devices(len(distinct), device) if device_map is None else [device] * len(distinct)
+
+
+def _in_processes(
+    names: Sequence[str],
+    distinct: Sequence[str],
+    placed: Sequence[str],
+    processes: bool | str,
+    device_map: str | dict[str, Any] | None,
+    ensemble_devices: Sequence[str] | None,
+) -> bool:
+    """Whether the members load in worker processes of their own (load_members's `processes`), or
+    the ConfigError that says why a model listed twice cannot share its weights."""
+    repeated = [n for n in distinct if names.count(n) > 1]
+    for name in repeated:
+        if is_server(name):
+            raise ConfigError(f"{name} is served by an inference server; list it once")
+    if processes == "auto" and (device_map is not None or repeated):
+        processes = False  # "auto" is for whole members, each listed once
+    local = [d for n, d in zip(distinct, placed) if not is_server(n)]
+    in_processes = wanted(processes, ensemble_devices or local, cpu_cores())
+    if in_processes and repeated:
+        raise ConfigError(f"{repeated[0]}: with --processes, list each model once")
+    return in_processes
+
+
+def _load_in_own_process(
+    name: str, place: str, step: Progress, load_here: MemberLoad, sharing: int, options: dict[str, Any]
+) -> Member:
+    """`name` loaded by `load_here` in a worker process; a CPU member's threads are its equal share
+    of the cores among `sharing` members."""
+    step(0.0, f"loading {name} in a process of its own")
+    threads = max(1, cpu_cores() // sharing) if place.startswith("cpu") else None
+    member = load_in_process(name, threads=threads, load=load_here, **options)
+    step(1.0, f"{name} loaded")
+    return member
+
+
+def _with_repeats(names: Sequence[str], loaded: dict[str, Member]) -> list[Member]:
+    """The members in the order of `names`: a name's first listing is its loaded member, each later
+    one another member, `name#2`, … on the same weights (share_weights)."""
     members: list[Member] = []
     seen: dict[str, int] = {}
     for name in names:

@@ -65,6 +65,16 @@ class Serving:
             while len(self.traces) > self.limits.traces:
                 self.traces.popitem(last=False)
 
+    def authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        token = given[7:] if given.lower().startswith("bearer ") else ""
+        if not secrets.compare_digest(token.encode(), self.api_key.encode()):
+            raise ApiError(
+                401, "a valid API key is required (Authorization: Bearer KEY)", code="invalid_api_key"
+            )
+
 
 def create_app(
     scheduler: Scheduler | None = None, *, api_key: str | None = None, limits: Limits | None = None
@@ -75,6 +85,14 @@ def create_app(
     if scheduler is not None:
         serving.attach(scheduler)
     app.state.serving = serving
+    _add_error_handlers(app)
+    _add_info_routes(app, serving)
+    _add_completion_routes(app, serving)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as OpenAI's error body: ours (ApiError) and Starlette's (404, 405, …)."""
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError) -> JSONResponse:
@@ -87,20 +105,14 @@ def create_app(
             ApiError(e.status_code, str(e.detail), type=kind).body(), status_code=e.status_code
         )
 
-    def authorize(request: Request) -> None:
-        if serving.api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        token = given[7:] if given.lower().startswith("bearer ") else ""
-        if not secrets.compare_digest(token.encode(), serving.api_key.encode()):
-            raise ApiError(
-                401, "a valid API key is required (Authorization: Bearer KEY)", code="invalid_api_key"
-            )
+
+def _add_info_routes(app: FastAPI, serving: Serving) -> None:
+    """/openapi.json, /health, /v1/models and /v1/traces/{id}."""
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi(request: Request) -> JSONResponse:
         """The API's schema, request bodies included (the `specfuse` fields with their ranges)."""
-        authorize(request)
+        serving.authorize(request)
         if app.openapi_schema is None:
             app.openapi_schema = _openapi(app)
         return JSONResponse(app.openapi_schema)
@@ -113,12 +125,12 @@ def create_app(
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> JSONResponse:
-        authorize(request)
+        serving.authorize(request)
         return JSONResponse(schema.models(serving.ready().names, serving.created))
 
     @app.get("/v1/traces/{trace_id}")
     async def get_trace(trace_id: str, request: Request) -> Response:
-        authorize(request)
+        serving.authorize(request)
         trace = serving.traces.get(trace_id)
         if trace is None:
             raise ApiError(
@@ -127,52 +139,56 @@ def create_app(
             )
         return Response(dump_trace(trace), media_type="application/json")
 
+
+def _add_completion_routes(app: FastAPI, serving: Serving) -> None:
+    """/v1/chat/completions and /v1/completions."""
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        return await respond(request, "chat")
+        return await _respond(serving, request, "chat")
 
     @app.post("/v1/completions")
     async def text(request: Request) -> Response:
-        return await respond(request, "text")
+        return await _respond(serving, request, "text")
 
-    async def respond(request: Request, kind: str) -> Response:
-        arrived = time.monotonic()
-        authorize(request)
-        scheduler = serving.ready()
-        raw = await request.body()
-        if len(raw) > serving.limits.max_body_bytes:
-            raise ApiError(413, f"the request body is over {serving.limits.max_body_bytes:,} bytes")
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"the request body is not valid JSON: {e}") from None
-        ask = schema.parse_request(
-            body, kind, names=scheduler.names, base=scheduler.config, limits=serving.limits
-        )
-        try:
-            ticket = scheduler.submit(ask.prompt, ask.config, members=ask.members)
-        except QueueFull as e:
-            raise ApiError(429, str(e), type="rate_limit_error", code="queue_full") from None
-        except SchedulerClosed as e:
-            raise ApiError(503, str(e), type="server_error") from None
-        except ConfigError as e:
-            raise ApiError(400, str(e), param="specfuse.members" if "member" in str(e) else None) from None
-        prompt_tokens = serving.count_tokens(ask.prompt)
-        watch = asyncio.create_task(_watch(request, ticket, arrived + serving.limits.request_timeout_s))
-        events = ticket.aevents()
-        try:
-            first = await _next_round(events, ticket, watch)  # errors before any answer: a status
-        except BaseException:
-            watch.cancel()
-            await events.aclose()
-            serving.keep(ticket)
-            raise
-        run = _Response(ask, ticket, prompt_tokens, watch, events, serving)
-        if ask.stream:
-            return StreamingResponse(run.sse(first), media_type="text/event-stream")
-        return JSONResponse(await run.whole(first))
 
-    return app
+async def _respond(serving: Serving, request: Request, kind: str) -> Response:
+    """One completion request ("chat" or "text"): checked, submitted, answered whole or streamed."""
+    arrived = time.monotonic()
+    serving.authorize(request)
+    scheduler = serving.ready()
+    raw = await request.body()
+    if len(raw) > serving.limits.max_body_bytes:
+        raise ApiError(413, f"the request body is over {serving.limits.max_body_bytes:,} bytes")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    ask = schema.parse_request(
+        body, kind, names=scheduler.names, base=scheduler.config, limits=serving.limits
+    )
+    try:
+        ticket = scheduler.submit(ask.prompt, ask.config, members=ask.members)
+    except QueueFull as e:
+        raise ApiError(429, str(e), type="rate_limit_error", code="queue_full") from None
+    except SchedulerClosed as e:
+        raise ApiError(503, str(e), type="server_error") from None
+    except ConfigError as e:
+        raise ApiError(400, str(e), param="specfuse.members" if "member" in str(e) else None) from None
+    prompt_tokens = serving.count_tokens(ask.prompt)
+    watch = asyncio.create_task(_watch(request, ticket, arrived + serving.limits.request_timeout_s))
+    events = ticket.aevents()
+    try:
+        first = await _next_round(events, ticket, watch)  # errors before any answer: a status
+    except BaseException:
+        watch.cancel()
+        await events.aclose()
+        serving.keep(ticket)
+        raise
+    run = _Response(ask, ticket, prompt_tokens, watch, events, serving)
+    if ask.stream:
+        return StreamingResponse(run.sse(first), media_type="text/event-stream")
+    return JSONResponse(await run.whole(first))
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
