@@ -5,8 +5,9 @@ panels (components) · handlers ({component: value} updates) · loading (shared 
 (build_demo). No torch at import and no arithmetic on scores: specfuse.report has the numbers.
 """
 
-from .handlers import Studio, write_trace
+from .handlers import Studio
 from .layout import build_demo
 from .loading import DEVICES, SharedLoader
+from .updates import write_trace
 
 __all__ = ["DEVICES", "SharedLoader", "Studio", "build_demo", "write_trace"]
