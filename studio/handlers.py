@@ -1,7 +1,8 @@
 """The event handlers: each returns (or yields) a {component: value} dict of only what it knows.
 
-Loading, the run stream, stop, replay, segment selection, branching and trace upload. Errors a
-user can fix become one gr.Error, its text escaped and with no server URL in it (studio.untrusted).
+Loading, the run stream, stop, replay, segment selection and trace upload (the what-if panels and
+branching: what_if.py, Studio's mixin). Errors a user can fix become one gr.Error, its text escaped
+and with no server URL in it (studio.untrusted).
 Knows nothing about layout (studio.layout places and wires the components).
 """
 
