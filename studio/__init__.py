@@ -1,12 +1,14 @@
 """SpecFuse Studio, the Gradio app as a small package of views over the Round stream.
 
 views (Rounds → one component value each) · settings (the form from EnsembleConfig's metadata) ·
-panels (components) · handlers ({component: value} updates) · loading (shared members) · layout
-(build_demo). No torch at import and no arithmetic on scores: specfuse.report has the numbers.
+panels (components) · handlers ({component: value} updates; what_if, its branch; updates, their
+parts) · loading (shared members) · layout (build_demo). No torch at import and no arithmetic on
+scores: specfuse.report has the numbers.
 """
 
-from .handlers import Studio, write_trace
+from .handlers import Studio
 from .layout import build_demo
 from .loading import DEVICES, SharedLoader
+from .updates import write_trace
 
 __all__ = ["DEVICES", "SharedLoader", "Studio", "build_demo", "write_trace"]

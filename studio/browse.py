@@ -17,9 +17,10 @@ from specfuse.eval.problems import Outcome
 from specfuse.trace import load_trace
 
 from . import failures, views
-from .handlers import Studio, Update, limits, unchanged
+from .handlers import Studio, limits
 from .panels import Failures
 from .untrusted import esc, md
+from .updates import Update, unchanged
 
 
 @dataclass

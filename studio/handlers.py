@@ -1,7 +1,8 @@
 """The event handlers: each returns (or yields) a {component: value} dict of only what it knows.
 
-Loading, the run stream, stop, replay, segment selection, branching and trace upload. Errors a
-user can fix become one gr.Error, its text escaped and with no server URL in it (studio.untrusted).
+Loading, the run stream, stop, replay, segment selection and trace upload (the what-if panels and
+branching: what_if.py, Studio's mixin). Errors a user can fix become one gr.Error, its text escaped
+and with no server URL in it (studio.untrusted).
 Knows nothing about layout (studio.layout places and wires the components).
 """
 
@@ -17,96 +18,24 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 
 import gradio as gr
 
-from specfuse import (
-    ConfigError,
-    ModelLoadError,
-    Round,
-    SpecfuseError,
-    Trace,
-    TraceError,
-    UnknownModelError,
-)
-from specfuse.engine import TYPED, check_prompt
-from specfuse.limits import check_request
-from specfuse.records import Branch, Draft, Queued
+from specfuse import ConfigError, ModelLoadError, Round, SpecfuseError, Trace, TraceError
+from specfuse.engine import check_prompt
+from specfuse.records import Draft, Queued
 from specfuse.trace import MAX_TRACE_BYTES, load_trace
 
 from . import settings, views
-from .downloads import TraceFiles
+from .loading import DevicePlan, Loader, check_members
 from .panels import Controls, Views
-from .serving import Held, Schedulers, in_worker
+from .serving import Held, Schedulers, gpu, in_worker
 from .untrusted import Servers, error
+from .updates import Update, download_value, session_of, unchanged
+from .what_if import WhatIf
 
 if TYPE_CHECKING:  # members.py brings torch; the app needs it only once models load
     from specfuse.engine import Ticket
     from specfuse.members.protocol import Member
 
-try:  # On a Hugging Face ZeroGPU Space this grants a GPU per call; elsewhere it changes nothing.
-    import spaces
-
-    gpu = spaces.GPU(duration=300)
-except ImportError:
-
-    def gpu(fn: Callable) -> Callable:
-        return fn
-
-
-Loader = Callable[[str, str, Callable[[float, str], None]], "Member"]  # (name, device, progress) → member
-DevicePlan = Callable[[int, str], list[str]]  # (members, device setting) → one device each
-Update = dict[Any, Any]  # {component: value}
-
-
-def unchanged() -> Update:
-    """Leave every output as it is. (An empty dict is not that: Gradio reads `{}` as one value for
-    the first output and fails the event with "didn't return enough output values".)"""
-    return cast(Update, gr.skip())
-
-
 limits = {"trace_bytes": MAX_TRACE_BYTES}  # tests lower it
-TRACE_FILES = TraceFiles()  # every trace download of this process (a bounded folder)
-
-
-def write_trace(trace: Trace, session: str = "", kind: str = "run") -> str:
-    """The trace as a JSON file for the download button (the session's previous one is deleted)."""
-    return TRACE_FILES.write(trace, session, kind)
-
-
-def download_value(trace: Trace | None, session: str = "", kind: str = "run") -> gr.DownloadButton:
-    """The download button: hidden until there is a trace to download."""
-    if trace is None or not trace.rounds:
-        return gr.DownloadButton(value=None, visible=False)
-    return gr.DownloadButton(value=write_trace(trace, session, kind), visible=True)
-
-
-def session_of(request: gr.Request | None) -> str:
-    return (request and request.session_hash) or ""
-
-
-def shown_round(trace: Trace | None, k: int | float | None) -> Round | None:
-    """Round k of the trace (default and past the end: the last), or None without rounds."""
-    if trace is None or not trace.rounds:
-        return None
-    n = len(trace.rounds)
-    return trace.rounds[max(1, min(int(k), n)) - 1] if k is not None else trace.rounds[-1]
-
-
-def check_members(names: Any, choices: Sequence[str], allow_paths: bool) -> list[str]:
-    """Two or more distinct members, each from the catalogue unless paths and hub ids are allowed."""
-    if isinstance(names, str):
-        names = [names]
-    names = [str(n).strip() for n in names or [] if str(n).strip()]
-    if len(set(names)) < 2:
-        raise ConfigError("Pick two or more different members: an ensemble of one is that model alone.")
-    if len(set(names)) != len(names):
-        raise ConfigError(f"Each member may be picked once; got {', '.join(names)}.")
-    unknown = [n for n in names if n not in choices]
-    if unknown and not allow_paths:
-        raise UnknownModelError(
-            f"Unknown model {unknown[0]!r}; known: {', '.join(choices)}. "
-            "Start the app with --allow-paths to use local folders or hub ids."
-        )
-    return names
-
 
 STOP_WAIT_S = 5.0  # how long Stop waits for its halted run to end before it answers anyway
 
@@ -128,8 +57,19 @@ class LiveRun:
 
 
 @dataclass
-class Studio:
-    """The app's handlers over its components; `loader(name, device, progress)` gives shared members."""
+class RunClock:
+    """When a run began, how long its members took to load, and how long its first round took."""
+
+    began: float
+    loading_s: float
+    waited_s: float | None = None
+
+
+@dataclass
+class Studio(WhatIf):
+    """The app's handlers over its components; `loader(name, device, progress)` gives shared members.
+
+    The what-if panels' handlers and the branch are WhatIf's (what_if.py)."""
 
     loader: Loader
     choices: Sequence[str]
@@ -268,8 +208,7 @@ class Studio:
             stream = held.hold(self.schedulers.submit(loaded, prompt, config))
         except SpecfuseError as e:
             raise self.error(e) from e
-        loading_s = time.perf_counter() - began
-        waited_s: float | None = None
+        clock = RunClock(began, time.perf_counter() - began)
         rounds: list[Round] = []
         drafts: list[Draft] = []  # the candidates of the round being drafted, as they arrive
         trace = None
@@ -278,62 +217,85 @@ class Studio:
             for rnd in stream:
                 if isinstance(rnd, Queued):  # still waiting for a place in the batch
                     yield {v.status: views.waiting_status(rnd.place, self.schedulers.stats()["running"])}
-                    continue
-                if isinstance(rnd, Draft):
+                elif isinstance(rnd, Draft):
                     drafts.append(rnd)
-                    drafting = rounds[-1].next_drafters if rounds else ticket.members
-                    yield {
-                        # Round 1's first candidate: Stop now keeps no older run, and none shows.
-                        **(self.cleared(None) if not rounds else {}),
-                        v.candidates: views.arriving_value(drafts),
-                        v.status: views.arriving_status(
-                            drafts, drafting, time.perf_counter() - began, loading_s
-                        ),
-                    }
-                    continue
-                if not isinstance(rnd, Round):  # Finished: the last round came before it
-                    continue
-                drafts = []
-                rounds.append(rnd)
-                waited_s = waited_s or time.perf_counter() - began
-                trace = Trace(prompt, ticket.members, config, tuple(rounds), id=ticket.id)
-                done = rnd.stop_reason is not None and not compare
-                yield {
-                    self.trace: trace,
-                    **self.panels(trace, view=view),
-                    **(self.clear_branch() if len(rounds) == 1 else {}),
-                    v.status: views.status_markdown(rounds, waited_s=waited_s, loading_s=loading_s),
-                    v.round: views.slider_value(trace),
-                    v.segment: "",
-                    self.controls.download: download_value(trace if done else None, session),
-                    v.compared: views.compare_html([("ensemble", rnd.text)]) if compare else "",
-                    v.plain: views.plain_answer(rounds),
-                }
+                    yield self.draft_update(drafts, rounds, ticket, clock)
+                elif isinstance(rnd, Round):  # else Finished: the last round came before it
+                    drafts = []
+                    rounds.append(rnd)
+                    clock.waited_s = clock.waited_s or time.perf_counter() - began
+                    trace = Trace(prompt, ticket.members, config, tuple(rounds), id=ticket.id)
+                    yield self.round_update(trace, view, session, clock, compare)
             if held.cancelled:  # stopped: no member alone after it
                 return
             if compare and trace is not None:
-                columns = [("ensemble", trace.rounds[-1].text)]
-                for member in loaded:
-                    alone = ""
-                    for solo in self.alone(member, prompt, config, held):
-                        alone = solo.text
-                        yield {v.compared: views.compare_html([*columns, (f"{member.name} alone", alone)])}
-                    columns.append((f"{member.name} alone", alone))
-                yield {  # everything again: an API caller reads the whole run from the last update
-                    self.trace: trace,
-                    **self.panels(trace, view=view),
-                    v.status: views.status_markdown(trace.rounds, waited_s=waited_s, loading_s=loading_s),
-                    v.round: views.slider_value(trace),
-                    v.segment: "",
-                    self.controls.download: download_value(trace, session),
-                    v.compared: views.compare_html(columns),
-                    v.plain: views.plain_answer(trace.rounds),
-                }
+                yield from self.compare_updates(trace, loaded, view, session, clock, held)
         except SpecfuseError as e:
             raise self.error(e) from e
         finally:
             stream.close()  # a cancelled job closes this generator: its ticket leaves the batch
             held.cancel()
+
+    def draft_update(
+        self, drafts: list[Draft], rounds: list[Round], ticket: Ticket, clock: RunClock
+    ) -> Update:
+        """A candidate of the round being drafted arrived: show the candidates so far."""
+        v = self.display
+        drafting = rounds[-1].next_drafters if rounds else ticket.members
+        elapsed = time.perf_counter() - clock.began
+        return {
+            # Round 1's first candidate: Stop now keeps no older run, and none shows.
+            **(self.cleared(None) if not rounds else {}),
+            v.candidates: views.arriving_value(drafts),
+            v.status: views.arriving_status(drafts, drafting, elapsed, clock.loading_s),
+        }
+
+    def round_update(self, trace: Trace, view: str, session: str, clock: RunClock, compare: bool) -> Update:
+        """A round was decided: every panel, for the run so far (its download once it is done)."""
+        rnd = trace.rounds[-1]
+        done = rnd.stop_reason is not None and not compare
+        return self.run_update(
+            trace,
+            view,
+            clock,
+            fresh=len(trace.rounds) == 1,
+            download=download_value(trace if done else None, session),
+            compared=views.compare_html([("ensemble", rnd.text)]) if compare else "",
+        )
+
+    def compare_updates(
+        self, trace: Trace, loaded: list[Member], view: str, session: str, clock: RunClock, held: Held
+    ) -> Iterator[Update]:
+        """Compare: each member alone, its answer growing beside the ensemble's; then the whole run."""
+        v = self.display
+        columns = [("ensemble", trace.rounds[-1].text)]
+        for member in loaded:
+            alone = ""
+            for solo in self.alone(member, trace.prompt, trace.config, held):
+                alone = solo.text
+                yield {v.compared: views.compare_html([*columns, (f"{member.name} alone", alone)])}
+            columns.append((f"{member.name} alone", alone))
+        # everything again: an API caller reads the whole run from the last update
+        yield self.run_update(
+            trace, view, clock, download=download_value(trace, session), compared=views.compare_html(columns)
+        )
+
+    def run_update(
+        self, trace: Trace, view: str, clock: RunClock, *, download: Any, compared: str, fresh: bool = False
+    ) -> Update:
+        """Every panel of a run, for its rounds so far (`fresh`: round 1, no branch of an older run)."""
+        v = self.display
+        return {
+            self.trace: trace,
+            **self.panels(trace, view=view),
+            **(self.clear_branch() if fresh else {}),
+            v.status: views.status_markdown(trace.rounds, waited_s=clock.waited_s, loading_s=clock.loading_s),
+            v.round: views.slider_value(trace),
+            v.segment: "",
+            self.controls.download: download,
+            v.compared: compared,
+            v.plain: views.plain_answer(trace.rounds),
+        }
 
     def alone(self, member: Member, prompt: str, config: Any, held: Held) -> Iterator[Round]:
         """Compare: the member alone on the prompt, through the same batch as everyone's runs."""
@@ -369,126 +331,6 @@ class Studio:
         names = self.display.by_name()
         update = {names[key]: value for key, value in views.round_panels(trace, k, view, note).items()}
         return update | self.what_if(trace, k)
-
-    def what_if(self, trace: Trace | None, k: int | float | None) -> Update:
-        """The what-if panels for round k (default: the last): rules, evidence pickers, branch pick."""
-        w = self.display.what_if
-        rnd = shown_round(trace, k)
-        verifiers, candidates = views.pair_choices(rnd)
-        chosen = rnd.chosen if rnd is not None else None
-        return {
-            w.rules: views.rules_value(rnd, trace.config.score if trace is not None else None),
-            w.verifier: gr.Dropdown(choices=verifiers, value=0 if verifiers else None),
-            w.candidate: gr.Dropdown(choices=candidates, value=chosen),
-            w.tokens: views.token_html(rnd, 0, chosen, trace.config.score) if trace is not None else "",
-            w.branch_candidate: gr.Dropdown(choices=candidates, value=chosen),
-        }
-
-    def clear_branch(self) -> Update:
-        w = self.display.what_if
-        return {w.branch_view: "", w.branch_download: gr.DownloadButton(value=None, visible=False)}
-
-    def evidence(self, trace: Trace | None, k: float, i: int | None, j: int | None) -> Update:
-        rnd = shown_round(trace, k)
-        score = trace.config.score if trace is not None else "logit"
-        return {self.display.what_if.tokens: views.token_html(rnd, i, j, score)}
-
-    def branch_handler(self) -> Callable[..., AsyncIterator[Update]]:
-        async def branch(
-            trace: Trace | None,
-            k: float,
-            pick: int | None,
-            typed: str,
-            device: str,
-            progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's way to ask for a tracker)
-            request: Optional[gr.Request] = None,  # noqa: UP045 (Gradio looks for this type)
-        ) -> AsyncIterator[Update]:
-            """Branch the run shown at round k: force a candidate or a typed segment, then continue."""
-            session, held = session_of(request), Held()
-            self.branching[session] = held
-            try:
-                async for update in in_worker(
-                    self.stream_branch(trace, k, pick, typed, device, progress, session, held), held=held
-                ):
-                    yield update
-            finally:
-                if self.branching.get(session) is held:
-                    del self.branching[session]
-
-        return branch
-
-    @gpu
-    def stream_branch(
-        self,
-        trace: Trace | None,
-        k: float,
-        pick: int | None,
-        typed: str,
-        device: str,
-        progress: Callable[..., Any],
-        session: str = "",
-        held: Held | None = None,
-    ) -> Iterator[Update]:
-        w = self.display.what_if
-        held = held or Held()
-        yield self.clear_branch()  # the previous branch (its view, its download) goes at once
-        if trace is None or not trace.rounds:
-            raise self.error("Run the ensemble or upload a trace first: a branch starts from a run.")
-        k = max(1, min(int(k), len(trace.rounds)))
-        rnd = trace.rounds[k - 1]
-        if typed and typed.strip():
-            forced, origin = typed, TYPED
-        elif pick is not None and 0 <= int(pick) < len(rnd.candidates):
-            forced, origin = rnd.candidates[int(pick)].text, rnd.candidates[int(pick)].member
-        else:
-            raise self.error("Pick a candidate to force, or type a segment.")
-        start = trace.rounds[: k - 1]
-        try:  # the engine checks it too; this refuses a bad segment before any loading
-            check_request(trace.prompt, trace.config, start, forced)
-        except SpecfuseError as e:
-            raise self.error(e) from e
-        try:
-            names = check_members(list(trace.members), self.choices, self.allow_paths)
-            loaded = self.load(names, device, progress)
-        except SpecfuseError as e:
-            raise self.error(
-                f"Branching runs the trace's members ({', '.join(trace.members)}) again, and this app "
-                f"cannot load them: {e} The replay works without them; branching does not."
-            ) from e
-        rounds = list(start)
-        try:  # through the same batch as every run
-            stream = held.hold(
-                self.schedulers.submit(
-                    loaded, trace.prompt, trace.config, start=start, forced=forced, origin=origin
-                )
-            )
-        except SpecfuseError as e:
-            raise self.error(e) from e
-        try:
-            for new in stream:
-                if isinstance(new, Queued):
-                    running = self.schedulers.stats()["running"]
-                    yield {w.branch_view: views.waiting_status(new.place, running, html=True)}
-                if not isinstance(new, Round):
-                    continue
-                rounds.append(new)
-                yield {w.branch_view: views.branch_html(trace.rounds, rounds, k, origin, forced)}
-        except SpecfuseError as e:
-            raise self.error(e) from e
-        finally:
-            stream.close()
-            held.cancel()
-        branched = Trace(
-            trace.prompt,
-            trace.members,
-            trace.config,
-            tuple(rounds),
-            branch=Branch(trace.id, k, forced, origin),
-        )
-        yield {
-            w.branch_view: views.branch_html(trace.rounds, rounds, k, origin, forced),
-            w.branch_download: download_value(branched, session, "branch"),
-        }
 
     # ---- after a run ---------------------------------------------------------------------------
 

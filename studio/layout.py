@@ -16,8 +16,8 @@ from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 
 from .browse import FailureBrowser
 from .failures import FILTERS, EvalRun, load_eval, problems_table
-from .handlers import DevicePlan, Loader, Studio
-from .loading import DEVICES, same_device
+from .handlers import Studio
+from .loading import DEVICES, DevicePlan, Loader, same_device
 from .panels import Failures, controls_panel, failures_panel, views_panel
 from .serving import DEFAULT_CONCURRENCY, Schedulers
 from .untrusted import Servers
@@ -81,88 +81,113 @@ def build_demo(
         )
         if study is not None and panel is not None:
             wire_failures(studio, study, panel)
-
-        run = studio.run_handler()
-        on_status = [shown.status]  # one progress bar and one error, on the status line
-        inputs, outputs = studio.run_inputs(), studio.run_outputs()
-        run_events = [
-            controls.run.click(
-                run,
-                inputs,
-                outputs,
-                api_name="run",
-                show_progress_on=on_status,
-                concurrency_limit=concurrency_limit,
-                concurrency_id="run",
-            ),
-            controls.prompt.submit(
-                run,
-                inputs,
-                outputs,
-                api_visibility="private",
-                show_progress_on=on_status,
-                concurrency_limit=concurrency_limit,
-                concurrency_id="run",
-            ),
-        ]
-        controls.stop.click(
-            studio.stop,
-            [trace],
-            [shown.status, controls.download],
-            cancels=run_events,  # type: ignore[arg-type]
-            api_name="stop",
-            show_progress_on=on_status,
-            concurrency_limit=None,  # it waits for its own run's end: never behind another user's Stop
-        )
-        w = shown.what_if
-        panels = [*shown.by_name().values(), *w.round_outputs()]
-        shown.round.release(
-            studio.replay,
-            [trace, shown.round, shown.view],
-            panels,
-            api_name="replay",
-            show_progress_on=on_status,
-        )
-        shown.view.change(
-            studio.replay,
-            [trace, shown.round, shown.view],
-            panels,
-            api_visibility="private",
-            show_progress_on=on_status,
-        )
-        shown.answer.select(
-            studio.select_segment,
-            [trace, shown.view],
-            [shown.segment, *panels, shown.round],
-            api_visibility="private",
-            show_progress_on=on_status,
-        )
-        controls.upload.upload(
-            studio.load_trace_file,
-            [controls.upload, shown.view],
-            [trace, *panels, shown.round, shown.segment, controls.download, shown.plain, *w.branch_outputs()],
-            api_name="load_trace",
-            show_progress_on=on_status,
-        )
-        for picker in (w.verifier, w.candidate):
-            picker.input(  # a person's pick only: the round's own update sets the evidence shown
-                studio.evidence,
-                [trace, shown.round, w.verifier, w.candidate],
-                [w.tokens],
-                api_visibility="private",
-                show_progress="hidden",
-            )
-        w.branch.click(
-            studio.branch_handler(),
-            [trace, shown.round, w.branch_candidate, w.branch_text, controls.device],
-            [w.branch_view, w.branch_download],
-            api_name="branch",
-            show_progress_on=[w.branch_view],
-            concurrency_limit=concurrency_limit,
-            concurrency_id="run",
-        )
+        wire(studio, concurrency_limit)
         demo.unload(studio.unload)  # a closed page's run leaves the batch
     return demo
+
+
+def wire(studio: Studio, concurrency_limit: int | None) -> None:
+    """The listeners of the run, its replay and its what-if panels, in this order."""
+    wire_run(studio, concurrency_limit)
+    wire_replay(studio)
+    wire_branch(studio, concurrency_limit)
+
+
+def wire_run(studio: Studio, concurrency_limit: int | None) -> None:
+    """Run (the button and the prompt's Enter) and Stop."""
+    controls, shown = studio.controls, studio.display
+    run = studio.run_handler()
+    on_status = [shown.status]  # one progress bar and one error, on the status line
+    inputs, outputs = studio.run_inputs(), studio.run_outputs()
+    run_events = [
+        controls.run.click(
+            run,
+            inputs,
+            outputs,
+            api_name="run",
+            show_progress_on=on_status,
+            concurrency_limit=concurrency_limit,
+            concurrency_id="run",
+        ),
+        controls.prompt.submit(
+            run,
+            inputs,
+            outputs,
+            api_visibility="private",
+            show_progress_on=on_status,
+            concurrency_limit=concurrency_limit,
+            concurrency_id="run",
+        ),
+    ]
+    controls.stop.click(
+        studio.stop,
+        [studio.trace],
+        [shown.status, controls.download],
+        cancels=run_events,  # type: ignore[arg-type]
+        api_name="stop",
+        show_progress_on=on_status,
+        concurrency_limit=None,  # it waits for its own run's end: never behind another user's Stop
+    )
+
+
+def wire_replay(studio: Studio) -> None:
+    """Replay a round (the slider, the view, a segment of the answer, an uploaded trace), and the
+    evidence pickers."""
+    controls, shown, trace = studio.controls, studio.display, studio.trace
+    on_status = [shown.status]
+    w = shown.what_if
+    panels = [*shown.by_name().values(), *w.round_outputs()]
+    shown.round.release(
+        studio.replay,
+        [trace, shown.round, shown.view],
+        panels,
+        api_name="replay",
+        show_progress_on=on_status,
+    )
+    shown.view.change(
+        studio.replay,
+        [trace, shown.round, shown.view],
+        panels,
+        api_visibility="private",
+        show_progress_on=on_status,
+    )
+    shown.answer.select(
+        studio.select_segment,
+        [trace, shown.view],
+        [shown.segment, *panels, shown.round],
+        api_visibility="private",
+        show_progress_on=on_status,
+    )
+    controls.upload.upload(
+        studio.load_trace_file,
+        [controls.upload, shown.view],
+        [trace, *panels, shown.round, shown.segment, controls.download, shown.plain, *w.branch_outputs()],
+        api_name="load_trace",
+        show_progress_on=on_status,
+    )
+    for picker in (w.verifier, w.candidate):
+        picker.input(  # a person's pick only: the round's own update sets the evidence shown
+            studio.evidence,
+            [trace, shown.round, w.verifier, w.candidate],
+            [w.tokens],
+            api_visibility="private",
+            show_progress="hidden",
+        )
+
+
+def wire_branch(studio: Studio, concurrency_limit: int | None) -> None:
+    """Branch the run shown: force a candidate or a typed segment at the round shown, then continue."""
+    shown = studio.display
+    w = shown.what_if
+    w.branch.click(
+        studio.branch_handler(),
+        [studio.trace, shown.round, w.branch_candidate, w.branch_text, studio.controls.device],
+        [w.branch_view, w.branch_download],
+        api_name="branch",
+        show_progress_on=[w.branch_view],
+        concurrency_limit=concurrency_limit,
+        concurrency_id="run",
+    )
 
 
 def failures_first(eval_dir: str | Path) -> tuple[EvalRun | None, Failures]:

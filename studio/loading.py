@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from specfuse.errors import ConfigError
+from specfuse.errors import ConfigError, UnknownModelError
 from specfuse.models import catalogue
 
 if TYPE_CHECKING:
@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from specfuse.models.loading import MemberLoad
 
 DEVICES = ("auto", "cpu", "cuda", "per-gpu")
+
+Loader = Callable[[str, str, Callable[[float, str], None]], "Member"]  # (name, device, progress) → member
+DevicePlan = Callable[[int, str], list[str]]  # (members, device setting) → one device each
 
 
 class SharedLoader:
@@ -132,3 +135,21 @@ def served_members(specs: Sequence[str], taken: Sequence[str] = ()) -> dict[str,
             raise ConfigError(f"Two members are called {parsed.name!r}: give the served one another #NAME.")
         named[parsed.name] = spec
     return named
+
+
+def check_members(names: Any, choices: Sequence[str], allow_paths: bool) -> list[str]:
+    """Two or more distinct members, each from the catalogue unless paths and hub ids are allowed."""
+    if isinstance(names, str):
+        names = [names]
+    names = [str(n).strip() for n in names or [] if str(n).strip()]
+    if len(set(names)) < 2:
+        raise ConfigError("Pick two or more different members: an ensemble of one is that model alone.")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"Each member may be picked once; got {', '.join(names)}.")
+    unknown = [n for n in names if n not in choices]
+    if unknown and not allow_paths:
+        raise UnknownModelError(
+            f"Unknown model {unknown[0]!r}; known: {', '.join(choices)}. "
+            "Start the app with --allow-paths to use local folders or hub ids."
+        )
+    return names

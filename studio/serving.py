@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.datastructures import URLPath
@@ -22,6 +22,16 @@ from specfuse.engine.scheduler import Event
 
 if TYPE_CHECKING:
     from specfuse.members.protocol import Member
+
+try:  # On a Hugging Face ZeroGPU Space this grants a GPU per call; elsewhere it changes nothing.
+    import spaces
+
+    gpu = spaces.GPU(duration=300)
+except ImportError:
+
+    def gpu(fn: Callable) -> Callable:
+        return fn
+
 
 # Runs at once in the app (Gradio's concurrency limit on Run and Branch): a batch's worth play, the
 # others wait in the scheduler's line and see their place in it; more than that wait in the page's queue.
