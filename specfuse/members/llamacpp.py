@@ -10,7 +10,8 @@ One llama.cpp context per member holds a unified KV cache shared by sequences: S
 recent requests' contexts (a request finds its prefix there, as llama-server's slots do) and the
 rest hold candidates during a verify pass, each a copy of the context's cells (shared, not copied
 bytes) plus its own tokens, all candidates of all requests in one batch. Drafting runs the requests
-in lockstep, one token per request per decode call.
+in lockstep, one token per request per decode call. The slots, the candidate sequences and the
+decode calls are llamacpp_decode.py's (a mixin this member inherits).
 """
 
 from __future__ import annotations
@@ -21,29 +22,35 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..config import MemberSettings
-from ..errors import ConfigError, MemberError, ModelLoadError, PromptTooLongError
+from ..errors import ConfigError, ModelLoadError, PromptTooLongError
 from ..prompts import CHAT, PromptFormat
 from ..records import Candidate, TokenScores
 from . import drafting
+from .llamacpp_decode import (
+    BATCH_TOKENS,
+    SCORE_SEQUENCES,
+    Item,
+    LlamaDecoding,
+    LlamaState,
+    logit_and_logprob,
+    pick,
+)
 from .protocol import BaseMember, Verdict
 from .scoring import common_prefix_len
-from .workers import cpu_cores, thread_share
+from .workers import cpu_cores
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 SLOTS = 16  # requests whose contexts stay in the KV cache between calls (the evaluation batches 16)
-SCORE_SEQUENCES = 48  # candidates one verify pass holds at once (more go in further passes)
 CONTEXT_TOKENS = 16384  # KV cells shared by all sequences (0.2-0.4 GB per member here, f16)
-BATCH_TOKENS = 512  # tokens per llama_decode call
 BUILD_HINT = "run `make llama-cpp` (builds llama-cpp-python from its pinned sdist once; docs/benchmarks.md)"
 
 log = logging.getLogger(__name__)
@@ -70,30 +77,7 @@ def llama_cpp_module() -> Any:
         return _lib
 
 
-@dataclass
-class LlamaState:
-    """One request's context in one llama.cpp member; its KV lives in whichever slot holds it."""
-
-    settings: MemberSettings
-    prompt_len: int  # tokens of the formatted prompt
-    ids: list[int]  # prompt tokens + the answer's canonical tokens
-    answer: str
-    slot: int | None = None  # the slot that last held this request's context (a hint: slots are shared)
-    drafts: int = 0  # drafts made so far: each sampled draft gets its own seed
-    # The last verify pass's candidate sequences and the tokens in each, while they are kept (its
-    # generation): the accepted candidate's cells move into the slot instead of being decoded again.
-    verified: tuple[int, tuple[tuple[int, tuple[int, ...]], ...]] | None = None
-    surprise: float | None = None  # nats per byte of the prompt's own text (settings.measure_prompt)
-    # This member's own draft from these ids: its tokens and each one's (logit, logprob) as drafted.
-    # With own_draft_scores, verification takes its own candidate's values from here.
-    drafted: tuple[tuple[int, ...], tuple[tuple[float, float], ...]] | None = None
-
-
-# A token to decode: (sequence, position, token id, whether its logits are wanted)
-Item = tuple[int, int, int, bool]
-
-
-class LlamaCppMember(BaseMember):
+class LlamaCppMember(LlamaDecoding, BaseMember):
     """A GGUF file's model in llama.cpp, on this machine's CPU, as an ensemble member."""
 
     def __init__(
@@ -294,7 +278,7 @@ class LlamaCppMember(BaseMember):
             self._rewind(slot, state.ids[:1])
             items = [(slot, p, state.ids[p], p in wanted) for p in range(len(state.ids))]
             for i, row in self._decode(items):
-                nll -= _logit_and_logprob(row, wanted[i])[1]
+                nll -= logit_and_logprob(row, wanted[i])[1]
         return nll / max(1, spelled)
 
     # -- drafting ------------------------------------------------------------------------------------
@@ -328,9 +312,9 @@ class LlamaCppMember(BaseMember):
             for i, row in self._decode(items):
                 slot = items[i][0]
                 r = owner[slot]
-                token = _pick(row, states[r].settings, rngs[r])
+                token = pick(row, states[r].settings, rngs[r])
                 if states[r].settings.own_draft_scores:
-                    picked[r].append((token, _logit_and_logprob(row, token)))
+                    picked[r].append((token, logit_and_logprob(row, token)))
                 if cuts[r].push(token):
                     following.append((slot, len(self.cached[slot]), token, True))
             items = following
@@ -395,7 +379,7 @@ class LlamaCppMember(BaseMember):
         try:
             for i, row in self._decode(items):
                 r, c, t = wanted[i]
-                values[r][c][t] = _logit_and_logprob(row, plans[r][1][c][1][t])
+                values[r][c][t] = logit_and_logprob(row, plans[r][1][c][1][t])
         except BaseException:
             self._drop_candidates()
             raise
@@ -428,125 +412,6 @@ class LlamaCppMember(BaseMember):
             return None
         return values[: len(tail)]
 
-    # -- the KV cache --------------------------------------------------------------------------------
-
-    def _claim(self, states: Sequence[LlamaState]) -> list[int]:
-        """A distinct slot per request: the one holding the longest prefix of its context, else the
-        least recently used."""
-        taken: list[int] = []
-        now = time.monotonic()
-        for state in states:
-            free = [s for s in range(self.slots) if s not in taken]
-            best = max(free, key=lambda s: (common_prefix_len(self.cached[s], state.ids), s == state.slot))
-            if common_prefix_len(self.cached[best], state.ids) == 0:
-                best = min(free, key=lambda s: self.last_used[s])
-            taken.append(best)
-            state.slot = best
-            self.last_used[best] = now
-            self._adopt(state, best)
-        self._drop_candidates()
-        return taken
-
-    def _adopt(self, state: LlamaState, slot: int) -> None:
-        """Move the cells of the request's verified candidate that its context now continues with
-        (the accepted one) into its slot: what HFMember's reuse of verified keys and values does."""
-        if state.verified is None or state.verified[0] != self.generation:
-            return
-        seq, tokens = max(state.verified[1], key=lambda kept: common_prefix_len(kept[1], state.ids))
-        state.verified = None
-        have, reach = common_prefix_len(self.cached[slot], state.ids), common_prefix_len(tokens, state.ids)
-        if reach > have and self.lib.llama_memory_seq_rm(self.memory, slot, have, -1):
-            self.lib.llama_memory_seq_cp(self.memory, seq, slot, have, reach)
-            self.cached[slot] = list(state.ids[:reach])
-
-    def _drop_candidates(self) -> None:
-        for seq in range(self.slots, self.slots + SCORE_SEQUENCES):
-            self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
-        self.generation += 1
-
-    def _rewind(self, slot: int, ids: Sequence[int], keep_beyond: bool = False) -> int:
-        """Cut the slot back to its common prefix with `ids`; returns the first position to decode.
-        The last token is always decoded again (its logits are the next token's), unless
-        `keep_beyond`: then only missing tokens are, and cells past `ids` stay if `ids` is a prefix."""
-        cached = self.cached[slot]
-        start = common_prefix_len(cached, ids)
-        if keep_beyond and start == len(ids):
-            return start
-        if not keep_beyond:
-            start = min(start, len(ids) - 1)
-        if not self.lib.llama_memory_seq_rm(self.memory, slot, start, -1):
-            self.lib.llama_memory_seq_rm(self.memory, slot, -1, -1)
-            start = 0
-        del cached[start:]
-        cached.extend(ids[start:])  # decoded by the caller's next _decode
-        return start
-
-    def _decode(self, items: Sequence[Item]) -> Iterator[tuple[int, np.ndarray]]:
-        """Decode `items` in order, BATCH_TOKENS at a time; yields (item index, logits row) for the
-        items whose logits are wanted. A row is llama.cpp's own buffer: read it before the next."""
-        batch = self.batch
-        for begin in range(0, len(items), BATCH_TOKENS):
-            chunk = items[begin : begin + BATCH_TOKENS]
-            for j, (seq, pos, token, wants) in enumerate(chunk):
-                batch.token[j], batch.pos[j], batch.n_seq_id[j] = token, pos, 1
-                batch.seq_id[j][0], batch.logits[j] = seq, wants
-            batch.n_tokens = len(chunk)
-            self._use_threads()
-            status = self.lib.llama_decode(self.ctx, batch)
-            if status == 1 and self._evict({seq for seq, _, _, _ in chunk}):
-                status = self.lib.llama_decode(self.ctx, batch)
-            if status != 0:
-                for seq in {seq for seq, _, _, _ in chunk if seq < self.slots}:  # its cells are unknown now
-                    self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
-                    self.cached[seq] = []
-                why = "its KV cache is full" if status == 1 else f"status {status}"
-                raise MemberError(
-                    f"{self.name}: llama.cpp could not decode ({why}); "
-                    "fewer requests at once or a shorter answer budget"
-                )
-            for j, (seq, _, token, wants) in enumerate(chunk):
-                if seq < self.slots and len(self.cached[seq]) <= batch.pos[j]:
-                    self.cached[seq].append(token)  # a drafted token, now in the slot's cells
-                if wants:
-                    row = self.lib.llama_get_logits_ith(self.ctx, j)
-                    yield begin + j, np.ctypeslib.as_array(row, (self.n_vocab,))
-
-    def _evict(self, busy: set[int]) -> bool:
-        """Free the slots this call does not use, to make room; whether any cells were freed."""
-        idle = [s for s in range(self.slots) if s not in busy and self.cached[s]]
-        for s in idle:
-            self.lib.llama_memory_seq_rm(self.memory, s, -1, -1)
-            self.cached[s] = []
-        return bool(idle)
-
-    def _use_threads(self) -> None:
-        """This member's share of the cores now (members at once), else all it was given."""
-        threads = thread_share() or self.threads
-        if threads != self._threads_now:
-            self.lib.llama_set_n_threads(self.ctx, threads, threads)
-            self._threads_now = threads
-
-
-def _logit_and_logprob(row: np.ndarray, token: int) -> tuple[float, float]:
-    """A token's raw logit and its log-probability under the row's softmax."""
-    top = float(row.max())
-    logit = float(row[token])
-    return logit, logit - top - float(np.log(np.exp(row - top).sum()))
-
-
-def _pick(row: np.ndarray, settings: MemberSettings, rng: np.random.Generator | None) -> int:
-    """The next token: the argmax when greedy, else a sample at the temperature within top_p."""
-    if rng is None:
-        return int(row.argmax())
-    logits = row.astype(np.float64) / settings.temperature
-    probs = np.exp(logits - logits.max())
-    probs /= probs.sum()
-    if settings.top_p >= 1.0:
-        return int(rng.choice(len(probs), p=probs))
-    order = np.argsort(-probs)
-    keep = order[: int(np.searchsorted(np.cumsum(probs[order]), settings.top_p)) + 1]
-    return int(rng.choice(keep, p=probs[keep] / probs[keep].sum()))
-
 
 class LlamaModel:
     """A GGUF file loaded by llama.cpp (weights only), freed when the last member on it is gone."""
@@ -565,4 +430,14 @@ def _free(lib: Any, batch: Any, ctx: Any, weights: LlamaModel) -> None:
     lib.llama_free(ctx)
 
 
-__all__ = ["BUILD_HINT", "LlamaCppMember", "LlamaState", "llama_cpp_module"]
+__all__ = [
+    "BATCH_TOKENS",
+    "BUILD_HINT",
+    "CONTEXT_TOKENS",
+    "SCORE_SEQUENCES",
+    "SLOTS",
+    "LlamaCppMember",
+    "LlamaModel",
+    "LlamaState",
+    "llama_cpp_module",
+]
