@@ -192,3 +192,24 @@ def test_no_module_reaches_into_another_modules_private_fields():
         and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))
     ]
     assert not reaching, reaching
+
+
+# Smaller rooms (issue 42): a file, a function and a class each fit in one reading.
+MAX_FILE_LINES, MAX_FUNCTION_LINES, MAX_CLASS_LINES = 500, 80, 400
+
+
+def test_code_files_functions_and_classes_stay_small():
+    trees = {**_trees("specfuse", "studio"), ROOT / "app.py": ast.parse((ROOT / "app.py").read_text())}
+    over = []
+    for path, tree in trees.items():
+        where = path.relative_to(ROOT)
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_FILE_LINES:
+            over.append(f"{where}: {n} lines")
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            size = (node.end_lineno or node.lineno) - node.lineno + 1
+            cap = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES
+            if size > cap:
+                over.append(f"{where}: {type(node).__name__} {node.name} {size} lines")
+    assert not over, over
