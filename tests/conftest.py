@@ -153,6 +153,23 @@ def tiny_member(name: str, spec: str | None = None, **kwargs) -> HFMember:
     return HFMember(name, model, tokenizer, device="cpu", **kwargs)
 
 
+def ascii_only(member):
+    """Give the output head a bias that rules out non-ASCII bytes: random weights otherwise emit
+    invalid UTF-8, which no text (and so no re-tokenization) can reproduce byte for byte."""
+    head = member.model.lm_head
+    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    biased.weight = head.weight
+    alphabet = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    with torch.no_grad():
+        biased.bias.fill_(0.0)
+        for token, index in alphabet.items():
+            text = member.tokenizer.convert_tokens_to_string([token])
+            if not (text.isascii() and text.isprintable()):
+                biased.bias[index] = -1e4
+    member.model.lm_head = biased
+    return type(member)(member.name, member.model, member.tokenizer, device="cpu")
+
+
 @pytest.fixture(scope="session")
 def tiny_members() -> list[HFMember]:
     return [tiny_member(name) for name in TINY_SPECS]
