@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,6 +31,11 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def rss_bytes() -> int:
+    """This process's resident memory, in bytes (Linux: /proc/self/statm)."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 # The real models' converted cache, read before the autouse fixture points SPECFUSE_CACHE at tmp_path:

@@ -21,11 +21,10 @@ from specfuse import Ensemble, EnsembleConfig
 from specfuse.serve.api import create_app
 from studio.serving import Schedulers
 
-from .conftest import tiny_member
+from .conftest import rss_bytes, tiny_member
 from .scripted import ScriptedMember
 from .test_browser import TINY, free_port, open_page, use_members
 from .test_browser import browser as browser  # noqa: F401  (the module's chromium, a fixture)
-from .test_serve_clients import rss_bytes
 
 pytestmark = pytest.mark.browser
 
