@@ -343,7 +343,8 @@ def test_the_app_runs_the_default_trio_in_llama_cpp(tmp_path, monkeypatch):
     import app
     from studio.loading import SharedLoader
 
-    from .test_app import ANSWER, DOWNLOAD, MATRIX, WEIGHTS, figure, free_port, path_of, round_updates, submit
+    from .conftest import free_port
+    from .helpers_app import ANSWER, DOWNLOAD, MATRIX, WEIGHTS, figure, path_of, round_updates, submit
 
     _needs_build()
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
