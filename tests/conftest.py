@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +23,10 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from specfuse.errors import ModelLoadError
 from specfuse.members.hf import HFMember
+
+from .scripted import ScriptedMember, prefers
 
 
 def free_port() -> int:
@@ -30,6 +34,11 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def rss_bytes() -> int:
+    """This process's resident memory, in bytes (Linux: /proc/self/statm)."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 # The real models' converted cache, read before the autouse fixture points SPECFUSE_CACHE at tmp_path:
@@ -141,6 +150,7 @@ TINY_SPECS = {
     "qwen-merges": ("qwen2", "merges", 2),
     "gemma-meta": ("gemma3", "metaspace", 3),
 }
+TINY = list(TINY_SPECS)
 
 
 def tiny_member(name: str, spec: str | None = None, **kwargs) -> HFMember:
@@ -151,6 +161,23 @@ def tiny_member(name: str, spec: str | None = None, **kwargs) -> HFMember:
         config.eos_token_id = config.pad_token_id = tokenizer.eos_token_id
         config.bos_token_id = None
     return HFMember(name, model, tokenizer, device="cpu", **kwargs)
+
+
+def ascii_only(member):
+    """Give the output head a bias that rules out non-ASCII bytes: random weights otherwise emit
+    invalid UTF-8, which no text (and so no re-tokenization) can reproduce byte for byte."""
+    head = member.model.lm_head
+    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    biased.weight = head.weight
+    alphabet = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    with torch.no_grad():
+        biased.bias.fill_(0.0)
+        for token, index in alphabet.items():
+            text = member.tokenizer.convert_tokens_to_string([token])
+            if not (text.isascii() and text.isprintable()):
+                biased.bias[index] = -1e4
+    member.model.lm_head = biased
+    return type(member)(member.name, member.model, member.tokenizer, device="cpu")
 
 
 @pytest.fixture(scope="session")
@@ -178,3 +205,50 @@ def tiny_checkpoints(tmp_path_factory):
         member.tokenizer.save_pretrained(root / name)
         paths.append(str(root / name))
     return paths
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The app launched for the module on the tiny members and scripted ones (hostile drafts, endless
+    loops, one that fails to load): its url, members, downloads folder and Gradio cache."""
+    import app  # gradio: imported by the tests that launch the app, not by every session
+
+    from .helpers_app import XSS_IMG, XSS_SCRIPT
+
+    members = {name: tiny_member(name) for name in TINY}
+    members["xss-script"] = ScriptedMember("xss-script", [XSS_SCRIPT] * 100, prefers(XSS_SCRIPT))
+    members["xss-img"] = ScriptedMember("xss-img", [XSS_IMG] * 100, prefers(XSS_SCRIPT))
+    members["loop-a"] = ScriptedMember("loop-a", ["a "] * 2000, len)
+    members["loop-b"] = ScriptedMember("loop-b", ["b "] * 2000, len)
+
+    def loader(name, device, progress):
+        progress(0.5, f"{name}: loading")
+        if name == "broken":
+            raise ModelLoadError("broken: the checkpoint is corrupt; reinstall it")
+        return members[name]
+
+    # One server for the module, so one Gradio cache folder for it: the per-test one would move.
+    cache = tmp_path_factory.mktemp("gradio")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GRADIO_TEMP_DIR", str(cache))
+        demo = app.build_demo(
+            loader, choices=[*members, "broken"], default_models=TINY[:2], concurrency_limit=2
+        )
+        _, url, _ = app.serve(demo, port=free_port(), concurrency=2, prevent_thread_lock=True)
+    try:
+        yield url, members, tmp_path_factory.mktemp("downloads"), cache
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium under Playwright, one per module (helpers_browser skips a module without it)."""
+    from .helpers_browser import CHROMIUM, CHROMIUM_ARGS, sync_api
+
+    with sync_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield chromium
+        finally:
+            chromium.close()

@@ -10,39 +10,32 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import plotly.io as pio
 import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
-import app
-from specfuse import ConfigError, Ensemble, EnsembleConfig, ModelLoadError, Trace, dump_trace, load_trace
+from specfuse import ConfigError, Ensemble, EnsembleConfig, dump_trace, load_trace
 from studio import SharedLoader, handlers, views
 
-from .conftest import TINY_SPECS, free_port, tiny_member
-from .scripted import ScriptedMember
-
-XSS_SCRIPT = "<script>alert(1)</script> "
-XSS_IMG = "<img src=x onerror=alert(1)> "
-ANSWER, STATUS, CANDIDATES, MATRIX, WEIGHTS, EXITS, SUMMARY, SLIDER, SEGMENT, DOWNLOAD, COMPARE, PLAIN = (
-    range(12)
+from .conftest import TINY, tiny_member
+from .helpers_app import (
+    ANSWER,
+    CANDIDATES,
+    COMPARE,
+    DOWNLOAD,
+    MATRIX,
+    PLAIN,
+    SLIDER,
+    STATUS,
+    WEIGHTS,
+    XSS_IMG,
+    XSS_SCRIPT,
+    figure,
+    path_of,
+    round_updates,
+    submit,
 )
-
-
-def prefers(favourite: str):
-    return lambda text: 3.0 if text == favourite else 1.0
-
-
-def scripted_rounds(max_rounds: int = 6, **config):
-    """Three scripted members: b always wins, c always loses (and exits once allowed)."""
-    members = [
-        ScriptedMember("a", ["fine "] * 50, prefers("good ")),
-        ScriptedMember("b", ["good "] * 50, prefers("good ")),
-        ScriptedMember("c", ["junk "] * 50, prefers("good ")),
-    ]
-    cfg = EnsembleConfig(max_rounds=max_rounds, exit_warmup=2, **config)
-    return Trace("go", ("a", "b", "c"), cfg, tuple(Ensemble(members, cfg).stream("go")))
-
+from .scripted import ScriptedMember, prefers, scripted_rounds
 
 # ---- pure views ---------------------------------------------------------------------------------
 
@@ -193,61 +186,11 @@ def test_the_loaders_auto_uses_processes_only_on_a_cpu_with_eight_cores_or_more(
 # ---- the API, against a launched app -------------------------------------------------------------
 
 
-TINY = list(TINY_SPECS)
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    members = {name: tiny_member(name) for name in TINY}
-    members["xss-script"] = ScriptedMember("xss-script", [XSS_SCRIPT] * 100, prefers(XSS_SCRIPT))
-    members["xss-img"] = ScriptedMember("xss-img", [XSS_IMG] * 100, prefers(XSS_SCRIPT))
-    members["loop-a"] = ScriptedMember("loop-a", ["a "] * 2000, len)
-    members["loop-b"] = ScriptedMember("loop-b", ["b "] * 2000, len)
-
-    def loader(name, device, progress):
-        progress(0.5, f"{name}: loading")
-        if name == "broken":
-            raise ModelLoadError("broken: the checkpoint is corrupt; reinstall it")
-        return members[name]
-
-    # One server for the module, so one Gradio cache folder for it: the per-test one would move.
-    cache = tmp_path_factory.mktemp("gradio")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("GRADIO_TEMP_DIR", str(cache))
-        demo = app.build_demo(
-            loader, choices=[*members, "broken"], default_models=TINY[:2], concurrency_limit=2
-        )
-        _, url, _ = app.serve(demo, port=free_port(), concurrency=2, prevent_thread_lock=True)
-    try:
-        yield url, members, tmp_path_factory.mktemp("downloads"), cache
-    finally:
-        demo.close()
-
-
 @pytest.fixture
 def client(served, monkeypatch):
     url, _, downloads, cache = served
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
     return Client(url, verbose=False, download_files=str(downloads))
-
-
-def submit(client, members, prompt, **settings):
-    values = dict(segment_len=4, max_new_tokens=24, device="cpu") | settings
-    return client.submit(members=members, prompt=prompt, **values, api_name="/run")
-
-
-def path_of(download) -> str:
-    """The download button's file: the button is an update (hidden until a trace exists)."""
-    return download["value"] if isinstance(download, dict) else download
-
-
-def round_updates(outputs):
-    """The updates a finished round sent (those for arriving candidates carry no round number)."""
-    return [o for o in outputs if "value" in (o[SLIDER] or {})]
-
-
-def figure(output):
-    return pio.from_json(output["plot"])
 
 
 def test_a_run_streams_one_update_per_round_with_that_rounds_panels(client):

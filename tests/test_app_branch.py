@@ -12,8 +12,9 @@ from gradio_client import Client
 from specfuse import load_trace
 from studio import views
 
-from .test_app import DOWNLOAD, TINY, path_of, scripted_rounds
-from .test_app import served as served  # noqa: F401  (the launched app, a fixture)
+from .conftest import TINY
+from .helpers_app import DOWNLOAD, path_of
+from .scripted import scripted_rounds
 
 
 def test_the_same_choice_with_another_answer_is_put_down_to_numerics():
@@ -36,7 +37,7 @@ def test_the_same_choice_with_another_answer_is_put_down_to_numerics():
     assert "reproduces the original answer" in same and "numerics" not in same
 
 
-def test_forcing_the_runs_own_winner_through_the_app_reproduces_it(served, tmp_path):  # noqa: F811
+def test_forcing_the_runs_own_winner_through_the_app_reproduces_it(served, tmp_path):
     url, _, downloads, _ = served
     client = Client(url, verbose=False, download_files=str(downloads))
     final = client.predict(

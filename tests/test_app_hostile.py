@@ -16,8 +16,8 @@ from studio import downloads, views
 from studio.loading import served_members
 from studio.untrusted import Servers, md
 
-from .test_app import TINY, free_port, scripted_rounds
-from .test_browser import scripted_trace
+from .conftest import TINY, free_port
+from .scripted import scripted_rounds, scripted_trace
 
 ATTACKER = "https://attacker.example/"
 

@@ -21,12 +21,12 @@ from specfuse.models.quantize import QuantizedLinear
 from specfuse.serve.api import create_app
 from studio.serving import Schedulers
 
-from .conftest import TINY_SPECS, tiny_member
+from .conftest import TINY_SPECS, free_port, tiny_member
+from .helpers_app import ANSWER, COMPARE, DOWNLOAD, SLIDER, STATUS, path_of, round_updates, submit
 from .scripted import ScriptedMember
-from .test_app import ANSWER, COMPARE, DOWNLOAD, SLIDER, STATUS, free_port, path_of, round_updates, submit
 
 TINY = list(TINY_SPECS)
-CONFIG = EnsembleConfig(segment_len=4, max_new_tokens=24)  # test_app.submit's settings
+CONFIG = EnsembleConfig(segment_len=4, max_new_tokens=24)  # helpers_app.submit's settings
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,7 @@ from specfuse.members import drafting, prefill
 from specfuse.members.hf import HFMember, HFState
 from specfuse.prompts import PromptFormat
 
-from .test_batching import PROMPTS, same_rounds
-from .test_serve_scheduler import collect, solo
+from .runs import PROMPTS, collect, same_rounds, solo
 
 # Lengths from a few tokens to a few dozen, and two of the same prompt.
 MANY = [*PROMPTS, "hi", "Name three rivers that flow into the Atlantic, longest first.", PROMPTS[0]]

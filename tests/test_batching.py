@@ -7,23 +7,7 @@ import pytest
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble
 
-PROMPTS = ["Once upon a time", "Écris 猫 in code: x_1 =", "Why is the sky blue? Explain it to a child."]
-
-
-def flat(matrix):
-    return [v for row in matrix for v in row]
-
-
-def same_rounds(a, b, atol=1e-4):
-    """Two runs of one prompt agree: same candidates, choices, texts; scores within atol (fp32)."""
-    assert [r.k for r in a] == [r.k for r in b]
-    for x, y in zip(a, b):
-        assert [c.text for c in x.candidates] == [c.text for c in y.candidates]
-        assert [c.final for c in x.candidates] == [c.final for c in y.candidates]
-        assert x.chosen == y.chosen and x.text == y.text and x.stop_reason == y.stop_reason
-        assert flat(x.raw_scores) == pytest.approx(flat(y.raw_scores), abs=atol)
-        assert x.weights_after == pytest.approx(y.weights_after, abs=atol)
-        assert [e.member for e in x.exits] == [e.member for e in y.exits]
+from .runs import PROMPTS, same_rounds
 
 
 def test_stream_many_matches_one_at_a_time_on_three_architectures(tiny_members):

@@ -10,7 +10,22 @@ import pytest
 from specfuse.bench import core as bench
 from specfuse.records import MemberTiming
 
-from .test_eval import hand_round
+from . import builders
+
+
+def hand_round(k, text, *, timings=(), seconds=0.1, member="m", stop=None):
+    """A one-candidate Round whose candidate is the whole answer `text` (the shared builder)."""
+    return builders.hand_round(
+        k,
+        members=(member,),
+        texts=(text,),
+        final=stop is not None,
+        timings=timings or None,
+        seconds=seconds,
+        elapsed=seconds * k,
+        text=text,
+        stop_reason=stop,
+    )
 
 
 def test_the_report_has_every_figure_the_issue_asks_for_and_all_are_finite(tiny_members):

@@ -8,7 +8,7 @@ from specfuse.config import EnsembleConfig
 from specfuse.engine import TYPED, Ensemble
 from specfuse.errors import ConfigError
 
-from .test_batching import same_rounds
+from .runs import same_rounds
 
 PROMPTS = ["Tell me about the sea", "Once upon a time", "Why is the sky blue? Explain it to a child."]
 CONFIG = EnsembleConfig(segment_len=5, max_new_tokens=30, exit_warmup=1)

@@ -2,114 +2,23 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import app
-from specfuse import Ensemble, EnsembleConfig, Trace, load_trace, save_trace
+from specfuse import load_trace
 
-from .conftest import TINY_SPECS, free_port, tiny_member
-from .scripted import ScriptedMember
+from .conftest import TINY, free_port, tiny_member
+from .helpers_browser import launched, opened, pick, upload, use_members
+from .scripted import ScriptedMember, SlowMember, scripted_trace
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-if not CHROMIUM.exists():
-    pytest.skip(
-        "needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)", allow_module_level=True
-    )
-sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package (pip install)")
-
-TINY = list(TINY_SPECS)
 XSS_SCRIPT = "<script>alert(1)</script> "
 XSS_IMG = "<img src=x onerror=alert(1)> "
-TIMEOUT_MS = 60_000
-
-
-class SlowMember(ScriptedMember):
-    """Round 1 is quick; later drafts take 2.5 s: a round is in flight when Stop is pressed, as with
-    real models (and the next run's first round comes quickly)."""
-
-    def draft(self, state, max_new_tokens):
-        time.sleep(2.5 if state["round"] else 0.1)
-        return super().draft(state, max_new_tokens)
-
-
-def scripted_trace(path: Path, drafts: dict[str, list[str]], rounds: int = 6) -> Trace:
-    """A trace of scripted members (their names and texts as given), saved at `path` for upload."""
-    favourite = next(iter(drafts))
-    members = [
-        ScriptedMember(name, texts, lambda t, f=drafts[favourite]: 2.0 if t in f else 1.0)
-        for name, texts in drafts.items()
-    ]
-    # verify="always": every round has a matrix to show, lone drafts too (the default leaves those
-    # unscored, and after the early exits here the last rounds are lone)
-    config = EnsembleConfig(max_rounds=rounds, exit_warmup=1, verify="always")
-    trace = Trace("go", tuple(drafts), config, tuple(Ensemble(members, config).stream("go")))
-    save_trace(trace, path)
-    return trace
-
-
-def upload(page, path: Path) -> None:
-    page.locator("#replay button").first.click()  # open the accordion
-    page.locator("#upload input[type=file]").set_input_files(str(path))
-
-
-@contextlib.contextmanager
-def launched(cache: Path, loader, members, **build) -> Iterator[str]:
-    """The app on a free loopback port, its Gradio cache in `cache` (files outside it are not served),
-    closed afterwards; `build` goes to app.build_demo. The address."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("GRADIO_TEMP_DIR", str(cache))
-        demo = app.build_demo(loader, choices=list(members), **build)
-        _, address, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
-    try:
-        yield address
-    finally:
-        demo.close()
-
-
-def open_page(browser, address: str, ready: str = "#prompt textarea", **options):
-    """A page of a fresh browser context at `address` once `ready` is on it (timeouts TIMEOUT_MS;
-    dialogs dismissed and kept in page.dialogs); `options` go to new_context. The caller closes
-    page.context (or lets `opened` do it)."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000}, **options)
-    try:
-        page = context.new_page()
-        page.set_default_timeout(TIMEOUT_MS)
-        page.dialogs = []
-        page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
-        page.goto(address)
-        page.wait_for_selector(ready)
-    except BaseException:
-        context.close()
-        raise
-    return page
-
-
-@contextlib.contextmanager
-def opened(browser, address: str, ready: str = "#prompt textarea", **options) -> Iterator:
-    """open_page's page, its context closed afterwards."""
-    page = open_page(browser, address, ready, **options)
-    try:
-        yield page
-    finally:
-        page.context.close()
 
 
 @pytest.fixture(scope="module")
@@ -137,30 +46,12 @@ def url(tmp_path_factory):
         yield address, cache
 
 
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-
-
 @pytest.fixture
 def page(browser, url, monkeypatch):
     address, cache = url
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
     with opened(browser, address, accept_downloads=True) as page:
         yield page
-
-
-def pick(page, member: str) -> None:
-    box = page.locator("#models input[role=combobox]")
-    box.click()
-    box.fill(member)
-    page.keyboard.press("Enter")
-    page.keyboard.press("Escape")
 
 
 def run_and_wait(page, prompt: str) -> str:
@@ -232,13 +123,6 @@ def test_model_html_is_shown_as_text_everywhere(page):
 
 def status_of(page) -> str:
     return page.inner_text("#status")
-
-
-def use_members(page, *names: str) -> None:
-    while page.locator("#models .token-remove").count():
-        page.locator("#models .token-remove").first.click()
-    for name in names:
-        pick(page, name)
 
 
 def test_run_clicked_half_a_second_after_stop_starts_at_once(page):

@@ -17,8 +17,8 @@ import pytest
 import app
 from specfuse import load_trace
 
-from .test_browser import TINY, free_port, opened
-from .test_browser import browser as browser  # noqa: F401  (the module's chromium, a fixture)
+from .conftest import TINY, free_port
+from .helpers_browser import opened
 
 pytestmark = pytest.mark.browser
 
@@ -34,7 +34,7 @@ def shipped(copy: str) -> Path:
 
 
 @pytest.fixture
-def page(browser, tmp_path, monkeypatch):  # noqa: F811
+def page(browser, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the shipped paths must resolve from the folder, not the checkout
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
     demo = app.build_demo(

@@ -12,10 +12,9 @@ import pytest
 
 import app
 
-from .conftest import tiny_member
-from .scripted import ScriptedMember
-from .test_browser import TINY, free_port, launched, opened, scripted_trace, upload, use_members
-from .test_browser import browser as browser  # noqa: F401  (the module's chromium, a fixture)
+from .conftest import TINY, free_port, tiny_member
+from .helpers_browser import launched, opened, upload, use_members
+from .scripted import ScriptedMember, scripted_trace
 
 pytestmark = pytest.mark.browser
 
@@ -58,7 +57,7 @@ def address(tmp_path_factory):
 
 
 @pytest.fixture
-def page(browser, address, monkeypatch):  # noqa: F811
+def page(browser, address, monkeypatch):
     url, cache = address
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
     with opened(browser, url) as page:
@@ -168,7 +167,7 @@ def test_a_stopped_run_before_round_1_keeps_no_earlier_answer(page):
     assert not page.locator("#download").is_visible()
 
 
-def test_the_members_list_shows_a_served_members_name_and_no_url(browser, tmp_path, monkeypatch):  # noqa: F811
+def test_the_members_list_shows_a_served_members_name_and_no_url(browser, tmp_path, monkeypatch):
     """The Members dropdown listed raw specs, `?tokenizer=…&timeout=5` and all (issue 24, item 4)."""
     spec = "llama-server:http://10.9.8.7:8080#served-one?tokenizer=/srv/t&timeout=5"
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))

@@ -21,11 +21,9 @@ from specfuse import Ensemble, EnsembleConfig
 from specfuse.serve.api import create_app
 from studio.serving import Schedulers
 
-from .conftest import tiny_member
+from .conftest import TINY, free_port, rss_bytes, tiny_member
+from .helpers_browser import open_page, use_members
 from .scripted import ScriptedMember
-from .test_browser import TINY, free_port, open_page, use_members
-from .test_browser import browser as browser  # noqa: F401  (the module's chromium, a fixture)
-from .test_serve_clients import rss_bytes
 
 pytestmark = pytest.mark.browser
 
@@ -68,7 +66,7 @@ def served(tmp_path_factory):
         schedulers.close()
 
 
-def new_page(browser, served, monkeypatch):  # noqa: F811
+def new_page(browser, served, monkeypatch):
     address, _, _, cache = served
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
     page = open_page(browser, address)
@@ -103,7 +101,7 @@ def wait_idle(scheduler, seconds: float = 30.0) -> None:
     assert scheduler.stats()["running"] == scheduler.stats()["waiting"] == 0, scheduler.stats()
 
 
-def test_three_pages_stream_their_own_answers_at_once(browser, served, monkeypatch):  # noqa: F811
+def test_three_pages_stream_their_own_answers_at_once(browser, served, monkeypatch):
     _, members, scheduler, _ = served
     pages = [new_page(browser, served, monkeypatch) for _ in PROMPTS]
     most = [0]
@@ -138,7 +136,7 @@ def test_three_pages_stream_their_own_answers_at_once(browser, served, monkeypat
     wait_idle(scheduler)
 
 
-def test_a_soak_of_api_clients_and_a_browser_user(browser, served, monkeypatch):  # noqa: F811
+def test_a_soak_of_api_clients_and_a_browser_user(browser, served, monkeypatch):
     address, members, scheduler, _ = served
     config = EnsembleConfig(segment_len=4, max_new_tokens=16)
     good = [(p, solo(members, p, config=config)) for p in PROMPTS]

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import tiny_member
-from .scripted import ScriptedMember
-from .test_browser import TINY, SlowMember, launched, opened, scripted_trace, upload
-from .test_browser import browser as browser  # noqa: F401  (the module's chromium, a fixture)
+from .conftest import TINY, tiny_member
+from .helpers_browser import launched, opened, upload
+from .scripted import ScriptedMember, SlowMember, scripted_trace
 
 pytestmark = pytest.mark.browser
 
@@ -28,7 +27,7 @@ def address(tmp_path_factory):
 
 
 @pytest.fixture
-def page(browser, address, monkeypatch):  # noqa: F811
+def page(browser, address, monkeypatch):
     url, cache = address
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
     with opened(browser, url, accept_downloads=True) as page:

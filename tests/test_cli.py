@@ -14,13 +14,9 @@ import pytest
 from specfuse import ConfigError, EnsembleConfig, load_trace
 from specfuse.cli import _load, build_parser, main
 
+from .helpers_cli import run_cli
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(list(argv), stdout=out, stderr=err)
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_streams_the_answer_and_writes_its_trace(tiny_checkpoints, tmp_path):

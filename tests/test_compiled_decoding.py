@@ -20,8 +20,8 @@ from specfuse.engine import Ensemble
 from specfuse.members.compiled import MIN_CAPACITY, VERIFY_BLOCKS, CompiledDecoder
 from specfuse.records import Candidate
 
-from .conftest import TINY_SPECS, tiny_member
-from .test_batching import PROMPTS, same_rounds
+from .conftest import TINY_SPECS, ascii_only, tiny_member
+from .runs import PROMPTS, same_rounds
 
 FAST = "aot_eager"
 NAMES = list(TINY_SPECS)  # llama-bytes, qwen-merges, gemma-meta
@@ -92,11 +92,10 @@ def test_drafts_after_another_text_and_mid_word_budgets(name, eager_members, com
 
 
 def test_a_trimmed_tail_taken_over_then_decoding_on_in_the_static_cache():
-    """Printable ASCII only (test_engine.ascii_only), so that drafts have words to trim and their
+    """Printable ASCII only (conftest.ascii_only), so that drafts have words to trim and their
     text re-tokenizes exactly: a won draft's trimmed tokens are taken over, by one eager forward into
     the request's cache (as on a CPU) or as compiled steps (as under CUDA graphs), and the draft then
     decodes on in the static cache. Both give eager drafting's rounds."""
-    from .test_engine import ascii_only
 
     def run(backend, in_steps=False):
         members = [ascii_only(tiny_member(name)) for name in NAMES[:2]]

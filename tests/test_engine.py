@@ -6,32 +6,14 @@ from dataclasses import replace
 
 import pytest
 import torch
-from tokenizers import pre_tokenizers
 
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble
 from specfuse.errors import ConfigError, MemberError
 from specfuse.records import summarize
 
-from .conftest import tiny_member
+from .conftest import ascii_only, tiny_member
 from .scripted import ScriptedMember
-
-
-def ascii_only(member):
-    """Give the output head a bias that rules out non-ASCII bytes: random weights otherwise emit
-    invalid UTF-8, which no text (and so no re-tokenization) can reproduce byte for byte."""
-    head = member.model.lm_head
-    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
-    biased.weight = head.weight
-    alphabet = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    with torch.no_grad():
-        biased.bias.fill_(0.0)
-        for token, index in alphabet.items():
-            text = member.tokenizer.convert_tokens_to_string([token])
-            if not (text.isascii() and text.isprintable()):
-                biased.bias[index] = -1e4
-    member.model.lm_head = biased
-    return type(member)(member.name, member.model, member.tokenizer, device="cpu")
 
 
 def test_a_one_member_ensemble_reproduces_its_greedy_decode():

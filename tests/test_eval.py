@@ -15,23 +15,7 @@ from specfuse.eval import cli as ev
 from specfuse.eval import report as eval_report
 from specfuse.eval import stats, variants
 
-from . import builders
-from .scripted import ScriptedMember
-
-
-def hand_round(k, text, *, timings=(), seconds=0.1, member="m", stop=None):
-    """A one-candidate Round whose candidate is the whole answer `text` (the shared builder)."""
-    return builders.hand_round(
-        k,
-        members=(member,),
-        texts=(text,),
-        final=stop is not None,
-        timings=timings or None,
-        seconds=seconds,
-        elapsed=seconds * k,
-        text=text,
-        stop_reason=stop,
-    )
+from .helpers_eval import CONFIG, scripted, write_data
 
 
 @pytest.mark.parametrize(
@@ -64,15 +48,6 @@ def test_majority_vote_ties_go_to_the_first_sample():
     assert ev.majority(["3", "4", "4"]) == "4"
     assert ev.majority(["3", "4", None]) == "3"
     assert ev.majority([None, None]) is None
-
-
-def write_data(path, n=2):
-    rows = [
-        {"question": f"Tom has {i} apples and buys 2 more. How many?", "answer": f"{i}+2\n#### {i + 2}"}
-        for i in range(n)
-    ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def test_problems_load_with_their_gold_numbers(tmp_path):
@@ -127,11 +102,6 @@ def test_an_unknown_model_exits_2(tmp_path, capsys):
 # -- systems, variants and resumable batched runs (scripted members: no torch) -------------------------
 
 
-def scripted(name, answer, score=1.0):
-    """A member that answers "The answer is <answer>." in two rounds and scores by text length."""
-    return ScriptedMember(name, ["The answer", (f" is {answer}.", True)], lambda text: score + len(text) / 10)
-
-
 def no_generation(*args, **kwargs):
     raise AssertionError("a saved trace was generated again")
 
@@ -139,9 +109,6 @@ def no_generation(*args, **kwargs):
 def forbid_runs(monkeypatch):
     monkeypatch.setattr(ev.Ensemble, "stream", no_generation)
     monkeypatch.setattr(ev.Ensemble, "stream_many", no_generation)
-
-
-CONFIG = EnsembleConfig(max_new_tokens=12, segment_len=4)
 
 
 def test_default_systems_run_once_and_a_second_run_loads_every_trace(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ from specfuse.models.loading import load_member
 from specfuse.records import Candidate
 
 from .conftest import REAL_MODEL_CACHE
+from .runs import check_invariants
 
 pytestmark = pytest.mark.slow
 
@@ -23,21 +24,6 @@ GSM8K = (
     "for her friends every day with four. She sells the remainder at the farmers' market daily for $2 "
     "per fresh duck egg. How much in dollars does she make every day at the farmers' market?"
 )
-
-
-def check_invariants(rounds):
-    answer = ""
-    for r in rounds:
-        answer += r.winner.text
-        assert r.text == answer
-        assert len(r.raw_scores) == len(r.scores) == len(r.verifiers)
-        assert all(len(row) == len(r.candidates) for row in r.scores)
-        assert all(sum(row) == pytest.approx(1.0) for row in r.scores)
-        assert sum(r.weights_after) == pytest.approx(1.0)
-        assert r.aggregate[r.chosen] == max(y for y, ok in zip(r.aggregate, r.eligible) if ok)
-        assert all(c.num_tokens <= 10 + 4 for c in r.candidates)
-        assert "\ufffd" not in r.winner.text
-    assert rounds[-1].stop_reason in ("final", "budget", "stop")
 
 
 def test_the_default_trio_answers_a_gsm8k_problem(real_members, tmp_path):

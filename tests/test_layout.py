@@ -1,5 +1,5 @@
 """The package's shape, checked statically: a layout by concept, no import circles, small modules,
-and an engine that asks members nothing outside their protocol."""
+an engine that asks members nothing outside their protocol, and test modules that import no other."""
 
 from __future__ import annotations
 
@@ -213,3 +213,52 @@ def test_code_files_functions_and_classes_stay_small():
             if size > cap:
                 over.append(f"{where}: {type(node).__name__} {node.name} {size} lines")
     assert not over, over
+
+
+def _test_modules_imported(source: str, package: str = "tests") -> set[str]:
+    """The tests.test_* modules that a module of `package` imports: relative or absolute, wherever
+    the import stands (a late import in a test body is still an import)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            anchor = package.split(".")
+            anchor = anchor[: len(anchor) - (node.level - 1)] if node.level else []
+            base = ".".join([*anchor, node.module] if node.module else anchor)
+            names = [base, *(f"{base}.{a.name}" for a in node.names)]
+        for name in names:
+            parts = name.split(".")
+            if len(parts) > 1 and parts[0] == "tests" and parts[1].startswith("test_"):
+                found.add(parts[1])
+    return found
+
+
+def test_no_test_module_imports_another():
+    """What several test files share lives in a shared module (conftest.py for fixtures, builders.py,
+    scripted.py, runs.py, helpers_*.py), never in a test file that others import."""
+    importing = {}
+    for path in (ROOT / "tests").rglob("*.py"):
+        package = ".".join(path.parent.relative_to(ROOT).parts)
+        others = _test_modules_imported(path.read_text(encoding="utf-8"), package) - {path.stem}
+        if others:
+            importing[str(path.relative_to(ROOT))] = sorted(others)
+    assert not importing, importing
+
+
+def test_the_test_import_check_sees_every_spelling():
+    seen = [
+        "from .test_engine import ascii_only",
+        "from . import test_engine",
+        "import tests.test_engine",
+        "from tests.test_engine import ascii_only",
+        "from tests import test_engine",
+        "def test_x():\n    from .test_engine import ascii_only",
+    ]
+    for source in seen:
+        assert _test_modules_imported(source) == {"test_engine"}, source
+    assert _test_modules_imported("from ..test_engine import ascii_only", "tests.data") == {"test_engine"}
+    shared = ["from .conftest import tiny_member", "from . import runs", "import tests.runs", "import tests"]
+    for source in shared:
+        assert _test_modules_imported(source) == set(), source

@@ -23,7 +23,7 @@ from specfuse.models.loading import load_member, load_members, load_tokenizer
 from specfuse.records import Candidate
 
 from .conftest import REAL_MODEL_CACHE
-from .test_integration import check_invariants
+from .runs import check_invariants
 
 BUILT = importlib.util.find_spec("llama_cpp") is not None
 IN_CI = bool(os.environ.get("CI"))
@@ -344,7 +344,8 @@ def test_the_app_runs_the_default_trio_in_llama_cpp(tmp_path, monkeypatch):
     import app
     from studio.loading import SharedLoader
 
-    from .test_app import ANSWER, DOWNLOAD, MATRIX, WEIGHTS, figure, free_port, path_of, round_updates, submit
+    from .conftest import free_port
+    from .helpers_app import ANSWER, DOWNLOAD, MATRIX, WEIGHTS, figure, path_of, round_updates, submit
 
     _needs_build()
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
@@ -437,7 +438,7 @@ def test_prompt_contrast_scores_against_a_second_context_without_the_prompt(memb
     """Both contexts of every request share one verify call; the scores equal those by hand."""
     from specfuse.engine.calls import PROMPT_LEFT_OUT
 
-    from .test_prompt_contrast import scores_by_hand
+    from .runs import scores_by_hand
 
     config = EnsembleConfig(max_new_tokens=30, verify="always", exit=False, prompt_contrast=0.3)
     prompts = PROMPTS[:2]

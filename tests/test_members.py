@@ -11,7 +11,7 @@ from specfuse.members.hf import HFMember
 from specfuse.members.protocol import Member
 from specfuse.prompts import PromptFormat
 
-from .conftest import TINY_SPECS, tiny_member
+from .conftest import TINY_SPECS, ascii_only, tiny_member
 
 
 def member_named(members, name):
@@ -107,12 +107,10 @@ def test_taking_over_trimmed_tokens_leaves_answers_unchanged_and_saves_decode_st
     from specfuse.config import EnsembleConfig
     from specfuse.engine import Ensemble
 
-    from .test_engine import ascii_only  # printable ASCII: words to trim, and exact re-tokenization
-
     def run(reuse):
         members = []
         for name in ("llama-bytes", "qwen-merges"):
-            member = ascii_only(tiny_member(name))
+            member = ascii_only(tiny_member(name))  # printable ASCII: words to trim, exact re-tokenization
             members.append(HFMember(name, member.model, member.tokenizer, device="cpu", reuse_trimmed=reuse))
         config = EnsembleConfig(segment_len=6, max_new_tokens=40)
         return [list(Ensemble(members, config).stream(p)) for p in PROMPTS]

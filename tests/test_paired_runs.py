@@ -9,8 +9,8 @@ import pytest
 from specfuse.eval import cli as ev
 from specfuse.eval import report as eval_report
 
+from .helpers_eval import CONFIG, scripted, write_data
 from .repo_tools import load_tool
-from .test_eval import CONFIG, scripted, write_data
 
 ROOT = Path(__file__).resolve().parents[1]
 

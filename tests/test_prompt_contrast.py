@@ -14,7 +14,7 @@ from specfuse.engine.calls import PROMPT_LEFT_OUT
 from specfuse.errors import ConfigError
 
 from .conftest import tiny_member
-from .test_batching import same_rounds
+from .runs import same_rounds, scores_by_hand
 
 PROMPT = "Why is the sky blue? Explain it to a child."
 CONTRAST = EnsembleConfig(max_new_tokens=24, segment_len=4, verify="always", exit=False, prompt_contrast=0.3)
@@ -31,14 +31,6 @@ def test_scores_less_a_share_of_the_scores_without_the_prompt():
 def test_the_weight_is_bounded(weight):
     with pytest.raises(ConfigError, match="prompt_contrast"):
         EnsembleConfig(prompt_contrast=weight)
-
-
-def scores_by_hand(member, prompt: str, answer: str, candidates, config: EnsembleConfig) -> list[float]:
-    settings = config.member_settings(0)
-    state = member.start(prompt, settings)
-    if answer:
-        member.accept(state, answer)
-    return member.score(state, candidates)
 
 
 @pytest.fixture(scope="module")

@@ -193,7 +193,7 @@ def test_quantize_is_refused_off_the_cpu_before_loading(tiny_checkpoints, monkey
 
 
 def test_specfuse_quantize_reaches_load_member(tiny_checkpoints, monkeypatch):
-    from .test_cli import run_cli
+    from .helpers_cli import run_cli
 
     seen = []
     real = loading.load_member

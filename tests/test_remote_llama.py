@@ -18,7 +18,7 @@ from specfuse.models.loading import load_member
 from specfuse.records import Candidate
 
 from .conftest import REAL_MODEL_CACHE
-from .test_integration import check_invariants
+from .runs import check_invariants
 
 MISSING = f"llama-server is not built at {llama_server_binary()}: run `make llama-server`"
 BUILT = llama_server_binary().is_file()

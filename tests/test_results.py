@@ -20,7 +20,7 @@ import fnmatch
 import re
 from pathlib import Path
 
-from .test_docs import EXTERNAL, PAGES, targets
+from .links import EXTERNAL, PAGES, targets
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"

@@ -24,6 +24,8 @@ from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble, Scheduler
 from specfuse.serve.api import create_app
 
+from .conftest import rss_bytes
+
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "dev.jsonl"
 BASE = EnsembleConfig(segment_len=5, max_new_tokens=16)
@@ -119,10 +121,6 @@ def test_lm_eval_scores_an_offline_gsm8k_task_through_the_chat_api(server, tmp_p
     assert "exact_match,flexible-extract" in scores
     (samples,) = out.rglob("samples_specfuse_gsm8k_tiny_*.jsonl")
     assert len(samples.read_text().splitlines()) == 6
-
-
-def rss_bytes() -> int:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 GOOD = [

@@ -9,30 +9,16 @@ import time
 import pytest
 
 from specfuse.config import EnsembleConfig
-from specfuse.engine import Ensemble, QueueFull, Scheduler, SchedulerClosed
+from specfuse.engine import QueueFull, Scheduler, SchedulerClosed
 from specfuse.engine import scheduler as scheduling
 from specfuse.errors import ConfigError, MemberError
 from specfuse.records import Draft, Finished, Queued, Round
 
+from .runs import PROMPTS, collect, same_rounds, solo
 from .scripted import ScriptedMember
-from .test_batching import PROMPTS, same_rounds
 
 SHORT = EnsembleConfig(segment_len=5, max_new_tokens=20, exit_warmup=2)
 LONG = EnsembleConfig(segment_len=4, max_new_tokens=200, max_rounds=40)
-
-
-def solo(members, names, prompt, config, **branch):
-    chosen = [m for m in members if m.name in names]
-    chosen.sort(key=lambda m: names.index(m.name))
-    return list(Ensemble(chosen).stream(prompt, config, **branch))
-
-
-def collect(ticket):
-    """A ticket's drafts and rounds, once its stream has ended with Finished("done")."""
-    events = list(ticket.events(timeout=120))
-    assert events[-1] == Finished("done") and not any(isinstance(e, Finished) for e in events[:-1])
-    drafts = [e for e in events if isinstance(e, Draft)]
-    return drafts, [e for e in events if isinstance(e, Round)]
 
 
 def test_concurrent_requests_with_their_own_configs_and_members_equal_their_solo_runs(tiny_members):

@@ -1,0 +1,13 @@
+"""The command line run in-process, for the tests of its commands (test_cli, test_quantize)."""
+
+from __future__ import annotations
+
+import io
+
+from specfuse.cli import main
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()

@@ -1,0 +1,66 @@
+"""Reference runs and the checks that compare runs: the prompts the comparisons run on, a request run
+alone, a ticket's events collected, a member's scores read directly, and what two runs (or one run's
+rounds) must agree on. The batched, scheduled, compiled and llama.cpp paths are checked against these."""
+
+from __future__ import annotations
+
+import pytest
+
+from specfuse.config import EnsembleConfig
+from specfuse.engine import Ensemble
+from specfuse.records import Draft, Finished, Round
+
+PROMPTS = ["Once upon a time", "Écris 猫 in code: x_1 =", "Why is the sky blue? Explain it to a child."]
+
+
+def flat(matrix):
+    return [v for row in matrix for v in row]
+
+
+def same_rounds(a, b, atol=1e-4):
+    """Two runs of one prompt agree: same candidates, choices, texts; scores within atol (fp32)."""
+    assert [r.k for r in a] == [r.k for r in b]
+    for x, y in zip(a, b):
+        assert [c.text for c in x.candidates] == [c.text for c in y.candidates]
+        assert [c.final for c in x.candidates] == [c.final for c in y.candidates]
+        assert x.chosen == y.chosen and x.text == y.text and x.stop_reason == y.stop_reason
+        assert flat(x.raw_scores) == pytest.approx(flat(y.raw_scores), abs=atol)
+        assert x.weights_after == pytest.approx(y.weights_after, abs=atol)
+        assert [e.member for e in x.exits] == [e.member for e in y.exits]
+
+
+def check_invariants(rounds):
+    answer = ""
+    for r in rounds:
+        answer += r.winner.text
+        assert r.text == answer
+        assert len(r.raw_scores) == len(r.scores) == len(r.verifiers)
+        assert all(len(row) == len(r.candidates) for row in r.scores)
+        assert all(sum(row) == pytest.approx(1.0) for row in r.scores)
+        assert sum(r.weights_after) == pytest.approx(1.0)
+        assert r.aggregate[r.chosen] == max(y for y, ok in zip(r.aggregate, r.eligible) if ok)
+        assert all(c.num_tokens <= 10 + 4 for c in r.candidates)
+        assert "\ufffd" not in r.winner.text
+    assert rounds[-1].stop_reason in ("final", "budget", "stop")
+
+
+def solo(members, names, prompt, config, **branch):
+    chosen = [m for m in members if m.name in names]
+    chosen.sort(key=lambda m: names.index(m.name))
+    return list(Ensemble(chosen).stream(prompt, config, **branch))
+
+
+def collect(ticket):
+    """A ticket's drafts and rounds, once its stream has ended with Finished("done")."""
+    events = list(ticket.events(timeout=120))
+    assert events[-1] == Finished("done") and not any(isinstance(e, Finished) for e in events[:-1])
+    drafts = [e for e in events if isinstance(e, Draft)]
+    return drafts, [e for e in events if isinstance(e, Round)]
+
+
+def scores_by_hand(member, prompt: str, answer: str, candidates, config: EnsembleConfig) -> list[float]:
+    settings = config.member_settings(0)
+    state = member.start(prompt, settings)
+    if answer:
+        member.accept(state, answer)
+    return member.score(state, candidates)
