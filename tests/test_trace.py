@@ -20,7 +20,7 @@ from .builders import hand_round, hand_run
 from .scripted import ScriptedMember
 
 DATA = Path(__file__).resolve().parent / "data"
-RUN = Path(__file__).resolve().parents[1] / "specfuse" / "run.py"  # where a run decides why it stops
+RUN = Path(__file__).resolve().parents[1] / "specfuse" / "engine" / "run.py"  # where a run says why it ends
 
 
 def with_token_scores(r):
