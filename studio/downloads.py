@@ -1,4 +1,5 @@
-"""The trace files the app offers for download: one folder per app, a bounded number of files in it.
+"""The files the app offers for download (traces, handouts, round PNGs): one folder per app, a
+bounded number of files in it.
 
 Every finished run and branch is offered as a trace file. Each used to get a temp folder of its
 own that nothing deleted, so a long-running server's disk grew with every run (issue 24, item 14).
@@ -41,13 +42,19 @@ class TraceFiles:
 
     def write(self, trace: Trace, session: str = "", kind: str = "run") -> str:
         """The trace as a JSON file for the download button; the session's previous one goes."""
-        text = dump_trace(trace)
+        return self.write_file(dump_trace(trace), session, kind, "json")
+
+    def write_file(
+        self, content: str | bytes, session: str = "", kind: str = "run", suffix: str = "json"
+    ) -> str:
+        """Any download (a handout's HTML, a round's PNG) the same way: one per session and kind."""
+        data = content.encode("utf-8") if isinstance(content, str) else content
         with self._lock:
             self._count += 1
             tag = re.sub(r"[^A-Za-z0-9]", "", session)[:12] or "api"
-            name = f"specfuse-{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{tag}-{self._count}.json"
+            name = f"specfuse-{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{tag}-{self._count}.{suffix}"
             path = self.folder / name
-            path.write_text(text, encoding="utf-8")
+            path.write_bytes(data)
             old = self._files.pop((session, kind), None)
             self._files[(session, kind)] = path
             gone = [old] if old is not None else []

@@ -399,12 +399,16 @@ class Studio(WhatIf):
         if not trace.rounds:
             raise self.error("The trace has no rounds to replay.")
         note = f"replayed from a trace of {len(trace.members)} members"
+        return self.show_trace(trace, view_name, note, session_of(request))
+
+    def show_trace(self, trace: Trace, view_name: str, note: str, session: str = "") -> Update:
+        """A whole trace in every panel, no model loaded: an upload's, a lesson's (studio.gallery)."""
         return {
             **self.clear_branch(),
             self.trace: trace,
             **self.panels(trace, None, view_name, note),
             self.display.round: views.slider_value(trace),
             self.display.segment: "",
-            self.controls.download: download_value(trace, session_of(request)),
+            self.controls.download: download_value(trace, session),
             self.display.plain: views.plain_answer(trace.rounds),
         }

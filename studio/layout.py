@@ -15,10 +15,14 @@ from specfuse import EnsembleConfig
 from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 
 from .browse import FailureBrowser
+from .explain import Notes
 from .failures import FILTERS, EvalRun, load_eval, problems_table
+from .gallery import Shelf, gallery_panel, lesson_panel, shipped, wire_gallery
 from .handlers import Studio
+from .handouts import handouts_panel, wire_handouts
 from .loading import DEVICES, DevicePlan, Loader, same_device
 from .panels import Failures, controls_panel, failures_panel, views_panel
+from .presenter import presenter_bar, wire_presenter
 from .serving import DEFAULT_CONCURRENCY, Schedulers
 from .untrusted import Servers
 
@@ -39,6 +43,7 @@ def build_demo(
     eval_dir: str | Path | None = None,
     served: dict[str, str] | None = None,
     schedulers: Schedulers | None = None,
+    lessons: Shelf | None = None,
 ) -> gr.Blocks:
     """The whole app. `loader(name, device, progress)` returns a (shared) member; nothing loads here.
 
@@ -47,6 +52,8 @@ def build_demo(
 
     `served` maps the operator's name of each served member to its spec: the page offers the name
     and the loader gets the spec, so no browser user sees a server's URL or options.
+
+    `lessons`: the gallery's lessons (default: the ones specfuse ships).
     """
     if choices is None or default_models is None:
         choices = list(CATALOGUE) if choices is None else choices
@@ -63,11 +70,16 @@ def build_demo(
         trace = gr.State(None)
         # The failure browser goes first: the problem opened replays in the panels right below it.
         study, panel = failures_first(eval_dir) if eval_dir is not None else (None, None)
+        shelf = shipped() if lessons is None else lessons
+        opens = gallery_panel(shelf)
         with gr.Row():
             with gr.Column(scale=1, min_width=300):
                 controls = controls_panel(choices, default_models, allow_paths, devices, device, config)
+                handouts = handouts_panel()
             with gr.Column(scale=3, min_width=600):
-                shown = views_panel()
+                presenter = presenter_bar()
+                gallery, notes = lesson_panel(shelf, opens), Notes()
+                shown = views_panel(notes)
         studio = Studio(
             loader,
             choices,
@@ -81,7 +93,11 @@ def build_demo(
         )
         if study is not None and panel is not None:
             wire_failures(studio, study, panel)
+        # The gallery first: its "close the lesson" on Run and upload goes before a run's stream.
+        wire_gallery(studio, gallery, notes, concurrency_limit)
         wire(studio, concurrency_limit)
+        wire_handouts(studio, handouts)
+        wire_presenter(demo, presenter)
         demo.unload(studio.unload)  # a closed page's run leaves the batch
     return demo
 

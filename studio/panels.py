@@ -15,6 +15,7 @@ from specfuse import EnsembleConfig, report
 from specfuse.eval.problems import OPEN_PROMPTS
 
 from . import failures, settings, untrusted, views
+from .explain import Notes
 
 # The evaluation's first four open-ended prompts (the serve benchmark sends the same four).
 EXAMPLES = [[prompt] for prompt in OPEN_PROMPTS[:4]]
@@ -120,10 +121,13 @@ def controls_panel(
     return Controls(models, prompt, run, stop, compare, form, device_box, upload, download)
 
 
-def views_panel() -> Views:
-    """The run as it unfolds: status, answer (coloured and plain), the round's tables and charts."""
+def views_panel(notes: Notes | None = None) -> Views:
+    """The run as it unfolds: status, answer (coloured and plain), the round's tables and charts;
+    `notes` places what each panel shows (and a lesson's "look for") under it."""
+    notes = notes or Notes()
     status = gr.Markdown(views.status_markdown(()), elem_id="status")
     answer = gr.HighlightedText(label="Answer", show_legend=True, combine_adjacent=False, elem_id="answer")
+    notes.place("answer")
     with gr.Accordion("Answer as plain text (exact, for copying)", open=False, elem_id="plain-box"):
         plain = gr.Textbox(
             label="Answer (plain text)",
@@ -146,13 +150,18 @@ def views_panel() -> Views:
         elem_id="candidates",
         elem_classes=["sf-fit"],
     )
+    notes.place("candidates")
     with gr.Row():
         with gr.Column():
             view = gr.Radio(
                 [views.NORMALIZED, views.RAW], value=views.NORMALIZED, label="Matrix", elem_id="view"
             )
             matrix = gr.Plot(label="Verification matrix", elem_id="matrix")
-        weights = gr.Plot(label="Weights", elem_id="weights")
+            notes.place("matrix")
+            notes.place("normalization")
+        with gr.Column():
+            weights = gr.Plot(label="Weights", elem_id="weights")
+            notes.place("weights")
     exits = gr.Dataframe(
         label="Exited members",
         headers=report.EXIT_COLUMNS,
@@ -161,6 +170,7 @@ def views_panel() -> Views:
         elem_id="exits",
         elem_classes=["sf-fit"],
     )
+    notes.place("exits")
     summary = gr.Dataframe(
         label="Per-member summary",
         headers=report.SUMMARY_COLUMNS,

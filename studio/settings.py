@@ -162,3 +162,21 @@ def config_from_form(values: Mapping[str, Any]) -> EnsembleConfig:
         else:
             kwargs[name] = value
     return EnsembleConfig(**kwargs)
+
+
+def form_value(setting: Setting, value: Any) -> Any:
+    """A setting's value as its widget holds it (the inverse of config_from_form for that field)."""
+    if setting.kind is bool or setting.choices:
+        return value
+    if setting.kind in (int, float) and setting.optional:
+        return "" if value is None else str(value)
+    if setting.kind in (int, float):
+        return value
+    if setting.item is not None:
+        return "\n".join(str(v) for v in value or ())
+    return "" if value is None else str(value)
+
+
+def form_values(config: EnsembleConfig) -> dict[str, Any]:
+    """Every widget's value for `config`, by field name (a lesson's settings filling the form)."""
+    return {s.name: form_value(s, getattr(config, s.name)) for s in settings()}

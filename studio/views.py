@@ -158,11 +158,13 @@ def heatmap_figure(rnd: Round | None, normalized: bool = True, fixed_scale: bool
         height=320, margin=dict(l=10, r=10, t=40, b=10), uirevision="matrix", template="plotly_white"
     )
     if rnd is None:
-        return fig.update_layout(title="verification matrix")
+        return nothing_to_draw(fig.update_layout(title="verification matrix"), "no round yet")
     if not rnd.verified:
         why = "a lone draft" if len(rnd.candidates) == 1 else "the drafts agreed"
-        return fig.update_layout(
-            title=f"round {rnd.k}: not verified: {why}, {esc(rnd.winner.member)}'s was taken"
+        fig.update_layout(title=f"round {rnd.k}: not verified: {why}, {esc(rnd.winner.member)}'s was taken")
+        lone = len(rnd.candidates) == 1
+        return nothing_to_draw(
+            fig, "one draft this round: nothing to verify" if lone else "the drafts agreed: nothing to verify"
         )
     matrix = report.score_matrix(rnd, normalized)
     # Two members may share a name only by accident; the column number keeps the x labels distinct.
@@ -199,6 +201,15 @@ def heatmap_figure(rnd: Round | None, normalized: bool = True, fixed_scale: bool
     return fig
 
 
+def nothing_to_draw(fig: go.Figure, why: str) -> go.Figure:
+    """A chart with nothing to draw says so in words, in place of bare axes that read as broken."""
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig.add_annotation(
+        text=why, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=16, color="#444")
+    )
+
+
 def weights_figure(rounds: Sequence[Round]) -> go.Figure:
     """One line per member: its weight over the rounds (0 = start), an ✕ where it exited."""
     fig = go.Figure()
@@ -212,7 +223,7 @@ def weights_figure(rounds: Sequence[Round]) -> go.Figure:
         template="plotly_white",
     )
     if not rounds:
-        return fig
+        return nothing_to_draw(fig, "no round yet")
     history = report.weights_history(rounds)
     colors = member_colors(rounds[-1].members)
     for member, rows in history.groupby("member", sort=False):

@@ -1,0 +1,220 @@
+"""The lesson gallery: every shipped lesson as a card; opening one replays its recorded run at once,
+with no model loaded (an uploaded trace's path), its "look for" notes under the panels and its key
+takeaway above them; "Run it live" fills the form from the lesson and runs it on the members.
+
+Lessons come from specfuse.lessons (a `Shelf`; tests pass their own). Knows nothing about how a run
+streams: "Run it live" fills the form, then chains Studio's own run handler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol
+
+import gradio as gr
+
+from specfuse import Trace
+
+from . import settings, views
+from .explain import Notes
+from .handlers import Studio
+from .untrusted import esc, md
+from .updates import Update, session_of, unchanged
+
+
+class Lesson(Protocol):
+    """What the app reads of a specfuse.lessons.Lesson."""
+
+    slug: str
+    title: str
+    summary: str
+    look_for: Mapping[str, str]  # panel ("answer", "candidates", "matrix", "weights", "exits") → text
+    takeaway: str
+    prompt: str
+    members: tuple[str, ...]
+    settings: Mapping[str, Any]  # EnsembleConfig keyword arguments
+    branch: tuple[int, str] | None  # (round, typed text) for a lesson about branching
+    live_note: str
+
+
+@dataclass(frozen=True)
+class Shelf:
+    """The lessons the gallery offers, and how to open one's recorded run (a Trace, no model)."""
+
+    lessons: tuple[Lesson, ...]
+    load: Callable[[str], Trace]
+
+    def find(self, slug: str) -> Lesson:
+        for one in self.lessons:
+            if one.slug == slug:
+                return one
+        raise KeyError(slug)
+
+
+def shipped() -> Shelf:
+    """The lessons specfuse ships, each opened from its shipped trace."""
+    try:
+        from specfuse.lessons import LESSONS, load_lesson
+    except ImportError:  # TODO(#43): the lessons branch lands
+        return Shelf((), _no_lesson)
+
+    lessons = LESSONS.values() if isinstance(LESSONS, Mapping) else LESSONS
+    return Shelf(tuple(lessons), load_lesson)
+
+
+def _no_lesson(slug: str) -> Trace:
+    raise KeyError(slug)
+
+
+@dataclass
+class Gallery:
+    """The cards (an Open button per lesson, by slug) and the lesson opened, above the panels."""
+
+    shelf: Shelf
+    opens: dict[str, gr.Button]
+    box: gr.HTML
+    live: gr.Button
+    opened: gr.State  # the slug of the lesson opened, or None
+
+
+def gallery_panel(shelf: Shelf) -> dict[str, gr.Button]:
+    """The cards: each lesson's title and summary, and its Open button."""
+    opens: dict[str, gr.Button] = {}
+    title = "Lessons: open one to watch a recorded run, no model needed"
+    with gr.Accordion(title, open=True, elem_id="class-gallery"):
+        if not shelf.lessons:
+            gr.Markdown("No lessons are installed here.")
+        with gr.Row(equal_height=True, elem_classes=["sf-cards"]):
+            for one in shelf.lessons:
+                with gr.Column(min_width=220, elem_classes=["sf-card"], elem_id=f"class-card-{one.slug}"):
+                    gr.Markdown(f"### {md(one.title)}\n{md(one.summary)}")
+                    opens[one.slug] = gr.Button("Open", size="sm", elem_id=f"class-open-{one.slug}")
+    return opens
+
+
+def lesson_panel(shelf: Shelf, opens: dict[str, gr.Button]) -> Gallery:
+    """The lesson opened: its box (prompt, takeaway, what a live run may change) and Run it live."""
+    box = gr.HTML(visible=False, elem_id="class-lesson")
+    live = gr.Button("Run it live", visible=False, elem_id="class-run-live")
+    return Gallery(shelf, opens, box, live, gr.State(None))
+
+
+def lesson_html(lesson: Lesson, live: bool = False) -> str:
+    """The box above the panels: title, prompt, key takeaway, and what a live run may change."""
+    branch = ""
+    if lesson.branch is not None:
+        k, text = lesson.branch
+        branch = (
+            f"<p class='sf-lesson-branch'>Then branch: under <i>What if another candidate had won?</i> "
+            f"the round shown is {int(k)} and the typed segment <code>{esc(text)}</code> is ready: "
+            "press <b>Branch from this round</b> (it needs the members loaded).</p>"
+        )
+    head = "Live run of the lesson" if live else "Lesson"
+    note = lesson.live_note or "A live run may answer differently from the recorded one."
+    return (
+        f"<div class='sf-lesson'><h3>{head}: {esc(lesson.title)}</h3>"
+        f"<p class='sf-lesson-prompt'><b>Prompt:</b> {esc(lesson.prompt)}</p>"
+        f"<p class='sf-takeaway'><b>Key takeaway:</b> {esc(lesson.takeaway)}</p>{branch}"
+        f"<p class='sf-live-note'><b>{'Live' if live else 'Run it live'}:</b> {esc(note)}</p></div>"
+    )
+
+
+@dataclass
+class Classroom:
+    """The gallery's handlers: open a lesson, run it live, close it when another run or trace comes."""
+
+    studio: Studio
+    gallery: Gallery
+    notes: Notes
+
+    def open_handler(self, slug: str) -> Callable[..., Update]:
+        def open_lesson(
+            view_name: str,
+            request: Optional[gr.Request] = None,  # noqa: UP045 (Gradio looks for this type)
+        ) -> Update:
+            return self.open(slug, view_name, session_of(request))
+
+        return open_lesson
+
+    def open(self, slug: str, view_name: str, session: str = "") -> Update:
+        """The lesson's recorded run in every panel (no model), its notes beside them."""
+        lesson = self.gallery.shelf.find(slug)
+        trace = self.gallery.shelf.load(slug)
+        studio, shown = self.studio, self.studio.display
+        update = studio.show_trace(trace, view_name, f"lesson “{lesson.title}”, a recorded run", session)
+        if lesson.branch is not None and 1 <= lesson.branch[0] <= len(trace.rounds):
+            k = int(lesson.branch[0])
+            update |= studio.panels(trace, k, view_name, f"lesson “{lesson.title}”: round {k}")
+            update[shown.round] = views.slider_value(trace, k)
+            update[shown.what_if.branch_text] = lesson.branch[1]
+        return update | self.shown(lesson)
+
+    def shown(self, lesson: Lesson | None, live: bool = False) -> Update:
+        """The lesson's box, notes and Run it live button (without a lesson: all hidden)."""
+        g = self.gallery
+        if lesson is None:
+            box = gr.HTML("", visible=False)
+        else:
+            box = gr.HTML(lesson_html(lesson, live), visible=True)
+        return {
+            **self.notes.values(lesson.look_for if lesson is not None else None),
+            g.box: box,
+            g.live: gr.Button(visible=lesson is not None),
+            g.opened: lesson.slug if lesson is not None else None,
+        }
+
+    def close(self) -> Update:
+        return self.shown(None)
+
+    def fill(self, slug: str | None) -> Update:
+        """Run it live, first half: the lesson's prompt, members and settings in the form."""
+        if not slug:
+            return unchanged()
+        lesson = self.gallery.shelf.find(slug)
+        studio, c = self.studio, self.studio.controls
+        missing = [m for m in lesson.members if m not in studio.choices]
+        if missing and not studio.allow_paths:
+            raise studio.error(
+                f"This lesson runs on {', '.join(lesson.members)}, and {', '.join(missing)} is not "
+                "installed here. Its recorded run needs no model: it is shown already."
+            )
+        start = settings.config_from_form({n: w.value for n, w in c.settings.items()})
+        form = settings.form_values(dataclasses.replace(start, **dict(lesson.settings)))
+        return {
+            c.prompt: lesson.prompt,
+            c.models: gr.Dropdown(value=list(lesson.members)),
+            **{c.settings[name]: value for name, value in form.items() if name in c.settings},
+            **self.shown(lesson, live=True),
+        }
+
+
+def wire_gallery(studio: Studio, gallery: Gallery, notes: Notes, concurrency_limit: int | None) -> None:
+    """Open (each card), Run it live (fill, then Studio's run), and close on another run or trace."""
+    room = Classroom(studio, gallery, notes)
+    shown, controls = studio.display, studio.controls
+    lesson_outputs = [*notes.outputs(), gallery.box, gallery.live, gallery.opened]
+    panels = [*shown.by_name().values(), *shown.what_if.round_outputs()]
+    opened = [studio.trace, *panels, shown.round, shown.segment, controls.download, shown.plain]
+    opened += [*shown.what_if.branch_outputs(), shown.what_if.branch_text, *lesson_outputs]
+    for slug, button in gallery.opens.items():
+        button.click(
+            room.open_handler(slug),
+            [shown.view],
+            opened,
+            api_visibility="private",
+            show_progress_on=[shown.status],
+        )
+    form = [controls.prompt, controls.models, *controls.settings.values(), *lesson_outputs]
+    gallery.live.click(room.fill, [gallery.opened], form, api_visibility="private").success(
+        studio.run_handler(),
+        studio.run_inputs(),
+        studio.run_outputs(),
+        api_visibility="private",
+        show_progress_on=[shown.status],
+        concurrency_limit=concurrency_limit,
+        concurrency_id="run",
+    )
+    for event in (controls.run.click, controls.prompt.submit, controls.upload.upload):
+        event(room.close, None, lesson_outputs, api_visibility="private", show_progress="hidden")

@@ -1,0 +1,219 @@
+"""The classroom in a real browser (issue 43): a lesson opens with no model loaded, its notes beside
+the panels; Run it live; the presenter view at projector sizes; the lone-draft matrix says so; the
+handout and round downloads; and the page asks nothing of any other host."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import pytest
+
+from studio.gallery import Shelf
+
+from .helpers_browser import launched, opened
+from .scripted import ScriptedMember, prefers, scripted_rounds
+
+pytestmark = pytest.mark.browser
+
+PANELS = ("#candidates", "#matrix", "#weights", "#exits")
+
+
+@dataclass(frozen=True)
+class Lesson:  # what the app reads of a specfuse.lessons.Lesson
+    slug: str
+    title: str
+    summary: str
+    look_for: dict
+    takeaway: str
+    prompt: str = "go"
+    members: tuple = ("a", "b", "c")
+    settings: dict = field(default_factory=lambda: {"segment_len": 4, "max_rounds": 4})
+    branch: tuple | None = None
+    live_note: str = "Live, the members answer afresh: the answer may differ."
+
+
+LESSONS = (
+    Lesson(
+        "winners",
+        "Who wins a round",
+        "Three members, one answer.",
+        {"answer": "every segment is b's colour", "matrix": "the boxed column <b>b</b>"},
+        "The verifiers agree: b's candidates win.",
+        prompt="Say something good",
+    ),
+    Lesson(
+        "exits",
+        "Members leave",
+        "Losers exit.",
+        {"exits": "a and c leave after round 4"},
+        "Exit saves calls.",
+    ),
+)
+TRACES = {"winners": scripted_rounds(max_rounds=3), "exits": scripted_rounds(max_rounds=8)}
+
+
+@pytest.fixture(scope="module")
+def served_app(tmp_path_factory):
+    members = {
+        "a": ScriptedMember("a", ["fine "] * 50, prefers("good ")),
+        "b": ScriptedMember("b", ["good "] * 50, prefers("good ")),
+        "c": ScriptedMember("c", ["junk "] * 50, prefers("good ")),
+    }
+    loaded: list[str] = []
+
+    def loader(name, device, progress):
+        loaded.append(name)
+        return members[name]
+
+    cache = tmp_path_factory.mktemp("gradio")
+    shelf = Shelf(LESSONS, TRACES.__getitem__)
+    build = {"default_models": ["a", "b"], "lessons": shelf}
+    with launched(cache, loader, members, **build) as address:
+        yield address, cache, loaded
+
+
+@pytest.fixture
+def page(browser, served_app, monkeypatch):
+    address, cache, _ = served_app
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
+    with opened(browser, address, accept_downloads=True) as page:
+        page.requested = []
+        page.on("request", lambda r: page.requested.append(r.url))
+        yield page
+
+
+def open_lesson(page, slug: str) -> float:
+    """Open a lesson's card; the seconds until its recorded run is in the panels."""
+    began = time.perf_counter()
+    page.click(f"#class-open-{slug}")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('recorded run')")
+    page.wait_for_selector("#class-lesson", state="visible")
+    return time.perf_counter() - began
+
+
+def show_round(page, k: int) -> None:
+    number = page.locator("#round input[type=number]")
+    number.fill(str(k))
+    number.blur()
+    page.wait_for_function(f"document.querySelector('#status').innerText.startsWith('Round {k} ')")
+
+
+def shown_panels(page) -> list[str]:
+    return [p for p in PANELS if page.locator(p).is_visible()]
+
+
+def test_a_lesson_opens_with_no_model_loaded_its_notes_beside_the_panels(page, served_app):
+    loaded = served_app[2]
+    before = len(loaded)
+    seconds = open_lesson(page, "winners")
+    # The target is 2 s on this CPU, quiet; a machine busy with other jobs stretches it.
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    assert seconds <= 2.0 * max(1.0, load), (seconds, load)
+    assert len(loaded) == before  # no model loaded: the recorded run replays
+    trace = TRACES["winners"]
+    answer = " ".join(page.locator("#answer .token").all_inner_texts())
+    assert answer.split() == trace.rounds[-1].text.split()
+    assert page.inner_text("#status").startswith(f"Round {len(trace.rounds)} ")
+    lesson = page.inner_text("#class-lesson")
+    assert "Key takeaway: The verifiers agree: b's candidates win." in lesson
+    assert "Prompt: Say something good" in lesson
+    # The lesson's notes sit under their panels (its text as text), the others stay hidden.
+    assert page.inner_text("#class-look-answer") == "Look for: every segment is b's colour"
+    assert page.inner_text("#class-look-matrix") == "Look for: the boxed column <b>b</b>"
+    assert not page.locator("#class-look-weights").is_visible()
+    # Every panel explains itself, closed until asked.
+    for name in ("answer", "candidates", "matrix", "normalization", "weights", "exits"):
+        assert page.locator(f"#class-explain-{name}").is_visible()
+    assert not page.get_by_text("one column per candidate").is_visible()
+    page.locator("#class-explain-matrix button").first.click()
+    assert page.get_by_text("one column per candidate", exact=False).is_visible()
+    # Another trace (an upload, or a run of one's own) closes the lesson.
+    page.fill("#prompt textarea", "hello")
+    page.click("#run")
+    page.wait_for_selector("#class-lesson", state="hidden")
+    assert not page.locator("#class-look-matrix").is_visible()
+
+
+def test_a_lone_draft_matrix_says_there_is_nothing_to_verify(page):
+    open_lesson(page, "exits")
+    assert TRACES["exits"].rounds[-1].verified is False
+    page.wait_for_function("document.querySelector('#matrix').textContent.includes('nothing to verify')")
+    assert "one draft this round: nothing to verify" in page.locator("#matrix").text_content()
+    assert page.inner_text("#class-look-exits") == "Look for: a and c leave after round 4"
+
+
+def test_run_it_live_fills_the_form_from_the_lesson_and_runs_on_its_members(page, served_app):
+    open_lesson(page, "winners")
+    page.click("#class-run-live")
+    page.wait_for_function(
+        "document.querySelector('#status').innerText.includes('stopped: rounds')"
+        " && !document.querySelector('#status').innerText.includes('recorded run')"
+    )
+    assert page.locator("#prompt textarea").input_value() == "Say something good"
+    page.click("#settings")
+    assert page.locator("#setting-segment_len input[type=number]").input_value() == "4"
+    assert {"a", "b", "c"} <= set(served_app[2])  # the lesson's members, loaded for the live run
+    assert page.inner_text("#status").startswith("Round 4 ")
+    assert "Live run of the lesson" in page.inner_text("#class-lesson")
+    assert "the answer may differ" in page.inner_text("#class-lesson")
+
+
+@pytest.mark.parametrize("size", [(1280, 720), (1920, 1080)])
+def test_the_presenter_view_shows_the_answer_large_and_one_panel_and_keeps_the_round(page, size):
+    width, height = size
+    page.set_viewport_size({"width": width, "height": height})
+    open_lesson(page, "exits")
+    show_round(page, 3)
+    page.locator("body").click(position={"x": 1, "y": 1})  # the focus out of the round's field
+    page.keyboard.press("p")
+    page.wait_for_function("document.body.classList.contains('sf-presenter')")
+    token = page.locator("#answer .token").first
+    size_px = float(token.evaluate("e => getComputedStyle(e).fontSize").removesuffix("px"))
+    assert size_px >= 28, size_px
+    assert page.locator("#answer").is_visible() and page.locator("#status").is_visible()
+    assert page.inner_text("#status").startswith("Round 3 ")
+    assert shown_panels(page) == ["#candidates"]
+    for hidden in ("#models", "#prompt", "#class-gallery", "#summary", "#what-if", "#class-lesson"):
+        assert not page.locator(hidden).is_visible(), hidden
+    box = page.locator("#answer").bounding_box()
+    assert box is not None and box["x"] + box["width"] <= width and box["y"] < height / 3
+    page.keyboard.press("2")
+    page.wait_for_function("document.body.dataset.sfPanel === 'matrix'")
+    assert shown_panels(page) == ["#matrix"]
+    page.locator("#presenter-panel label", has_text="exits").click()
+    page.wait_for_function("document.body.dataset.sfPanel === 'exits'")
+    assert shown_panels(page) == ["#exits"]
+    assert page.locator("#class-look-exits").is_visible()  # the lesson's note for that panel stays
+    page.click("#presenter-toggle")  # and back: the run and the round shown are as they were
+    page.wait_for_function("!document.body.classList.contains('sf-presenter')")
+    assert shown_panels(page) == list(PANELS)
+    assert page.locator("#models").is_visible()
+    assert page.inner_text("#status").startswith("Round 3 ")
+    assert page.locator("#round input[type=number]").input_value() == "3"
+    page.keyboard.press("p")  # the key again, then Esc leaves
+    page.wait_for_function("document.body.classList.contains('sf-presenter')")
+    page.keyboard.press("Escape")
+    page.wait_for_function("!document.body.classList.contains('sf-presenter')")
+
+
+def test_p_typed_in_a_field_is_text_not_the_presenter_view(page):
+    page.locator("#prompt textarea").click()
+    page.keyboard.type("pp")
+    assert page.locator("#prompt textarea").input_value() == "pp"
+    assert not page.evaluate("document.body.classList.contains('sf-presenter')")
+
+
+def test_the_page_requests_nothing_from_another_host(page):
+    open_lesson(page, "winners")
+    page.keyboard.press("p")
+    page.keyboard.press("3")
+    page.keyboard.press("Escape")
+    page.locator("#class-explain-weights button").first.click()
+    page.wait_for_timeout(500)
+    hosts = {
+        urlsplit(u).hostname for u in page.requested if urlsplit(u).scheme in ("http", "https", "ws", "wss")
+    }
+    assert page.requested and hosts <= {"127.0.0.1", "localhost"}, hosts
