@@ -211,6 +211,7 @@ def wire_gallery(studio: Studio, gallery: Gallery, notes: Notes, concurrency_lim
         studio.run_handler(),
         studio.run_inputs(),
         studio.run_outputs(),
+        api_name="run_lesson",  # not "run": the app's own Run keeps its API name
         api_visibility="private",
         show_progress_on=[shown.status],
         concurrency_limit=concurrency_limit,
