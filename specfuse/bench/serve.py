@@ -191,6 +191,7 @@ def run_serve(
     try:
         with running(create_app(scheduler)) as url:
             warm_up(url, scheduler.config, max(levels), max_tokens, full=bool(gpus))
+            _say("warmed up")
             for c in levels:
                 if stop_at is not None and time.perf_counter() >= stop_at:
                     skipped.append(c)
@@ -253,16 +254,17 @@ def compare_to_solo(results: dict[str, dict[str, Any]]) -> None:
 _BEGAN = time.perf_counter()
 
 
-def _progress(level: dict[str, Any]) -> None:
-    """A line on stderr as each level ends, with the seconds since the import (a run cut short
+def _say(line: str) -> None:
+    """A line on stderr as the benchmark goes, with the seconds since the import (a run cut short
     still shows how far it got)."""
-    print(
-        f"[{time.perf_counter() - _BEGAN:6.1f} s] {level['clients']} clients: {level['requests']} "
-        f"requests in {level['wall_s']:.1f} s, {level['tokens_per_s']:.2f} tokens/s, first segment "
-        f"p95 {level['first_segment_p95_s']:.2f} s, {len(level['errors'])} errors"
-        + (" (cut short by the deadline)" if level["cut_short"] else ""),
-        file=sys.stderr,
-        flush=True,
+    print(f"[{time.perf_counter() - _BEGAN:6.1f} s] {line}", file=sys.stderr, flush=True)
+
+
+def _progress(level: dict[str, Any]) -> None:
+    _say(
+        f"{level['clients']} clients: {level['requests']} requests in {level['wall_s']:.1f} s, "
+        f"{level['tokens_per_s']:.2f} tokens/s, first segment p95 {level['first_segment_p95_s']:.2f} s, "
+        f"{len(level['errors'])} errors" + (" (cut short by the deadline)" if level["cut_short"] else "")
     )
 
 
@@ -421,6 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         levels, requests, max_tokens = [1, 4, 8], 8, 32
     try:
         members, config = _members(args, max_tokens)
+        _say(f"{len(members)} members ready in {time.perf_counter() - began:.1f} s")
         report = run_serve(
             members, levels=levels, per_client=args.per_client, requests=requests,
             max_tokens=max_tokens, config=config, batch_size=args.batch_size, join_wait=args.join_wait,
