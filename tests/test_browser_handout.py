@@ -15,7 +15,14 @@ from specfuse import load_trace
 from specfuse.handout import trace_html
 
 from .helpers_browser import TIMEOUT_MS, sync_api
-from .helpers_handout import HOSTILE_DRAFTS, HOSTILE_MEMBERS, HOSTILE_PROMPT, XSS_SCRIPT, hostile_trace
+from .helpers_handout import (
+    HOSTILE_DRAFTS,
+    HOSTILE_MEMBERS,
+    HOSTILE_PROMPT,
+    XSS_SCRIPT,
+    hostile_trace,
+    long_trace,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -133,6 +140,25 @@ def test_a_hostile_trace_is_shown_as_text_and_runs_nothing(browser, tmp_path):
         assert injected == [0, 2]  # the data and the player, nothing of the trace's
         assert page.dialogs == [] and page.errors == []
         assert page.attempts == [] and page.requests == []
+
+
+def test_a_long_answer_scrolls_in_its_box_to_the_round_shown_and_the_page_stays_put(browser, tmp_path):
+    trace = long_trace(rounds=20, members=3, chars=400)
+    path = tmp_path / "long.html"
+    path.write_text(trace_html(trace), encoding="utf-8")
+    with offline(browser, path) as page:
+        page.keyboard.press("End")
+        assert text(page, "#counter") == "round 20 of 20"
+        seen = page.evaluate(
+            """() => {
+                const box = document.getElementById("answer").getBoundingClientRect();
+                const seg = document.querySelector("#answer .seg.current").getBoundingClientRect();
+                return [window.scrollY, document.getElementById("answer").scrollTop > 0,
+                        seg.top >= box.top - 1 && seg.bottom <= box.bottom + 1];
+            }"""
+        )
+        assert seen == [0, True, True]
+        assert page.attempts == [] and page.errors == []
 
 
 def test_the_policy_stops_a_load_slipped_into_the_page_and_the_guard_sees_one(browser, tmp_path):

@@ -135,6 +135,14 @@ def test_a_hostile_trace_is_embedded_as_data_that_decodes_to_its_own_strings(hos
     assert "&lt;/script&gt;" in page  # the title and the no-script copy are escaped HTML
 
 
+def test_a_trace_without_rounds_is_refused_with_a_reason(hostile):
+    empty = dataclasses.replace(hostile, rounds=())
+    with pytest.raises(ConfigError, match="no rounds"):
+        trace_html(empty)
+    with pytest.raises(ConfigError, match="no rounds"):
+        round_png(empty, 1)
+
+
 def test_a_lone_surrogate_in_a_trace_is_escaped_not_an_encoding_error(hostile):
     trace = dataclasses.replace(hostile, prompt="half a pair: \ud83d end")
     page = trace_html(trace, title="\udc00 title")

@@ -12,6 +12,7 @@ import math
 import re
 from typing import Any
 
+from ..errors import ConfigError
 from ..records import Round
 from ..trace import Trace
 
@@ -55,6 +56,8 @@ def page_data(trace: Trace, title: str | None = None) -> dict[str, Any]:
     draws (no raw scores, token evidence, timings or the repeated whole answer: a round's segment is
     its chosen candidate, the answer up to round k the first k segments)."""
     rounds = trace.rounds
+    if not rounds:
+        raise ConfigError("the trace has no rounds: a handout needs at least one")
     return {
         "format": FORMAT,
         "title": default_title(trace) if title is None else title,
@@ -67,8 +70,8 @@ def page_data(trace: Trace, title: str | None = None) -> dict[str, Any]:
         # coloured by each round's own range.
         "fixed": trace.config.normalization != "none",
         "normalization": trace.config.normalization,
-        "start": [num(w) for w in rounds[0].weights_before] if rounds else [],
-        "stop": rounds[-1].stop_reason if rounds else None,
+        "start": [num(w) for w in rounds[0].weights_before],
+        "stop": rounds[-1].stop_reason,
         "rounds": [round_data(r) for r in rounds],
     }
 

@@ -40,7 +40,7 @@ def _text(value: str) -> str:
 
 def _noscript(trace: Trace) -> str:
     """Without JavaScript the page still gives the prompt and the final answer, as escaped text."""
-    answer = trace.rounds[-1].text if trace.rounds else ""
+    answer = trace.rounds[-1].text
     return (
         "<p>This page steps through the run with JavaScript, which is off. The prompt and the final "
         f"answer:</p><h2>Prompt</h2><pre>{_text(trace.prompt)}</pre>"
@@ -61,7 +61,8 @@ def trace_html(trace: Trace, *, title: str | None = None) -> str:
 
     `title` (default: "SpecFuse run: " and the prompt's first line) heads the page. Only what the
     panels need is kept (no raw scores, token evidence or timings): 60 rounds of 8 members with
-    long segments stay well under 3 MB. Every string from the trace is shown as text.
+    long segments stay well under 3 MB. Every string from the trace is shown as text. Raises
+    ConfigError for a trace without rounds.
     """
     data = page_data(trace, title)
     parts = {

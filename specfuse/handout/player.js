@@ -97,7 +97,11 @@
       answer.appendChild(seg);
       current = seg;
     }
-    if (current) current.scrollIntoView({ block: "nearest" });
+    if (current) { // keep round k's segment in view inside the answer box, never scroll the page
+      var top = current.offsetTop, bottom = top + current.offsetHeight;
+      if (bottom > answer.scrollTop + answer.clientHeight) answer.scrollTop = bottom - answer.clientHeight + 8;
+      if (top < answer.scrollTop) answer.scrollTop = Math.max(0, top - 8);
+    }
     var r = rounds[k - 1], w = r.candidates[r.chosen];
     var note = "Round " + r.k + ": " + w.member + "'s segment was chosen from " + r.candidates.length +
       (r.candidates.length === 1 ? " candidate" : " candidates");

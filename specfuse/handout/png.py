@@ -172,7 +172,8 @@ def round_png(trace: Trace, k: int, *, font: str | os.PathLike[str] | None = Non
         raise SpecfuseError("round_png needs Pillow: pip install pillow (the app's gradio brings it)") from e
     n = len(trace.rounds)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
-        raise ConfigError(f"round {k!r} is not in this trace: it has rounds 1 to {n}")
+        held = f"it has rounds 1 to {n}" if n else "it has no rounds"
+        raise ConfigError(f"round {k!r} is not in this trace: {held}")
     data = page_data(trace)
     image = Image.new("RGB", (WIDTH, HEIGHT), "white")
     try:
