@@ -1,7 +1,8 @@
 """The command line: `python -m specfuse` / `specfuse` streams an ensemble answer round by round.
 
 A consumer of Ensemble.stream(): the answer goes to stdout as it grows, per-round progress to
-stderr, the trace to --trace. Every user-fixable error exits 2 with a one-line reason.
+stderr, the trace to --trace; `specfuse export` (handout/cli.py) turns a saved trace into a page or a
+slide. Every user-fixable error exits 2 with a one-line reason.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
     from .members.protocol import Member
 
 HELP_WIDTH = 100  # fixed, so that the README's copy of --help does not depend on the terminal
+# `specfuse export …` (specfuse/handout/cli.py): a first argument of exactly this word is the command,
+# not a prompt (a prompt that is just that word goes through stdin: echo export | specfuse -).
+EXPORT = "export"
 
 
 class Parser(argparse.ArgumentParser):
@@ -45,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="specfuse",
         description="Several language models answer one prompt together, segment by segment (SpecEM).",
         epilog="Models: catalogue names (see --list-models), local checkpoint folders, or hub ids "
-        "(owner/name; needs a hub connection). Exit status 2 means bad input; the reason is printed.",
+        "(owner/name; needs a hub connection). Exit status 2 means bad input; the reason is printed. "
+        "A saved run to take home: specfuse export TRACE.json --html OUT.html (one offline page) or "
+        "--png OUT.png --round K (a slide); see specfuse export --help.",
         formatter_class=lambda prog: argparse.HelpFormatter(prog, width=HELP_WIDTH, max_help_position=32),
     )
     parser.add_argument("prompt", nargs="?", help="the prompt; '-' reads it from stdin")
@@ -240,8 +246,13 @@ def main(
     argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None
 ) -> int:
     out, err = stdout or sys.stdout, stderr or sys.stderr
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == [EXPORT]:
+        from .handout.cli import main as export
+
+        return export(given[1:], out, err)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(given)
     logging.basicConfig(level=logging.WARNING, stream=err, format="%(levelname)s %(name)s: %(message)s")
     try:
         return _run(args, out, err)

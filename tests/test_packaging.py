@@ -91,6 +91,8 @@ def test_the_wheel_carries_its_metadata_licence_and_type_marker(installed):
         names = set(z.namelist())
         metadata = z.read(f"specfuse-{__version__}.dist-info/METADATA").decode()
     assert "specfuse/py.typed" in names
+    # The handout's page, style and player ship beside its modules (pyproject's package data).
+    assert {f"specfuse/handout/{n}" for n in ("page.html", "player.css", "player.js")} <= names
     assert {f"specfuse-{__version__}.dist-info/licenses/{n}" for n in ("LICENSE", "NOTICE")} <= names
     assert f"Version: {__version__}" in metadata and "License-Expression: Apache-2.0" in metadata
     for dep in ("torch", "transformers", "accelerate", "safetensors", "gguf", "tqdm"):
