@@ -5,6 +5,7 @@ gpu.py times random-weight 7-9B members on a GPU (shapes.py builds them, gpu_wor
 and races bare decoding in turn, in threads and in processes, gpu_report.py prints the table);
 concurrency.py members at once against in turn; remote.py served members against in-process ones;
 serve.py many clients at once through the live API against one at a time (serve_shapes.py: with
-gpu.py's random-weight members, on a GPU). Each is a subcommand of
+gpu.py's random-weight members, on a GPU); paused.py a running user alone, beside a paused step-mode
+run and beside one stepping. Each is a subcommand of
 `python -m specfuse.bench`.
 """
