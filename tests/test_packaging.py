@@ -95,7 +95,7 @@ def test_the_wheel_carries_its_metadata_licence_and_type_marker(installed):
     assert {f"specfuse/handout/{n}" for n in ("page.html", "player.css", "player.js")} <= names
     assert {f"specfuse-{__version__}.dist-info/licenses/{n}" for n in ("LICENSE", "NOTICE")} <= names
     assert f"Version: {__version__}" in metadata and "License-Expression: Apache-2.0" in metadata
-    for dep in ("torch", "transformers", "accelerate", "safetensors", "gguf", "tqdm"):
+    for dep in ("torch", "transformers", "accelerate", "safetensors", "gguf", "tqdm", "pydantic"):
         assert f"Requires-Dist: {dep}" in metadata
     assert 'extra == "app"' in metadata and 'extra == "eval"' in metadata and 'extra == "dev"' in metadata
     assert not any(n.startswith(("tests/", "app.py")) for n in names)
