@@ -149,8 +149,8 @@ LESSONS: tuple[Lesson, ...] = (
             "so they are not eligible.",
             "matrix": "SmolLM2's candidate has the lowest aggregate of the three in round 8 (−0.301) and "
             "wins anyway: it is the only one that does not extend the loop.",
-            "answer": "By round 7 the first stanza stands twice. SmolLM2's round 8 draft, 'In the', "
-            "starts a new line instead of a third copy.",
+            "answer": "After round 7 the answer ends in a loop: its first stanza, written a second time. In "
+            "round 8 SmolLM2 finishes the line and starts a new one, 'In the', instead of a third copy.",
             "exits": "SmolLM2 and Gemma come back for round 8 only; from round 9 Qwen drafts alone again.",
         },
         takeaway="Once the weak members have left, the one drafter has no way out of its own loop. With "
