@@ -17,7 +17,7 @@ from typing import Any
 import gradio as gr
 
 from specfuse import SpecfuseError
-from specfuse.cli import Parser, add_loading_flags
+from specfuse.cli import Parser, add_loading_flags, add_step_flags, check_step_flags
 from specfuse.engine import DEFAULT_BATCH_SIZE
 from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from specfuse.models.quantize_options import check_quantize, cpu_only
@@ -120,6 +120,7 @@ def build_parser() -> Parser:
         default=DEFAULT_BATCH_SIZE,
         help="runs played together in one rolling batch (default %(default)s; docs/serve.md)",
     )
+    add_step_flags(parser)
     parser.add_argument(
         "--api",
         action="store_true",
@@ -151,7 +152,21 @@ def parse_args(parser: Parser, argv: Sequence[str] | None = None) -> argparse.Na
     args = parser.parse_args(space_arguments() if argv is None and len(sys.argv) == 1 else argv)
     if min(args.concurrency, args.batch_size, args.queue_size) < 1:
         parser.exit(2, "error: --concurrency, --batch-size and --queue-size must be at least 1\n")
+    try:
+        check_step_flags(args)
+    except SpecfuseError as e:
+        parser.exit(2, f"error: {e}\n")
     return args
+
+
+def operator_schedulers(args: argparse.Namespace) -> Schedulers:
+    """The app's schedulers, with the operator's batch size, --parallel and step-mode bounds."""
+    return Schedulers(
+        batch_size=args.batch_size,
+        parallel=args.parallel,
+        max_paused=args.max_paused,
+        pause_idle_s=args.pause_idle,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -190,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     name_of = {spec: name for name, spec in served.items()}
     defaults = [name_of.get(m, m) for m in args.models if m in specs or m in named]
     choices = list(dict.fromkeys([*installed, *named, *served]))
-    schedulers = Schedulers(batch_size=args.batch_size, parallel=args.parallel)
+    schedulers = operator_schedulers(args)
     api = None
     if args.preload or args.api:
         from specfuse.models.loading import load_each, tqdm_progress

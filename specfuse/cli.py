@@ -1,7 +1,8 @@
 """The command line: `python -m specfuse` / `specfuse` streams an ensemble answer round by round.
 
 A consumer of Ensemble.stream(): the answer goes to stdout as it grows, per-round progress to
-stderr, the trace to --trace. Every user-fixable error exits 2 with a one-line reason.
+stderr, the trace to --trace; `specfuse export` (handout/cli.py) turns a saved trace into a page or a
+slide. Every user-fixable error exits 2 with a one-line reason.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from .config import PARALLEL_HELP, PARALLEL_MODES, EnsembleConfig, Setting, settings
-from .engine import Ensemble, check_prompt
+from .engine import DEFAULT_MAX_PAUSED, DEFAULT_PAUSE_IDLE, Ensemble, check_prompt
 from .errors import ConfigError, SpecfuseError, UnknownModelError
 from .models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from .models.quantize_options import CLI_HELP as QUANTIZE_HELP
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
     from .members.protocol import Member
 
 HELP_WIDTH = 100  # fixed, so that the README's copy of --help does not depend on the terminal
+# `specfuse export …` (specfuse/handout/cli.py): a first argument of exactly this word is the command,
+# not a prompt (a prompt that is just that word goes through stdin: echo export | specfuse -).
+EXPORT = "export"
 
 
 class Parser(argparse.ArgumentParser):
@@ -45,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="specfuse",
         description="Several language models answer one prompt together, segment by segment (SpecEM).",
         epilog="Models: catalogue names (see --list-models), local checkpoint folders, or hub ids "
-        "(owner/name; needs a hub connection). Exit status 2 means bad input; the reason is printed.",
+        "(owner/name; needs a hub connection). Exit status 2 means bad input; the reason is printed. "
+        "A saved run to take home: specfuse export TRACE.json --html OUT.html (one offline page) or "
+        "--png OUT.png --round K (a slide); see specfuse export --help.",
         formatter_class=lambda prog: argparse.HelpFormatter(prog, width=HELP_WIDTH, max_help_position=32),
     )
     parser.add_argument("prompt", nargs="?", help="the prompt; '-' reads it from stdin")
@@ -121,6 +127,35 @@ def add_loading_flags(
             default=None,
             help="converted-model cache (default $SPECFUSE_CACHE or ~/.cache/specfuse)",
         )
+
+
+def add_step_flags(parser: argparse.ArgumentParser) -> None:
+    """Step mode's bounds on a server's Scheduler (max_paused, pause_idle_s; docs/limits.md), the
+    same flags for the API server and the app."""
+    add = parser.add_argument
+    add(
+        "--max-paused",
+        type=int,
+        default=DEFAULT_MAX_PAUSED,
+        metavar="N",
+        help="runs stepped through one round at a time, paused in between (each holds its rounds "
+        "only, no model caches), at once; one more is refused (default %(default)s; 0: no step mode)",
+    )
+    add(
+        "--pause-idle",
+        type=float,
+        default=DEFAULT_PAUSE_IDLE,
+        metavar="SECONDS",
+        help="a paused run with no step for this long ends (default %(default)s)",
+    )
+
+
+def check_step_flags(args: argparse.Namespace) -> None:
+    """Refuse impossible step-mode bounds before anything loads (ConfigError, naming the flag)."""
+    if args.max_paused < 0:
+        raise ConfigError(f"--max-paused must be at least 0, got {args.max_paused}")
+    if not args.pause_idle > 0:  # nan included
+        raise ConfigError(f"--pause-idle must be over 0 seconds, got {args.pause_idle}")
 
 
 def add_settings(parser: argparse.ArgumentParser) -> None:
@@ -240,8 +275,13 @@ def main(
     argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None
 ) -> int:
     out, err = stdout or sys.stdout, stderr or sys.stderr
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == [EXPORT]:
+        from .handout.cli import main as export
+
+        return export(given[1:], out, err)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(given)
     logging.basicConfig(level=logging.WARNING, stream=err, format="%(levelname)s %(name)s: %(message)s")
     try:
         return _run(args, out, err)

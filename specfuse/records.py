@@ -1,4 +1,5 @@
-"""The plain records one run produces: Candidate, ExitEvent, MemberTiming, Round and Result.
+"""The plain records one run produces: Candidate, ExitEvent, MemberTiming, Round and Result (and
+a served request's stream: Queued, Draft, Paused, Finished).
 
 Stdlib only: frozen dataclasses of str, int, float, bool and tuples, so that every view (app, CLI,
 trace file, benchmarks, evaluation) can consume them without torch. Knows nothing about models.
@@ -42,6 +43,14 @@ class Queued:
     the place changes, only while the request really waits (more are ahead than the batch has room)."""
 
     place: int
+
+
+@dataclass(frozen=True)
+class Paused:
+    """A step-mode request (the scheduler's submit(step=True)) waits after round `k` for its
+    ticket's next(); it holds no member caches meanwhile, only its rounds."""
+
+    k: int  # the round after which it waits
 
 
 @dataclass(frozen=True)

@@ -1,28 +1,33 @@
 """The trace: one run (id, prompt, members, config, rounds, result) as one versioned JSON document.
 
-Writes with dump_trace / save_trace and reads back with load_trace / parse_trace. The field names
-and types come from the record dataclasses themselves (records.py), so a field added there is
-written and read without a change here; only the checks across fields are written by hand. A
-malformed, oversized or foreign file gets a TraceError, never a crash. Stdlib only.
+Writes with dump_trace / save_trace and reads back with load_trace / parse_trace. The format is
+declared once, as TraceDocument: its field names and types are the record dataclasses' own
+(records.py), so a field added there is written and read without a change here. pydantic validates
+every document against it (document_adapter(), strict: a "1" is no int), and the same declaration is
+the format's JSON Schema (json_schema(), docs/trace.schema.json); only the checks across fields are
+written by hand. A malformed, oversized or foreign file gets a TraceError that names the place
+(`trace.rounds[0].chosen: expected int, got float`), never a crash.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
 import json
-import math
 import os
-import types
 import typing
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from .config import EnsembleConfig
+from pydantic import GetCoreSchemaHandler, TypeAdapter, ValidationError
+from pydantic_core import CoreConfig, CoreSchema, ErrorDetails
+
+from .config import RETIRED_KEYS, EnsembleConfig
 from .errors import ConfigError, TraceError
 from .records import ROUND_STOP_REASONS, Branch, Result, Round, summarize
 
@@ -30,9 +35,7 @@ SCHEMA = "specfuse.trace"
 VERSION = 2  # CHANGELOG.md records what each version added
 READS = (1, 2)
 MAX_TRACE_BYTES = 20 * 1024 * 1024  # a 1,000-round trace of 8 members is a few MB
-# Record fields that a document of this version must carry although the dataclass has a default
-# (the default is there for hand-built records in tests and views).
-REQUIRED_SINCE = {2: {(Round, "eligible"), (Round, "token_scores")}}
+MAX_KEYS = 1000  # in one object; the largest record (EnsembleConfig) has 31 fields
 
 
 def new_trace_id() -> str:
@@ -109,48 +112,54 @@ def load_trace(path: str | os.PathLike[str], max_bytes: int = MAX_TRACE_BYTES) -
 def parse_trace(text: str | bytes, max_bytes: int = MAX_TRACE_BYTES) -> Trace:
     """Validate and rebuild a trace from JSON text (this version or an older one); `max_bytes`
     counts the text's UTF-8 bytes (a character may take four)."""
+    doc = read_document(text, max_bytes)
+    try:
+        document = _value(doc, TraceDocument, "trace")
+    except TraceError:
+        _check_config(doc.get("config"))  # a bad setting is named in the settings' own words
+        raise
+    trace = Trace(**{f.name: getattr(document, f.name) for f in dataclasses.fields(Trace)})
+    _check_trace(trace)
+    return trace
+
+
+def read_document(text: str | bytes, max_bytes: int = MAX_TRACE_BYTES) -> dict[str, Any]:
+    """A trace file's JSON in the current version's form, not yet validated: within `max_bytes`, a
+    JSON object of this format, of a version this build reads, upgraded to this version, without
+    the settings that are no longer a run's (config.RETIRED_KEYS). TraceError otherwise."""
     if isinstance(text, str) and len(text) > max_bytes:  # every character takes a byte or more
         raise TraceError(f"the trace is {len(text):,} characters, over the limit of {max_bytes:,} bytes")
     # surrogatepass: a lone surrogate (from a JSON-decoded upload) counts its 3 bytes, not a crash
     size = len(text) if isinstance(text, bytes) else len(text.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
         raise TraceError(f"the trace is {size:,} bytes; the limit is {max_bytes:,}")
-    try:
-        doc = json.loads(text)
+    try:  # plain data only: nothing in the text is called or imported
+        doc = json.loads(text, object_hook=_few_keys)
+    except TraceError:
+        raise
     except (ValueError, RecursionError) as e:
         raise TraceError(f"not a JSON document: {e}") from e
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise TraceError(f'not a specfuse trace (expected "schema": "{SCHEMA}")')
     version = doc.get("version")
-    if version not in READS or isinstance(version, bool):
+    if type(version) is not int or version not in READS:  # not True, not 2.0
         raise TraceError(
             f"trace version {version!r} is not supported; this build reads versions "
             f"{', '.join(map(str, READS))}"
         )
     if version == 1:
         doc = _upgrade_v1(doc, text)
-    known = {f.name for f in dataclasses.fields(Trace)} | {"schema", "version", "result"}
-    if set(doc) - known:
-        raise TraceError(f"trace: unknown keys {sorted(set(doc) - known)}")
-    try:
-        config = EnsembleConfig.from_dict(_expect(doc, "config", "trace", dict))
-    except (ConfigError, TypeError) as e:
-        raise TraceError(f"trace config is invalid: {e}") from e
-    values: dict[str, Any] = {"config": config}
-    hints = _hints(Trace)
-    for f in dataclasses.fields(Trace):
-        if f.name != "config":
-            values[f.name] = _value(_expect(doc, f.name, "trace"), hints[f.name], f"trace.{f.name}", version)
-    trace = Trace(**values)
-    _check_trace(trace)
-    return trace
+    config = doc.get("config")
+    if isinstance(config, dict) and not config.keys().isdisjoint(RETIRED_KEYS):
+        doc["config"] = {k: v for k, v in config.items() if k not in RETIRED_KEYS}
+    return doc
 
 
 def _upgrade_v1(doc: dict[str, Any], text: str | bytes) -> dict[str, Any]:
     """Version 1 had no id, no branch and no token scores, and eligible was optional (empty: all)."""
-    raw = text.encode("utf-8") if isinstance(text, str) else text
-    doc = {**doc, "id": hashlib.sha256(raw).hexdigest()[:32], "branch": None}  # stable across loads
-    rounds = doc.get("rounds")
+    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    doc = {**doc, "version": VERSION, "id": hashlib.sha256(raw).hexdigest()[:32], "branch": None}
+    rounds = doc.get("rounds")  # the id is the file's hash: stable across loads
     if isinstance(rounds, list):
         doc["rounds"] = [_upgrade_round_v1(r) for r in rounds]
     return doc
@@ -165,77 +174,145 @@ def _upgrade_round_v1(r: Any) -> Any:
     return r
 
 
-# -- the generic part: a JSON value checked against a type hint from the records ------------------
+# -- the declaration: a document of this version, validated by pydantic ---------------------------
+
+# The format's name and version, Trace's own fields (their types come from the record dataclasses:
+# a field added there is written, read and in the schema without a change here) and the run's
+# result (for other readers; this one recomputes it from the rounds).
+TraceDocument = dataclasses.make_dataclass(
+    "TraceDocument",
+    [
+        ("schema", Literal[SCHEMA]),  # type: ignore[valid-type]
+        ("version", Literal[VERSION]),  # type: ignore[valid-type]
+        *typing.get_type_hints(Trace).items(),
+        ("result", Result | None),
+    ],
+)
+# Fields a document must carry although the record has a default (the default is there for
+# hand-built records in tests and views); required since version 2.
+REQUIRED = {(Round, "eligible"), (Round, "token_scores")}
+# Every record of a document: strict values (no "1" for 1, no 1 for true, finite numbers only) and
+# no key beyond the declared ones.
+DOCUMENT_CONFIG: CoreConfig = {"strict": True, "extra_fields_behavior": "forbid", "allow_inf_nan": False}
+
+
+class _DocumentForm:
+    """A type as trace documents hold it, for pydantic (`Annotated[T, _DocumentForm()]`): records
+    take DOCUMENT_CONFIG and REQUIRED; lists and objects stand for tuples and records (json.loads
+    gives lists and dicts; the values inside stay strict); a list stops at its first bad item, so
+    that an upload of a million bad items costs one error, not millions."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        schema = copy.deepcopy(TypeAdapter(source).core_schema)
+        _document_form(schema)
+        return schema
+
+
+def _document_form(schema: CoreSchema) -> None:
+    for node in _nodes(schema):
+        kind = node.get("type")
+        if kind in ("tuple", "list", "dataclass"):
+            node["strict"] = False  # the container's own type only
+        if kind == "list" or (kind == "tuple" and "variadic_item_index" in node):
+            node["fail_fast"] = True
+        if kind == "dataclass":
+            node["config"] = {**node.get("config", {}), **DOCUMENT_CONFIG}
+            for f in node["schema"]["fields"]:
+                if (node["cls"], f["name"]) in REQUIRED and f["schema"]["type"] == "default":
+                    f["schema"] = f["schema"]["schema"]
+
+
+def _nodes(node: Any) -> Iterator[dict[str, Any]]:
+    """Every dict in a core schema, each before the ones inside it."""
+    if isinstance(node, dict):
+        yield node
+    if isinstance(node, (dict, list)):
+        for value in node.values() if isinstance(node, dict) else node:
+            yield from _nodes(value)
+
+
+def _few_keys(obj: dict[str, Any]) -> dict[str, Any]:
+    if len(obj) > MAX_KEYS:  # refused while parsing: pydantic would report each unknown key
+        raise TraceError(f"not a specfuse trace: an object of {len(obj):,} keys (the limit is {MAX_KEYS:,})")
+    return obj
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+def _adapter(hint: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(Annotated[hint, _DocumentForm()])
 
 
-def _value(value: Any, hint: Any, where: str, version: int) -> Any:
-    """`value` (parsed JSON) as the type `hint` says: dataclasses, tuples, `X | None` and scalars."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        (hint,) = [a for a in args if a is not type(None)]
-        return _value(value, hint, where, version)
-    if origin is tuple:
-        if not isinstance(value, list):
-            raise TraceError(f"{where}: expected a list, got {_json_name(value)}")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_value(v, args[0], f"{where}[{i}]", version) for i, v in enumerate(value))
-        if len(value) != len(args):
-            raise TraceError(f"{where}: expected {len(args)} items, got {len(value)}")
-        return tuple(_value(v, a, f"{where}[{i}]", version) for i, (v, a) in enumerate(zip(value, args)))
-    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
-        return _record(hint, value, where, version)
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TraceError(f"{where}: expected a number, got {_json_name(value)}")
+def document_adapter() -> TypeAdapter[Any]:
+    """pydantic's TypeAdapter of TraceDocument in its document form: parse_trace validates with it,
+    json_schema() describes it, tools/trace_schema.py checks files with it. Built once."""
+    return _adapter(TraceDocument)
+
+
+def json_schema() -> dict[str, Any]:
+    """The format as a JSON Schema (docs/trace.schema.json): documents of this version, as written."""
+    doc = document_adapter().json_schema(mode="validation")
+    doc["title"] = f"specfuse trace, version {VERSION}"
+    doc["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return doc
+
+
+def _value(value: Any, hint: Any, where: str) -> Any:
+    """`value` (parsed JSON) as the type `hint` says, in its document form; a TraceError naming
+    the place (`where` and the path below it) otherwise."""
+    try:
+        return _adapter(hint).validate_python(value)
+    except ValidationError as e:
+        raise TraceError(_complaint(e.errors(include_url=False), where)) from e
+
+
+# -- pydantic's complaint in the reader's words: where (trace.rounds[0].chosen) and what ----------
+
+_UNKNOWN = ("extra_forbidden", "unexpected_keyword_argument")
+_EXPECTED = {
+    "int_type": "int",
+    "string_type": "str",
+    "bool_type": "bool",
+    "float_type": "a number",
+    "tuple_type": "a list",
+    "list_type": "a list",
+    "dataclass_type": "an object",
+    "dataclass_exact_type": "an object",
+}
+
+
+def _check_config(config: Any) -> None:
+    if isinstance(config, dict):
         try:
-            finite = math.isfinite(value)
-        except OverflowError:  # an integer past 1e308: JSON has no bound on digits
-            finite = False
-        if not finite:
-            raise TraceError(f"{where}: not a finite number")
-        return float(value)
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TraceError(f"{where}: expected int, got {_json_name(value)}")
-        return value
-    if hint in (str, bool):
-        if not isinstance(value, hint):
-            raise TraceError(f"{where}: expected {hint.__name__}, got {_json_name(value)}")
-        return value
-    raise TypeError(f"trace.py cannot read a field of type {hint!r} ({where})")  # a records.py change
+            EnsembleConfig.from_dict(config)
+        except (ConfigError, TypeError) as e:
+            raise TraceError(f"trace config is invalid: {e}") from e
 
 
-def _record(cls: type, obj: Any, where: str, version: int) -> Any:
-    if not isinstance(obj, dict):
-        raise TraceError(f"{where}: expected an object, got {_json_name(obj)}")
-    fields = dataclasses.fields(cls)
-    unknown = set(obj) - {f.name for f in fields}
-    if unknown:
-        raise TraceError(f"{where}: unknown keys {sorted(unknown)}")
-    required = {name for c, name in REQUIRED_SINCE.get(version, ()) if c is cls}
-    values = {}
-    for f in fields:
-        has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-        if f.name in obj:
-            values[f.name] = _value(obj[f.name], _hints(cls)[f.name], f"{where}.{f.name}", version)
-        elif not has_default or f.name in required:
-            raise TraceError(f"{where}: missing {f.name!r}")
-    return cls(**values)
+def _complaint(errors: list[ErrorDetails], where: str) -> str:
+    """The first error: `where` followed by its place, then what is wrong there."""
+    first = errors[0]
+    loc, kind, value = first["loc"], first["type"], first["input"]
+    place, parent = _place(where, loc), _place(where, loc[:-1])
+    beside = [e for e in errors if e["loc"][:-1] == loc[:-1]]  # in the same object or list
+    if kind in _UNKNOWN:  # every unknown key of that object
+        return f"{parent}: unknown keys {sorted(str(e['loc'][-1]) for e in beside if e['type'] in _UNKNOWN)}"
+    if kind == "missing" and isinstance(loc[-1], int):  # a fixed-length list (a pair) fell short
+        length = max(int(e["loc"][-1]) for e in beside if e["type"] == "missing") + 1
+        return f"{parent}: expected {length} items, got {len(value)}"
+    if kind == "missing":
+        return f"{parent}: missing {loc[-1]!r}"
+    if kind == "too_long":
+        return f"{place}: expected {first['ctx']['max_length']} items, got {len(value)}"
+    if kind == "finite_number" or (kind == "float_type" and _json_name(value) == "int"):
+        return f"{place}: not a finite number"  # inf, nan, or an integer past 1e308
+    if kind in _EXPECTED:
+        return f"{place}: expected {_EXPECTED[kind]}, got {_json_name(value)}"
+    error = first.get("ctx", {}).get("error")
+    return f"{place}: {error if isinstance(error, Exception) else first['msg']}"
 
 
-def _expect(doc: dict[str, Any], key: str, where: str, kind: type | None = None) -> Any:
-    if key not in doc:
-        raise TraceError(f"{where}: missing {key!r}")
-    if kind is not None and not isinstance(doc[key], kind):
-        raise TraceError(f"{where}.{key}: expected {kind.__name__}, got {_json_name(doc[key])}")
-    return doc[key]
+def _place(where: str, loc: tuple[int | str, ...]) -> str:
+    return where + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
 
 
 def _json_name(value: Any) -> str:

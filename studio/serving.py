@@ -17,7 +17,14 @@ from starlette.routing import BaseRoute, Match, NoMatchFound, get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from specfuse import EnsembleConfig
-from specfuse.engine import DEFAULT_BATCH_SIZE, DEFAULT_QUEUE, Scheduler, Ticket
+from specfuse.engine import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_PAUSED,
+    DEFAULT_PAUSE_IDLE,
+    DEFAULT_QUEUE,
+    Scheduler,
+    Ticket,
+)
 from specfuse.engine.scheduler import Event
 
 if TYPE_CHECKING:
@@ -51,11 +58,15 @@ class Schedulers:
         batch_size: int = DEFAULT_BATCH_SIZE,
         queue: int = DEFAULT_QUEUE,
         parallel: str = "auto",
+        max_paused: int = DEFAULT_MAX_PAUSED,
+        pause_idle_s: float = DEFAULT_PAUSE_IDLE,
     ) -> None:
         self.config = config or EnsembleConfig()
         self.parallel = parallel  # the operator's (--parallel): where members run, for every run
         self.batch_size = batch_size
         self.queue = queue
+        self.max_paused = max_paused  # step mode's bounds (--max-paused, --pause-idle), per scheduler
+        self.pause_idle_s = pause_idle_s
         self.all: list[Scheduler] = []
         self._lock = threading.Lock()
 
@@ -76,7 +87,13 @@ class Schedulers:
                         scheduler.add_members(new)
                     return scheduler
             scheduler = Scheduler(
-                members, self.config, batch_size=self.batch_size, queue=self.queue, parallel=self.parallel
+                members,
+                self.config,
+                batch_size=self.batch_size,
+                queue=self.queue,
+                parallel=self.parallel,
+                max_paused=self.max_paused,
+                pause_idle_s=self.pause_idle_s,
             )
             self.all.append(scheduler)
             return scheduler

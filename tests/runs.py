@@ -64,3 +64,17 @@ def scores_by_hand(member, prompt: str, answer: str, candidates, config: Ensembl
     if answer:
         member.accept(state, answer)
     return member.score(state, candidates)
+
+
+def rounds_played(scheduler, monkeypatch) -> list[set[str]]:
+    """The runs (their ids) that play each round of the scheduler's batch, in order (a test's look
+    inside: the Scheduler shows no batch)."""
+    played: list[set[str]] = []
+    real = scheduler._batch.step
+
+    def step():
+        played.append({run.id for run in scheduler._batch.live if not run.cancelled})
+        return (yield from real())
+
+    monkeypatch.setattr(scheduler._batch, "step", step)
+    return played

@@ -4,15 +4,20 @@ report carries the figures the docs quote (a timing script, checked for shape, n
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
 from torch import nn
 
-from specfuse.bench.serve import PROMPTS, format_table, main, percentile, run_serve
+from specfuse.bench import serve
+from specfuse.bench.serve import PROMPTS, format_table, main, percentile, run_serve, running, warm_up
 from specfuse.config import VERIFY_MODES, EnsembleConfig
+from specfuse.engine import Scheduler
+from specfuse.errors import SpecfuseError
 from specfuse.models.loading import load_members
 from specfuse.models.quantize import QuantizedLinear
+from specfuse.serve.api import create_app
 
 
 def test_percentile_interpolates_between_ranks():
@@ -86,3 +91,85 @@ def test_a_bad_set_exits_2_naming_the_key_before_loading(monkeypatch, capsys):
         assert exit.value.code == 2 and f"argument --set: {message}" in err, err
     assert main(["--set", "segment_len=0"]) == 2  # parsed, then refused by the config's own check
     assert "segment_len" in capsys.readouterr().err
+
+
+def test_random_weight_shapes_run_the_same_path_on_a_cpu_and_the_report_says_where(tmp_path, monkeypatch):
+    """`--shapes tiny --device cpu`: bench gpu's members (real architectures, random weights, a byte
+    tokenizer, nothing downloaded) behind the live server; what the GPU run's report will carry."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # main sets it when unset: undone after the test
+    out = tmp_path / "gpu-serve"
+    argv = ["--shapes", "tiny", "--device", "cpu", "--levels", "1,2", "--per-client", "1",
+            "--min-requests", "2", "--max-tokens", "24", "--segment-len", "6", "--deadline", "600",
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["members"] == ["qwen2.5-7b", "llama-3.1-8b", "gemma-2-9b"]
+    where = (report["shapes"], report["device"], report["dtype"], report["gpu"])
+    assert where == ("tiny", "cpu", "float32", None)
+    assert set(report["versions"]) == {"python", "torch", "cuda", "transformers"}
+    assert (report["min_requests"], report["per_client"], report["deadline_s"]) == (2, 1, 600)
+    config = report["config"]
+    settings = (config["exit"], config["prior"], config["stop_strings"], config["segment_len"])
+    assert settings == (False, "uniform", [], 6)
+    assert report["skipped"] == [] and report["seconds"] > 0
+    for clients, level in report["levels"].items():
+        assert level["clients"] == int(clients) and level["requests"] == 2 and not level["cut_short"]
+        assert level["errors"] == [] and level["peak_gpu_gb"] is None  # on a GPU: its peak memory
+        # The biased head: printable ASCII, never an end of sequence, so every answer is full length.
+        assert level["tokens"] == 2 * 24 and all(len(a) == 24 and a.isprintable() for a in level["answers"])
+        assert level["first_segment_p95_s"] >= level["first_segment_median_s"] > 0
+        assert level["tokens_per_s"] > 0 and level["p95_first_segment_ratio"] > 0
+        assert level["same_answers_as_one_at_a_time"] == 2  # fp32 greedy; on a GPU in bf16 only counted
+    assert report["levels"]["1"]["aggregate_speedup"] == 1.0
+    table = out.with_suffix(".txt").read_text()
+    assert "cores, float32; random weights, tiny shapes), batch size 2, 24 tokens" in table.splitlines()[0]
+    assert "settings: segment_len=6, prior=uniform, exit=False" in table and "versions: python" in table
+
+
+def test_shapes_build_their_own_members(monkeypatch, capsys):
+    monkeypatch.setattr("specfuse.bench.serve_shapes.load_shapes", lambda *a: pytest.fail("built"))
+    assert main(["--shapes", "tiny", "--quantize", "int8"]) == 2
+    assert "--shapes builds its own members" in capsys.readouterr().err
+
+
+def test_a_deadline_cuts_the_level_under_way_short_and_skips_the_rest(tiny_members):
+    config = EnsembleConfig(segment_len=4, max_new_tokens=8)
+    with pytest.raises(SpecfuseError, match="deadline passed before the first level"):
+        run_serve(tiny_members, levels=(1,), max_tokens=8, config=config, stop_at=time.perf_counter())
+    report = run_serve(
+        tiny_members, levels=(1, 2), min_requests=10_000, max_tokens=8, config=config,
+        stop_at=time.perf_counter() + 4,
+    )  # fmt: skip
+    one = report["levels"]["1"]
+    assert list(report["levels"]) == ["1"] and report["skipped"] == [2]
+    assert one["cut_short"] and 0 < one["requests"] < one["requests_planned"] == 10_000
+    table = format_table(report)
+    assert f"cut short: {one['requests']} of 10000 sent" in table
+    assert "skipped (the deadline had passed): 2 clients" in table
+
+
+def test_the_gpu_warm_up_runs_a_whole_answer_then_every_client_at_once(tiny_members, monkeypatch):
+    calls = []
+    one, level = serve.one_request, serve.run_level
+
+    def one_request(url, prompt, max_tokens):
+        calls.append(("alone", max_tokens))
+        return one(url, prompt, max_tokens)
+
+    def run_level(url, clients, requests, max_tokens, stop_at=None):
+        calls.append((clients, len(requests), max_tokens))
+        return level(url, clients, requests, max_tokens, stop_at)
+
+    monkeypatch.setattr(serve, "one_request", one_request)
+    monkeypatch.setattr(serve, "run_level", run_level)
+    scheduler = Scheduler(tiny_members, EnsembleConfig(segment_len=4, max_new_tokens=12), batch_size=3)
+    try:
+        with running(create_app(scheduler)) as url:
+            warm_up(url, scheduler.config, 3, 12, full=True)
+            # The whole budget alone, then three clients at once for two segments (their requests).
+            assert calls == [("alone", 12), (3, 3, 8), *[("alone", 8)] * 3]
+            calls.clear()
+            warm_up(url, scheduler.config, 3, 12, full=False)
+            assert calls == [("alone", 8)]  # on a CPU: one short request, as before
+    finally:
+        scheduler.close()

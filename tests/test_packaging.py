@@ -91,9 +91,13 @@ def test_the_wheel_carries_its_metadata_licence_and_type_marker(installed):
         names = set(z.namelist())
         metadata = z.read(f"specfuse-{__version__}.dist-info/METADATA").decode()
     assert "specfuse/py.typed" in names
+    # The handout's page, style and player ship beside its modules (pyproject's package data).
+    assert {f"specfuse/handout/{n}" for n in ("page.html", "player.css", "player.js")} <= names
+    shipped = {f"specfuse/lessons/traces/{p.name}" for p in (ROOT / "specfuse/lessons/traces").glob("*.json")}
+    assert shipped and shipped <= names, sorted(shipped - names)  # the lessons open from the wheel
     assert {f"specfuse-{__version__}.dist-info/licenses/{n}" for n in ("LICENSE", "NOTICE")} <= names
     assert f"Version: {__version__}" in metadata and "License-Expression: Apache-2.0" in metadata
-    for dep in ("torch", "transformers", "accelerate", "safetensors", "gguf", "tqdm"):
+    for dep in ("torch", "transformers", "accelerate", "safetensors", "gguf", "tqdm", "pydantic"):
         assert f"Requires-Dist: {dep}" in metadata
     assert 'extra == "app"' in metadata and 'extra == "eval"' in metadata and 'extra == "dev"' in metadata
     assert not any(n.startswith(("tests/", "app.py")) for n in names)
@@ -112,6 +116,16 @@ def test_the_installed_entry_point_lists_models_and_answers(installed, tiny_chec
         env=env,
     )
     assert str(bin_dir.parent) in where and where.split()[1] == __version__
+    opened = run(
+        bin_dir / "python",
+        "-c",
+        "from specfuse.lessons import LESSONS, load_lesson, shows\n"
+        "print(sum(shows(x.slug, load_lesson(x.slug)) is None for x in LESSONS), len(LESSONS))",
+        cwd=tmp_path,
+        env=env,
+    )
+    showing, lessons = opened.split()
+    assert showing == lessons and int(lessons) >= 6  # every lesson opens from the installed wheel
     listing = run(bin_dir / "specfuse", "--list-models", cwd=tmp_path, env=env)
     assert "smollm2-135m" in listing and "qwen2.5-coder-0.5b" in listing
     trace = tmp_path / "run.json"

@@ -14,7 +14,7 @@ from specfuse.engine import scheduler as scheduling
 from specfuse.errors import ConfigError, MemberError
 from specfuse.records import Draft, Finished, Queued, Round
 
-from .runs import PROMPTS, collect, same_rounds, solo
+from .runs import PROMPTS, collect, rounds_played, same_rounds, solo
 from .scripted import ScriptedMember
 
 SHORT = EnsembleConfig(segment_len=5, max_new_tokens=20, exit_warmup=2)
@@ -70,19 +70,6 @@ def test_a_branch_through_the_scheduler_equals_the_branch_alone(tiny_members):
     finally:
         scheduler.close()
     same_rounds(want, rounds)
-
-
-def rounds_played(scheduler, monkeypatch) -> list[set[str]]:
-    """The runs (their ids) that play each round of the scheduler's batch, in order."""
-    played: list[set[str]] = []
-    real = scheduler._batch.step
-
-    def step():
-        played.append({run.id for run in scheduler._batch.live if not run.cancelled})
-        return (yield from real())
-
-    monkeypatch.setattr(scheduler._batch, "step", step)
-    return played
 
 
 @pytest.mark.parametrize("wait", [0.0, 5.0])

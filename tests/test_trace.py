@@ -13,8 +13,8 @@ import pytest
 from specfuse import EnsembleConfig, Trace, TraceError, dump_trace, load_trace, parse_trace, save_trace
 from specfuse import trace as trace_module
 from specfuse.engine import Ensemble
-from specfuse.records import ROUND_STOP_REASONS, STOP_REASONS, Branch, TokenScores, summarize
-from specfuse.trace import MAX_TRACE_BYTES, VERSION
+from specfuse.records import ROUND_STOP_REASONS, STOP_REASONS, Branch, Round, TokenScores, summarize
+from specfuse.trace import MAX_KEYS, MAX_TRACE_BYTES, VERSION
 
 from .builders import hand_round, hand_run
 from .scripted import ScriptedMember
@@ -157,6 +157,18 @@ def test_malformed_traces_get_a_specific_error(trace, edit, message):
         parse_trace(mutate(trace, edit))
 
 
+def test_a_list_of_bad_items_costs_one_bad_item_and_a_crowd_of_keys_is_refused_while_parsing(trace):
+    """pydantic reports every error it finds: a list stops at its first bad item, and an object of
+    more keys than any record could hold is refused before validation (each key would be one)."""
+    crowd = mutate(trace, lambda d: d.update(rounds=[{}] * 100_000))
+    with pytest.raises(TraceError, match=r"trace.rounds\[0\]: missing 'k'") as refused:
+        parse_trace(crowd)
+    assert refused.value.__cause__.error_count() <= len(dataclasses.fields(Round))
+    keys = mutate(trace, lambda d: first(d).update({f"k{i}": 0 for i in range(MAX_KEYS)}))
+    with pytest.raises(TraceError, match=rf"an object of [\d,]+ keys \(the limit is {MAX_KEYS:,}\)"):
+        parse_trace(keys)
+
+
 @pytest.mark.parametrize("text", ["", "{", "[]", "null", '{"schema": "specfuse.trace"}', "[" * 100_000])
 def test_garbage_is_refused_not_crashed(text):
     with pytest.raises(TraceError):
@@ -201,7 +213,7 @@ class Later:
 
 
 def test_the_reader_follows_the_records_types_not_a_list_of_names():
-    read = lambda obj: trace_module._value(obj, Later, "x", VERSION)  # noqa: E731
+    read = lambda obj: trace_module._value(obj, Later, "x")  # noqa: E731
     assert read({"pairs": [["a", 1]], "maybe": None}) == Later((("a", 1),), None)
     nested = {"pairs": [], "maybe": 2, "inner": {"tokens": ["t"], "logits": [1], "logprobs": [-1]}}
     assert read(nested) == Later((), 2.0, TokenScores(("t",), (1.0,), (-1.0,)))

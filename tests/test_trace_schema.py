@@ -1,14 +1,18 @@
-"""docs/trace.schema.json: generated from the record dataclasses (tools/trace_schema.py), current, and
-matched by every trace the repository ships; a document that strays from it is named and refused."""
+"""docs/trace.schema.json: generated from the declaration the reader validates with (specfuse.trace,
+types from the record dataclasses; tools/trace_schema.py), current, and matched by every trace the
+repository ships, each of which loads and replays its stored result; a document that strays from it is
+named and refused, by the checker and the reader alike."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from specfuse.config import EnsembleConfig
-from specfuse.trace import SCHEMA, VERSION, dump_trace, load_trace
+from specfuse.errors import TraceError
+from specfuse.trace import SCHEMA, VERSION, dump_trace, load_trace, parse_trace
 
 from .repo_tools import TOOLS, load_tool
 
@@ -67,3 +71,23 @@ def test_a_trace_that_strays_from_the_schema_is_named(tmp_path, capsys):
         assert where in out.err
     with pytest.raises(ValueError, match="version"):
         trace_schema.check(json.dumps({**good, "version": VERSION + 1}))
+
+
+def test_every_shipped_trace_loads_and_replays_to_its_stored_result():
+    for path in _shipped_traces():
+        trace = load_trace(path)
+        stored = json.loads(path.read_text(encoding="utf-8"))["result"]
+        assert json.loads(json.dumps(dataclasses.asdict(trace.result))) == stored, path
+
+
+def test_the_reader_and_the_schema_are_one_declaration():
+    """A field a version-2 document must carry although its record has a default: the schema
+    requires it, the checker and the reader refuse a document without it."""
+    schema = json.loads(trace_schema.SCHEMA_FILE.read_text(encoding="utf-8"))
+    assert {"eligible", "token_scores"} <= set(schema["$defs"]["Round"]["required"])
+    doc = json.loads(dump_trace(load_trace(_shipped_traces()[0])))
+    del doc["rounds"][0]["eligible"]
+    with pytest.raises(ValueError, match="rounds.0.eligible"):
+        trace_schema.check(json.dumps(doc))
+    with pytest.raises(TraceError, match=r"trace.rounds\[0\]: missing 'eligible'"):
+        parse_trace(json.dumps(doc))

@@ -1,82 +1,42 @@
-"""The trace format as a JSON Schema (docs/trace.schema.json), generated with pydantic from the record
-dataclasses the trace is written from (specfuse/trace.py, specfuse/records.py), and trace files
-checked against the same declaration.
+"""The trace format as a JSON Schema (docs/trace.schema.json), and trace files checked against it.
 
     python tools/trace_schema.py              # is docs/trace.schema.json current? (exit 1 if not)
     python tools/trace_schema.py --write      # write it again after a record or setting changed
     python tools/trace_schema.py FILE...      # check trace files (exit 1, naming each bad one)
 
-The schema describes documents of the current version (specfuse.trace.VERSION) as written now: every
-key, type and nesting, no key beyond them. A version-1 file is checked in the form the reader upgrades
-it to, and a setting earlier builds stored but that is no longer a run's is left out (as the reader does).
-The checks across fields (matrix shapes, a winner among the candidates, ...) are the reader's.
+Both come from the one declaration the reader validates with (specfuse.trace.TraceDocument, its
+types the record dataclasses'): the schema describes documents of the current version
+(specfuse.trace.VERSION) as written now, every key, type and nesting, no key beyond them. A file
+is checked as the reader reads it: an older version in the form the reader upgrades it to, without
+the settings that are no longer a run's (e.g. `parallel`). The checks across fields (matrix
+shapes, a winner among the candidates, ...) are the reader's alone: load_trace makes them.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
 import json
 import sys
-import typing
 from pathlib import Path
-from typing import Any, Literal
 
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import ValidationError
 
-from specfuse.config import RETIRED_KEYS
 from specfuse.errors import TraceError
-from specfuse.records import Result
-from specfuse.trace import SCHEMA, VERSION, Trace, dump_trace, parse_trace
+from specfuse.trace import document_adapter, json_schema, read_document
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "docs" / "trace.schema.json"
 
-# A trace document: the format's name and version, the run's result, then Trace's own fields (their
-# types come from the dataclass, so a field added there is in the schema at the next --write).
-TraceDocument = dataclasses.make_dataclass(
-    "TraceDocument",
-    [
-        ("schema", Literal[SCHEMA]),  # type: ignore[valid-type]
-        ("version", Literal[VERSION]),  # type: ignore[valid-type]
-        ("result", Result | None),
-        *typing.get_type_hints(Trace).items(),
-    ],
-    # Strict types, no key beyond the declared ones: the nested records take the same config.
-    namespace={"__pydantic_config__": ConfigDict(extra="forbid", strict=True)},
-)
-
-
-@functools.cache
-def adapter() -> TypeAdapter[Any]:  # built once: checking a folder of traces reuses it
-    return TypeAdapter(TraceDocument)
-
-
-def schema() -> dict[str, Any]:
-    doc = adapter().json_schema(mode="validation")
-    doc["title"] = f"specfuse trace, version {VERSION}"
-    doc["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    return doc
-
 
 def schema_text() -> str:
-    return json.dumps(schema(), indent=1, ensure_ascii=False, sort_keys=True) + "\n"
+    return json.dumps(json_schema(), indent=1, ensure_ascii=False, sort_keys=True) + "\n"
 
 
 def check(text: str) -> None:
-    """Raise ValueError saying what is wrong where `text` is not a trace document of this format.
-
-    An older version is checked as the reader upgrades it; a setting that is no longer a run's
-    (config.RETIRED_KEYS, e.g. `parallel`) is left out of the config, as the reader leaves it out."""
+    """Raise ValueError saying what is wrong where `text` is not a trace document of this format
+    (pydantic's own words: each place, as `rounds.0.k`, and what is wrong there)."""
     try:
-        doc = json.loads(text)
-        if doc.get("version") != VERSION:
-            doc = json.loads(dump_trace(parse_trace(text)))
-        config = doc.get("config")
-        if isinstance(config, dict):
-            doc["config"] = {k: v for k, v in config.items() if k not in RETIRED_KEYS}
-        adapter().validate_json(json.dumps(doc))
-    except (TraceError, ValidationError, ValueError, AttributeError) as e:
+        document_adapter().validate_python(read_document(text))
+    except (TraceError, ValidationError) as e:
         raise ValueError(str(e)) from None
 
 

@@ -13,6 +13,11 @@ The server's default config is the benchmark's (--segment-len, the answer budget
 `--set KEY=VALUE` on top: any EnsembleConfig field, parsed and checked as the evaluation's variants
 are (eval/variants.py). The report and its table's header say which settings differ from the
 defaults, and whether the weights were quantized (--quantize).
+
+`--shapes real --device cuda` serves bench gpu's random-weight members with the real shapes of
+Qwen2.5-7B, Llama-3.1-8B and Gemma-2-9B instead (serve_shapes.py: nothing downloaded); on a GPU the
+warm-up runs a whole answer alone and a batch of every client at once, and each level records its
+peak GPU memory. `--deadline` bounds a run: no request is sent after it.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from ..eval.problems import OPEN_PROMPTS
 from ..eval.variants import add_set_option
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from .measure import cpu_model, write_report
+from .serve_shapes import load_shapes, machine, on_gpu, peak_gb, reset_peak, shapes_config
+from .shapes import SHAPES
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +103,11 @@ def one_request(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
             "tokens": tokens, "text": text}  # fmt: skip
 
 
-def run_level(url: str, clients: int, requests: Sequence[str], max_tokens: int) -> dict[str, Any]:
-    """`clients` threads take the requests from one line, each sending its next when its last ends."""
+def run_level(
+    url: str, clients: int, requests: Sequence[str], max_tokens: int, stop_at: float | None = None
+) -> dict[str, Any]:
+    """`clients` threads take the requests from one line, each sending its next when its last ends;
+    none sends another once perf_counter() passes `stop_at` (the requests under way finish)."""
     todo: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()
     for item in enumerate(requests):
         todo.put(item)
@@ -105,7 +115,7 @@ def run_level(url: str, clients: int, requests: Sequence[str], max_tokens: int) 
     errors: list[str] = []
 
     def client() -> None:
-        while True:
+        while stop_at is None or time.perf_counter() < stop_at:
             try:
                 i, prompt = todo.get_nowait()
             except queue.Empty:
@@ -127,9 +137,12 @@ def run_level(url: str, clients: int, requests: Sequence[str], max_tokens: int) 
     firsts = [r["first_segment_s"] for r in runs if not math.isnan(r["first_segment_s"])]
     totals = [r["total_s"] for r in runs]
     tokens = sum(r["tokens"] for r in runs)
+    sent = len(runs) + len(errors)
     return {
         "clients": clients,
-        "requests": len(requests),
+        "requests": sent,
+        "cut_short": sent < len(requests),  # the deadline came first: `requests` were sent of these
+        "requests_planned": len(requests),
         "errors": errors,
         "wall_s": wall,
         "tokens": tokens,
@@ -155,29 +168,78 @@ def run_serve(
     config: EnsembleConfig | None = None,
     batch_size: int | None = None,
     join_wait: float | None = None,
+    min_requests: int = MIN_REQUESTS,
+    stop_at: float | None = None,
 ) -> dict[str, Any]:
     """Every level against one live server over `members`; returns the JSON-ready report. Each
-    level sends `per_client` requests per client (at least MIN_REQUESTS), or `requests` if given."""
+    level sends `per_client` requests per client (at least `min_requests`), or `requests` if given.
+    Past `stop_at` (a perf_counter() time) no request is sent: the level under way ends with its
+    requests in flight, and the levels after it are skipped (listed in the report's "skipped")."""
     from ..engine import DEFAULT_JOIN_WAIT, Scheduler
     from ..serve.api import create_app
 
     def count(clients: int) -> int:
-        return requests if requests is not None else max(clients * per_client, MIN_REQUESTS)
+        return requests if requests is not None else max(clients * per_client, min_requests)
 
     size = batch_size or max(levels)
     wait = DEFAULT_JOIN_WAIT if join_wait is None else join_wait
     queue = max(levels) + count(max(levels))
     scheduler = Scheduler(members, config, batch_size=size, queue=queue, join_wait=wait)
+    gpus = on_gpu(members)
+    results: dict[str, dict[str, Any]] = {}
+    skipped: list[int] = []
     try:
         with running(create_app(scheduler)) as url:
-            one_request(url, PROMPTS[0], 8)  # warm-up: first calls allocate and pick kernels
-            results = {
-                str(c): run_level(url, c, [PROMPTS[i % len(PROMPTS)] for i in range(count(c))], max_tokens)
-                for c in levels
-            }
+            warm_up(url, scheduler.config, max(levels), max_tokens, full=bool(gpus))
+            _say("warmed up")
+            for c in levels:
+                if stop_at is not None and time.perf_counter() >= stop_at:
+                    skipped.append(c)
+                    continue
+                reset_peak(gpus)
+                mix = [PROMPTS[i % len(PROMPTS)] for i in range(count(c))]
+                results[str(c)] = run_level(url, c, mix, max_tokens, stop_at)
+                results[str(c)]["peak_gpu_gb"] = peak_gb(gpus)
+                _progress(results[str(c)])
     finally:
         scheduler.close()
-    solo = results[str(min(levels))]
+    if not results:
+        raise SpecfuseError("the deadline passed before the first level began")
+    compare_to_solo(results)
+    return {
+        "members": [m.name for m in members],
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        **machine(members),
+        "batch_size": size,
+        "per_client": per_client if requests is None else None,
+        "min_requests": min_requests if requests is None else None,
+        "join_wait": wait,
+        "max_tokens": max_tokens,
+        "config": scheduler.config.to_dict(),
+        "levels": results,
+        "skipped": skipped,
+    }
+
+
+def warm_up(url: str, config: EnsembleConfig, clients: int, max_tokens: int, full: bool) -> None:
+    """First calls allocate and pick kernels. On a CPU one short request; on a GPU (full) one
+    request of the whole budget alone, then `clients` at once for two segments: the first long run
+    pays for cudaMalloc as its caches grow (docs/gpu.md), and a batch of every size the levels reach."""
+    if not full:
+        one_request(url, PROMPTS[0], 8)
+        return
+    one_request(url, PROMPTS[0], max_tokens)
+    burst = [PROMPTS[i % len(PROMPTS)] for i in range(clients)]
+    errors = run_level(url, clients, burst, min(max_tokens, 2 * config.segment_len))["errors"]
+    if errors:  # a batch of them fails (out of memory?): say so now, not once per level
+        raise SpecfuseError(f"the warm-up of {clients} clients at once failed: {errors[0]}")
+
+
+def compare_to_solo(results: dict[str, dict[str, Any]]) -> None:
+    """Each level against the first (one at a time): tokens/s, p95 first segment against the solo
+    median, and answers equal to the solo answer to the same prompt."""
+    solo = next(iter(results.values()))
     solo_answer = dict(zip(solo["prompts"], solo["answers"]))
     for r in results.values():
         r["aggregate_speedup"] = (
@@ -187,17 +249,23 @@ def run_serve(
         r["same_answers_as_one_at_a_time"] = sum(
             solo_answer.get(p) == a for p, a in zip(r["prompts"], r["answers"])
         )
-    return {
-        "members": [m.name for m in members],
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "batch_size": size,
-        "per_client": per_client if requests is None else None,
-        "join_wait": wait,
-        "max_tokens": max_tokens,
-        "config": scheduler.config.to_dict(),
-        "levels": results,
-    }
+
+
+_BEGAN = time.perf_counter()
+
+
+def _say(line: str) -> None:
+    """A line on stderr as the benchmark goes, with the seconds since the import (a run cut short
+    still shows how far it got)."""
+    print(f"[{time.perf_counter() - _BEGAN:6.1f} s] {line}", file=sys.stderr, flush=True)
+
+
+def _progress(level: dict[str, Any]) -> None:
+    _say(
+        f"{level['clients']} clients: {level['requests']} requests in {level['wall_s']:.1f} s, "
+        f"{level['tokens_per_s']:.2f} tokens/s, first segment p95 {level['first_segment_p95_s']:.2f} s, "
+        f"{len(level['errors'])} errors" + (" (cut short by the deadline)" if level["cut_short"] else "")
+    )
 
 
 def changed_settings(config: dict[str, Any]) -> dict[str, Any]:
@@ -211,35 +279,53 @@ def _requests_shown(report: dict[str, Any]) -> str:
     counts = [r["requests"] for r in report["levels"].values()]
     if len(set(counts)) == 1:  # a fixed list (--requests, and reports from before --per-client)
         return f"{counts[0]} requests per level"
-    return f"{report.get('per_client', PER_CLIENT)} requests per client (at least {MIN_REQUESTS})"
+    least = report.get("min_requests") or MIN_REQUESTS
+    return f"{report.get('per_client', PER_CLIENT)} requests per client (at least {least})"
 
 
 def _shown(value: Any) -> str:
     return "|".join(map(str, value)) if isinstance(value, list) else str(value)  # as --set takes it
 
 
+def _where(report: dict[str, Any]) -> str:
+    """The machine of the header line: the GPU and dtype where the members ran on one, else the CPU."""
+    shapes = report.get("shapes")
+    made = f"; random weights, {shapes} shapes" if shapes else ""
+    if report.get("gpu"):
+        return f"{report['gpu']} ({report['device']}, {report['dtype']}{made})"
+    dtype = f", {report['dtype']}" if "dtype" in report else ""
+    return f"{report['cpu']} ({report['cores']} cores{dtype}{made})"
+
+
 def format_table(report: dict[str, Any]) -> str:
     levels = report["levels"]
     quantize = report.get("quantize", "none")  # reports from before --quantize: unquantized
     settings = changed_settings(report.get("config", {}))
+    gpu = any(r.get("peak_gpu_gb") is not None for r in levels.values())
     lines = [
-        f"serving {', '.join(report['members'])} on {report['cpu']} ({report['cores']} cores)"
+        f"serving {', '.join(report['members'])} on {_where(report)}"
         + ("" if quantize == "none" else f", {quantize} weights")
         + f", batch size {report['batch_size']}, {report['max_tokens']} tokens per request, "
         + _requests_shown(report)
         + (f", join wait {report['join_wait']} s" if "join_wait" in report else "")
         + (f"; settings: {', '.join(f'{k}={_shown(v)}' for k, v in settings.items())}" if settings else ""),
         f"{'clients':>7} {'tok/s':>7} {'×1':>6} {'first med':>9} {'first p95':>9} {'p95/solo':>8} "
-        f"{'total med':>9} {'total p95':>9} {'same':>5} {'errors':>6}  load avg before → after",
+        f"{'total med':>9} {'total p95':>9} {'same':>5} {'errors':>6}  load avg before → after"
+        + ("  peak GPU GB" if gpu else ""),
     ]
     for r in levels.values():
         load = f"{r['load_before'][0]:.2f} → {r['load_after'][0]:.2f}"
+        peak = r.get("peak_gpu_gb")
         lines.append(
             f"{r['clients']:>7} {r['tokens_per_s']:7.2f} {r['aggregate_speedup']:6.2f} "
             f"{r['first_segment_median_s']:9.2f} {r['first_segment_p95_s']:9.2f} "
             f"{r['p95_first_segment_ratio']:8.2f} {r['total_median_s']:9.2f} {r['total_p95_s']:9.2f} "
             f"{r['same_answers_as_one_at_a_time']:>2}/{r['requests']:<2} {len(r['errors']):>6}  {load}"
+            + (f"  {peak:11.1f}" if peak is not None else "")
+            + (f"  cut short: {r['requests']} of {r['requests_planned']} sent" if r.get("cut_short") else "")
         )
+    if report.get("skipped"):
+        lines.append(f"skipped (the deadline had passed): {', '.join(map(str, report['skipped']))} clients")
     eight = levels.get("8")
     if eight is not None:
         speedup, ratio = eight["aggregate_speedup"], eight["p95_first_segment_ratio"]
@@ -249,79 +335,108 @@ def format_table(report: dict[str, Any]) -> str:
             f"  aggregate tokens/s ×{speedup:.2f} ≥ 3  {'PASS' if speedup >= 3 else 'MISS'}",
             f"  p95 first segment {ratio:.2f}× the solo median ≤ 3  {'PASS' if ratio <= 3 else 'MISS'}",
         ]
+    if "versions" in report:
+        lines += ["", "versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items())]
     if "command" in report:
         lines += ["", f"command: {report['command']}"]
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> Parser:
     parser = Parser(
         prog="python -m specfuse.bench serve",
         description="1, 4, 8 and 16 concurrent clients through the live API against one at a time.",
     )
-    parser.add_argument("--models", nargs="+", default=None, help="catalogue names (default: the trio)")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (default auto)")
-    parser.add_argument("--quantize", default="none", help=QUANTIZE_HELP)
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, … (default cpu)")
-    parser.add_argument(
-        "--levels", default=",".join(map(str, LEVELS)), help="client counts (first: baseline)"
+    add = parser.add_argument
+    add("--models", nargs="+", default=None, help="catalogue names (default: the trio)")
+    add(
+        "--shapes",
+        choices=sorted(SHAPES),
+        default=None,
+        help="instead of --models: bench gpu's random-weight members, real (Qwen2.5-7B, Llama-3.1-8B, "
+        "Gemma-2-9B shapes), trio or tiny; nothing is downloaded",
     )
-    parser.add_argument(
+    add("--dtype", default="auto", help="auto, float32, bfloat16 (default auto; --shapes: bf16 on a GPU)")
+    add("--quantize", default="none", help=QUANTIZE_HELP)
+    add("--device", default="cpu", help="cpu, cuda, … (default cpu)")
+    add("--levels", default=",".join(map(str, LEVELS)), help="client counts (first: baseline)")
+    add(
         "--per-client",
         type=int,
         default=PER_CLIENT,
-        help=f"requests each client sends in turn (default {PER_CLIENT}; at least {MIN_REQUESTS} a level)",
+        help=f"requests each client sends in turn (default {PER_CLIENT}; at least --min-requests a level)",
     )
-    parser.add_argument(
-        "--requests", type=int, default=None, help="instead: the same number of requests at every level"
-    )
-    parser.add_argument("--max-tokens", type=int, default=64, help="answer budget per request (default 64)")
-    parser.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
-    parser.add_argument("--batch-size", type=int, default=None, help="default: the largest level")
+    add("--min-requests", type=int, default=MIN_REQUESTS, help=f"fewest a level (default {MIN_REQUESTS})")
+    add("--requests", type=int, default=None, help="instead: the same number of requests at every level")
+    add("--max-tokens", type=int, default=64, help="answer budget per request (default 64)")
+    add("--segment-len", type=int, default=10, help="L (default 10)")
+    add("--batch-size", type=int, default=None, help="default: the largest level")
     add_set_option(
         parser,
         "a run setting of the server's default config, KEY an EnsembleConfig field, e.g. "
         "verify=disagree, stop_strings=a|b (repeatable; applied after --segment-len)",
     )
-    parser.add_argument(
-        "--join-wait",
+    add("--join-wait", type=float, default=None, help="the server's --join-wait, seconds (default: its own)")
+    add(
+        "--deadline",
         type=float,
         default=None,
-        help="the server's --join-wait, seconds (default: the server's default)",
+        help="seconds from the start: no request is sent after it (the ones under way finish, later "
+        "levels are skipped and the report says so)",
     )
-    parser.add_argument("--quick", action="store_true", help="levels 1,4,8, 8 requests of 32 tokens each")
-    parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.txt")
+    add("--quick", action="store_true", help="levels 1,4,8, 8 requests of 32 tokens each")
+    add("--out", type=Path, default=None, help="write OUT.json and OUT.txt")
+    return parser
+
+
+def _members(args: Any, max_tokens: int) -> tuple[list[Any], EnsembleConfig]:
+    """The members (catalogue models, or --shapes built here) and the server's default config."""
+    if args.shapes is None:
+        base = EnsembleConfig(segment_len=args.segment_len, max_new_tokens=max_tokens)
+    else:
+        base = shapes_config(args.segment_len, max_tokens)
+    config = replace(base, **dict(args.settings))  # checked before loading: bad settings fail at once
+    if args.shapes is not None:
+        if args.models or args.quantize != "none":
+            raise SpecfuseError("--shapes builds its own members: leave out --models and --quantize")
+        return load_shapes(args.shapes, args.device, args.dtype), config
+    from ..models.loading import load_members, tqdm_progress
+
+    names = parse_models(args.models, hub=False)
+    members = load_members(
+        names, device=args.device, dtype=args.dtype, progress=tqdm_progress("loading"), quantize=args.quantize
+    )
+    return members, config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    began = time.perf_counter()
     levels = [int(c) for c in args.levels.split(",") if c]
     requests, max_tokens = args.requests, args.max_tokens
-    if args.per_client < 1 or (requests is not None and requests < 1):
-        parser.error("--per-client and --requests must be at least 1")
+    if args.per_client < 1 or args.min_requests < 1 or (requests is not None and requests < 1):
+        parser.error("--per-client, --min-requests and --requests must be at least 1")
     if args.quick:
         levels, requests, max_tokens = [1, 4, 8], 8, 32
-    from ..models.loading import load_members, tqdm_progress
-
     try:
-        config = replace(
-            EnsembleConfig(segment_len=args.segment_len, max_new_tokens=max_tokens), **dict(args.settings)
-        )  # checked before loading: a bad combination of settings fails at once
-        names = parse_models(args.models, hub=False)
-        members = load_members(
-            names,
-            device=args.device,
-            dtype=args.dtype,
-            progress=tqdm_progress("loading"),
-            quantize=args.quantize,
-        )
+        members, config = _members(args, max_tokens)
+        _say(f"{len(members)} members ready in {time.perf_counter() - began:.1f} s")
         report = run_serve(
             members, levels=levels, per_client=args.per_client, requests=requests,
             max_tokens=max_tokens, config=config, batch_size=args.batch_size, join_wait=args.join_wait,
+            min_requests=args.min_requests,
+            stop_at=None if args.deadline is None else began + args.deadline,
         )  # fmt: skip
     except SpecfuseError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     report["quantize"] = args.quantize
+    report["shapes"] = args.shapes
+    report["deadline_s"] = args.deadline
+    report["seconds"] = time.perf_counter() - began
     report["command"] = " ".join(["python -m specfuse.bench serve", *(argv or sys.argv[1:])])
     table = format_table(report)
     write_report(report, table, args.out.with_suffix(".json") if args.out else None)

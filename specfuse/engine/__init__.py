@@ -2,6 +2,7 @@
 
     ensemble.py   Ensemble: the library's front door (one prompt, or many in lockstep)
     scheduler.py  Scheduler: one batch on its own thread, requests in line, a Ticket each (the app, the API)
+    ticket.py     Ticket: one request's handle, its stream of records, cancel() and next() (step mode)
     batch.py      Batch: the round loop, the seven steps over every live run
     run.py        Run: one request's state from round to round, and its own part of each step
     calls.py      MemberCalls: the members' part of a step, once per member for all the runs it serves
@@ -16,24 +17,32 @@ from .run import TYPED, Run
 from .scheduler import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_JOIN_WAIT,
+    DEFAULT_MAX_PAUSED,
+    DEFAULT_PAUSE_IDLE,
     DEFAULT_QUEUE,
+    PauseExpired,
     QueueFull,
     Scheduler,
     SchedulerClosed,
-    Ticket,
+    TooManyPaused,
 )
+from .ticket import Ticket
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_JOIN_WAIT",
+    "DEFAULT_MAX_PAUSED",
+    "DEFAULT_PAUSE_IDLE",
     "DEFAULT_QUEUE",
     "TYPED",
     "Batch",
     "Ensemble",
+    "PauseExpired",
     "QueueFull",
     "Run",
     "Scheduler",
     "SchedulerClosed",
     "Ticket",
+    "TooManyPaused",
     "check_prompt",
 ]

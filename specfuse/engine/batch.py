@@ -69,10 +69,11 @@ class Batch:
 
     def step(self) -> Iterator[tuple[Run, Event | SpecfuseError]]:
         """One round of every live run: each Draft as it arrives, then each Round, or the error that
-        ended a run. A run cancelled from any thread (run.cancelled) leaves at the next phase."""
+        ended a run. A run cancelled from any thread (run.cancelled) leaves at the next phase; a run
+        in step mode (run.pause) leaves after its round, as a finished one does."""
         runs = [run for run in self._live if not run.cancelled]
         ended = yield from self._round(runs)
-        going_on = {run.id for run in ended if not run.done}
+        going_on = {run.id for run in ended if not run.done and not run.pause}
         for run in self._live:
             if run.id not in going_on:
                 run.states.clear()  # cancelled before the round began
@@ -94,7 +95,7 @@ class Batch:
     def _join(self, runs: Sequence[Run]) -> Iterator[tuple[Run, SpecfuseError]]:
         """Start each run's own members (the prompt's prefill) and set its starting point (resume)."""
         for run in runs:
-            run.began = time.perf_counter()  # a run's clock includes its prefill
+            run.began = time.perf_counter() - run.played_s  # a run's clock includes its prefill
         self._calls.start(runs)
         for run in runs:
             error = self._calls.failures.pop(run.id, None)
@@ -134,8 +135,8 @@ class Batch:
         runs = yield from self._settle(runs)
         for run in runs:
             rnd = run.record(accepted)
-            if run.done:
-                run.states.clear()  # a finished run's caches go now, not at the end
+            if run.done or run.pause:
+                run.states.clear()  # a finished (or pausing) run's caches go now, not at the end
             yield run, rnd
         return runs
 

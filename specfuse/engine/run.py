@@ -80,6 +80,10 @@ class Run:
     began: float = 0.0
     done: bool = False
     cancelled: bool = False  # set from any thread: the run leaves its batch at the next phase
+    # Step mode (the Scheduler's submit(step=True)): the run leaves its batch after each round, its
+    # states dropped, and comes back as a new Run resumed from its rounds (`start`).
+    pause: bool = False
+    played_s: float = 0.0  # seconds played before it (re)joined: its clock stops while it is paused
     play: Play = field(default_factory=lambda: Play(0.0, [], [], 0))
 
     def resume(self, calls: MemberCalls) -> None:

@@ -1,6 +1,11 @@
 """The scheduler: owns the loaded members and one rolling batch (batch.Batch), played on a thread of
 its own, that requests join at the next round boundary and leave the moment they end, each with its
-own stream of records (Queued, Draft, Round, Finished).
+own stream of records (Queued, Draft, Round, Paused, Finished) on its Ticket (ticket.py).
+
+Step mode (submit(step=True)): a run plays one round per Ticket.next() and, in between, is out of the
+batch (the others never wait for it) and holds only its rounds, no member caches: each step it joins
+as a newcomer, its members reading the prompt and the answer so far again, as a branch does. At most
+`max_paused` such runs at once; one left without a step for `pause_idle_s` ends (PauseExpired).
 
 Knows nothing about HTTP, OpenAI's bodies or the app's panels: the API (specfuse.serve) and the app
 call submit(), read a Ticket's events and cancel() it.
@@ -8,14 +13,11 @@ call submit(), read a Ticket's events and cancel() it.
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import contextlib
 import logging
-import queue
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from ..config import EnsembleConfig
@@ -23,11 +25,11 @@ from ..errors import ConfigError, SpecfuseError
 from ..limits import check_request
 from ..members.protocol import Member
 from ..members.workers import run_concurrently
-from ..records import Draft, Finished, Queued, Result, Round, summarize
-from ..trace import Trace
+from ..records import Paused, Queued, Round
 from .batch import Batch
 from .ensemble import Ensemble
 from .run import TYPED, Run
+from .ticket import Event, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,10 @@ DEFAULT_QUEUE = 64  # requests waiting for a place in the batch; one more is ref
 # have begun, and would otherwise wait out a whole round (1-3 s on two cores) before its first one.
 DEFAULT_JOIN_WAIT = 0.25
 JOIN_WAIT_SHARE = 0.1
-
-Event = Queued | Draft | Round | Finished
+# Step mode. A paused run holds its rounds only (kilobytes), but each step re-reads its prompt and
+# answer: the bound keeps a class's worth of them and the idle limit frees those a closed page left.
+DEFAULT_MAX_PAUSED = 16
+DEFAULT_PAUSE_IDLE = 600.0  # seconds a paused run may wait for its next step
 
 
 class QueueFull(SpecfuseError):
@@ -54,106 +58,29 @@ class SchedulerClosed(SpecfuseError):
     """The scheduler was shut down before the request could finish."""
 
 
-class Ticket:
-    """One request's handle: its events (its place in line while it waits, then Draft and Round
-    round after round, then Finished), its state, and cancel(). Safe to read from any thread;
-    events() and aevents() consume one stream (use one of them, once)."""
+class TooManyPaused(SpecfuseError):
+    """As many step-mode runs as the server allows are open: a new one was refused."""
 
-    def __init__(self, scheduler: Scheduler, run: Run) -> None:
-        self.id = run.id  # also the id of its trace
-        self.run = run
-        self.submitted = time.perf_counter()
-        self.state = "waiting"  # waiting → running → done | failed | cancelled
-        self.error: SpecfuseError | None = None
-        self.rounds: list[Round] = []
-        self._scheduler = scheduler
-        self._queue: queue.SimpleQueue[Event | SpecfuseError] = queue.SimpleQueue()
-        self._place: int | None = None  # the last place in line it was told (Queued)
-        self._wakers: list[Callable[[], None]] = []
-        self._ended = threading.Event()
 
-    @property
-    def prompt(self) -> str:
-        return self.run.prompt
+class PauseExpired(SpecfuseError):
+    """A paused run waited longer than the server's idle limit for its next step, and ended."""
 
-    @property
-    def config(self) -> EnsembleConfig:
-        return self.run.config
 
-    @property
-    def members(self) -> tuple[str, ...]:
-        return self.run.names
-
-    @property
-    def ended(self) -> bool:
-        return self._ended.is_set()
-
-    def position(self) -> int | None:
-        """1 for the next request to join the batch, 2 behind it, …; 0 while running; None once ended."""
-        return self._scheduler.position(self)
-
-    def cancel(self) -> None:
-        """End the request: a waiting one leaves the line, a running one the batch (within a phase
-        of the round under way). Idempotent; a no-op once it has ended."""
-        self._scheduler.cancel(self)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until the request has ended; False if `timeout` seconds passed first."""
-        return self._ended.wait(timeout)
-
-    def events(self, timeout: float | None = None) -> Generator[Event, None, None]:
-        """Each event as it happens; the stream ends with Finished, or raises the error that ended
-        the request. `timeout`: the longest wait for one event (queue.Empty after it). Closing the
-        iterator early cancels the request."""
-        try:
-            while True:
-                item = self._queue.get(timeout=timeout)
-                if isinstance(item, SpecfuseError):
-                    raise item
-                yield item
-                if isinstance(item, Finished):
-                    return
-        finally:
-            self.cancel()
-
-    async def aevents(self) -> AsyncGenerator[Event, None]:
-        """events() for an asyncio consumer, never blocking its loop. Closing it early cancels."""
-        loop = asyncio.get_running_loop()
-        arrived = asyncio.Event()
-
-        def wake() -> None:
-            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening
-                loop.call_soon_threadsafe(arrived.set)
-
-        self._wakers.append(wake)
-        try:
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    await arrived.wait()
-                    arrived.clear()
-                    continue
-                if isinstance(item, SpecfuseError):
-                    raise item
-                yield item
-                if isinstance(item, Finished):
-                    return
-        finally:
-            self._wakers.remove(wake)
-            self.cancel()
-
-    def result(self) -> Result:
-        """The rounds so far as a Result (stop_reason "cancelled" when it was cut short)."""
-        return summarize(self.rounds)
-
-    def trace(self) -> Trace:
-        return Trace(self.prompt, self.members, self.config, tuple(self.rounds), id=self.id)
-
-    def _put(self, item: Event | SpecfuseError) -> None:
-        self._queue.put(item)
-        for wake in list(self._wakers):
-            wake()
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_JOIN_WAIT",
+    "DEFAULT_MAX_PAUSED",
+    "DEFAULT_PAUSE_IDLE",
+    "DEFAULT_QUEUE",
+    "Event",
+    "PauseExpired",
+    "QueueFull",
+    "Scheduler",
+    "SchedulerClosed",
+    "Ticket",
+    "TooManyPaused",
+    "load_in_background",
+]
 
 
 class Scheduler:
@@ -163,7 +90,7 @@ class Scheduler:
     at once, and up to `queue` more wait in line (one more is refused with QueueFull). Each request
     gets the rounds an Ensemble of its own members would give it alone (exactly in fp32 greedy):
     members are asked once per phase for all the requests they serve. A member that fails ends only
-    the requests that use it, with a MemberError naming it.
+    the requests that use it, with a MemberError naming it. Step mode: the module's docstring.
     """
 
     def __init__(
@@ -175,24 +102,35 @@ class Scheduler:
         queue: int = DEFAULT_QUEUE,
         join_wait: float = DEFAULT_JOIN_WAIT,
         parallel: str = "auto",
+        max_paused: int = DEFAULT_MAX_PAUSED,
+        pause_idle_s: float = DEFAULT_PAUSE_IDLE,
     ) -> None:
-        """`parallel`: whether the members work at the same time (Ensemble's), for every request."""
+        """`parallel`: whether the members work at the same time (Ensemble's), for every request.
+        `max_paused`: step-mode runs open at once (0: none); `pause_idle_s`: how long one may wait
+        for its next step."""
         if batch_size < 1:
             raise ConfigError(f"the batch size must be at least 1, got {batch_size}")
         if queue < 0:
             raise ConfigError(f"the queue length must be at least 0, got {queue}")
         if not join_wait >= 0:
             raise ConfigError(f"the join wait must be at least 0 seconds, got {join_wait}")
+        if max_paused < 0:
+            raise ConfigError(f"the paused runs' limit must be at least 0, got {max_paused}")
+        if not pause_idle_s > 0:  # nan included
+            raise ConfigError(f"the paused runs' idle limit must be over 0 seconds, got {pause_idle_s}")
         self.ensemble = Ensemble(members, config, parallel=parallel)  # checks members and `parallel`
         self.batch_size = batch_size
         self.queue = queue
         self.join_wait = join_wait
+        self.max_paused = max_paused
+        self.pause_idle_s = pause_idle_s
         self._freed = 0  # requests that left the batch in the last round
         self._last_round_s = 0.0
         self._batch = Batch(self.ensemble.members, run_concurrently(members, parallel))
         self._cond = threading.Condition()
         self._waiting: collections.deque[Ticket] = collections.deque()
         self._running: dict[str, Ticket] = {}  # run id → ticket, for runs in the batch
+        self._stepping: dict[str, Ticket] = {}  # step mode, until they end: max_paused bounds them
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="specfuse-scheduler", daemon=True)
         self._thread.start()
@@ -215,19 +153,25 @@ class Scheduler:
         start: Sequence[Round] = (),
         forced: str | None = None,
         origin: str = TYPED,
+        step: bool = False,
     ) -> Ticket:
         """Queue a request: `members` (default all loaded, in the loaded order) play it with `config`
         (default the operator's); `start`/`forced` branch it as Ensemble.stream does. Refused at once
         (ConfigError) for a bad prompt or member list, QueueFull when the line is full,
-        SchedulerClosed after close(). Errors found while starting it end the ticket instead."""
+        SchedulerClosed after close(). Errors found while starting it end the ticket instead.
+        `step`: step mode; the ticket starts paused before round 1 (nothing read yet), and each
+        Ticket.next() plays one round. Refused with TooManyPaused beyond `max_paused` of them."""
         names = self._subset(members)
         config = config or self.config
         check_request(prompt, config, tuple(start), forced, names)  # the engine's own pre-flight
-        run = Run(prompt, config, names, tuple(start), forced, origin)
+        run = Run(prompt, config, names, tuple(start), forced, origin, pause=step)
         ticket = Ticket(self, run)
         with self._cond:
             if self._closed:
                 raise SchedulerClosed("the server is shutting down; no new requests")
+            if step:
+                self._open_paused(ticket)
+                return ticket
             if (
                 len(self._waiting) >= self.queue
                 and len(self._running) + len(self._waiting) >= self.batch_size
@@ -241,9 +185,27 @@ class Scheduler:
             self._cond.notify_all()
         return ticket
 
-    def position(self, ticket: Ticket) -> int | None:
+    def step(self, ticket: Ticket) -> None:
+        """Ticket.next(): a paused ticket's next round joins the line (in step mode, a new run that
+        resumes from its rounds). A no-op while its round is in line or under way."""
         with self._cond:
             if ticket.ended:
+                raise SpecfuseError(
+                    f"the run has ended ({ticket.state}); there is no next round to play: start a new run"
+                )
+            if ticket.state != "paused":
+                return
+            if self._closed:
+                raise SchedulerClosed("the server is shutting down; no more steps")
+            ticket.run = ticket.resumed()
+            ticket.state = "waiting"
+            self._waiting.append(ticket)
+            self._tell_places()
+            self._cond.notify_all()
+
+    def position(self, ticket: Ticket) -> int | None:
+        with self._cond:
+            if ticket.ended or ticket.paused:
                 return None
             if ticket.state == "running":
                 return 0
@@ -261,6 +223,9 @@ class Scheduler:
                 self._end(ticket, "cancelled")
                 self._tell_places()
                 return
+            if ticket.paused:  # out of the batch: nothing to wait for
+                self._end(ticket, "cancelled")
+                return
             ticket.run.cancelled = True  # the loop drops it from the batch within a phase
             self._cond.notify_all()
 
@@ -274,18 +239,21 @@ class Scheduler:
             self._cond.notify_all()
 
     def stats(self) -> dict[str, int]:
-        """Requests running and waiting now, and the limits (for a health check or a status line)."""
+        """Requests running and waiting now, step-mode runs open ("paused": paused, or playing the
+        step asked for, as max_paused counts them), and the limits (a health check, a status line)."""
         with self._cond:
             return {
                 "running": len(self._running),
                 "waiting": len(self._waiting),
+                "paused": len(self._stepping),
                 "batch_size": self.batch_size,
                 "queue": self.queue,
+                "max_paused": self.max_paused,
             }
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Refuse new requests, end every request still waiting or running (SchedulerClosed), and
-        stop the thread once the round under way is over."""
+        """Refuse new requests, end every request still waiting, running or paused
+        (SchedulerClosed), and stop the thread once the round under way is over."""
         with self._cond:
             self._closed = True
             for ticket in [*self._waiting, *self._running.values()]:
@@ -313,8 +281,10 @@ class Scheduler:
         try:
             while True:
                 with self._cond:
+                    # A timed wait while runs are paused: the next one's idle limit wakes the loop.
                     while not self._closed and not self._waiting and not self._batch.live:
-                        self._cond.wait()
+                        self._cond.wait(self._expire())
+                    self._expire()
                     self._await_newcomers()
                     if self._closed:
                         break
@@ -334,7 +304,7 @@ class Scheduler:
             self._batch.close()
             with self._cond:
                 closed = SchedulerClosed("the server shut down before the request finished")
-                for ticket in [*self._waiting, *self._running.values()]:
+                for ticket in [*self._waiting, *self._running.values(), *self._stepping.values()]:
                     self._end(ticket, "failed", closed)
                 self._waiting.clear()
 
@@ -374,9 +344,9 @@ class Scheduler:
         it really waits (more are ahead of it than the batch has free places)."""
         room = self.batch_size - len(self._running)
         for place, ticket in enumerate(self._waiting, 1):
-            if ticket._place != place and place > room:
-                ticket._place = place
-                ticket._put(Queued(place))
+            if ticket.place != place and place > room:
+                ticket.place = place
+                ticket.put(Queued(place))
 
     def _play(self) -> None:
         """Admit the newcomers, then play one round of the batch and hand each event to its ticket.
@@ -394,11 +364,17 @@ class Scheduler:
                     self._end(ticket, "failed", event)
                 continue
             last = isinstance(event, Round) and event.stop_reason is not None
+            pausing = isinstance(event, Round) and not last and run.pause
             if isinstance(event, Round):
                 ticket.rounds.append(event)
             if last:
                 ticket.state = "done"  # before its consumer can see the last round
-            ticket._put(event)
+            if pausing:  # likewise: a next() sent the moment the round arrives is not lost
+                with self._cond:
+                    self._pause(ticket)
+            ticket.put(event)
+            if pausing:
+                ticket.put(Paused(run.k))
             if last:
                 with self._cond:
                     self._end(ticket, "done")
@@ -415,9 +391,46 @@ class Scheduler:
             return
         if self._running.pop(ticket.id, None) is not None:
             self._freed += 1
-        ticket.state, ticket.error = state, error
-        ticket._ended.set()
-        ticket._put(error if error is not None else Finished(state))
+        self._stepping.pop(ticket.id, None)
+        ticket.end(state, error)
+
+    # -- step mode (under the lock) ------------------------------------------------------------------
+
+    def _open_paused(self, ticket: Ticket) -> None:
+        """A step-mode ticket, paused before round 1, if the limit allows one more."""
+        if len(self._stepping) >= self.max_paused:
+            if not self.max_paused:
+                raise TooManyPaused("step mode is off on this server (its limit of paused runs is 0)")
+            raise TooManyPaused(
+                f"{len(self._stepping)} runs are already paused on this server (the limit is "
+                f"{self.max_paused}); finish or stop one"
+            )
+        self._stepping[ticket.id] = ticket
+        self._cond.notify_all()  # the loop's wait now has an idle limit to keep
+
+    def _pause(self, ticket: Ticket) -> None:
+        """Its round played: out of the batch (its states are gone), waiting for next()."""
+        if self._running.pop(ticket.id, None) is not None:
+            self._freed += 1
+        ticket.state, ticket.paused_at = "paused", time.monotonic()
+
+    def _expire(self) -> float | None:
+        """End the paused runs that waited past the idle limit; the seconds until the next one
+        would, or None when none is paused (the loop then waits without a limit)."""
+        now, soonest = time.monotonic(), None
+        for ticket in list(self._stepping.values()):
+            if not ticket.paused:
+                continue
+            left = ticket.paused_at + self.pause_idle_s - now
+            if left <= 0:
+                expired = PauseExpired(
+                    f"the paused run ended: no step for {self.pause_idle_s:g} s (the server's idle "
+                    "limit for paused runs)"
+                )
+                self._end(ticket, "failed", expired)
+            elif soonest is None or left < soonest:
+                soonest = left
+        return soonest
 
 
 T = TypeVar("T")

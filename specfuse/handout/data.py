@@ -1,0 +1,123 @@
+"""What a handout shows of a run: the trace cut down to the fields its panels need, as plain values.
+
+The HTML page embeds this (as JSON) and the PNG draws from it, so both show the same numbers in the
+same colours. Every string in it comes from the trace and is untrusted: `embed_json` makes it safe
+inside a <script> element, the page's script inserts it as text. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from ..errors import ConfigError
+from ..records import Round
+from ..trace import Trace
+
+FORMAT = 1  # the embedded document's own version, for anyone who reads it back out of a page
+
+# One colour per member, in ensemble order: the app's palette (studio/views.py), so a handout's
+# colours match what the audience saw in the app.
+PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880")
+OTHER = "#9E9E9E"  # a segment no member drafted (a branch's typed one, "you")
+# The matrix's colour scale (viridis, as the app's heatmap): (position 0..1, colour).
+SCALE = (
+    (0.0, "#440154"),
+    (0.25, "#3B528B"),
+    (0.5, "#21918C"),
+    (0.75, "#5EC962"),
+    (1.0, "#FDE725"),
+)
+DIGITS = 4  # decimals kept of every score, weight and probability: the page prints at most 3
+TITLE_CHARS = 80  # a default title is the prompt's first line, cut to this
+
+
+def member_colors(members: tuple[str, ...] | list[str]) -> dict[str, str]:
+    return {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(members)}
+
+
+def default_title(trace: Trace) -> str:
+    """ "SpecFuse run: " and the prompt's first non-empty line, cut to TITLE_CHARS characters."""
+    line = next((s.strip() for s in trace.prompt.splitlines() if s.strip()), "")
+    if len(line) > TITLE_CHARS:
+        line = line[: TITLE_CHARS - 1].rstrip() + "…"
+    return f"SpecFuse run: {line}" if line else "SpecFuse run"
+
+
+def num(x: float) -> float | None:
+    """A number for JSON: rounded to DIGITS decimals; None for a value JSON cannot hold."""
+    return round(float(x), DIGITS) if math.isfinite(x) else None
+
+
+def page_data(trace: Trace, title: str | None = None) -> dict[str, Any]:
+    """The run as the handout shows it: prompt, members and colours, and per round only what a panel
+    draws (no raw scores, token evidence, timings or the repeated whole answer: a round's segment is
+    its chosen candidate, the answer up to round k the first k segments)."""
+    rounds = trace.rounds
+    if not rounds:
+        raise ConfigError("the trace has no rounds: a handout needs at least one")
+    return {
+        "format": FORMAT,
+        "title": default_title(trace) if title is None else title,
+        "prompt": trace.prompt,
+        "members": list(trace.members),
+        "colors": member_colors(trace.members),
+        "other": OTHER,
+        "scale": [[at, color] for at, color in SCALE],
+        # Normalized scores lie in 0..1 and share that scale; normalization "none" leaves raw values,
+        # coloured by each round's own range.
+        "fixed": trace.config.normalization != "none",
+        "normalization": trace.config.normalization,
+        "start": [num(w) for w in rounds[0].weights_before],
+        "stop": rounds[-1].stop_reason,
+        "rounds": [round_data(r) for r in rounds],
+    }
+
+
+def round_data(r: Round) -> dict[str, Any]:
+    eligible = r.eligible or (True,) * len(r.candidates)  # () in hand-built records means all
+    return {
+        "k": r.k,
+        "chosen": r.chosen,
+        "margin": num(r.margin),
+        "verified": r.verified,
+        "candidates": [
+            {
+                "member": c.member,
+                "text": c.text,
+                "tokens": c.num_tokens,
+                "score": num(r.aggregate[j]),
+                "eligible": eligible[j],
+            }
+            for j, c in enumerate(r.candidates)
+        ],
+        "verifiers": list(r.verifiers),
+        "matrix": [[num(s) for s in row] for row in r.scores],
+        "weights": [num(w) for w in r.weights_after],
+        "exits": [
+            {
+                "member": e.member,
+                "k": e.k,
+                "keep": num(e.keep_probability),
+                "threshold": num(e.threshold),
+            }
+            for e in r.exits
+        ],
+    }
+
+
+# Inside <script> the HTML parser ends the element at the first "</script" whatever JSON thinks, and
+# "<!--" changes how it reads on; JavaScript once took U+2028/U+2029 for line ends; a lone surrogate
+# (valid in a JSON string from a trace) cannot be written as UTF-8. As \uXXXX escapes all of them are
+# the same characters to JSON.parse and nothing to the HTML parser.
+_UNSAFE = re.compile("[<>&\u2028\u2029\ud800-\udfff]")
+
+
+def embed_json(data: Any) -> str:
+    """`data` as JSON text that can stand inside <script type="application/json"> whatever its
+    strings hold: none of < > & U+2028 U+2029 or a lone surrogate left unescaped. Other text stays
+    as it is (UTF-8 in the file: Chinese takes 3 bytes a character, not the 6 of an escape)."""
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m[0]):04x}", text)

@@ -1,0 +1,310 @@
+// SpecFuse handout player: steps through one run's rounds. Every string from the run is inserted as
+// text (textContent, createTextNode), never parsed as HTML; the page loads nothing.
+"use strict";
+(function () {
+  var data = JSON.parse(document.getElementById("specfuse-data").textContent);
+  var rounds = data.rounds;
+  var n = rounds.length;
+  var k = 1;
+  var timer = null;
+  var $ = function (id) { return document.getElementById(id); };
+  var svg = $("weights");
+  var SVG_NS = svg.namespaceURI; // the inline <svg>'s own namespace: no address written out here
+  var colors = data.colors;
+
+  function color(member) {
+    return Object.prototype.hasOwnProperty.call(colors, member) ? colors[member] : data.other;
+  }
+  function el(tag, text, cls) {
+    var node = document.createElement(tag);
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    if (cls) node.className = cls;
+    return node;
+  }
+  function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); }
+  function fmt(x, digits) { return x === null || x === undefined ? "—" : x.toFixed(digits); }
+  function swatch(member) {
+    var s = el("span", null, "swatch");
+    s.style.background = color(member);
+    return s;
+  }
+  function memberCell(tag, member) {
+    var cell = el(tag);
+    cell.appendChild(swatch(member));
+    cell.appendChild(document.createTextNode(member));
+    return cell;
+  }
+  function row(cells) {
+    var tr = el("tr");
+    cells.forEach(function (c) { tr.appendChild(c); });
+    return tr;
+  }
+  function hexRgb(hex) {
+    var v = parseInt(hex.slice(1), 16);
+    return [(v >> 16) & 255, (v >> 8) & 255, v & 255];
+  }
+  function tint(hex, alpha) {
+    var c = hexRgb(hex);
+    return "rgba(" + c[0] + "," + c[1] + "," + c[2] + "," + alpha + ")";
+  }
+  function scaleColor(t) { // the matrix's colour scale at t in 0..1: [r, g, b]
+    var stops = data.scale;
+    t = Math.min(1, Math.max(0, isFinite(t) ? t : 0));
+    for (var i = 1; i < stops.length; i++) {
+      if (t <= stops[i][0]) {
+        var a = hexRgb(stops[i - 1][1]), b = hexRgb(stops[i][1]);
+        var f = (t - stops[i - 1][0]) / (stops[i][0] - stops[i - 1][0]);
+        return [0, 1, 2].map(function (j) { return Math.round(a[j] + f * (b[j] - a[j])); });
+      }
+    }
+    return hexRgb(stops[stops.length - 1][1]);
+  }
+
+  function renderStatic() {
+    $("title").textContent = data.title;
+    document.title = data.title;
+    var exits = rounds.reduce(function (s, r) { return s + r.exits.length; }, 0);
+    $("summary").textContent = data.members.length + " members · " + n + " rounds · " + exits +
+      " exits · stopped: " + (data.stop === null ? "cancelled" : data.stop);
+    $("prompt").textContent = data.prompt;
+    var legend = $("legend");
+    data.members.forEach(function (m) {
+      var item = el("span");
+      item.appendChild(swatch(m));
+      item.appendChild(document.createTextNode(m));
+      legend.appendChild(item);
+    });
+    var pace = $("pace");
+    for (var s = 1; s <= 10; s++) {
+      var option = el("option", s + " s a round");
+      option.value = String(s);
+      pace.appendChild(option);
+    }
+    pace.value = "3";
+  }
+
+  function renderAnswer() {
+    var answer = $("answer");
+    clear(answer);
+    var current = null;
+    for (var i = 0; i < k; i++) {
+      var r = rounds[i], winner = r.candidates[r.chosen];
+      var seg = el("span", winner.text, "seg" + (i === k - 1 ? " current" : ""));
+      seg.style.background = tint(color(winner.member), 0.28);
+      seg.style.borderBottomColor = color(winner.member);
+      seg.title = "round " + r.k + ": " + winner.member;
+      seg.setAttribute("data-round", String(r.k));
+      answer.appendChild(seg);
+      current = seg;
+    }
+    if (current) { // keep round k's segment in view inside the answer box, never scroll the page
+      var top = current.offsetTop, bottom = top + current.offsetHeight;
+      if (bottom > answer.scrollTop + answer.clientHeight) answer.scrollTop = bottom - answer.clientHeight + 8;
+      if (top < answer.scrollTop) answer.scrollTop = Math.max(0, top - 8);
+    }
+    var r = rounds[k - 1], w = r.candidates[r.chosen];
+    var note = "Round " + r.k + ": " + w.member + "'s segment was chosen from " + r.candidates.length +
+      (r.candidates.length === 1 ? " candidate" : " candidates");
+    if (r.verified && r.candidates.length > 1) note += ", by a margin of " + fmt(r.margin, 3);
+    if (k === n) note += ". The run stopped here: " + (data.stop === null ? "cancelled" : data.stop);
+    $("round-note").textContent = note + ".";
+    $("answer-note").textContent = "(rounds 1–" + k + ", round " + k + " framed)";
+  }
+
+  function renderCandidates(r) {
+    var table = $("candidates");
+    clear(table);
+    table.appendChild(row([el("th", "member"), el("th", "candidate"), el("th", "tokens", "num"),
+      el("th", "score", "num"), el("th", "")]));
+    r.candidates.forEach(function (c, j) {
+      var text = el("td", c.text === "" ? "(empty)" : c.text, c.text === "" ? "text empty" : "text");
+      var verdict = j === r.chosen ? "✓ won" : (c.eligible ? "" : "not eligible");
+      var tr = row([memberCell("td", c.member), text, el("td", c.tokens, "num"),
+        el("td", r.verified ? fmt(c.score, 3) : "—", "num"), el("td", verdict)]);
+      if (j === r.chosen) tr.className = "won";
+      table.appendChild(tr);
+    });
+  }
+
+  function renderMatrix(r) {
+    var box = $("matrix");
+    clear(box);
+    if (!r.verified || r.verifiers.length === 0) {
+      var winner = r.candidates[r.chosen].member;
+      var why = r.candidates.length === 1 ? "a lone draft (only " + winner + " drafted)" : "the drafts agreed";
+      box.appendChild(el("p", "Round " + r.k + " was not verified: " + why + ", so " + winner +
+        "'s segment was taken without scoring. There is no matrix for this round.", "note"));
+      $("matrix-note").textContent = "";
+      return;
+    }
+    var values = [].concat.apply([], r.matrix).filter(function (v) { return v !== null; });
+    var lo = data.fixed ? 0 : Math.min.apply(null, values), hi = data.fixed ? 1 : Math.max.apply(null, values);
+    var table = el("table");
+    var head = [el("th", "verifier ↓ candidate →")];
+    r.candidates.forEach(function (c, j) {
+      var th = memberCell("th", c.member);
+      if (j === r.chosen) { th.appendChild(document.createTextNode(" ✓")); th.className = "won"; }
+      head.push(th);
+    });
+    table.appendChild(row(head));
+    r.verifiers.forEach(function (v, i) {
+      var cells = [memberCell("th", v)];
+      r.matrix[i].forEach(function (value) {
+        var td = el("td", fmt(value, 2), "cell");
+        if (value !== null) {
+          var rgb = scaleColor(hi > lo ? (value - lo) / (hi - lo) : 0.5);
+          td.style.background = "rgb(" + rgb.join(",") + ")";
+          td.style.color = 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 150 ? "#000" : "#fff";
+        }
+        cells.push(td);
+      });
+      table.appendChild(row(cells));
+    });
+    var caption = el("caption", data.fixed
+      ? "normalized scores ŝ (" + data.normalization + "), each verifier's row sums to 1; colour scale 0..1"
+      : "raw scores (normalization none), coloured from this round's lowest to its highest");
+    table.appendChild(caption);
+    box.appendChild(table);
+    $("matrix-note").textContent = "(round " + r.k + ")";
+  }
+
+  function svgEl(tag, attrs, text) {
+    var node = document.createElementNS(SVG_NS, tag);
+    Object.keys(attrs).forEach(function (a) { node.setAttribute(a, String(attrs[a])); });
+    if (text !== undefined) node.textContent = String(text);
+    return node;
+  }
+
+  function renderWeights() {
+    clear(svg);
+    var W = 800, H = 340, left = 60, right = 20, top = 16, bottom = 46;
+    var highest = 0;
+    [data.start].concat(rounds.map(function (r) { return r.weights; })).forEach(function (ws) {
+      ws.forEach(function (w) { if (w !== null && w > highest) highest = w; });
+    });
+    var ymax = highest > 0 ? Math.ceil(highest * 10) / 10 : 1;
+    var x = function (round) { return left + (W - left - right) * round / Math.max(1, n); };
+    var y = function (w) { return top + (H - top - bottom) * (1 - (w === null ? 0 : w) / ymax); };
+    var axis = { stroke: "#888", "stroke-width": 1 };
+    svg.appendChild(svgEl("line", Object.assign({ x1: left, y1: y(0), x2: W - right, y2: y(0) }, axis)));
+    svg.appendChild(svgEl("line", Object.assign({ x1: left, y1: top, x2: left, y2: y(0) }, axis)));
+    [0, ymax / 2, ymax].forEach(function (t) {
+      svg.appendChild(svgEl("line", { x1: left, y1: y(t), x2: W - right, y2: y(t), stroke: "#eee" }));
+      svg.appendChild(svgEl("text", { x: left - 8, y: y(t) + 5, "text-anchor": "end" }, t.toFixed(2)));
+    });
+    var step = Math.max(1, Math.ceil(n / 10));
+    for (var t = 0; t <= n; t += step) {
+      svg.appendChild(svgEl("text", { x: x(t), y: H - bottom + 20, "text-anchor": "middle" }, t));
+    }
+    svg.appendChild(svgEl("text", { x: (left + W - right) / 2, y: H - 6, "text-anchor": "middle" },
+      "round (0 = the starting weights)"));
+    svg.appendChild(svgEl("line", { x1: x(k), y1: top, x2: x(k), y2: y(0), stroke: "#111",
+      "stroke-width": 2, "stroke-dasharray": "6 4" }));
+    data.members.forEach(function (m, i) {
+      var points = [[0, data.start[i]]].concat(rounds.map(function (r) { return [r.k, r.weights[i]]; }));
+      var done = points.slice(0, k + 1), later = points.slice(k);
+      [[later, 0.2], [done, 1]].forEach(function (part) {
+        if (part[0].length < 2) return;
+        svg.appendChild(svgEl("polyline", { fill: "none", stroke: color(m), "stroke-width": 3,
+          "stroke-opacity": part[1], points: part[0].map(function (p) { return x(p[0]) + "," + y(p[1]); }).join(" ") }));
+      });
+      svg.appendChild(svgEl("circle", { cx: x(k), cy: y(points[k][1]), r: 6, fill: color(m), stroke: "#111" }));
+    });
+    rounds.slice(0, k).forEach(function (r) {
+      r.exits.forEach(function (e) {
+        var cx = x(r.k), cy = y(r.weights[data.members.indexOf(e.member)]), d = 7;
+        var cross = { stroke: color(e.member), "stroke-width": 4 };
+        svg.appendChild(svgEl("line", Object.assign({ x1: cx - d, y1: cy - d, x2: cx + d, y2: cy + d }, cross)));
+        svg.appendChild(svgEl("line", Object.assign({ x1: cx - d, y1: cy + d, x2: cx + d, y2: cy - d }, cross)));
+      });
+    });
+  }
+
+  function renderExits() {
+    var box = $("exits");
+    clear(box);
+    var exits = [];
+    rounds.slice(0, k).forEach(function (r) { exits = exits.concat(r.exits); });
+    if (exits.length === 0) {
+      box.appendChild(el("p", "No member has left the drafting set by round " + k + ".", "note"));
+      return;
+    }
+    var table = el("table");
+    table.appendChild(row([el("th", "member"), el("th", "after round", "num"),
+      el("th", "keep probability", "num"), el("th", "threshold", "num")]));
+    exits.forEach(function (e) {
+      table.appendChild(row([memberCell("td", e.member), el("td", e.k, "num"),
+        el("td", fmt(e.keep, 3), "num"), el("td", fmt(e.threshold, 3), "num")]));
+    });
+    box.appendChild(table);
+  }
+
+  function show(target) {
+    k = Math.min(n, Math.max(1, target));
+    var r = rounds[k - 1];
+    $("counter").textContent = "round " + k + " of " + n;
+    $("back").disabled = k === 1;
+    $("next").disabled = k === n;
+    renderAnswer();
+    renderCandidates(r);
+    renderMatrix(r);
+    renderWeights();
+    renderExits();
+  }
+
+  function pace() { return parseInt($("pace").value, 10) * 1000; }
+  function setState() {
+    $("play").disabled = timer !== null;
+    $("pause").disabled = timer === null;
+    $("play-state").textContent = timer === null ? "paused" : "playing";
+  }
+  function tick() {
+    if (k >= n) { pause(); return; }
+    show(k + 1);
+    if (k >= n) pause();
+  }
+  function play() {
+    if (timer !== null) clearInterval(timer);
+    if (k >= n && timer === null) show(1); // from the end, Play starts over
+    timer = setInterval(tick, pace());
+    setState();
+  }
+  function pause() {
+    if (timer !== null) clearInterval(timer);
+    timer = null;
+    setState();
+  }
+  function toggle() { if (timer === null) play(); else pause(); }
+  function step(by) {
+    show(k + by);
+    if (timer !== null) { clearInterval(timer); timer = setInterval(tick, pace()); } // a full pace from now
+  }
+
+  $("next").addEventListener("click", function () { step(1); });
+  $("back").addEventListener("click", function () { step(-1); });
+  $("play").addEventListener("click", play);
+  $("pause").addEventListener("click", pause);
+  $("pace").addEventListener("change", function () {
+    if (timer !== null) { clearInterval(timer); timer = setInterval(tick, pace()); }
+    this.blur(); // the arrow keys step rounds again, not the pace
+  });
+  var KEYS = { ArrowRight: 1, PageDown: 1, ArrowLeft: -1, PageUp: -1 };
+  document.addEventListener("keydown", function (e) {
+    if (e.altKey || e.ctrlKey || e.metaKey || (e.target && e.target.tagName === "SELECT")) return;
+    if (Object.prototype.hasOwnProperty.call(KEYS, e.key)) step(KEYS[e.key]);
+    else if (e.key === " " || e.key === "Spacebar") { if (!e.repeat) toggle(); }
+    else if (e.key === "Home") step(1 - k);
+    else if (e.key === "End") step(n - k);
+    else return;
+    e.preventDefault(); // no scrolling, and a focused button is not pressed as well
+  });
+  document.addEventListener("keyup", function (e) {
+    if (e.key === " " && !(e.target && e.target.tagName === "SELECT")) e.preventDefault();
+  });
+
+  renderStatic();
+  $("player").hidden = false;
+  var start = parseInt(location.hash.slice(1), 10); // file.html#5 opens at round 5
+  show(isFinite(start) ? start : 1);
+  setState();
+})();

@@ -1,0 +1,180 @@
+"""The exported handout in a real browser, opened from file:// with every other request blocked and
+recorded: the keys step through the rounds, space plays and pauses, a hostile trace stays text,
+and the page asks the network for nothing (nor would it, were a load slipped into it)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from specfuse import load_trace
+from specfuse.handout import trace_html
+
+from .helpers_browser import TIMEOUT_MS, sync_api
+from .helpers_handout import (
+    HOSTILE_DRAFTS,
+    HOSTILE_MEMBERS,
+    HOSTILE_PROMPT,
+    XSS_SCRIPT,
+    hostile_trace,
+    long_trace,
+)
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[1]
+GSM8K = ROOT / "assets" / "example-gsm8k-trace.json"
+
+
+@contextlib.contextmanager
+def offline(browser, path: Path) -> Iterator:
+    """A page at `path` (file://) in a fresh context where only file: requests go through. Kept on
+    the page: `attempts`, every non-file request it tried (a load the page's policy blocks too);
+    `blocked`, those the policy blocked; `requests`, those that got past it to the network layer
+    (all aborted there); and the dialogs (dismissed) and script errors."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    requests: list[str] = []
+
+    def guard(route) -> None:
+        if route.request.url.startswith("file:"):
+            route.continue_()
+        else:
+            requests.append(route.request.url)
+            route.abort()
+
+    def failed(request) -> None:
+        if "csp" in (request.failure or "").lower():
+            page.blocked.append(request.url)
+
+    try:
+        context.route("**/*", guard)
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.requests, page.attempts, page.blocked, page.dialogs, page.errors = requests, [], [], [], []
+        page.on("request", lambda r: None if r.url.startswith("file:") else page.attempts.append(r.url))
+        page.on("requestfailed", failed)
+        page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+        page.on("pageerror", lambda e: page.errors.append(str(e)))
+        page.goto(path.as_uri())
+        yield page
+    finally:
+        context.close()
+
+
+def text(page, selector: str) -> str:
+    """An element's text exactly (textContent: white space as it is)."""
+    return page.eval_on_selector(selector, "e => e.textContent")
+
+
+def test_the_keys_step_through_the_rounds_and_space_plays_and_pauses(browser, tmp_path):
+    trace = load_trace(GSM8K)
+    n = len(trace.rounds)
+    path = tmp_path / "run.html"
+    path.write_text(trace_html(trace), encoding="utf-8")
+    with offline(browser, path) as page:
+        assert text(page, "#counter") == f"round 1 of {n}"
+        assert text(page, "#answer") == trace.rounds[0].text
+        assert text(page, "#prompt") == trace.prompt
+        page.keyboard.press("ArrowRight")
+        page.keyboard.press("ArrowRight")
+        assert text(page, "#counter") == f"round 3 of {n}"
+        assert text(page, "#answer") == trace.rounds[2].text
+        assert text(page, "#answer .seg.current") == trace.rounds[2].winner.text
+        page.keyboard.press("ArrowLeft")
+        assert text(page, "#counter") == f"round 2 of {n}"
+        assert text(page, "#answer") == trace.rounds[1].text
+        r = trace.rounds[1]
+        assert text(page, "#candidates tr.won td.text") == r.winner.text
+        assert page.locator("#matrix td.cell").count() == len(r.verifiers) * len(r.candidates)
+        assert text(page, "#matrix td.cell") == f"{r.scores[0][0]:.2f}"
+        assert page.locator("#weights polyline").count() >= len(trace.members)
+        page.keyboard.press("PageDown")
+        assert text(page, "#counter") == f"round 3 of {n}"
+        page.select_option("#pace", "1")  # the quickest pace, then space plays
+        page.keyboard.press(" ")
+        assert text(page, "#play-state") == "playing"
+        sync_api.expect(page.locator("#counter")).to_have_text(f"round 4 of {n}")  # within a few s
+        page.keyboard.press(" ")
+        assert text(page, "#play-state") == "paused"
+        stopped_at = text(page, "#counter")
+        page.wait_for_timeout(1500)  # more than a round at this pace: paused, it stays
+        assert text(page, "#counter") == stopped_at
+        page.click("#back")  # the buttons, and space on a focused button: play, not a second Back
+        assert text(page, "#counter") == f"round {int(stopped_at.split()[1]) - 1} of {n}"
+        page.keyboard.press(" ")
+        assert text(page, "#play-state") == "playing"
+        page.click("#pause")
+        assert text(page, "#play-state") == "paused"
+        page.keyboard.press("End")
+        assert text(page, "#answer") == trace.rounds[-1].text
+        assert page.errors == [] and page.dialogs == []
+        assert page.attempts == [] and page.requests == []
+
+
+def test_a_hostile_trace_is_shown_as_text_and_runs_nothing(browser, tmp_path):
+    trace = hostile_trace()
+    path = tmp_path / "hostile.html"
+    path.write_text(trace_html(trace, title=XSS_SCRIPT), encoding="utf-8")
+    with offline(browser, path) as page:
+        assert text(page, "#title") == XSS_SCRIPT
+        assert page.title() == XSS_SCRIPT
+        assert text(page, "#prompt") == HOSTILE_PROMPT
+        assert text(page, "#answer") == HOSTILE_DRAFTS[0]
+        legend = page.locator("#legend span:not(.swatch)").all_text_contents()
+        assert legend == list(HOSTILE_MEMBERS)
+        cells = page.locator("#candidates td.text").all_text_contents()
+        assert cells == list(HOSTILE_DRAFTS)
+        for _ in range(len(trace.rounds)):  # every round's panels drawn, the exits and the lone draft
+            page.keyboard.press("ArrowRight")
+        assert text(page, "#counter") == f"round {len(trace.rounds)} of {len(trace.rounds)}"
+        assert "was not verified: a lone draft" in text(page, "#matrix")
+        assert page.locator("#exits tr").count() == 3  # the header and two exits
+        injected = page.evaluate(
+            "() => [document.querySelectorAll('img, iframe, object, embed, b, link').length,"
+            " document.scripts.length]"
+        )
+        assert injected == [0, 2]  # the data and the player, nothing of the trace's
+        assert page.dialogs == [] and page.errors == []
+        assert page.attempts == [] and page.requests == []
+
+
+def test_a_long_answer_scrolls_in_its_box_to_the_round_shown_and_the_page_stays_put(browser, tmp_path):
+    trace = long_trace(rounds=20, members=3, chars=400)
+    path = tmp_path / "long.html"
+    path.write_text(trace_html(trace), encoding="utf-8")
+    with offline(browser, path) as page:
+        page.keyboard.press("End")
+        assert text(page, "#counter") == "round 20 of 20"
+        seen = page.evaluate(
+            """() => {
+                const box = document.getElementById("answer").getBoundingClientRect();
+                const seg = document.querySelector("#answer .seg.current").getBoundingClientRect();
+                return [window.scrollY, document.getElementById("answer").scrollTop > 0,
+                        seg.top >= box.top - 1 && seg.bottom <= box.bottom + 1];
+            }"""
+        )
+        assert seen == [0, True, True]
+        assert page.attempts == [] and page.errors == []
+
+
+def test_the_policy_stops_a_load_slipped_into_the_page_and_the_guard_sees_one(browser, tmp_path):
+    """The controls: an image slipped into the page is blocked by the page's own policy before it
+    reaches the network; without the policy the same image gets there and is recorded, so the empty
+    records above mean something."""
+    beacon = "http://127.0.0.1:9/beacon.png"
+    slipped = tmp_path / "slipped.html"
+    page_html = trace_html(load_trace(GSM8K))
+    slipped.write_text(page_html.replace("<body>", f'<body><img src="{beacon}">', 1), encoding="utf-8")
+    with offline(browser, slipped) as page:
+        sync_api.expect(page.locator("#counter")).to_have_text(re.compile(r"round 1 of \d+"))
+        page.wait_for_function("() => document.images[0].complete")
+        assert page.attempts == [beacon] and page.blocked == [beacon] and page.requests == []
+    bare = tmp_path / "bare.html"
+    bare.write_text(f'<!DOCTYPE html><html><body><img src="{beacon}"></body></html>', encoding="utf-8")
+    with offline(browser, bare) as page:
+        page.wait_for_function("() => document.images[0].complete")
+        assert page.requests == [beacon] and page.blocked == []
