@@ -2,20 +2,22 @@
 with no model loaded (an uploaded trace's path), its "look for" notes under the panels and its key
 takeaway above them; "Run it live" fills the form from the lesson and runs it on the members.
 
-Lessons come from specfuse.lessons (a `Shelf`; tests pass their own). Knows nothing about how a run
-streams: "Run it live" fills the form, then chains Studio's own run handler.
+Lessons come from specfuse.lessons (a `Shelf`; tests pass their own), each opened at its key
+round. Knows nothing about how a run streams: "Run it live" fills the form, then chains Studio's
+own run handler.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol
+from typing import Optional
 
 import gradio as gr
 
 from specfuse import Trace
+from specfuse.lessons import LESSONS, Lesson, key_round, load_lesson
 
 from . import settings, views
 from .explain import Notes
@@ -24,27 +26,18 @@ from .untrusted import esc, md
 from .updates import Update, session_of, unchanged
 
 
-class Lesson(Protocol):
-    """What the app reads of a specfuse.lessons.Lesson."""
-
-    slug: str
-    title: str
-    summary: str
-    look_for: Mapping[str, str]  # panel ("answer", "candidates", "matrix", "weights", "exits") → text
-    takeaway: str
-    prompt: str
-    members: tuple[str, ...]
-    settings: Mapping[str, Any]  # EnsembleConfig keyword arguments
-    branch: tuple[int, str] | None  # (round, typed text) for a lesson about branching
-    live_note: str
+def _no_key_round(slug: str, trace: Trace) -> int | None:
+    return None
 
 
 @dataclass(frozen=True)
 class Shelf:
-    """The lessons the gallery offers, and how to open one's recorded run (a Trace, no model)."""
+    """The lessons the gallery offers, how to open one's recorded run (a Trace, no model), and the
+    round it shows its phenomenon at (None: the last)."""
 
     lessons: tuple[Lesson, ...]
     load: Callable[[str], Trace]
+    key_round: Callable[[str, Trace], int | None] = _no_key_round
 
     def find(self, slug: str) -> Lesson:
         for one in self.lessons:
@@ -54,18 +47,8 @@ class Shelf:
 
 
 def shipped() -> Shelf:
-    """The lessons specfuse ships, each opened from its shipped trace."""
-    try:
-        from specfuse.lessons import LESSONS, load_lesson
-    except ImportError:  # TODO(#43): the lessons branch lands
-        return Shelf((), _no_lesson)
-
-    lessons = LESSONS.values() if isinstance(LESSONS, Mapping) else LESSONS
-    return Shelf(tuple(lessons), load_lesson)
-
-
-def _no_lesson(slug: str) -> Trace:
-    raise KeyError(slug)
+    """The lessons specfuse ships, each opened from its shipped trace at its key round."""
+    return Shelf(LESSONS, load_lesson, key_round)
 
 
 @dataclass
@@ -107,9 +90,10 @@ def lesson_html(lesson: Lesson, live: bool = False) -> str:
     if lesson.branch is not None:
         k, text = lesson.branch
         branch = (
-            f"<p class='sf-lesson-branch'>Then branch: under <i>What if another candidate had won?</i> "
-            f"the round shown is {int(k)} and the typed segment <code>{esc(text)}</code> is ready: "
-            "press <b>Branch from this round</b> (it needs the members loaded).</p>"
+            f"<p class='sf-lesson-branch'>Round {int(k)} of this run was typed by a person, not drafted: "
+            f"<code>{esc(text)}</code>. To do it yourself: Run it live, show round {int(k)}, open "
+            "<i>What if another candidate had won?</i> (the segment is typed in for you) and press "
+            "<b>Branch from this round</b>.</p>"
         )
     head = "Live run of the lesson" if live else "Lesson"
     note = lesson.live_note or "A live run may answer differently from the recorded one."
@@ -139,15 +123,17 @@ class Classroom:
         return open_lesson
 
     def open(self, slug: str, view_name: str, session: str = "") -> Update:
-        """The lesson's recorded run in every panel (no model), its notes beside them."""
-        lesson = self.gallery.shelf.find(slug)
-        trace = self.gallery.shelf.load(slug)
+        """The lesson's recorded run in every panel (no model) at its key round, its notes beside them."""
+        shelf = self.gallery.shelf
+        lesson, trace = shelf.find(slug), shelf.load(slug)
         studio, shown = self.studio, self.studio.display
-        update = studio.show_trace(trace, view_name, f"lesson “{lesson.title}”, a recorded run", session)
-        if lesson.branch is not None and 1 <= lesson.branch[0] <= len(trace.rounds):
-            k = int(lesson.branch[0])
-            update |= studio.panels(trace, k, view_name, f"lesson “{lesson.title}”: round {k}")
+        note = f"lesson “{lesson.title}”, a recorded run"
+        update = studio.show_trace(trace, view_name, note, session)
+        k = shelf.key_round(slug, trace) or (lesson.branch[0] if lesson.branch is not None else None)
+        if k is not None and 1 <= k < len(trace.rounds):
+            update |= studio.panels(trace, k, view_name, note)
             update[shown.round] = views.slider_value(trace, k)
+        if lesson.branch is not None:
             update[shown.what_if.branch_text] = lesson.branch[1]
         return update | self.shown(lesson)
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import pytest
 
+from specfuse import lessons
+from specfuse.lessons import Lesson
 from studio.gallery import Shelf
 
 from .helpers_browser import launched, opened
@@ -21,20 +22,7 @@ pytestmark = pytest.mark.browser
 PANELS = ("#candidates", "#matrix", "#weights", "#exits")
 
 
-@dataclass(frozen=True)
-class Lesson:  # what the app reads of a specfuse.lessons.Lesson
-    slug: str
-    title: str
-    summary: str
-    look_for: dict
-    takeaway: str
-    prompt: str = "go"
-    members: tuple = ("a", "b", "c")
-    settings: dict = field(default_factory=lambda: {"segment_len": 4, "max_rounds": 4})
-    branch: tuple | None = None
-    live_note: str = "Live, the members answer afresh: the answer may differ."
-
-
+SCRIPTED = {"members": ("a", "b", "c"), "settings": {"segment_len": 4, "max_rounds": 4}}
 LESSONS = (
     Lesson(
         "winners",
@@ -42,17 +30,21 @@ LESSONS = (
         "Three members, one answer.",
         {"answer": "every segment is b's colour", "matrix": "the boxed column <b>b</b>"},
         "The verifiers agree: b's candidates win.",
-        prompt="Say something good",
+        "Say something good",
+        **SCRIPTED,
     ),
     Lesson(
         "exits",
         "Members leave",
         "Losers exit.",
-        {"exits": "a and c leave after round 4"},
+        {"exits": "a and c leave"},
         "Exit saves calls.",
+        "go",
+        **SCRIPTED,
     ),
 )
 TRACES = {"winners": scripted_rounds(max_rounds=3), "exits": scripted_rounds(max_rounds=8)}
+KEY_ROUNDS = {"winners": 2}
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +61,12 @@ def served_app(tmp_path_factory):
         return members[name]
 
     cache = tmp_path_factory.mktemp("gradio")
-    shelf = Shelf(LESSONS, TRACES.__getitem__)
+    # The scripted lessons, and the ones specfuse ships (their members are not installed here).
+    shelf = Shelf(
+        (*LESSONS, *lessons.LESSONS),
+        lambda slug: TRACES[slug] if slug in TRACES else lessons.load_lesson(slug),
+        lambda slug, trace: KEY_ROUNDS.get(slug) if slug in TRACES else lessons.key_round(slug, trace),
+    )
     build = {"default_models": ["a", "b"], "lessons": shelf}
     with launched(cache, loader, members, **build) as address:
         yield address, cache, loaded
@@ -116,7 +113,8 @@ def test_a_lesson_opens_with_no_model_loaded_its_notes_beside_the_panels(page, s
     trace = TRACES["winners"]
     answer = " ".join(page.locator("#answer .token").all_inner_texts())
     assert answer.split() == trace.rounds[-1].text.split()
-    assert page.inner_text("#status").startswith(f"Round {len(trace.rounds)} ")
+    assert page.inner_text("#status").startswith("Round 2 ")  # its key round; the answer stays whole
+    assert page.locator("#round input[type=number]").input_value() == "2"
     lesson = page.inner_text("#class-lesson")
     assert "Key takeaway: The verifiers agree: b's candidates win." in lesson
     assert "Prompt: Say something good" in lesson
@@ -139,10 +137,10 @@ def test_a_lesson_opens_with_no_model_loaded_its_notes_beside_the_panels(page, s
 
 def test_a_lone_draft_matrix_says_there_is_nothing_to_verify(page):
     open_lesson(page, "exits")
-    assert TRACES["exits"].rounds[-1].verified is False
+    assert TRACES["exits"].rounds[-1].verified is False and "exits" not in KEY_ROUNDS
     page.wait_for_function("document.querySelector('#matrix').textContent.includes('nothing to verify')")
     assert "one draft this round: nothing to verify" in page.locator("#matrix").text_content()
-    assert page.inner_text("#class-look-exits") == "Look for: a and c leave after round 4"
+    assert page.inner_text("#class-look-exits") == "Look for: a and c leave"
 
 
 def test_run_it_live_fills_the_form_from_the_lesson_and_runs_on_its_members(page, served_app):
@@ -158,7 +156,34 @@ def test_run_it_live_fills_the_form_from_the_lesson_and_runs_on_its_members(page
     assert {"a", "b", "c"} <= set(served_app[2])  # the lesson's members, loaded for the live run
     assert page.inner_text("#status").startswith("Round 4 ")
     assert "Live run of the lesson" in page.inner_text("#class-lesson")
-    assert "the answer may differ" in page.inner_text("#class-lesson")
+    assert "its answer may differ" in page.inner_text("#class-lesson")  # the lesson's live note
+
+
+def test_a_shipped_lesson_opens_at_its_key_round_with_no_model_installed(page, served_app):
+    loaded = len(served_app[2])
+    one = lessons.lesson("weak-member-exits")
+    open_lesson(page, one.slug)
+    k = lessons.key_round(one.slug, lessons.load_lesson(one.slug))
+    assert page.inner_text("#status").startswith(f"Round {k} ")
+    assert one.takeaway in page.inner_text("#class-lesson")
+    assert page.inner_text("#class-look-exits") == f"Look for: {one.look_for['exits']}"
+    assert "gemma3-270m" in page.inner_text("#exits")
+    assert not page.locator("#class-look-matrix").is_visible()  # this lesson says nothing of it
+    assert len(served_app[2]) == loaded
+    # Live, it needs its members: they are not installed here, and the message says so.
+    page.click("#class-run-live")
+    page.wait_for_selector(".toast-body")
+    assert "is not installed here" in page.inner_text(".toast-body")
+    assert page.inner_text("#status").startswith(f"Round {k} ")  # the recorded run stays
+
+
+def test_a_branch_lesson_has_its_typed_segment_ready_to_branch_with(page):
+    one = lessons.lesson("typed-wrong-number")
+    open_lesson(page, one.slug)
+    assert "typed by a person" in page.inner_text("#class-lesson")
+    page.locator("#what-if button").first.click()
+    assert page.locator("#branch-text textarea").input_value() == one.branch[1]
+    assert page.locator("#round input[type=number]").input_value() == str(one.branch[0])
 
 
 @pytest.mark.parametrize("size", [(1280, 720), (1920, 1080)])
@@ -217,3 +242,27 @@ def test_the_page_requests_nothing_from_another_host(page):
         urlsplit(u).hostname for u in page.requested if urlsplit(u).scheme in ("http", "https", "ws", "wss")
     }
     assert page.requested and hosts <= {"127.0.0.1", "localhost"}, hosts
+
+
+def test_the_handout_and_the_round_shown_download_as_files(page, tmp_path):
+    page.click("#class-handout")  # nothing shown yet: nothing to take home, and it says so
+    page.wait_for_selector(".toast-body")
+    assert "Nothing to take home yet" in page.inner_text(".toast-body")
+    open_lesson(page, "winners")
+    with page.expect_download() as download:
+        page.click("#class-handout")
+    html = tmp_path / "handout.html"
+    download.value.save_as(html)
+    assert download.value.suggested_filename.endswith(".html")
+    text = html.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>") and "SpecFuse run: go" in text  # the trace shown
+    with page.expect_download() as download:
+        page.click("#class-round-png")
+    png = tmp_path / "round.png"
+    download.value.save_as(png)
+    assert "round2" in download.value.suggested_filename  # the round shown: the lesson's key round
+    from PIL import Image
+
+    with Image.open(png) as image:
+        assert image.format == "PNG" and image.size == (1920, 1080)
+    assert page.locator("#class-file").is_visible()  # the file stays offered below the buttons

@@ -4,15 +4,18 @@ notes and box (escaped), the form filled from a lesson's settings, and the extra
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
 
 from specfuse import EnsembleConfig
+from specfuse.lessons import Lesson
 from studio import explain, settings, views
 from studio.downloads import TraceFiles
-from studio.gallery import Shelf, lesson_html
+from studio.gallery import Shelf, lesson_html, shipped
 from studio.presenter import PANELS, SCRIPT
+from studio.untrusted import esc
 
 from .scripted import scripted_rounds
 
@@ -49,27 +52,30 @@ def test_every_panel_says_what_it_shows_in_plain_words():
     assert "leader never exits" in words["exits"] and "δ" in words["exits"]
 
 
-@dataclasses.dataclass(frozen=True)
-class FakeLesson:
-    slug: str = "demo"
-    title: str = "Two <b>members</b>"
-    summary: str = "A summary"
-    look_for: dict = dataclasses.field(default_factory=lambda: {"matrix": "the [link](http://x.example) box"})
-    takeaway: str = "<script>alert(1)</script> matters"
-    prompt: str = "Why <img src=x>?"
-    members: tuple = ("a", "b")
-    settings: dict = dataclasses.field(default_factory=lambda: {"segment_len": 4})
-    branch: tuple | None = (2, "typed <i>text</i>")
-    live_note: str = ""
+def hostile_lesson(**changes) -> Lesson:
+    """A lesson whose every text would be markup if it were not escaped."""
+    fields = {
+        "slug": "demo",
+        "title": "Two <b>members</b>",
+        "summary": "A summary",
+        "look_for": {"matrix": "the [link](http://x.example) box"},
+        "takeaway": "<script>alert(1)</script> matters",
+        "prompt": "Why <img src=x>?",
+        "members": ("a", "b"),
+        "settings": {"segment_len": 4},
+        "branch": (2, "typed <i>text</i>"),
+        "live_note": "",
+    }
+    return Lesson(**(fields | changes))
 
 
 def test_a_lessons_box_and_notes_show_its_text_as_text():
-    box = lesson_html(FakeLesson())
+    box = lesson_html(hostile_lesson())
     assert "<script" not in box and "<img" not in box and "<b>members" not in box and "<i>text" not in box
     assert "&lt;script&gt;alert(1)&lt;/script&gt; matters" in box
-    assert "Key takeaway" in box and "round shown is 2" in box
+    assert "Key takeaway" in box and "Round 2 of this run was typed" in box
     assert "may answer differently" in box  # no live note of its own: the general one
-    assert "Live run" in lesson_html(FakeLesson(), live=True)
+    assert "Live run" in lesson_html(hostile_lesson(), live=True)
 
 
 def test_look_for_notes_show_a_lessons_text_under_its_panels_and_hide_the_others():
@@ -80,7 +86,7 @@ def test_look_for_notes_show_a_lessons_text_under_its_panels_and_hide_the_others
         for name in (*explain.PANELS, "normalization"):
             notes.place(name)
     assert set(notes.look) == set(explain.PANELS)  # normalization has its explanation, no note
-    shown = notes.values(FakeLesson().look_for)
+    shown = notes.values(hostile_lesson().look_for)
     matrix = shown[notes.look["matrix"]]
     assert matrix.visible is True and matrix.value.startswith("**Look for:**")
     assert "[link](" not in matrix.value and "http://" not in matrix.value  # no link in Markdown
@@ -101,7 +107,7 @@ def test_the_form_filled_from_a_lessons_settings_reads_back_as_those_settings(co
 
 
 def test_a_shelf_finds_its_lessons_by_slug():
-    shelf = Shelf((FakeLesson(),), lambda slug: scripted_rounds())
+    shelf = Shelf((hostile_lesson(),), lambda slug: scripted_rounds())
     assert shelf.find("demo").title.startswith("Two")
     with pytest.raises(KeyError):
         shelf.find("nope")
@@ -123,3 +129,21 @@ def test_handouts_and_round_pngs_are_kept_like_traces_one_per_session_and_kind(t
 def test_the_presenter_script_makes_no_request():
     for word in ("fetch(", "XMLHttpRequest", "http://", "https://", "import(", "src="):
         assert word not in SCRIPT
+
+
+def test_every_shipped_lesson_opens_in_its_panels_quickly_with_no_model():
+    """The gallery's target: a lesson opens in ≤ 2 s on this CPU (here its values, server-side)."""
+    shelf = shipped()
+    assert len(shelf.lessons) >= 5
+    for one in shelf.lessons:
+        began = time.perf_counter()
+        trace = shelf.load(one.slug)
+        k = shelf.key_round(one.slug, trace)
+        shown = views.round_panels(trace, k, views.NORMALIZED, one.title)
+        for figure in (shown["matrix"], shown["weights"]):
+            figure.to_json()
+        assert time.perf_counter() - began < 2.0, one.slug
+        assert k is not None and 1 <= k <= len(trace.rounds)
+        assert set(one.look_for) <= set(explain.PANELS), one.slug
+        assert one.takeaway and one.summary and one.live_note
+        assert esc(one.takeaway) in lesson_html(one)
