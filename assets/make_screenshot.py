@@ -7,12 +7,17 @@ wrap it so it does not overlap other heavy jobs:
     flock /tmp/specfuse-heavy.lock .venv/bin/python assets/make_screenshot.py [--max-new-tokens 48]
 
 With --from-trace PATH it replays a trace of a real run (from `specfuse --trace` or the app's
-download) through the app's upload instead, which loads no model and takes seconds.
+download) through the app's upload instead, which loads no model and takes seconds. With --lessons
+it takes only the classroom's screenshots, from the shipped lessons (no model, seconds): the lesson
+gallery with a lesson open (assets/lessons.png) and the presenter view at 1280×720
+(assets/presenter.png). Every mode prints the load average it ran under: a busy machine makes a
+run's timings on the status line slower than they are.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import socket
 import sys
@@ -24,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import app  # noqa: E402
 from specfuse import load_trace  # noqa: E402
+from specfuse.lessons import lesson  # noqa: E402
 from studio.panels import EXAMPLES  # noqa: E402
 
 CHROMIUM_ARGS = [
@@ -62,7 +68,16 @@ def main() -> None:
     parser.add_argument(
         "--from-trace", type=Path, help="replay this trace of a real run instead of running (loads no model)"
     )
+    parser.add_argument(
+        "--lessons",
+        action="store_true",
+        help="only assets/lessons.png and assets/presenter.png, from the shipped lessons (loads no model)",
+    )
     args = parser.parse_args()
+    print(
+        "load average (1, 5, 15 min): {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()),
+        f"on {os.cpu_count()} CPUs",
+    )
 
     demo = app.build_demo(
         app.SharedLoader(),
@@ -82,6 +97,10 @@ def main() -> None:
             page.set_default_timeout(args.timeout_min * 60_000)
             page.goto(url)
             page.wait_for_selector("#prompt textarea")
+            if args.lessons:
+                classroom(page, args.out)
+                browser.close()
+                return
             if args.from_trace:
                 page.locator("#replay button").first.click()  # open the accordion
                 page.locator("#upload input[type=file]").set_input_files(str(args.from_trace))
@@ -122,6 +141,35 @@ def main() -> None:
     finally:
         demo.close()
     print(f"{len(trace.rounds)} rounds, {time.perf_counter() - began:.0f} s: {trace.rounds[-1].text!r}")
+
+
+LESSON = "weak-member-exits"  # the gallery's shot: a lesson open, its notes beside the panels
+PRESENTED = ("numbers-differ", "matrix")  # the presenter's shot: this lesson, this panel
+
+
+def classroom(page, out: Path) -> None:
+    """assets/lessons.png (the gallery, a lesson open under it) and assets/presenter.png (1280×720)."""
+    page.set_viewport_size({"width": 1400, "height": 1950})
+    page.click(f"#class-open-{LESSON}")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('recorded run')")
+    page.wait_for_selector("#matrix .js-plotly-plot")
+    page.mouse.move(0, 0)  # no hover highlight on a card or the answer's legend
+    page.wait_for_timeout(1000)
+    page.screenshot(path=str(out / "lessons.png"))
+    print(page.inner_text("#status"))
+    slug, panel = PRESENTED
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.click(f"#class-open-{slug}")
+    title = lesson(slug).title
+    page.wait_for_function("t => document.querySelector('#class-lesson').innerText.includes(t)", arg=title)
+    page.locator("body").click(position={"x": 1, "y": 1})
+    page.keyboard.press("p")
+    page.locator("#presenter-panel label", has_text=panel).click()
+    page.mouse.move(0, 0)
+    page.wait_for_timeout(1500)
+    size = page.locator("#answer .token").first.evaluate("e => getComputedStyle(e).fontSize")
+    print(f"presenter view at 1280×720: the answer at {size}")
+    page.screenshot(path=str(out / "presenter.png"))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,11 @@ SCRIPT = f"""() => {{
   const body = document.body;
   const on = () => body.classList.contains("sf-presenter");
   body.dataset.sfPanel = panels[0];
+  // A short screen (a 1280×720 projector) gets smaller charts: CSS here cannot use @media (Gradio
+  // scopes a media query's rules inside the app, where <body> is not).
+  const fit = () => {{ body.dataset.sfShort = String(window.innerHeight <= 800); }};
+  window.addEventListener("resize", fit);
+  fit();
   const label = () => {{
     const button = document.querySelector("#presenter-toggle");
     if (button) button.textContent = on() ? {LEAVE!r} : {LABEL!r};
