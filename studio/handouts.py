@@ -7,7 +7,9 @@ the buttons. Knows nothing about layout beyond its own buttons.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import gradio as gr
@@ -55,6 +57,23 @@ def handout_file(trace: Trace | None, session: str = "") -> str:
     return TRACE_FILES.write_file(trace_html(trace), session, "handout", "html")
 
 
+# Fonts that draw more than ASCII (Pillow's built-in one draws other characters as empty boxes),
+# tried in order where the system has them: Latin, Greek and symbols; then Chinese, Japanese, Korean.
+FONTS = ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",)
+CJK_FONTS = (
+    "/usr/share/fonts/truetype/wqy/wqy-zenhei.ttc",
+    "/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc",
+)
+CJK = re.compile("[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uff00-\uffef]")
+
+
+def slide_font(trace: Trace) -> str | None:
+    """A font on this system that draws the trace's text (a CJK one when it holds CJK), or None."""
+    texts = [trace.prompt, *(c.text for r in trace.rounds for c in r.candidates)]
+    wanted = CJK_FONTS if any(CJK.search(t) for t in texts) else FONTS
+    return next((f for f in wanted if Path(f).is_file()), None)
+
+
 def round_file(trace: Trace | None, k: float | None, session: str = "") -> str:
     """Round k of the trace shown (the slider's round) as a 1920×1080 PNG, written where downloads live."""
     from specfuse.handout import round_png
@@ -62,7 +81,8 @@ def round_file(trace: Trace | None, k: float | None, session: str = "") -> str:
     rnd = shown_round(trace, k)
     if trace is None or rnd is None:
         raise gr.Error(NOTHING)
-    return TRACE_FILES.write_file(round_png(trace, rnd.k), session, f"round{rnd.k}", "png")
+    png = round_png(trace, rnd.k, font=slide_font(trace))
+    return TRACE_FILES.write_file(png, session, f"round{rnd.k}", "png")
 
 
 def wire_handouts(studio: Studio, handouts: Handouts) -> None:

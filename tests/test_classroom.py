@@ -11,7 +11,7 @@ import pytest
 
 from specfuse import EnsembleConfig
 from specfuse.lessons import Lesson
-from studio import explain, settings, views
+from studio import explain, handouts, settings, views
 from studio.downloads import TraceFiles
 from studio.gallery import Shelf, lesson_html, shipped
 from studio.presenter import PANELS, SCRIPT
@@ -147,3 +147,16 @@ def test_every_shipped_lesson_opens_in_its_panels_quickly_with_no_model():
         assert set(one.look_for) <= set(explain.PANELS), one.slug
         assert one.takeaway and one.summary and one.live_note
         assert esc(one.takeaway) in lesson_html(one)
+
+
+def test_a_round_slide_gets_a_font_that_draws_its_text_where_the_system_has_one(tmp_path, monkeypatch):
+    latin, cjk = tmp_path / "latin.ttf", tmp_path / "cjk.ttc"
+    monkeypatch.setattr(handouts, "FONTS", (str(tmp_path / "missing.ttf"), str(latin)))
+    monkeypatch.setattr(handouts, "CJK_FONTS", (str(cjk),))
+    trace = scripted_rounds()
+    chinese = dataclasses.replace(trace, prompt="用一句话介绍长城。")
+    assert handouts.slide_font(trace) is None and handouts.slide_font(chinese) is None  # none here
+    latin.write_bytes(b"")
+    cjk.write_bytes(b"")
+    assert handouts.slide_font(trace) == str(latin)
+    assert handouts.slide_font(chinese) == str(cjk)
