@@ -276,6 +276,19 @@ def test_a_conversation_over_a_members_context_is_refused_in_tokens_naming_the_m
         Ensemble([member], EnsembleConfig(max_new_tokens=64)).run(turns)
 
 
+def test_a_template_that_refuses_a_conversation_is_a_config_error_naming_the_member():
+    member = tiny_member("qwen-merges")
+    member.tokenizer.chat_template = (  # as Gemma 2's and Mistral's older templates do
+        "{% if messages[0]['role'] == 'system' %}"
+        "{{ raise_exception('System role not supported') }}{% endif %}" + member.tokenizer.chat_template
+    )
+    assert member.prompt_ids("fine")  # without a system message it renders
+    with pytest.raises(
+        ConfigError, match="qwen-merges: the chat template refuses this conversation: .*System role"
+    ):
+        Ensemble([member], EnsembleConfig(max_new_tokens=8)).run(SYSTEM_AND_THREE_TURNS)
+
+
 # ---- the engine --------------------------------------------------------------------------------------
 
 
