@@ -106,27 +106,26 @@ def text_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
 
 def chat_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]]) -> list[int]:
     """The chat template's context for `messages`, ready for the answer (add_generation_prompt)."""
+    text = chat_text(tokenizer, messages)
+    if not any(holds_control(tokenizer, m["content"]) for m in messages):
+        return plain_ids(tokenizer, text)  # the template writes its own special tokens
     try:
-        if any(holds_control(tokenizer, m["content"]) for m in messages):
-            return list(
-                tokenizer.apply_chat_template(
-                    list(messages),
-                    add_generation_prompt=True,
-                    tokenize=True,
-                    return_dict=False,
-                    sanitize_control_tokens=True,
-                )
-            )
-        text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
-    except ConfigError:
-        raise
-    except Exception as e:  # a template that refuses the conversation (jinja's raise_exception)
-        raise ConfigError(f"the chat template refuses this conversation: {type(e).__name__}: {e}") from None
-    return plain_ids(tokenizer, str(text))  # the template writes its own special tokens
+        ids = tokenizer.apply_chat_template(
+            list(messages),
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+            sanitize_control_tokens=True,
+        )
+    except ValueError as e:  # the tokenizer spells that token from plain text too
+        raise ConfigError(f"a message holds a token this tokenizer cannot keep as text: {e}") from None
+    return list(ids)  # type: ignore[arg-type]  # return_dict=False, one conversation: its ids
 
 
 def chat_text(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]]) -> str:
-    """The chat template's text for `messages` (add_generation_prompt), as chat_ids reads it."""
+    """The chat template's text for `messages` (add_generation_prompt), as chat_ids reads it. A
+    template that refuses the conversation (jinja's raise_exception: "System role not supported",
+    roles that must alternate) is a ConfigError saying so."""
     try:
         return str(tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True))
     except Exception as e:
