@@ -124,6 +124,18 @@ def test_control_token_text_stays_text_for_the_real_embedded_models_tokenizers(r
     assert set(found) == expected
     for token, token_id in found.items():
         check_text_stays_text(member, token, token_id)
+    # A string holding no control token's text gets the ids it always got (before conversations).
+    tok, fmt = member.tokenizer, member.prompt_format
+    for prompt in ("Explain in two sentences why the sky is blue.", "  spaced  \n\n out ", "漢字 🙂 <b>"):
+        if fmt.kind == "chat":
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
+            before = list(tok(text, add_special_tokens=False)["input_ids"])
+        else:
+            before = list(tok(fmt.template.replace("{prompt}", prompt), add_special_tokens=True)["input_ids"])
+        assert member.prompt_ids(prompt) == before
+        assert member.encode(prompt) == list(tok(prompt, add_special_tokens=False)["input_ids"])
     # A plain conversation still gets the template's own control tokens, one per turn.
     ids = member.prompt_ids(as_prompt(hostile("x")))
     if member.prompt_format.kind == "chat":
