@@ -18,7 +18,7 @@ import gradio as gr
 
 from specfuse import SpecfuseError
 from specfuse.cli import Parser, add_loading_flags
-from specfuse.engine import DEFAULT_BATCH_SIZE
+from specfuse.engine import DEFAULT_BATCH_SIZE, DEFAULT_MAX_PAUSED, DEFAULT_PAUSE_IDLE
 from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from specfuse.models.quantize_options import check_quantize, cpu_only
 from specfuse.models.trust import load_trust
@@ -46,6 +46,7 @@ def serve(
 
     `api`: an ASGI app (specfuse.serve.api.create_app) answering /v1/… and /health on the same port."""
     css_path = ASSETS / "app.css"
+    keys = ASSETS / "step_keys.js"  # step mode's keys: a file of ours, no request elsewhere
     demo.queue(max_size=max_size, default_concurrency_limit=concurrency)
     launched = demo.launch(
         server_name=host,
@@ -57,6 +58,7 @@ def serve(
         max_file_size=MAX_TRACE_BYTES,
         theme=gr.themes.Soft(),
         css_paths=[css_path] if css_path.exists() else None,
+        js=keys.read_text(encoding="utf-8") if keys.exists() else None,
         prevent_thread_lock=True,
         quiet=prevent_thread_lock,
     )
@@ -121,6 +123,19 @@ def build_parser() -> Parser:
         help="runs played together in one rolling batch (default %(default)s; docs/serve.md)",
     )
     parser.add_argument(
+        "--pause-idle",
+        type=float,
+        default=DEFAULT_PAUSE_IDLE,
+        metavar="SECONDS",
+        help="step mode: a paused run with no step for this long ends (default %(default)g)",
+    )
+    parser.add_argument(
+        "--max-paused",
+        type=int,
+        default=DEFAULT_MAX_PAUSED,
+        help="step mode: runs open at once, across all users (0: step mode off; default %(default)s)",
+    )
+    parser.add_argument(
         "--api",
         action="store_true",
         help="also serve the OpenAI-compatible API at /v1 on the same port, through the same batch "
@@ -151,6 +166,8 @@ def parse_args(parser: Parser, argv: Sequence[str] | None = None) -> argparse.Na
     args = parser.parse_args(space_arguments() if argv is None and len(sys.argv) == 1 else argv)
     if min(args.concurrency, args.batch_size, args.queue_size) < 1:
         parser.exit(2, "error: --concurrency, --batch-size and --queue-size must be at least 1\n")
+    if args.max_paused < 0 or not args.pause_idle > 0:
+        parser.exit(2, "error: --max-paused must be at least 0 and --pause-idle over 0 seconds\n")
     return args
 
 
@@ -190,7 +207,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     name_of = {spec: name for name, spec in served.items()}
     defaults = [name_of.get(m, m) for m in args.models if m in specs or m in named]
     choices = list(dict.fromkeys([*installed, *named, *served]))
-    schedulers = Schedulers(batch_size=args.batch_size, parallel=args.parallel)
+    schedulers = Schedulers(
+        batch_size=args.batch_size,
+        parallel=args.parallel,
+        max_paused=args.max_paused,
+        pause_idle_s=args.pause_idle,
+    )
     api = None
     if args.preload or args.api:
         from specfuse.models.loading import load_each, tqdm_progress

@@ -17,7 +17,14 @@ from starlette.routing import BaseRoute, Match, NoMatchFound, get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from specfuse import EnsembleConfig
-from specfuse.engine import DEFAULT_BATCH_SIZE, DEFAULT_QUEUE, Scheduler, Ticket
+from specfuse.engine import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_PAUSED,
+    DEFAULT_PAUSE_IDLE,
+    DEFAULT_QUEUE,
+    Scheduler,
+    Ticket,
+)
 from specfuse.engine.scheduler import Event
 
 if TYPE_CHECKING:
@@ -51,11 +58,17 @@ class Schedulers:
         batch_size: int = DEFAULT_BATCH_SIZE,
         queue: int = DEFAULT_QUEUE,
         parallel: str = "auto",
+        max_paused: int = DEFAULT_MAX_PAUSED,
+        pause_idle_s: float = DEFAULT_PAUSE_IDLE,
     ) -> None:
+        """`max_paused`, `pause_idle_s`: step mode's runs open at once, and how long one may wait for
+        its next step (the Scheduler's)."""
         self.config = config or EnsembleConfig()
         self.parallel = parallel  # the operator's (--parallel): where members run, for every run
         self.batch_size = batch_size
         self.queue = queue
+        self.max_paused = max_paused
+        self.pause_idle_s = pause_idle_s
         self.all: list[Scheduler] = []
         self._lock = threading.Lock()
 
@@ -76,7 +89,13 @@ class Schedulers:
                         scheduler.add_members(new)
                     return scheduler
             scheduler = Scheduler(
-                members, self.config, batch_size=self.batch_size, queue=self.queue, parallel=self.parallel
+                members,
+                self.config,
+                batch_size=self.batch_size,
+                queue=self.queue,
+                parallel=self.parallel,
+                max_paused=self.max_paused,
+                pause_idle_s=self.pause_idle_s,
             )
             self.all.append(scheduler)
             return scheduler
@@ -87,10 +106,10 @@ class Schedulers:
         return self.of(members).submit(prompt, config, members=[m.name for m in members], **branch)
 
     def stats(self) -> dict[str, int]:
-        """Runs under way and waiting, over every scheduler."""
+        """Runs under way, waiting and open in step mode ("paused"), over every scheduler."""
         with self._lock:
             every = [s.stats() for s in self.all]
-        return {"running": sum(s["running"] for s in every), "waiting": sum(s["waiting"] for s in every)}
+        return {key: sum(s[key] for s in every) for key in ("running", "waiting", "paused")}
 
     def close(self) -> None:
         with self._lock:
