@@ -171,6 +171,16 @@ def parse_args(parser: Parser, argv: Sequence[str] | None = None) -> argparse.Na
     return args
 
 
+def schedulers_for(args: argparse.Namespace) -> Schedulers:
+    """The app's schedulers as the operator set them: the batch, --parallel and step mode's limits."""
+    return Schedulers(
+        batch_size=args.batch_size,
+        parallel=args.parallel,
+        max_paused=args.max_paused,
+        pause_idle_s=args.pause_idle,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from specfuse.models.devices import plan_devices
 
@@ -207,12 +217,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     name_of = {spec: name for name, spec in served.items()}
     defaults = [name_of.get(m, m) for m in args.models if m in specs or m in named]
     choices = list(dict.fromkeys([*installed, *named, *served]))
-    schedulers = Schedulers(
-        batch_size=args.batch_size,
-        parallel=args.parallel,
-        max_paused=args.max_paused,
-        pause_idle_s=args.pause_idle,
-    )
+    schedulers = schedulers_for(args)
     api = None
     if args.preload or args.api:
         from specfuse.models.loading import load_each, tqdm_progress

@@ -110,7 +110,7 @@ def controls_panel(
     with gr.Row():
         run = gr.Button("Run", variant="primary", elem_id="run")
         stop = gr.Button("Stop", variant="stop", elem_id="stop")
-        step = step_mode_box()
+    step = step_mode_box()
     compare = gr.Checkbox(False, label="Compare: also run each member alone", elem_id="compare")
     with gr.Accordion("Settings", open=False, elem_id="settings"):
         form = settings.build_settings(defaults)

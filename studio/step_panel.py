@@ -14,7 +14,7 @@ import gradio as gr
 
 from .step_views import KEYS, PACE_S
 
-PLAY, PAUSE = "Play ⏵", "Pause ⏸"
+PLAY, PAUSE = "Play", "Pause"
 
 
 @dataclass
@@ -38,34 +38,21 @@ class StepBar:
 def step_mode_box() -> gr.Checkbox:
     """The checkbox beside Run: Run then starts a run paused before round 1."""
     return gr.Checkbox(
-        False,
-        label="Step mode (teach)",
-        info="Run starts paused; play it round by round",
-        elem_id="step-mode",
-        min_width=120,
+        False, label="Step mode (teach): Run starts paused, then plays round by round", elem_id="step-mode"
     )
 
 
 def step_panel() -> StepBar:
     """The step bar, hidden until step mode is on."""
+    least, most, default = PACE_S
     with gr.Group(visible=False, elem_id="step-bar") as bar:
-        with gr.Row(equal_height=True):
+        with gr.Row():
             next_ = gr.Button(
-                "Next ▶", variant="primary", interactive=False, elem_id="step-next", min_width=90
+                "Next ▸", variant="primary", interactive=False, elem_id="step-next", min_width=80
             )
-            reveal = gr.Button("Reveal", interactive=False, elem_id="step-reveal", min_width=90)
-            back = gr.Button("◀ Back", interactive=False, elem_id="step-back", min_width=90)
-            play = gr.Button(PLAY, interactive=False, elem_id="step-play", min_width=90)
-            least, most, default = PACE_S
-            pace = gr.Slider(
-                least,
-                most,
-                value=default,
-                step=0.5,
-                label="Pace (s per round)",
-                elem_id="step-pace",
-                min_width=160,
-            )
+            reveal = gr.Button("Reveal", interactive=False, elem_id="step-reveal", min_width=80)
+            back = gr.Button("◂ Back", interactive=False, elem_id="step-back", min_width=80)
+            play = gr.Button(PLAY, interactive=False, elem_id="step-play", min_width=80)
         guess = gr.Radio(
             [],
             label="Your guess: whose candidate will the ensemble choose?",
@@ -73,6 +60,15 @@ def step_panel() -> StepBar:
             elem_id="step-guess",
         )
         note = gr.Markdown("", elem_id="step-note")
-        gr.Markdown(KEYS, elem_id="step-keys")
+        with gr.Row(equal_height=True):
+            pace = gr.Slider(
+                least,
+                most,
+                value=default,
+                step=0.5,
+                label="Play's pace: seconds per round",
+                elem_id="step-pace",
+            )
+            gr.Markdown(KEYS, elem_id="step-keys")
     timer = gr.Timer(default / 2, active=False)  # Play: one beat (drafts, then reveal) per tick
     return StepBar(bar, next_, reveal, back, play, pace, guess, note, timer, gr.State(False))

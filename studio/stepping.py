@@ -166,12 +166,12 @@ class Stepper:
             v.compared: "",
             v.status: "**Step mode**: round 1 has not been played yet.",
             **self.bar_update(run, 0, ready_note(ticket.members)),
-            **self.still(),
+            **self.still(True),
         }
 
     def reset(self) -> Update:
         """The step bar as a run that is not stepping leaves it."""
-        return {**self.bar_update(None, 0, ""), **self.still()}
+        return {**self.bar_update(None, 0, ""), **self.still(False)}
 
     # ---- the beats ----------------------------------------------------------------------------------
 
@@ -187,10 +187,7 @@ class Stepper:
                 self.bar.note: "No stepping run: check **Step mode (teach)** and press **Run**.",
             }
             return
-        if run.beat.locked():  # a beat is under way (Play's, or a key pressed twice): this one waits for it
-            yield unchanged()
-            return
-        async with run.beat:
+        async with run.beat:  # after the beat under way, if any (Play's, or the key pressed before)
             beat = run.due(shown)
             if beat == FORWARD:
                 yield self.scene(run, int(shown) + 1, view)
@@ -205,9 +202,11 @@ class Stepper:
     async def reveal(self, shown: float, view: str, guess: str | None, request: gr.Request) -> Update:
         """Reveal: the drafted round's verdict, when that is what is due."""
         run = self.runs.get(session_of(request))
-        if run is None or run.beat.locked() or run.due(shown) != REVEAL:
+        if run is None:
             return unchanged()
         async with run.beat:
+            if run.due(shown) != REVEAL:
+                return unchanged()
             return self.revealed(run, view, guess, session_of(request))
 
     async def drafted(self, run: StepRun, view: str) -> AsyncIterator[Update]:
@@ -266,7 +265,7 @@ class Stepper:
             self.bar.guess: gr.Radio(visible=False, value=None),
             **self.bar_update(run, len(run.rounds), verdict_note(rnd, guess, run.tally, run.over)),
         }
-        return update | (self.still() if run.over else {})
+        return update | (self.still(False) if run.over else {})
 
     def scene(self, run: StepRun, k: int, view: str, fresh: bool = False) -> Update:
         """The page at round k of the revealed ones (k = 0: none yet), with the drafts of the round
@@ -297,13 +296,15 @@ class Stepper:
     async def back(self, trace: Trace | None, shown: float, view: str, request: gr.Request) -> Update:
         """Back (←, PageUp): the round before the one shown, in every panel."""
         run = self.runs.get(session_of(request))
-        if run is not None:
-            if run.beat.locked():
-                return unchanged()
-            trace = run.trace()
-        if trace is None or not trace.rounds or int(shown) <= 1:
+        if run is None:  # no stepping run here (any more): the trace shown
+            return self.looked_back(None, trace, int(shown), view)
+        async with run.beat:
+            return self.looked_back(run, run.trace(), int(shown), view)
+
+    def looked_back(self, run: StepRun | None, trace: Trace | None, shown: int, view: str) -> Update:
+        if trace is None or not trace.rounds or shown <= 1:
             return unchanged()
-        k = min(int(shown), len(trace.rounds) + 1) - 1
+        k = min(shown, len(trace.rounds) + 1) - 1
         drafted = run is not None and run.pending is not None
         return {
             **self.studio.panels(trace, k, view),
@@ -318,7 +319,7 @@ class Stepper:
         return {
             **self.bar_update(run, int(shown), ended_note(last, run.tally, run.why)),
             self.bar.guess: gr.Radio(visible=False),
-            **self.still(),
+            **self.still(False),
         }
 
     def gone(self, run: StepRun, view: str, error: BaseException) -> Update:
@@ -338,24 +339,32 @@ class Stepper:
         """The buttons as what is due allows them, and the note."""
         b = self.bar
         beat = run.due(shown) if run is not None else ENDED
-        return {
-            b.next: gr.Button(interactive=beat != ENDED),
-            b.reveal: gr.Button(interactive=beat == REVEAL),
+        return {  # the press that → makes is the primary button
+            b.next: gr.Button(
+                interactive=beat != ENDED, variant="secondary" if beat == REVEAL else "primary"
+            ),
+            b.reveal: gr.Button(
+                interactive=beat == REVEAL, variant="primary" if beat == REVEAL else "secondary"
+            ),
             b.back: gr.Button(interactive=shown > 1),
             b.play: gr.Button(interactive=beat != ENDED),
             b.note: note,
         }
 
-    def still(self) -> Update:
-        """Play stopped: the timer off, the button says Play."""
+    def still(self, playable: bool) -> Update:
+        """Play stopped: the timer off, the button says Play (and takes a press if `playable`)."""
         b = self.bar
-        return {b.timer: gr.Timer(active=False), b.play: gr.Button(PLAY), b.playing: False}
+        return {
+            b.timer: gr.Timer(active=False),
+            b.play: gr.Button(PLAY, interactive=playable),
+            b.playing: False,
+        }
 
     def play(self, playing: bool, pace: float, shown: float, request: gr.Request) -> Update:
         """Play / Pause (space): one beat every half `pace` seconds, until Pause or the end."""
         run = self.runs.get(session_of(request))
         if playing or run is None or run.due(shown) == ENDED:
-            return self.still()
+            return self.still(run is not None and run.due(shown) != ENDED)
         b = self.bar
         return {b.timer: gr.Timer(float(pace) / 2, active=True), b.play: gr.Button(PAUSE), b.playing: True}
 
@@ -366,20 +375,20 @@ class Stepper:
         """Stop: the session's stepping run ends (Studio's own Stop keeps what was revealed)."""
         run = self.runs.get(session_of(request))
         if run is None:
-            return self.still()
+            return self.still(False)
         run.end("Stopped by the user.")
         last = run.rounds[-1] if run.rounds else None
         return {
             **self.bar_update(run, int(shown), ended_note(last, run.tally, run.why)),
             self.bar.guess: gr.Radio(visible=False),
-            **self.still(),
+            **self.still(False),
         }
 
     def toggle(self, on: bool, request: gr.Request) -> Update:
         """The box: the bar shows while it is checked; unchecked, the stepping run ends."""
         if not on:
             self.drop(session_of(request))
-        return {self.bar.bar: gr.Group(visible=bool(on)), **self.still()}
+        return {self.bar.bar: gr.Group(visible=bool(on)), **self.still(False)}
 
     def drop(self, session: str) -> None:
         run = self.runs.pop(session, None)
@@ -398,17 +407,24 @@ def wire_step(stepper: Stepper, concurrency_limit: int | None) -> None:
     outputs = stepper.outputs()
     beat = [shown.round, shown.view, b.guess]
     quiet: dict[str, Any] = {"show_progress": "hidden"}
-    playing = {"concurrency_limit": concurrency_limit, "concurrency_id": "step", **quiet}
+    # A key pressed again while its last press is answered is kept (the last one), not dropped.
+    pressed: dict[str, Any] = {"trigger_mode": "always_last", **quiet}
+    playing: dict[str, Any] = {"concurrency_limit": concurrency_limit, "concurrency_id": "step"}
     events = [
-        b.next.click(stepper.advance, beat, outputs, api_name="step_next", **playing),
+        b.next.click(stepper.advance, beat, outputs, api_name="step_next", **playing, **pressed),
         b.timer.tick(
-            stepper.advance, beat, outputs, api_visibility="private", trigger_mode="once", **playing
+            stepper.advance, beat, outputs, api_visibility="private", trigger_mode="once", **playing, **quiet
         ),
         b.reveal.click(
-            stepper.reveal, beat, outputs, api_name="step_reveal", concurrency_limit=None, **quiet
+            stepper.reveal, beat, outputs, api_name="step_reveal", concurrency_limit=None, **pressed
         ),
         b.back.click(
-            stepper.back, [s.trace, *beat[:2]], outputs, api_name="step_back", concurrency_limit=None, **quiet
+            stepper.back,
+            [s.trace, *beat[:2]],
+            outputs,
+            api_name="step_back",
+            concurrency_limit=None,
+            **pressed,
         ),
     ]
     b.play.click(
