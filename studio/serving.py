@@ -106,10 +106,15 @@ class Schedulers:
         return self.of(members).submit(prompt, config, members=[m.name for m in members], **branch)
 
     def stats(self) -> dict[str, int]:
-        """Runs under way, waiting and open in step mode ("paused"), over every scheduler."""
+        """Runs under way and waiting, over every scheduler."""
         with self._lock:
             every = [s.stats() for s in self.all]
-        return {key: sum(s[key] for s in every) for key in ("running", "waiting", "paused")}
+        return {"running": sum(s["running"] for s in every), "waiting": sum(s["waiting"] for s in every)}
+
+    def paused(self) -> int:
+        """Step mode's runs open (paused, or playing the step asked for), over every scheduler."""
+        with self._lock:
+            return sum(s.stats()["paused"] for s in self.all)
 
     def close(self) -> None:
         with self._lock:

@@ -170,7 +170,7 @@ def test_next_shows_the_drafts_and_keeps_the_verdict_until_reveal(stepping, monk
     client = client_of(stepping, monkeypatch)
     ready = start(client)
     assert "not been played" in ready[STATUS] and "ready" in ready[NOTE]
-    assert stepping[1].stats()["paused"] == 1  # the run waits before round 1, out of the batch
+    assert stepping[1].paused() == 1  # the run waits before round 1, out of the batch
 
     drafts = press(client, "next", 1)
     assert "3 drafts are in" in drafts[NOTE] and "Round 1" in drafts[STATUS]
@@ -197,7 +197,7 @@ def test_next_shows_the_drafts_and_keeps_the_verdict_until_reveal(stepping, monk
     forward = press(client, "next", 1)  # forward again to the latest, no round played
     assert "**Round 2**" in forward[STATUS] and int(forward[SLIDER]["value"]) == 2
     client.predict(shown=2, api_name="/step_stop")
-    assert stepping[1].stats()["paused"] == 0
+    assert stepping[1].paused() == 0
 
 
 def test_the_tally_counts_the_rooms_guesses_over_the_run_and_the_end_is_said(stepping, monkeypatch):
@@ -237,7 +237,7 @@ def test_a_normal_run_ends_the_sessions_stepping_run_and_resets_the_bar(stepping
         members=TINY, prompt="Hi", segment_len=4, max_new_tokens=8, device="cpu", api_name="/run"
     )
     assert answer(out)
-    assert stepping[1].stats()["paused"] == 0
+    assert stepping[1].paused() == 0
     assert "No stepping run" in press(client, "next", 1)[NOTE]
 
 
@@ -260,4 +260,4 @@ def test_a_run_paused_past_the_idle_limit_ends_with_the_engines_message(strict, 
     out = press(client, "next", 1)
     assert "no step for 1.5 s" in out[STATUS] and "no step for 1.5 s" in out[NOTE]
     assert "The run has ended after round 1" in out[NOTE] and answer(out) == answer(kept)
-    assert strict[1].stats()["paused"] == 0
+    assert strict[1].paused() == 0
