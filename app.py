@@ -17,8 +17,8 @@ from typing import Any
 import gradio as gr
 
 from specfuse import SpecfuseError
-from specfuse.cli import Parser, add_loading_flags
-from specfuse.engine import DEFAULT_BATCH_SIZE, DEFAULT_MAX_PAUSED, DEFAULT_PAUSE_IDLE
+from specfuse.cli import Parser, add_loading_flags, add_step_flags, check_step_flags
+from specfuse.engine import DEFAULT_BATCH_SIZE
 from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from specfuse.models.quantize_options import check_quantize, cpu_only
 from specfuse.models.trust import load_trust
@@ -122,19 +122,7 @@ def build_parser() -> Parser:
         default=DEFAULT_BATCH_SIZE,
         help="runs played together in one rolling batch (default %(default)s; docs/serve.md)",
     )
-    parser.add_argument(
-        "--pause-idle",
-        type=float,
-        default=DEFAULT_PAUSE_IDLE,
-        metavar="SECONDS",
-        help="step mode: a paused run with no step for this long ends (default %(default)g)",
-    )
-    parser.add_argument(
-        "--max-paused",
-        type=int,
-        default=DEFAULT_MAX_PAUSED,
-        help="step mode: runs open at once, across all users (0: step mode off; default %(default)s)",
-    )
+    add_step_flags(parser)
     parser.add_argument(
         "--api",
         action="store_true",
@@ -166,13 +154,15 @@ def parse_args(parser: Parser, argv: Sequence[str] | None = None) -> argparse.Na
     args = parser.parse_args(space_arguments() if argv is None and len(sys.argv) == 1 else argv)
     if min(args.concurrency, args.batch_size, args.queue_size) < 1:
         parser.exit(2, "error: --concurrency, --batch-size and --queue-size must be at least 1\n")
-    if args.max_paused < 0 or not args.pause_idle > 0:
-        parser.exit(2, "error: --max-paused must be at least 0 and --pause-idle over 0 seconds\n")
+    try:
+        check_step_flags(args)
+    except SpecfuseError as e:
+        parser.exit(2, f"error: {e}\n")
     return args
 
 
-def schedulers_for(args: argparse.Namespace) -> Schedulers:
-    """The app's schedulers as the operator set them: the batch, --parallel and step mode's limits."""
+def operator_schedulers(args: argparse.Namespace) -> Schedulers:
+    """The app's schedulers, with the operator's batch size, --parallel and step-mode bounds."""
     return Schedulers(
         batch_size=args.batch_size,
         parallel=args.parallel,
@@ -217,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     name_of = {spec: name for name, spec in served.items()}
     defaults = [name_of.get(m, m) for m in args.models if m in specs or m in named]
     choices = list(dict.fromkeys([*installed, *named, *served]))
-    schedulers = schedulers_for(args)
+    schedulers = operator_schedulers(args)
     api = None
     if args.preload or args.api:
         from specfuse.models.loading import load_each, tqdm_progress

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from .config import PARALLEL_HELP, PARALLEL_MODES, EnsembleConfig, Setting, settings
-from .engine import Ensemble, check_prompt
+from .engine import DEFAULT_MAX_PAUSED, DEFAULT_PAUSE_IDLE, Ensemble, check_prompt
 from .errors import ConfigError, SpecfuseError, UnknownModelError
 from .models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from .models.quantize_options import CLI_HELP as QUANTIZE_HELP
@@ -121,6 +121,35 @@ def add_loading_flags(
             default=None,
             help="converted-model cache (default $SPECFUSE_CACHE or ~/.cache/specfuse)",
         )
+
+
+def add_step_flags(parser: argparse.ArgumentParser) -> None:
+    """Step mode's bounds on a server's Scheduler (max_paused, pause_idle_s; docs/limits.md), the
+    same flags for the API server and the app."""
+    add = parser.add_argument
+    add(
+        "--max-paused",
+        type=int,
+        default=DEFAULT_MAX_PAUSED,
+        metavar="N",
+        help="runs stepped through one round at a time, paused in between (each holds its rounds "
+        "only, no model caches), at once; one more is refused (default %(default)s; 0: no step mode)",
+    )
+    add(
+        "--pause-idle",
+        type=float,
+        default=DEFAULT_PAUSE_IDLE,
+        metavar="SECONDS",
+        help="a paused run with no step for this long ends (default %(default)s)",
+    )
+
+
+def check_step_flags(args: argparse.Namespace) -> None:
+    """Refuse impossible step-mode bounds before anything loads (ConfigError, naming the flag)."""
+    if args.max_paused < 0:
+        raise ConfigError(f"--max-paused must be at least 0, got {args.max_paused}")
+    if not args.pause_idle > 0:  # nan included
+        raise ConfigError(f"--pause-idle must be over 0 seconds, got {args.pause_idle}")
 
 
 def add_settings(parser: argparse.ArgumentParser) -> None:

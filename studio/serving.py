@@ -61,13 +61,11 @@ class Schedulers:
         max_paused: int = DEFAULT_MAX_PAUSED,
         pause_idle_s: float = DEFAULT_PAUSE_IDLE,
     ) -> None:
-        """`max_paused`, `pause_idle_s`: step mode's runs open at once, and how long one may wait for
-        its next step (the Scheduler's)."""
         self.config = config or EnsembleConfig()
         self.parallel = parallel  # the operator's (--parallel): where members run, for every run
         self.batch_size = batch_size
         self.queue = queue
-        self.max_paused = max_paused
+        self.max_paused = max_paused  # step mode's bounds (--max-paused, --pause-idle), per scheduler
         self.pause_idle_s = pause_idle_s
         self.all: list[Scheduler] = []
         self._lock = threading.Lock()

@@ -80,3 +80,20 @@ def test_the_operators_parallel_decides_whether_the_apps_members_draft_at_once(
     (a_began, a_ended), (b_began, b_ended) = members["clock-a"].spans[0], members["clock-b"].spans[0]
     overlap = min(a_ended, b_ended) - max(a_began, b_began)
     assert overlap > 0.15 if parallel == "on" else overlap <= 0
+
+
+def test_step_mode_bounds_reach_the_apps_schedulers_and_bad_ones_exit_2(monkeypatch):
+    built = {}
+    monkeypatch.setattr(app, "build_demo", lambda loader, **kw: built.update(kw))
+    monkeypatch.setattr(app, "serve", lambda demo, **kw: None)
+    app.main(["--max-paused", "3", "--pause-idle", "42"])
+    scheduler = built["schedulers"].of([ScriptedMember("one", ["a "], len)])
+    try:
+        assert (scheduler.max_paused, scheduler.pause_idle_s) == (3, 42.0)
+        assert scheduler.stats()["max_paused"] == 3
+    finally:
+        scheduler.close()
+    for bad in (["--max-paused", "-1"], ["--pause-idle", "0"]):
+        with pytest.raises(SystemExit) as exit:
+            app.main(bad)
+        assert exit.value.code == 2

@@ -85,22 +85,6 @@ def test_the_notes_say_who_won_the_verdict_the_tally_and_the_end_with_names_as_t
     assert "round 6's drafts are waiting" in step_views.looking_note(5, 5, drafted=True)
 
 
-def test_the_operators_step_limits_reach_the_scheduler_and_bad_ones_are_refused(tiny_members):
-    args = app.parse_args(app.build_parser(), ["--pause-idle", "90", "--max-paused", "3"])
-    schedulers = app.schedulers_for(args)
-    try:
-        scheduler = schedulers.of(tiny_members)
-        assert (scheduler.pause_idle_s, scheduler.max_paused) == (90.0, 3)
-    finally:
-        schedulers.close()
-    defaults = app.parse_args(app.build_parser(), [])
-    assert (defaults.pause_idle, defaults.max_paused) == (600.0, 16)
-    for flags in (["--pause-idle", "0"], ["--pause-idle", "nan"], ["--max-paused", "-1"]):
-        with pytest.raises(SystemExit) as exit:
-            app.main(flags)
-        assert exit.value.code == 2
-
-
 # ---- the handlers, against a launched app --------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from specfuse.config import EnsembleConfig
-from specfuse.engine import Ensemble
+from specfuse.engine import Ensemble, Scheduler
 from specfuse.errors import ConfigError
 from specfuse.models.loading import load_members
 from specfuse.models.quantize import QuantizedLinear
@@ -119,3 +119,27 @@ def test_quantize_reaches_the_served_members_and_a_bad_one_exits_2_before_listen
     err = io.StringIO()
     assert serve_main(["--quantize", "gguf", "--device", "cuda"], stderr=err) == 2
     assert "--quantize gguf runs on the CPU only" in err.getvalue()
+
+
+def test_step_mode_bounds_reach_the_servers_scheduler_and_bad_ones_exit_2(tiny_checkpoints, monkeypatch):
+    made = {}
+
+    class Recording(Scheduler):
+        def __init__(self, members, config=None, **options):
+            made.update(options)
+            raise Stop("stop after the scheduler's options")
+
+    monkeypatch.setattr("specfuse.serve.cli.Scheduler", Recording)
+    err = io.StringIO()
+    args = ["--models", ",".join(tiny_checkpoints), "--port", "0", "--max-paused", "3", "--pause-idle", "42"]
+    assert serve_main(args, stderr=err) == 2 and "stop after the scheduler's options" in err.getvalue()
+    assert (made["max_paused"], made["pause_idle_s"]) == (3, 42.0)
+    monkeypatch.setattr("uvicorn.Server.run", lambda *a, **k: pytest.fail("listened"))
+    for bad, message in [
+        (["--max-paused", "-1"], "--max-paused must be at least 0, got -1"),
+        (["--pause-idle", "0"], "--pause-idle must be over 0 seconds, got 0.0"),
+        (["--pause-idle", "nan"], "--pause-idle must be over 0 seconds, got nan"),
+    ]:
+        err = io.StringIO()
+        assert serve_main(bad, stderr=err) == 2
+        assert f"specfuse-serve: error: {message}" in err.getvalue()

@@ -1,5 +1,5 @@
-"""`python -m specfuse.bench [gpu|concurrency|remote|serve|backends] …`: one command for every benchmark;
-without a subcommand it runs the engine's own benchmark (core.py)."""
+"""`python -m specfuse.bench [gpu|concurrency|remote|serve|paused|backends] …`: one command for every
+benchmark; without a subcommand it runs the engine's own benchmark (core.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ SUBCOMMANDS = {
     "concurrency": "specfuse.bench.concurrency",
     "remote": "specfuse.bench.remote",
     "serve": "specfuse.bench.serve",
+    "paused": "specfuse.bench.paused",
     "backends": "specfuse.bench.backends",
 }
 

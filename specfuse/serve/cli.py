@@ -15,7 +15,16 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from ..cli import HELP_WIDTH, Parser, add_loading_flags, add_settings, config_from_args, parse_models
+from ..cli import (
+    HELP_WIDTH,
+    Parser,
+    add_loading_flags,
+    add_settings,
+    add_step_flags,
+    check_step_flags,
+    config_from_args,
+    parse_models,
+)
 from ..engine import DEFAULT_BATCH_SIZE, DEFAULT_JOIN_WAIT, DEFAULT_QUEUE, Scheduler
 from ..engine.scheduler import load_in_background
 from ..errors import ConfigError, SpecfuseError
@@ -58,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds the next round may wait for new requests when some have just ended (at most "
         "a tenth of a round; 0: never) (default %(default)s)",
     )
+    add_step_flags(parser)
     add(
         "--api-key",
         default=os.environ.get("SPECFUSE_API_KEY"),
@@ -110,6 +120,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1")
     if args.queue < 0 or not args.join_wait >= 0 or not args.request_timeout > 0:  # nan included
         raise ConfigError("--queue and --join-wait must be ≥ 0 and --request-timeout > 0")
+    check_step_flags(args)
     check_quantize(args.quantize)  # before listening: the members load after the port is open
     if cpu_only(args.quantize) and args.device.startswith(("cuda", "per-gpu")):
         raise ConfigError(f"--quantize {args.quantize} runs on the CPU only; use --device cpu")
@@ -138,6 +149,8 @@ def _serve(args: argparse.Namespace) -> int:
             queue=args.queue,
             join_wait=args.join_wait,
             parallel=args.parallel,
+            max_paused=args.max_paused,
+            pause_idle_s=args.pause_idle,
         )
 
     def ready(scheduler: Scheduler) -> None:
