@@ -58,9 +58,20 @@ class Tally:
         return f"{self.right} of {self.made} {'guess' if self.made == 1 else 'guesses'} right"
 
 
-def guess_choices(drafts: Sequence[Draft]) -> list[str]:
-    """The members whose candidates are on the table, in the order they arrived."""
-    return list(dict.fromkeys(d.candidate.member for d in drafts))
+SHOWN_CHARS = 60  # of a candidate's text in the guess and the verdict (the tables below hold it whole)
+
+
+def clip(text: str, chars: int = SHOWN_CHARS) -> str:
+    """A candidate's text on one line: line breaks as ⏎, cut with … past `chars`."""
+    flat = text.replace("\r\n", "\n").replace("\n", "⏎")
+    return flat if len(flat) <= chars else flat[: chars - 1] + "…"
+
+
+def guess_choices(drafts: Sequence[Draft]) -> list[tuple[str, str]]:
+    """The guess's choices, (label, member): each member whose candidate is on the table, once, in
+    the order they arrived, labelled with its text (the room reads the drafts where it picks)."""
+    first = {d.candidate.member: d.candidate.text for d in reversed(drafts)}
+    return [(f"{m}: “{clip(first[m])}”", m) for m in dict.fromkeys(d.candidate.member for d in drafts)]
 
 
 def guess_right(rnd: Round, guess: str | None) -> bool | None:
@@ -107,7 +118,17 @@ def verdict_note(rnd: Round, guess: str | None, tally: Tally, over: bool) -> str
     }[verdict]
     parts = [f"{won}.", said, f"{tally}."]
     parts.append(ended_line(rnd) if over else "Press **Next** (→) for round " + f"{rnd.k + 1}.")
-    return " ".join(parts)
+    return " ".join(parts) + "\n\n" + scores_table(rnd)
+
+
+def scores_table(rnd: Round) -> str:
+    """The round's candidates as a small Markdown table: member, text, score y_j, the winner's ✓."""
+    rows = ["| member | candidate | score | |", "|---|---|---|---|"]
+    for j, c in enumerate(rnd.candidates):
+        score = f"{rnd.aggregate[j]:.3f}" if rnd.verified and j < len(rnd.aggregate) else "—"
+        mark = "✓" if j == rnd.chosen else ""
+        rows.append(f"| {md(c.member)} | {md(clip(c.text))} | {score} | {mark} |")
+    return "\n".join(rows)
 
 
 def ended_line(rnd: Round | None) -> str:

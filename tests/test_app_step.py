@@ -62,9 +62,13 @@ def test_a_guess_is_right_for_the_winner_and_for_a_draft_that_agrees_with_it():
     assert {step_views.guess_right(agreed, m) for m in ("x", "y")} == {True}
 
 
-def test_the_guess_offers_each_drafter_once_in_the_order_they_arrived():
-    drafts = [Draft(1, Candidate(m, "t", 1, False, 0.0), 0.1) for m in ("b", "a", "b", "c")]
-    assert step_views.guess_choices(drafts) == ["b", "a", "c"]
+def test_the_guess_offers_each_drafter_once_in_the_order_they_arrived_with_its_draft():
+    texts = {"b": " one\ntwo", "a": "x" * 100, "c": " three"}
+    drafts = [Draft(1, Candidate(m, texts[m], 1, False, 0.0), 0.1) for m in ("b", "a", "b", "c")]
+    choices = step_views.guess_choices(drafts)
+    assert [member for _, member in choices] == ["b", "a", "c"]
+    assert choices[0][0] == "b: “ one⏎two”" and choices[2][0] == "c: “ three”"
+    assert choices[1][0] == f"a: “{'x' * 59}…”"  # one line, cut
 
 
 def test_the_notes_say_who_won_the_verdict_the_tally_and_the_end_with_names_as_text():
@@ -78,7 +82,11 @@ def test_the_notes_say_who_won_the_verdict_the_tally_and_the_end_with_names_as_t
     wrong = step_views.verdict_note(rounds[1], "z", Tally().add(True).add(False), over=True)
     assert "✗ You guessed z." in wrong and "1 of 2 guesses right" in wrong
     assert "The run has ended after round 2" in wrong and "(stopped: " in wrong
-    assert "No guess this round." in step_views.verdict_note(rounds[0], None, Tally(), over=False)
+    first = step_views.verdict_note(rounds[0], None, Tally(), over=False)
+    assert "No guess this round." in first
+    table = first.split("\n\n", 1)[1].splitlines()  # the scores under the verdict, the winner ✓
+    assert len(table) == 4 and table[2].endswith("| ✓ |") and "good" in table[2] and "bad" in table[3]
+    assert "<img" not in first and "&#124;" not in table[0]
     ended = step_views.ended_note(rounds[0], Tally().add(False), "Stopped by the user.")
     assert ended.startswith("Stopped by the user.") and "0 of 1 guess right" in ended
     assert "looking back" in step_views.looking_note(2, 5, drafted=False)
@@ -162,7 +170,7 @@ def test_next_shows_the_drafts_and_keeps_the_verdict_until_reveal(stepping, monk
     assert len(rows) == 3 and all(row[-1] == "" and row[5] == "" for row in rows)  # no score, no ✓
     assert "hidden until Reveal" in figure(drafts[MATRIX]).layout.title.text
     assert answer(drafts) == ""  # the answer grows at Reveal, not before
-    assert drafts[GUESS]["visible"] and sorted(c[0] for c in drafts[GUESS]["choices"]) == sorted(TINY)
+    assert drafts[GUESS]["visible"] and sorted(c[1] for c in drafts[GUESS]["choices"]) == sorted(TINY)
 
     shown = press(client, "reveal", 1, guess=TINY[0])
     assert answer(shown) and "won" in shown[NOTE] and "of 1 guess right" in shown[NOTE]
