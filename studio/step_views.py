@@ -145,12 +145,15 @@ def ended_note(rnd: Round | None, tally: Tally, why: str = "") -> str:
     return " ".join(p for p in parts if p)
 
 
-def looking_note(shown: int, revealed: int, drafted: bool) -> str:
-    """After Back (or forward again): which round is shown, and what → does."""
-    if shown >= revealed:
-        upcoming = f"round {revealed + 1}'s drafts are waiting" if drafted else "round shown is the latest"
-        return f"**Round {shown} of {revealed}** ({upcoming}). → goes on."
-    return f"**Round {shown} of {revealed}** (looking back). → goes forward, ← further back."
+def looking_note(shown: int, revealed: int, drafted: bool, over: bool = False) -> str:
+    """After Back (or forward again): which round is shown, and what → does from there."""
+    if shown < revealed:
+        return f"**Round {shown} of {revealed}** (looking back): → goes forward, ← further back."
+    if drafted:
+        then = f"round {revealed + 1}'s drafts are waiting"
+    else:
+        then = "the run has ended" if over else f"→ plays round {revealed + 1}"
+    return f"**Round {shown} of {revealed}**, the latest: {then}."
 
 
 def hidden_matrix(k: int) -> go.Figure:

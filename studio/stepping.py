@@ -291,7 +291,7 @@ class Stepper:
             }
             return update
         update[b.guess] = gr.Radio(visible=False)
-        return update | self.bar_update(run, k, looking_note(k, n, run.pending is not None))
+        return update | self.bar_update(run, k, looking_note(k, n, run.pending is not None, run.over))
 
     async def back(self, trace: Trace | None, shown: float, view: str, request: gr.Request) -> Update:
         """Back (←, PageUp): the round before the one shown, in every panel."""

@@ -91,6 +91,8 @@ def test_the_notes_say_who_won_the_verdict_the_tally_and_the_end_with_names_as_t
     assert ended.startswith("Stopped by the user.") and "0 of 1 guess right" in ended
     assert "looking back" in step_views.looking_note(2, 5, drafted=False)
     assert "round 6's drafts are waiting" in step_views.looking_note(5, 5, drafted=True)
+    assert "→ plays round 6" in step_views.looking_note(5, 5, drafted=False)
+    assert "the run has ended" in step_views.looking_note(5, 5, drafted=False, over=True)
 
 
 # ---- the handlers, against a launched app --------------------------------------------------------
