@@ -20,6 +20,8 @@ from .handlers import Studio
 from .loading import DEVICES, DevicePlan, Loader, same_device
 from .panels import Failures, controls_panel, failures_panel, views_panel
 from .serving import DEFAULT_CONCURRENCY, Schedulers
+from .step_panel import step_panel
+from .stepping import Stepper, wire_step
 from .untrusted import Servers
 
 CACHE_LIFETIME = (3600, 86400)  # Gradio's delete_cache: every hour, files older than a day
@@ -67,6 +69,7 @@ def build_demo(
             with gr.Column(scale=1, min_width=300):
                 controls = controls_panel(choices, default_models, allow_paths, devices, device, config)
             with gr.Column(scale=3, min_width=600):
+                step_bar = step_panel()
                 shown = views_panel()
         studio = Studio(
             loader,
@@ -81,24 +84,30 @@ def build_demo(
         )
         if study is not None and panel is not None:
             wire_failures(studio, study, panel)
-        wire(studio, concurrency_limit)
+        stepper = Stepper(studio, step_bar, controls.step)
+        wire(studio, concurrency_limit, stepper)
         demo.unload(studio.unload)  # a closed page's run leaves the batch
+        demo.unload(stepper.unload)
     return demo
 
 
-def wire(studio: Studio, concurrency_limit: int | None) -> None:
-    """The listeners of the run, its replay and its what-if panels, in this order."""
-    wire_run(studio, concurrency_limit)
+def wire(studio: Studio, concurrency_limit: int | None, stepper: Stepper | None = None) -> None:
+    """The listeners of the run, its replay and its what-if panels, in this order (then step mode's)."""
+    wire_run(studio, concurrency_limit, stepper)
     wire_replay(studio)
     wire_branch(studio, concurrency_limit)
+    if stepper is not None:
+        wire_step(stepper, concurrency_limit)
 
 
-def wire_run(studio: Studio, concurrency_limit: int | None) -> None:
-    """Run (the button and the prompt's Enter) and Stop."""
+def wire_run(studio: Studio, concurrency_limit: int | None, stepper: Stepper | None = None) -> None:
+    """Run (the button and the prompt's Enter) and Stop; with `stepper`, Run steps when its box is checked."""
     controls, shown = studio.controls, studio.display
     run = studio.run_handler()
     on_status = [shown.status]  # one progress bar and one error, on the status line
     inputs, outputs = studio.run_inputs(), studio.run_outputs()
+    if stepper is not None:
+        run, inputs, outputs = stepper.around(run, inputs, outputs)
     run_events = [
         controls.run.click(
             run,
