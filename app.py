@@ -46,6 +46,7 @@ def serve(
 
     `api`: an ASGI app (specfuse.serve.api.create_app) answering /v1/… and /health on the same port."""
     css_path = ASSETS / "app.css"
+    keys = ASSETS / "step_keys.js"  # step mode's keys: a file of ours, no request elsewhere
     demo.queue(max_size=max_size, default_concurrency_limit=concurrency)
     launched = demo.launch(
         server_name=host,
@@ -57,6 +58,7 @@ def serve(
         max_file_size=MAX_TRACE_BYTES,
         theme=gr.themes.Soft(),
         css_paths=[css_path] if css_path.exists() else None,
+        js=keys.read_text(encoding="utf-8") if keys.exists() else None,
         prevent_thread_lock=True,
         quiet=prevent_thread_lock,
     )

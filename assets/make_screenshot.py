@@ -7,11 +7,12 @@ wrap it so it does not overlap other heavy jobs:
     flock /tmp/specfuse-heavy.lock .venv/bin/python assets/make_screenshot.py [--max-new-tokens 48]
 
 With --from-trace PATH it replays a trace of a real run (from `specfuse --trace` or the app's
-download) through the app's upload instead, which loads no model and takes seconds. With --lessons
-it takes only the classroom's screenshots, from the shipped lessons (no model, seconds): the lesson
-gallery with a lesson open (assets/lessons.png) and the presenter view at 1280×720
-(assets/presenter.png). Every mode prints the load average it ran under: a busy machine makes a
-run's timings on the status line slower than they are.
+download) through the app's upload instead, which loads no model and takes seconds. With --step it
+takes step mode's two beats instead (assets/step-drafts.png, assets/step-reveal.png) at 1280×720, a
+projector's size, driven by the keyboard as a teacher drives it. With --lessons it takes only the
+classroom's screenshots, from the shipped lessons (no model, seconds): the lesson gallery with a
+lesson open (assets/lessons.png) and the presenter view at 1280×720 (assets/presenter.png). It
+prints the load average it ran under (the timings on the status line depend on it).
 """
 
 from __future__ import annotations
@@ -69,15 +70,17 @@ def main() -> None:
         "--from-trace", type=Path, help="replay this trace of a real run instead of running (loads no model)"
     )
     parser.add_argument(
+        "--step",
+        action="store_true",
+        help="only step mode's assets/step-drafts.png and assets/step-reveal.png (1280×720)",
+    )
+    parser.add_argument(
         "--lessons",
         action="store_true",
         help="only assets/lessons.png and assets/presenter.png, from the shipped lessons (loads no model)",
     )
     args = parser.parse_args()
-    print(
-        "load average (1, 5, 15 min): {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()),
-        f"on {os.cpu_count()} CPUs",
-    )
+    print(f"load average at start: {load_average()}")
 
     demo = app.build_demo(
         app.SharedLoader(),
@@ -95,10 +98,17 @@ def main() -> None:
             )
             page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
             page.set_default_timeout(args.timeout_min * 60_000)
+            if args.step:
+                page.close()
+                page = browser.new_page(viewport={"width": 1280, "height": 720})
+                page.set_default_timeout(args.timeout_min * 60_000)
             page.goto(url)
             page.wait_for_selector("#prompt textarea")
-            if args.lessons:
-                classroom(page, args.out)
+            if args.step or args.lessons:
+                if args.step:
+                    step_shots(page, EXAMPLES[args.example][0], args.out)
+                else:
+                    classroom(page, args.out)
                 browser.close()
                 return
             if args.from_trace:
@@ -140,6 +150,7 @@ def main() -> None:
             browser.close()
     finally:
         demo.close()
+        print(f"load average at the end: {load_average()} ({time.perf_counter() - began:.0f} s)")
     print(f"{len(trace.rounds)} rounds, {time.perf_counter() - began:.0f} s: {trace.rounds[-1].text!r}")
 
 
@@ -170,6 +181,46 @@ def classroom(page, out: Path) -> None:
     size = page.locator("#answer .token").first.evaluate("e => getComputedStyle(e).fontSize")
     print(f"presenter view at 1280×720: the answer at {size}")
     page.screenshot(path=str(out / "presenter.png"))
+
+
+def load_average() -> str:
+    """The machine's load over the last 1, 5 and 15 minutes, and its cores."""
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f} (1, 5, 15 min; {os.cpu_count()} cores)"
+
+
+def step_shots(page, prompt: str, out: Path) -> None:
+    """Step mode's two beats of round 2 (round 1 revealed first, so the answer has begun): the
+    drafts with the room's guess, then Reveal. The keys, as a teacher presses them."""
+
+    def note_says(*texts: str) -> None:
+        page.wait_for_function(
+            "(ts) => { const n = document.querySelector('#step-note')?.innerText || '';"
+            " return ts.every((t) => n.includes(t)); }",
+            arg=list(texts),
+        )
+
+    def shoot(name: str) -> None:
+        top = "document.querySelector('#step-bar').getBoundingClientRect().top + window.scrollY - 8"
+        page.evaluate(f"window.scrollTo(0, {top})")
+        page.wait_for_timeout(800)  # the charts settle
+        page.screenshot(path=str(out / name))
+        print(name, "·", page.inner_text("#status"))
+
+    page.locator("#step-mode input").check()
+    page.fill("#prompt textarea", prompt)
+    page.click("#run")
+    note_says("ready")
+    page.evaluate("document.activeElement && document.activeElement.blur()")
+    for beat in (("Round 1: ", "drafts are in"), ("Round 1: ", "won"), ("Round 2: ", "drafts are in")):
+        page.keyboard.press("ArrowRight")
+        note_says(*beat)
+    page.locator("#step-guess label").first.click()  # the room's guess
+    shoot("step-drafts.png")
+    page.keyboard.press("ArrowRight")
+    note_says("Round 2: ", "won")
+    page.wait_for_function("document.querySelector('#matrix').innerText.includes('round 2')")
+    shoot("step-reveal.png")
 
 
 if __name__ == "__main__":

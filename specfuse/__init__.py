@@ -1,7 +1,8 @@
 """SpecFuse Studio: a training-free ensemble of causal LMs that answer together, segment by segment.
 
 The public API. `Ensemble.stream(prompt)` yields one `Round` per draft → verify → choose cycle;
-every view (app, CLI, trace, benchmark, evaluation) consumes that stream.
+every view (app, CLI, trace, benchmark, evaluation) consumes that stream. A prompt is a conversation
+(`Message`s or {role, content} dicts) or a string, one user message.
 """
 
 __version__ = "0.3.0"  # pyproject.toml reads it; CHANGELOG.md says what changed
@@ -17,6 +18,7 @@ from .errors import (
     TraceError,
     UnknownModelError,
 )
+from .prompts import Conversation, Message, Prompt
 from .records import (
     Branch,
     Candidate,
@@ -39,6 +41,7 @@ __all__ = [
     "Branch",
     "Candidate",
     "ConfigError",
+    "Conversation",
     "Draft",
     "Ensemble",
     "EnsembleConfig",
@@ -47,8 +50,10 @@ __all__ = [
     "MemberError",
     "MemberSettings",
     "MemberTiming",
+    "Message",
     "ModelLoadError",
     "Paused",
+    "Prompt",
     "PromptTooLongError",
     "Queued",
     "Result",

@@ -1,10 +1,11 @@
 """The limits on one request: what each input a user controls may hold, how each bound is derived,
 and check_request, which the engine runs on every request before any model work.
 
-Two kinds of bound. Those here need no model: a prompt's and a typed segment's characters, a branch's
-answer so far (EnsembleConfig bounds the settings: segment length, budget, stop strings). Those that
-depend on a model's context live in the members, which know it (HFMember.max_positions,
-RemoteMember.max_positions): start() refuses a prompt whose tokens and answer budget exceed the
+Two kinds of bound. Those here need no model: a prompt's characters and messages (the whole
+conversation's), a typed segment's characters, a branch's answer so far (EnsembleConfig bounds the
+settings: segment length, budget, stop strings). Those that depend on a model's context live in the
+members, which know it (HFMember.max_positions, RemoteMember.max_positions): start() refuses a
+prompt (the whole conversation in the member's template) whose tokens and answer budget exceed the
 context before its first forward pass, verify refuses a candidate that would run past it, accept
 refuses an answer that would. docs/limits.md lists them all for operators. Stdlib only.
 """
@@ -15,14 +16,20 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .errors import ConfigError
+from .prompts import Prompt, as_prompt, last_user_text, prompt_chars
 
 if TYPE_CHECKING:
     from .config import EnsembleConfig
     from .records import Round
 
-# A prompt: far beyond any small model's context (about 25k tokens of English), so it stops pasted
-# files before they are even tokenized; each member then refuses one that does not fit its context.
+# A prompt (every message of a conversation together): far beyond any small model's context (about
+# 25k tokens of English), so it stops pasted files before they are even tokenized; each member then
+# refuses one that does not fit its context (the whole conversation in its template, in tokens).
 MAX_PROMPT_CHARS = 100_000
+# A conversation's messages: each is rendered by every member's template and checked one by one, and
+# a chat front end resends them all on every turn. 64 holds a long conversation (32 exchanges); a
+# body of thousands of empty messages is refused before any is read.
+MAX_MESSAGES = 64
 # A branch's answer so far (the text of the rounds it starts from, from a live run or an uploaded
 # trace) joins every member's context just as the prompt does: the same bound.
 MAX_ANSWER_CHARS = MAX_PROMPT_CHARS
@@ -51,21 +58,38 @@ def typed_segment_chars(config: EnsembleConfig) -> int:
     return max(MIN_TYPED_CHARS, TYPED_ROUNDS * CHARS_PER_TOKEN * config.segment_len)
 
 
-def check_prompt(prompt: str) -> None:
-    """Refuse a prompt no member could answer: not text, empty, not encodable, or absurdly long."""
-    if not isinstance(prompt, str):
-        raise ConfigError(f"the prompt must be text, got {type(prompt).__name__}")
-    if not prompt.strip():
-        raise ConfigError("the prompt is empty; type a question or an instruction")
-    if len(prompt) > MAX_PROMPT_CHARS:
+def check_prompt(prompt: object) -> Prompt:
+    """Refuse a prompt no member could answer, and return it as a Prompt (prompts.as_prompt): not
+    text nor a conversation, a malformed conversation, an empty question, absurdly long in
+    characters or in messages, or not encodable."""
+    if isinstance(prompt, (list, tuple)) and len(prompt) > MAX_MESSAGES:
         raise ConfigError(
-            f"the prompt has {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,} (MAX_PROMPT_CHARS)"
+            f"the conversation has {len(prompt):,} messages; the limit is {MAX_MESSAGES} (MAX_MESSAGES)"
         )
-    _check_encodable(prompt, "the prompt")
+    if not isinstance(prompt, (str, list, tuple)):
+        raise ConfigError(
+            f"the prompt must be text or a list of {{role, content}} messages, got {type(prompt).__name__}"
+        )
+    checked = as_prompt(prompt)
+    if not last_user_text(checked).strip():
+        what = "the prompt" if isinstance(checked, str) else "the last user message"
+        raise ConfigError(f"{what} is empty; type a question or an instruction")
+    chars = prompt_chars(checked)
+    if chars > MAX_PROMPT_CHARS:
+        what = "the prompt has" if isinstance(checked, str) else "the conversation has, in all its messages,"
+        raise ConfigError(
+            f"{what} {chars:,} characters; the limit is {MAX_PROMPT_CHARS:,} (MAX_PROMPT_CHARS)"
+        )
+    if isinstance(checked, str):
+        _check_encodable(checked, "the prompt")
+    else:
+        for i, m in enumerate(checked):
+            _check_encodable(m.content, f"messages[{i}]")
+    return checked
 
 
 def check_request(
-    prompt: str,
+    prompt: object,
     config: EnsembleConfig,
     start: Sequence[Round] = (),
     forced: str | None = None,
@@ -73,7 +97,8 @@ def check_request(
 ) -> None:
     """Everything about one request that can be refused before a member is asked anything. The
     config is valid already (EnsembleConfig checks itself); these are ceilings on what it costs.
-    With `names` (the members that will play it), a branch's `start` must be theirs."""
+    With `names` (the members that will play it), a branch's `start` must be theirs. `prompt`: a
+    string or a conversation (check_prompt)."""
     check_prompt(prompt)
     if start and names is not None:
         check_branch(start, names)

@@ -22,6 +22,7 @@ from specfuse.lessons import LESSONS, Lesson, key_round, load_lesson
 from . import settings, views
 from .explain import Notes
 from .handlers import Studio
+from .stepping import Stepper
 from .untrusted import esc, md
 from .updates import Update, session_of, unchanged
 
@@ -112,6 +113,7 @@ class Classroom:
     studio: Studio
     gallery: Gallery
     notes: Notes
+    stepper: Stepper | None = None  # step mode: opening a lesson ends the session's stepping run
 
     def open_handler(self, slug: str) -> Callable[..., Update]:
         def open_lesson(
@@ -135,6 +137,9 @@ class Classroom:
             update[shown.round] = views.slider_value(trace, k)
         if lesson.branch is not None:
             update[shown.what_if.branch_text] = lesson.branch[1]
+        if self.stepper is not None:
+            self.stepper.drop(session)
+            update |= self.stepper.reset()
         return update | self.shown(lesson)
 
     def shown(self, lesson: Lesson | None, live: bool = False) -> Update:
@@ -176,14 +181,22 @@ class Classroom:
         }
 
 
-def wire_gallery(studio: Studio, gallery: Gallery, notes: Notes, concurrency_limit: int | None) -> None:
-    """Open (each card), Run it live (fill, then Studio's run), and close on another run or trace."""
-    room = Classroom(studio, gallery, notes)
+def wire_gallery(
+    studio: Studio,
+    gallery: Gallery,
+    notes: Notes,
+    concurrency_limit: int | None,
+    stepper: Stepper | None = None,
+) -> None:
+    """Open (each card), Run it live (fill, then Studio's run, stepping when step mode's box is
+    checked), and close on another run or trace. Opening a lesson ends the session's stepping run."""
+    room = Classroom(studio, gallery, notes, stepper)
     shown, controls = studio.display, studio.controls
     lesson_outputs = [*notes.outputs(), gallery.box, gallery.live, gallery.opened]
     panels = [*shown.by_name().values(), *shown.what_if.round_outputs()]
     opened = [studio.trace, *panels, shown.round, shown.segment, controls.download, shown.plain]
     opened += [*shown.what_if.branch_outputs(), shown.what_if.branch_text, *lesson_outputs]
+    opened += stepper.bar.outputs() if stepper is not None else []
     for slug, button in gallery.opens.items():
         button.click(
             room.open_handler(slug),
@@ -192,11 +205,14 @@ def wire_gallery(studio: Studio, gallery: Gallery, notes: Notes, concurrency_lim
             api_visibility="private",
             show_progress_on=[shown.status],
         )
+    run, inputs, outputs = studio.run_handler(), studio.run_inputs(), studio.run_outputs()
+    if stepper is not None:
+        run, inputs, outputs = stepper.around(run, inputs, outputs)
     form = [controls.prompt, controls.models, *controls.settings.values(), *lesson_outputs]
     gallery.live.click(room.fill, [gallery.opened], form, api_visibility="private").success(
-        studio.run_handler(),
-        studio.run_inputs(),
-        studio.run_outputs(),
+        run,
+        inputs,
+        outputs,
         api_name="run_lesson",  # not "run": the app's own Run keeps its API name
         api_visibility="private",
         show_progress_on=[shown.status],

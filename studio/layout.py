@@ -24,6 +24,8 @@ from .loading import DEVICES, DevicePlan, Loader, same_device
 from .panels import Failures, controls_panel, failures_panel, views_panel
 from .presenter import presenter_bar, wire_presenter
 from .serving import DEFAULT_CONCURRENCY, Schedulers
+from .step_panel import step_panel
+from .stepping import Stepper, wire_step
 from .untrusted import Servers
 
 CACHE_LIFETIME = (3600, 86400)  # Gradio's delete_cache: every hour, files older than a day
@@ -79,6 +81,7 @@ def build_demo(
             with gr.Column(scale=3, min_width=600):
                 presenter = presenter_bar()
                 gallery, notes = lesson_panel(shelf, opens), Notes()
+                step_bar = step_panel()
                 shown = views_panel(notes)
         studio = Studio(
             loader,
@@ -93,28 +96,34 @@ def build_demo(
         )
         if study is not None and panel is not None:
             wire_failures(studio, study, panel)
+        stepper = Stepper(studio, step_bar, controls.step)
         # The gallery first: its "close the lesson" on Run and upload goes before a run's stream.
-        wire_gallery(studio, gallery, notes, concurrency_limit)
-        wire(studio, concurrency_limit)
+        wire_gallery(studio, gallery, notes, concurrency_limit, stepper)
+        wire(studio, concurrency_limit, stepper)
         wire_handouts(studio, handouts)
         wire_presenter(demo, presenter)
         demo.unload(studio.unload)  # a closed page's run leaves the batch
+        demo.unload(stepper.unload)
     return demo
 
 
-def wire(studio: Studio, concurrency_limit: int | None) -> None:
-    """The listeners of the run, its replay and its what-if panels, in this order."""
-    wire_run(studio, concurrency_limit)
+def wire(studio: Studio, concurrency_limit: int | None, stepper: Stepper | None = None) -> None:
+    """The listeners of the run, its replay and its what-if panels, in this order (then step mode's)."""
+    wire_run(studio, concurrency_limit, stepper)
     wire_replay(studio)
     wire_branch(studio, concurrency_limit)
+    if stepper is not None:
+        wire_step(stepper, concurrency_limit)
 
 
-def wire_run(studio: Studio, concurrency_limit: int | None) -> None:
-    """Run (the button and the prompt's Enter) and Stop."""
+def wire_run(studio: Studio, concurrency_limit: int | None, stepper: Stepper | None = None) -> None:
+    """Run (the button and the prompt's Enter) and Stop; with `stepper`, Run steps when its box is checked."""
     controls, shown = studio.controls, studio.display
     run = studio.run_handler()
     on_status = [shown.status]  # one progress bar and one error, on the status line
     inputs, outputs = studio.run_inputs(), studio.run_outputs()
+    if stepper is not None:
+        run, inputs, outputs = stepper.around(run, inputs, outputs)
     run_events = [
         controls.run.click(
             run,

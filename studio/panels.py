@@ -16,6 +16,7 @@ from specfuse.eval.problems import OPEN_PROMPTS
 
 from . import failures, settings, untrusted, views
 from .explain import Notes
+from .step_panel import step_mode_box
 
 # The evaluation's first four open-ended prompts (the serve benchmark sends the same four).
 EXAMPLES = [[prompt] for prompt in OPEN_PROMPTS[:4]]
@@ -32,6 +33,7 @@ class Controls:
     device: gr.Dropdown
     upload: gr.File
     download: gr.DownloadButton
+    step: gr.Checkbox  # step mode (studio.stepping)
 
 
 @dataclass
@@ -109,6 +111,7 @@ def controls_panel(
     with gr.Row():
         run = gr.Button("Run", variant="primary", elem_id="run")
         stop = gr.Button("Stop", variant="stop", elem_id="stop")
+    step = step_mode_box()
     compare = gr.Checkbox(False, label="Compare: also run each member alone", elem_id="compare")
     with gr.Accordion("Settings", open=False, elem_id="settings"):
         form = settings.build_settings(defaults)
@@ -118,7 +121,7 @@ def controls_panel(
     with gr.Accordion("Replay a trace", open=False, elem_id="replay"):
         upload = gr.File(label="Upload a trace (.json)", file_types=[".json"], elem_id="upload")
     download = gr.DownloadButton("Download trace", value=None, visible=False, elem_id="download")
-    return Controls(models, prompt, run, stop, compare, form, device_box, upload, download)
+    return Controls(models, prompt, run, stop, compare, form, device_box, upload, download, step)
 
 
 def views_panel(notes: Notes | None = None) -> Views:

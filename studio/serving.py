@@ -109,6 +109,11 @@ class Schedulers:
             every = [s.stats() for s in self.all]
         return {"running": sum(s["running"] for s in every), "waiting": sum(s["waiting"] for s in every)}
 
+    def paused(self) -> int:
+        """Step mode's runs open (paused, or playing the step asked for), over every scheduler."""
+        with self._lock:
+            return sum(s.stats()["paused"] for s in self.all)
+
     def close(self) -> None:
         with self._lock:
             every, self.all = self.all, []

@@ -43,6 +43,18 @@ def test_an_ensemble_of_process_members_gives_the_same_rounds_as_members_here(in
             assert row_a == pytest.approx(row_b, abs=1e-5)
 
 
+def test_a_conversation_crosses_the_pipe_and_is_answered_as_here(in_processes):
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi<|user|>"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "And then?"},
+    ]
+    config = EnsembleConfig(segment_len=4, max_new_tokens=16)
+    here = Ensemble([tiny_member(n) for n in NAMES], config).run(conversation)
+    assert Ensemble(in_processes, config).run(conversation).answer == here.answer
+
+
 def test_process_members_run_at_the_same_time_under_auto(in_processes):
     # `device` is the device; `host` tells the engine each member works in a place of its own.
     assert all(m.device == "cpu" and m.host.startswith("process ") for m in in_processes)

@@ -51,6 +51,15 @@ CASES = {  # each plays several rounds; members exit in the first two
         ),
     ),
     "every round verified": (PROMPTS[1], EnsembleConfig(segment_len=4, max_new_tokens=40, verify="always")),
+    "a conversation, its messages read again each step": (
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello<|eos|>."},
+            {"role": "user", "content": PROMPTS[1]},
+        ],
+        EnsembleConfig(segment_len=4, max_new_tokens=40, exit_warmup=2),
+    ),
 }
 
 

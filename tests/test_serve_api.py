@@ -17,7 +17,7 @@ from specfuse.bench.serve import running
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble, Scheduler
 from specfuse.serve.api import create_app
-from specfuse.serve.schema import Limits, render_messages
+from specfuse.serve.schema import Limits
 from specfuse.trace import parse_trace
 
 BASE = EnsembleConfig(segment_len=5, max_new_tokens=24)
@@ -230,19 +230,6 @@ def test_a_client_that_disconnects_cancels_its_request(server, tiny_members):
             break
         time.sleep(0.05)
     assert [t.result.stop_reason for t in kept] == ["cancelled", "cancelled"]
-
-
-def test_messages_render_to_one_prompt():
-    assert render_messages([{"role": "user", "content": "Hi"}]) == "Hi"
-    transcript = render_messages(
-        [
-            {"role": "system", "content": "Be brief."},
-            {"role": "user", "content": [{"type": "text", "text": "2+2?"}]},
-            {"role": "assistant", "content": "4"},
-            {"role": "user", "content": "And 3+3?"},
-        ]
-    )
-    assert transcript == "System: Be brief.\n\nUser: 2+2?\n\nAssistant: 4\n\nUser: And 3+3?"
 
 
 def test_a_request_past_the_time_limit_is_cancelled_with_a_504_or_an_error_event(tiny_members):

@@ -16,6 +16,7 @@ from ..config import EnsembleConfig
 from ..errors import MemberError, SpecfuseError
 from ..members.protocol import Member, Verdict
 from ..members.workers import MemberWorkers
+from ..prompts import Prompt
 from ..records import Candidate
 
 T = TypeVar("T")
@@ -25,7 +26,7 @@ class Request(Protocol):
     """What MemberCalls needs of one request in progress (the engine's run)."""
 
     id: str  # unique among the runs under way
-    prompt: str
+    prompt: Prompt  # a conversation, or a string (one user message)
     config: EnsembleConfig
     names: tuple[str, ...]  # the request's own members, in its order (a subset of those loaded)
     states: dict[str, Any]  # each member's state for this request

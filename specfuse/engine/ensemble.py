@@ -11,6 +11,7 @@ from ..errors import ConfigError, SpecfuseError
 from ..limits import check_request
 from ..members.protocol import Member
 from ..members.workers import run_concurrently
+from ..prompts import Prompt
 from ..records import Draft, Result, Round, summarize
 from .batch import Batch
 from .run import TYPED, Run
@@ -52,7 +53,7 @@ class Ensemble:
 
     def stream(
         self,
-        prompt: str,
+        prompt: Prompt,
         config: EnsembleConfig | None = None,
         *,
         start: Sequence[Round] = (),
@@ -60,6 +61,10 @@ class Ensemble:
         origin: str = TYPED,
     ) -> Iterator[Round]:
         """Yield one Round per cycle; the last one has stop_reason set.
+
+        `prompt`: a conversation (prompts.Message objects or {"role", "content"} dicts: an optional
+        system message first, then user and assistant turns, ending with the user's), which each
+        member renders with its own chat template; or a string, one user message.
 
         Branching: `start` holds the first rounds of an earlier run of the same prompt (from a live
         run or a trace). They are not drafted again: every member's state is rebuilt from their
@@ -76,7 +81,7 @@ class Ensemble:
 
     def events(
         self,
-        prompt: str,
+        prompt: Prompt,
         config: EnsembleConfig | None = None,
         *,
         start: Sequence[Round] = (),
@@ -94,7 +99,7 @@ class Ensemble:
 
     def stream_many(
         self,
-        prompts: Sequence[str],
+        prompts: Sequence[Prompt],
         config: EnsembleConfig | Sequence[EnsembleConfig] | None = None,
         *,
         batch_size: int | None = None,
@@ -115,7 +120,7 @@ class Ensemble:
             if isinstance(event, Round):
                 yield i, event
 
-    def run(self, prompt: str, config: EnsembleConfig | None = None) -> Result:
+    def run(self, prompt: Prompt, config: EnsembleConfig | None = None) -> Result:
         """The whole answer and its totals, for scripts: a consumer of stream()."""
         return summarize(list(self.stream(prompt, config)))
 

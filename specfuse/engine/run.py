@@ -19,6 +19,7 @@ from ..config import EnsembleConfig
 from ..errors import ConfigError, MemberError
 from ..loops import ends_in_loop
 from ..members.protocol import Verdict
+from ..prompts import Prompt, as_prompt, last_user_text
 from ..records import Candidate, ExitEvent, MemberTiming, Round, TokenScores
 from ..segments import agreement, echoes_prompt, repeated_fraction, stop_string_cut
 from ..trace import new_trace_id
@@ -60,7 +61,7 @@ class Play:
 class Run:
     """One prompt's run in progress: everything that belongs to one request (never to a member)."""
 
-    prompt: str
+    prompt: Prompt  # a conversation, or a string (one user message); a list of messages is checked
     config: EnsembleConfig
     names: tuple[str, ...]
     start: Sequence[Round] = ()
@@ -85,6 +86,9 @@ class Run:
     pause: bool = False
     played_s: float = 0.0  # seconds played before it (re)joined: its clock stops while it is paused
     play: Play = field(default_factory=lambda: Play(0.0, [], [], 0))
+
+    def __post_init__(self) -> None:
+        self.prompt = as_prompt(self.prompt)  # a list of messages (dicts) as a checked Conversation
 
     def resume(self, calls: MemberCalls) -> None:
         """Set the run's starting point: round 1, or the round after a branch's `start` rounds."""
@@ -195,11 +199,12 @@ class Run:
             y = feedback.penalize_repeats(y, repeated, cfg.repeat_penalty)
         play.y = y
         # An empty non-final draft never wins; nor, with the echo guard, a candidate that would
-        # leave the answer a verbatim piece of the prompt (unless every candidate would).
+        # leave the answer a verbatim piece of the question, the last user turn (unless every
+        # candidate would).
         eligible = [bool(c.text or c.final) for c in candidates]
         if cfg.echo_guard:
             fresh = [
-                ok and not echoes_prompt(self.prompt, self.answer, c.text)
+                ok and not echoes_prompt(last_user_text(self.prompt), self.answer, c.text)
                 for ok, c in zip(eligible, candidates)
             ]
             eligible = fresh if any(fresh) else eligible

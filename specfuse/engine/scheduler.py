@@ -25,6 +25,7 @@ from ..errors import ConfigError, SpecfuseError
 from ..limits import check_request
 from ..members.protocol import Member
 from ..members.workers import run_concurrently
+from ..prompts import Prompt
 from ..records import Paused, Queued, Round
 from .batch import Batch
 from .ensemble import Ensemble
@@ -146,7 +147,7 @@ class Scheduler:
 
     def submit(
         self,
-        prompt: str,
+        prompt: Prompt,
         config: EnsembleConfig | None = None,
         *,
         members: Sequence[str] | None = None,

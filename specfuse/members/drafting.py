@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..prompts import PromptFormat
+from ..prompts import Prompt, PromptFormat, last_user_text
 from ..segments import REPLACEMENT, cut_at_stop, trim_to_word_boundary
+from . import templates
 from .scoring import common_prefix_len
 
 if TYPE_CHECKING:
@@ -28,19 +29,22 @@ Decode = Callable[[Sequence[int]], str]
 
 
 def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    """`text` (an answer, a candidate) as text: a control token's text in it is never the control
+    token (templates.text_ids); any other text gets exactly the tokenizer's ids."""
+    return templates.text_ids(tokenizer, text)
 
 
 def decode(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> str:
     return str(tokenizer.decode(list(ids), skip_special_tokens=True))
 
 
-def prompt_ids(tokenizer: PreTrainedTokenizerBase, fmt: PromptFormat, prompt: str) -> list[int]:
-    """A member's own context for `prompt`: its chat template, or its completion format."""
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, fmt: PromptFormat, prompt: Prompt) -> list[int]:
+    """A member's own context for `prompt` (a conversation, or a string: one user message): its chat
+    template, or its completion format. The messages' text is text, never template control
+    (templates.py); a string holding no control token's text gets the ids it always had."""
     if fmt.kind == "chat":
-        text = tokenizer.apply_chat_template(fmt.messages(prompt), tokenize=False, add_generation_prompt=True)
-        return encode(tokenizer, str(text))  # the template writes its own special tokens
-    return list(tokenizer(fmt.completion(prompt), add_special_tokens=True)["input_ids"])
+        return templates.chat_ids(tokenizer, fmt.messages(prompt))
+    return templates.completion_ids(tokenizer, fmt.completion(prompt))
 
 
 def template_head(tokenizer: PreTrainedTokenizerBase, fmt: PromptFormat) -> list[int]:
@@ -52,19 +56,18 @@ def template_head(tokenizer: PreTrainedTokenizerBase, fmt: PromptFormat) -> list
 
 
 def prompt_span(
-    tokenizer: PreTrainedTokenizerBase, fmt: PromptFormat, prompt: str, ids: Sequence[int]
+    tokenizer: PreTrainedTokenizerBase, fmt: PromptFormat, prompt: Prompt, ids: Sequence[int]
 ) -> tuple[list[int], int] | None:
-    """The positions in `ids` (the member's context for `prompt`) of the tokens that spell the prompt
-    itself, and their UTF-8 bytes: what a member's surprise at the prompt is measured on (the chat
-    template's own tokens say nothing about the question). None where they cannot be told apart."""
+    """The positions in `ids` (the member's context for `prompt`) of the tokens that spell the last
+    user turn's text (the question), and their UTF-8 bytes: what a member's surprise at the prompt is
+    measured on (the chat template's own tokens and the earlier turns say nothing about the
+    question). None where they cannot be told apart (a message holding a control token's text)."""
+    question = last_user_text(prompt)
     if fmt.kind == "chat":
-        text = str(
-            tokenizer.apply_chat_template(fmt.messages(prompt), tokenize=False, add_generation_prompt=True)
-        )
-        special = False
+        text, special = templates.chat_text(tokenizer, fmt.messages(prompt)), False
     else:
         text, special = fmt.completion(prompt), True
-    where = text.rfind(prompt)
+    where = text.rfind(question)
     if where < 0:
         return None
     enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
@@ -72,7 +75,7 @@ def prompt_span(
         return None
     offsets = enc["offset_mapping"]
     inside = [
-        t for t, (a, b) in enumerate(offsets) if t > 0 and a >= where and b <= where + len(prompt) and b > a
+        t for t, (a, b) in enumerate(offsets) if t > 0 and a >= where and b <= where + len(question) and b > a
     ]
     if not inside:
         return None

@@ -19,7 +19,7 @@ from transformers import DynamicCache
 
 from ..config import MemberSettings
 from ..errors import ConfigError, MemberError, PromptTooLongError, SpecfuseError
-from ..prompts import CHAT, PromptFormat
+from ..prompts import CHAT, Prompt, PromptFormat
 from . import compiled, drafting, prefill
 from .hf_drafting import Drafting
 from .hf_state import HFState
@@ -93,9 +93,13 @@ class HFMember(Drafting, Verifying, BaseMember):
     def encode(self, text: str) -> list[int]:
         return drafting.encode(self.tokenizer, text)
 
-    def prompt_ids(self, prompt: str) -> list[int]:
-        """The member's own context for `prompt`: its chat template, or its completion format."""
-        return drafting.prompt_ids(self.tokenizer, self.prompt_format, prompt)
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """The member's own context for `prompt` (a conversation, or a string: one user message): its
+        chat template, or its completion format; the messages' text never read as control tokens."""
+        try:
+            return drafting.prompt_ids(self.tokenizer, self.prompt_format, prompt)
+        except ConfigError as e:
+            raise type(e)(f"{self.name}: {e}") from None
 
     def _end_marker(self) -> list[int]:
         return drafting.end_marker(self.tokenizer, self.prompt_format, self.stop_token_ids)
@@ -108,7 +112,7 @@ class HFMember(Drafting, Verifying, BaseMember):
 
     # -- the Member protocol -------------------------------------------------------------------------
 
-    def start(self, prompt: str, settings: MemberSettings) -> HFState:
+    def start(self, prompt: Prompt, settings: MemberSettings) -> HFState:
         (state,) = self.start_many([prompt], [settings])
         if isinstance(state, SpecfuseError):
             raise state
@@ -116,7 +120,7 @@ class HFMember(Drafting, Verifying, BaseMember):
 
     @torch.inference_mode()
     def start_many(
-        self, prompts: Sequence[str], settings: Sequence[MemberSettings]
+        self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]
     ) -> list[HFState | SpecfuseError]:
         """Start several requests, their prompts read together (prefill.py: right-padded rows, one
         forward pass per chunk for a group of similar lengths); each request gets the state start()
@@ -155,7 +159,7 @@ class HFMember(Drafting, Verifying, BaseMember):
         named.__cause__ = error
         return named
 
-    def _begin(self, prompt: str, settings: MemberSettings) -> HFState:
+    def _begin(self, prompt: Prompt, settings: MemberSettings) -> HFState:
         """A request's state before its prompt is read: the prompt's tokens, checked, and its generator."""
         ids = self.prompt_ids(prompt)
         if not ids:
@@ -172,7 +176,7 @@ class HFMember(Drafting, Verifying, BaseMember):
             generator = torch.Generator(device=self.head.weight.device).manual_seed(settings.seed)
         return HFState(settings, len(ids), ids, "", DynamicCache(), torch.empty(0), generator)
 
-    def _prefill(self, states: Sequence[HFState], prompts: Sequence[str]) -> None:
+    def _prefill(self, states: Sequence[HFState], prompts: Sequence[Prompt]) -> None:
         """Read the prompts of `states` (one group) into their caches: alone as start() always did,
         or together, then each row split into its own cache."""
         head = self._template_head(states)
@@ -267,8 +271,9 @@ class HFMember(Drafting, Verifying, BaseMember):
             data.append((pair[0], pair[1]))
         return DynamicCache(data), pads
 
-    def _surprise(self, prompt: str, ids: Sequence[int], hidden: torch.Tensor) -> float | None:
-        """Mean negative log-likelihood per byte of the tokens that spell the prompt itself."""
+    def _surprise(self, prompt: Prompt, ids: Sequence[int], hidden: torch.Tensor) -> float | None:
+        """Mean negative log-likelihood per byte of the tokens that spell the question (the last user
+        turn) itself."""
         span = drafting.prompt_span(self.tokenizer, self.prompt_format, prompt, ids)
         if span is None:
             return None

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..config import MemberSettings
 from ..errors import ConfigError, ModelLoadError, PromptTooLongError
-from ..prompts import CHAT, PromptFormat
+from ..prompts import CHAT, Prompt, PromptFormat
 from ..records import Candidate, TokenScores
 from . import drafting
 from .llamacpp_decode import (
@@ -190,8 +190,17 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
 
     # -- the Member protocol -------------------------------------------------------------------------
 
-    def start(self, prompt: str, settings: MemberSettings) -> LlamaState:
-        ids = drafting.prompt_ids(self.tokenizer, self.prompt_format, prompt)
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """The member's own context for `prompt` (a conversation, or a string: one user message): the
+        tokenizer's chat template (transformers reads the GGUF file's own) or its completion format,
+        the messages' text never read as control tokens; llama.cpp is given the ids."""
+        try:
+            return drafting.prompt_ids(self.tokenizer, self.prompt_format, prompt)
+        except ConfigError as e:
+            raise type(e)(f"{self.name}: {e}") from None
+
+    def start(self, prompt: Prompt, settings: MemberSettings) -> LlamaState:
+        ids = self.prompt_ids(prompt)
         if not ids:
             raise ConfigError(f"{self.name}: the prompt formats to no tokens")
         limit = min(self.context_tokens, self.trained_context or self.context_tokens)
@@ -249,10 +258,10 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
                 out += self._score_group([states[i] for i in group], [candidates[i] for i in group])
         return out
 
-    def generate_alone(self, prompt: str, max_new_tokens: int) -> tuple[int, float]:
+    def generate_alone(self, prompt: Prompt, max_new_tokens: int) -> tuple[int, float]:
         """(new tokens, seconds) of greedy decoding alone from the prompt, never stopping early: the
         benchmarks' "member alone" (measure.generate_alone), prefill included as there."""
-        ids = drafting.prompt_ids(self.tokenizer, self.prompt_format, prompt)
+        ids = self.prompt_ids(prompt)
         began = time.perf_counter()
         with self.lock:
             (slot,) = self._claim([LlamaState(MemberSettings(), len(ids), ids, "")])
@@ -264,7 +273,7 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
                 items = [(slot, len(self.cached[slot]), token, True)]
         return max_new_tokens, time.perf_counter() - began
 
-    def _surprise(self, prompt: str, state: LlamaState) -> float | None:
+    def _surprise(self, prompt: Prompt, state: LlamaState) -> float | None:
         """Read the prompt into a slot (the first draft finds it there) with the logits of the
         positions that predict the prompt's own tokens: their mean negative log-likelihood per byte."""
         span = drafting.prompt_span(self.tokenizer, self.prompt_format, prompt, state.ids)

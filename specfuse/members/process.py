@@ -30,6 +30,7 @@ from typing import Any
 
 from ..config import MemberSettings
 from ..errors import MemberError, SpecfuseError
+from ..prompts import Prompt
 from ..records import Candidate
 from .protocol import BaseMember, Member, Verdict
 
@@ -125,12 +126,12 @@ class ProcessMember(BaseMember):
 
     # ---- the Member protocol ------------------------------------------------------------------------
 
-    def start(self, prompt: str, settings: MemberSettings) -> ProcessState:
+    def start(self, prompt: Prompt, settings: MemberSettings) -> ProcessState:
         state = ProcessState(self._call("start", prompt, settings))
         weakref.finalize(state, self._dropped.append, state.id)
         return state
 
-    def start_many(self, prompts: Sequence[str], settings: Sequence[MemberSettings]) -> list[Any]:
+    def start_many(self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
         """The worker's start_many in one call: a handle for each request that started, the error of
         each that did not."""
         out: list[Any] = []
@@ -280,12 +281,12 @@ def _threads_now() -> int:
 def _handlers(member: Member, states: dict[int, Any]) -> dict[str, Callable[..., Any]]:
     counter = itertools.count()
 
-    def start(prompt: str, settings: MemberSettings) -> int:
+    def start(prompt: Prompt, settings: MemberSettings) -> int:
         handle = next(counter)
         states[handle] = member.start(prompt, settings)
         return handle
 
-    def start_many(prompts: list[str], settings: list[MemberSettings]) -> list[Any]:
+    def start_many(prompts: list[Prompt], settings: list[MemberSettings]) -> list[Any]:
         out: list[Any] = []
         for started in member.start_many(prompts, settings):
             if isinstance(started, BaseException):  # that request's error, sent back as it is

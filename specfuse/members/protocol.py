@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..config import MemberSettings
 from ..errors import MemberError, SpecfuseError
+from ..prompts import Prompt
 from ..records import Candidate, TokenScores
 
 HERE = "this process"  # a member's `host` when its work runs in the engine's own process
@@ -35,8 +36,10 @@ class Member(Protocol):
 
     # -- required: the round's calls for one request -------------------------------------------------
 
-    def start(self, prompt: str, settings: MemberSettings) -> Any:
-        """A new request's state: the prompt in the member's own format, ready to draft from."""
+    def start(self, prompt: Prompt, settings: MemberSettings) -> Any:
+        """A new request's state: the prompt (a conversation, or a string: one user message) in the
+        member's own format (its chat template, or its completion rendering), ready to draft from.
+        The messages' text is text: a control token's text in it never becomes the control token."""
         ...
 
     def draft(self, state: Any, max_new_tokens: int) -> Candidate:
@@ -53,7 +56,7 @@ class Member(Protocol):
 
     # -- optional capabilities (BaseMember gives each a default) -----------------------------------
 
-    def start_many(self, prompts: Sequence[str], settings: Sequence[MemberSettings]) -> list[Any]:
+    def start_many(self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
         """start() for several requests at once (settings[i] is prompt i's); a member that can read
         the prompts together does it in fewer passes. Each entry is that request's state, or the
         SpecfuseError that request cannot start with: one bad prompt fails only its own request."""
@@ -87,7 +90,7 @@ class BaseMember:
     trust: float | None = None
     parameters: float | None = None
 
-    def start(self, prompt: str, settings: MemberSettings) -> Any:
+    def start(self, prompt: Prompt, settings: MemberSettings) -> Any:
         raise NotImplementedError
 
     def draft(self, state: Any, max_new_tokens: int) -> Candidate:
@@ -99,7 +102,7 @@ class BaseMember:
     def accept(self, state: Any, text: str) -> None:
         raise NotImplementedError
 
-    def start_many(self, prompts: Sequence[str], settings: Sequence[MemberSettings]) -> list[Any]:
+    def start_many(self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
         out: list[Any] = []
         for prompt, s in zip(prompts, settings):
             try:

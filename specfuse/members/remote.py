@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import MemberSettings
 from ..errors import ConfigError, PromptTooLongError
-from ..prompts import CHAT, PromptFormat
+from ..prompts import CHAT, Prompt, PromptFormat
 from ..records import Candidate
 from . import drafting
 from .drafting import PROBE_TEXT, UTF8_GRACE_TOKENS
@@ -197,7 +197,16 @@ class RemoteMember(BaseMember):
 
     # -- the Member protocol -------------------------------------------------------------------------
 
-    def start(self, prompt: str, settings: MemberSettings) -> RemoteState:
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """The member's own context for `prompt` (a conversation, or a string: one user message),
+        rendered here with the served model's tokenizer (its chat template, or its completion format;
+        the messages' text never read as control tokens) and sent to the server as token ids."""
+        try:
+            return drafting.prompt_ids(self.tokenizer, self.prompt_format, prompt)
+        except ConfigError as e:
+            raise type(e)(f"{self.name}: {e}") from None
+
+    def start(self, prompt: Prompt, settings: MemberSettings) -> RemoteState:
         if settings.score not in self.scores:
             raise ConfigError(
                 f"{self.name}: served by {self.engine} at {self.url}, which returns log-probabilities, "
@@ -205,7 +214,7 @@ class RemoteMember(BaseMember):
             )
         if not self.connected:
             self.connect()
-        ids = drafting.prompt_ids(self.tokenizer, self.prompt_format, prompt)
+        ids = self.prompt_ids(prompt)
         if not ids:
             raise ConfigError(f"{self.name}: the prompt formats to no tokens")
         if self.max_positions and len(ids) + settings.max_new_tokens > self.max_positions:

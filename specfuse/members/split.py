@@ -26,6 +26,7 @@ from typing import Any
 
 from ..config import MemberSettings
 from ..errors import ConfigError, SpecfuseError
+from ..prompts import Prompt
 from ..records import Candidate
 from .protocol import BaseMember, Member, Verdict
 
@@ -57,12 +58,12 @@ class SplitMember(BaseMember):
     def __repr__(self) -> str:
         return f"SplitMember({self.drafter!r}, {self.verifier!r})"
 
-    def start(self, prompt: str, settings: MemberSettings) -> SplitState:
+    def start(self, prompt: Prompt, settings: MemberSettings) -> SplitState:
         return SplitState(
             self.drafter.start(prompt, _drafting(settings)), self.verifier.start(prompt, settings)
         )
 
-    def start_many(self, prompts: Sequence[str], settings: Sequence[MemberSettings]) -> list[Any]:
+    def start_many(self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
         """Both halves start every request; a request either half cannot start fails with its error."""
         drafts = self.drafter.start_many(prompts, [_drafting(s) for s in settings])
         scores = self.verifier.start_many(prompts, settings)

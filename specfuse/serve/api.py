@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__
 from ..engine import QueueFull, Scheduler, SchedulerClosed, Ticket
 from ..errors import ConfigError, PromptTooLongError, SpecfuseError
+from ..prompts import conversation
 from ..records import Finished, Round
 from ..trace import Trace, dump_trace
 from . import schema
@@ -175,7 +176,7 @@ async def _respond(serving: Serving, request: Request, kind: str) -> Response:
         raise ApiError(503, str(e), type="server_error") from None
     except ConfigError as e:
         raise ApiError(400, str(e), param="specfuse.members" if "member" in str(e) else None) from None
-    prompt_tokens = serving.count_tokens(ask.prompt)
+    prompt_tokens = sum(serving.count_tokens(m.content) for m in conversation(ask.prompt))
     watch = asyncio.create_task(_watch(request, ticket, arrived + serving.limits.request_timeout_s))
     events = ticket.aevents()
     try:

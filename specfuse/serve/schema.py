@@ -1,7 +1,9 @@
 """OpenAI's request and response bodies in the engine's terms: a chat or completion request → the
-prompt, an EnsembleConfig, the members and the stream options; rounds → completion and chunk bodies.
-Requests are validated by pydantic models (ChatRequest, CompletionRequest, whose `specfuse` object is
-generated from the run settings' one declaration), which the API also publishes (/openapi.json).
+prompt (a chat request's messages as a Conversation, which each member renders with its own chat
+template; a completion request's prompt as one user message), an EnsembleConfig, the members and the
+stream options; rounds → completion and chunk bodies. Requests are validated by pydantic models
+(ChatRequest, CompletionRequest, whose `specfuse` object is generated from the run settings' one
+declaration), which the API also publishes (/openapi.json).
 
 Knows nothing about HTTP, sockets or the scheduler's thread: api.py reads the body, calls these, and
 sends what they return. Errors are ApiError, which carries OpenAI's error JSON and its status.
@@ -26,11 +28,11 @@ from pydantic import (
 
 from ..config import EnsembleConfig, Setting, check_setting, setting_named, settings
 from ..errors import ConfigError
+from ..limits import MAX_MESSAGES
+from ..prompts import ROLES, Message, Prompt, conversation, prompt_chars
 from ..records import Result, Round
 
 ENSEMBLE_MODEL = "specfuse"  # the model id of the ensemble of every loaded member
-ROLES = ("system", "user", "assistant")
-SPEAKERS = {"system": "System", "user": "User", "assistant": "Assistant"}
 MAX_STOP = 4  # OpenAI's limit on stop strings
 SERVER_SETTINGS = ("parallel",)  # EnsembleConfig fields that are the server's, not a request's
 
@@ -58,7 +60,7 @@ class ApiError(Exception):
 class Limits:
     """What one request may ask for; the operator sets them (specfuse-serve's flags)."""
 
-    max_prompt_chars: int = 32_000  # the rendered prompt; longer: 413
+    max_prompt_chars: int = 32_000  # every message's text together (a completion's prompt); longer: 413
     max_tokens: int = 1024  # max_tokens (the answer budget); more: 400
     request_timeout_s: float = 600.0  # from arrival to the last round, time in line included
     traces: int = 256  # recent traces kept for GET /v1/traces/{id}
@@ -74,7 +76,7 @@ class Ask:
 
     kind: str  # "chat" or "text" (/v1/completions)
     model: str
-    prompt: str
+    prompt: Prompt  # chat: the messages as a Conversation; text: the prompt string
     config: EnsembleConfig
     members: tuple[str, ...] | None  # None: every loaded member
     stream: bool
@@ -91,7 +93,10 @@ def _api_error(e: ValidationError) -> ApiError:
     first = e.errors(include_url=False)[0]
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
     error = first.get("ctx", {}).get("error")
-    message = str(error) if isinstance(error, (ValueError, ConfigError)) else f"{where}: {first['msg']}"
+    if isinstance(error, (ValueError, ConfigError)):  # ours; a message's own field says which message
+        message = f"{where}: {error}" if where.startswith("messages[") else str(error)
+    else:
+        message = f"{where}: {first['msg']}"
     return ApiError(400, message, param=where or None)
 
 
@@ -116,6 +121,15 @@ class ChatMessage(BaseModel):
         if role not in ROLES:
             raise ValueError(f"role {_short(role)} is not supported; use one of {', '.join(ROLES)}")
         return role
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text(cls, content: Any) -> Any:
+        if not isinstance(content, (str, list)):
+            raise ValueError(
+                f"content must be a string or a list of {{type: text}} parts, not {_kind(content)}"
+            )
+        return content
 
     @property
     def text(self) -> str:
@@ -235,6 +249,10 @@ class ChatRequest(_Request):
     def _listed(cls, messages: Any) -> Any:
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of {role, content} objects")
+        if len(messages) > MAX_MESSAGES:  # before any message is read
+            raise ValueError(
+                f"messages has {len(messages):,} messages; the limit is {MAX_MESSAGES} (MAX_MESSAGES)"
+            )
         return messages
 
 
@@ -256,24 +274,14 @@ class CompletionRequest(_Request):
 REQUESTS: dict[str, type[_Request]] = {"chat": ChatRequest, "text": CompletionRequest}
 
 
-def render_messages(messages: Any) -> str:
-    """The chat messages as the one prompt the members' chat templates wrap as a user turn.
-
-    A lone user message is its own text. Anything else (a system message, earlier turns) becomes a
-    plain transcript, one paragraph per message: "System: …", "User: …", "Assistant: …", in order;
-    the last message must be the user's.
-    """
+def chat_prompt(messages: Sequence[ChatMessage]) -> Prompt:
+    """The request's messages as the run's Conversation, passed through as they are (each member
+    renders them with its own chat template): a system message first if any, then the turns, the
+    last one the user's. A message's text parts are joined into its content."""
     try:
-        turns = [m if isinstance(m, ChatMessage) else ChatMessage.model_validate(m) for m in messages]
-    except ValidationError as e:
-        raise _api_error(e) from None
-    except TypeError:
-        raise ApiError(400, "messages must be a non-empty list of {role, content} objects") from None
-    if not turns or turns[-1].role != "user":
-        raise ApiError(400, "the last message must be the user's", param=f"messages[{len(turns) - 1}]")
-    if len(turns) == 1:
-        return turns[0].text
-    return "\n\n".join(f"{SPEAKERS[m.role]}: {m.text}" for m in turns)
+        return conversation([Message(m.role, m.text) for m in messages])
+    except ConfigError as e:
+        raise ApiError(400, str(e), param="messages") from None
 
 
 def parse_request(
@@ -286,7 +294,8 @@ def parse_request(
 ) -> Ask:
     """Read and validate a /v1/chat/completions ("chat") or /v1/completions ("text") body.
 
-    400 for anything malformed, 404 for an unknown model, 413 for a prompt over the limit."""
+    400 for anything malformed, 404 for an unknown model, 413 for a prompt (all its messages'
+    text) over the limit."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     try:
@@ -301,16 +310,19 @@ def parse_request(
             param="model",
             code="model_not_found",
         )
+    prompt: Prompt
     if isinstance(request, ChatRequest):
-        prompt = render_messages(request.messages)
+        prompt = chat_prompt(request.messages)
     else:
         assert isinstance(request, CompletionRequest)
         prompt = request.prompt if isinstance(request.prompt, str) else request.prompt[0]
-    if len(prompt) > limits.max_prompt_chars:
+    chars = prompt_chars(prompt)
+    if chars > limits.max_prompt_chars:
+        what = "the prompt has" if isinstance(prompt, str) else "the messages have, together,"
         raise ApiError(
             413,
-            f"the prompt has {len(prompt):,} characters; "
-            f"this server takes at most {limits.max_prompt_chars:,}",
+            f"{what} {chars:,} characters; this server takes at most {limits.max_prompt_chars:,} "
+            "(--max-prompt-chars)",
             param="messages" if kind == "chat" else "prompt",
             code="context_length_exceeded",
         )
@@ -337,6 +349,12 @@ def parse_request(
         )
     include_usage = request.stream_options is not None and request.stream_options.include_usage
     return Ask(kind, model, prompt, config, members, bool(request.stream), include_usage)
+
+
+def _kind(value: Any) -> str:
+    """A JSON value's kind, in JSON's words."""
+    names = {bool: "a boolean", int: "a number", float: "a number", dict: "an object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _short(value: Any) -> str:

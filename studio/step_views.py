@@ -1,0 +1,171 @@
+"""Step mode's pure values: what a press of Next (→) does now, the room's guesses and their tally,
+and the lines the step bar shows.
+
+Knows nothing about events, tickets or components: studio.stepping turns these into updates. Member
+names are untrusted (a served member's or a model folder's name): every one that reaches the
+Markdown note goes through `md`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+
+from specfuse import Round
+from specfuse.records import Draft
+
+from .untrusted import esc, md
+
+# What Next (→, PageDown) does, by what the page shows and what the run holds (`due`).
+FORWARD = "forward"  # after Back: show the next round already revealed
+REVEAL = "reveal"  # beat 2: the drafted round's scores, matrix, winner and weights
+NEXT = "next"  # beat 1: play one more round, its drafts appear
+ENDED = "ended"  # the run is over (or gone): nothing more to play
+
+PACE_S = (1.0, 10.0, 3.0)  # Play's pace: seconds per round (least, most, default)
+KEYS = "Keys: **→** or **PageDown** next / reveal · **←** or **PageUp** back · **space** play / pause"
+
+
+def due(shown: int, revealed: int, drafted: bool, over: bool) -> str:
+    """What the next press of Next does. `shown`: the round the page shows (its round slider);
+    `revealed`: rounds revealed so far; `drafted`: a played round's drafts are shown, its verdict
+    not yet; `over`: the engine will play no more rounds."""
+    if shown < revealed:
+        return FORWARD
+    if drafted:
+        return REVEAL
+    return ENDED if over else NEXT
+
+
+@dataclass(frozen=True)
+class Tally:
+    """The room's guesses in one run: how many were right of how many made (rounds with no guess
+    do not count)."""
+
+    right: int = 0
+    made: int = 0
+
+    def add(self, verdict: bool | None) -> Tally:
+        if verdict is None:
+            return self
+        return Tally(self.right + int(verdict), self.made + 1)
+
+    def __str__(self) -> str:
+        if not self.made:
+            return "no guesses yet"
+        return f"{self.right} of {self.made} {'guess' if self.made == 1 else 'guesses'} right"
+
+
+SHOWN_CHARS = 60  # of a candidate's text in the guess and the verdict (the tables below hold it whole)
+
+
+def clip(text: str, chars: int = SHOWN_CHARS) -> str:
+    """A candidate's text on one line: line breaks as ⏎, cut with … past `chars`."""
+    flat = text.replace("\r\n", "\n").replace("\n", "⏎")
+    return flat if len(flat) <= chars else flat[: chars - 1] + "…"
+
+
+def guess_choices(drafts: Sequence[Draft]) -> list[tuple[str, str]]:
+    """The guess's choices, (label, member): each member whose candidate is on the table, once, in
+    the order they arrived, labelled with its text (the room reads the drafts where it picks)."""
+    first = {d.candidate.member: d.candidate.text for d in reversed(drafts)}
+    return [(f"{m}: “{clip(first[m])}”", m) for m in dict.fromkeys(d.candidate.member for d in drafts)]
+
+
+def guess_right(rnd: Round, guess: str | None) -> bool | None:
+    """Whether the guessed member's candidate won the round: its own, or one with the very same text
+    (drafts that agree are one candidate to the room). None when nobody guessed (or guessed a
+    member that did not draft this round)."""
+    mine = [c for c in rnd.candidates if c.member == guess]
+    if not guess or not mine:
+        return None
+    return mine[0].text == rnd.winner.text
+
+
+def ready_note(members: Sequence[str]) -> str:
+    names = ", ".join(md(m) for m in members)
+    return (
+        f"**Step mode: ready.** {len(members)} members ({names}) will answer one segment per round. "
+        "Press **Next** (→) to see round 1's drafts, or **Play**."
+    )
+
+
+def drafting_note(k: int) -> str:
+    return f"**Round {k}**: the members are drafting…"
+
+
+def drafts_note(k: int, drafts: Sequence[Draft]) -> str:
+    n = len(drafts)
+    return (
+        f"**Round {k}: {n} {'draft is' if n == 1 else 'drafts are'} in.** Which one will the ensemble "
+        "choose? Pick your guess below, then press **Reveal** (→)."
+    )
+
+
+def verdict_note(rnd: Round, guess: str | None, tally: Tally, over: bool) -> str:
+    """After Reveal: who won, whether the room's guess was right, the tally, and whether it ended."""
+    won = f"**Round {rnd.k}: {md(rnd.winner.member)}'s candidate won**"
+    if not rnd.verified:
+        why = "the only draft" if len(rnd.candidates) == 1 else "the drafts agreed"
+        won += f" ({why}: taken without scoring)"
+    verdict = guess_right(rnd, guess)
+    said = {
+        None: "No guess this round.",
+        True: "✓ Your guess was right.",
+        False: f"✗ You guessed {md(guess or '')}.",
+    }[verdict]
+    parts = [f"{won}.", said, f"{tally}."]
+    parts.append(ended_line(rnd) if over else "Press **Next** (→) for round " + f"{rnd.k + 1}.")
+    return " ".join(parts) + "\n\n" + scores_table(rnd)
+
+
+def scores_table(rnd: Round) -> str:
+    """The round's candidates as a small Markdown table: member, text, score y_j, the winner's ✓."""
+    rows = ["| member | candidate | score | |", "|---|---|---|---|"]
+    for j, c in enumerate(rnd.candidates):
+        score = f"{rnd.aggregate[j]:.3f}" if rnd.verified and j < len(rnd.aggregate) else "—"
+        mark = "✓" if j == rnd.chosen else ""
+        rows.append(f"| {md(c.member)} | {md(clip(c.text))} | {score} | {mark} |")
+    return "\n".join(rows)
+
+
+def ended_line(rnd: Round | None) -> str:
+    if rnd is None:
+        return "**The run has ended.**"
+    reason = f" (stopped: {md(rnd.stop_reason)})" if rnd.stop_reason else ""
+    return f"**The run has ended after round {rnd.k}**{reason}."
+
+
+def ended_note(rnd: Round | None, tally: Tally, why: str = "") -> str:
+    """The run is over: why (the engine's message, when it ended it), where, and the tally."""
+    parts = [md(why)] if why else []
+    parts += [ended_line(rnd), f"{tally}." if tally.made else ""]
+    return " ".join(p for p in parts if p)
+
+
+def looking_note(shown: int, revealed: int, drafted: bool, over: bool = False) -> str:
+    """After Back (or forward again): which round is shown, and what → does from there."""
+    if shown < revealed:
+        return f"**Round {shown} of {revealed}** (looking back): → goes forward, ← further back."
+    if drafted:
+        then = f"round {revealed + 1}'s drafts are waiting"
+    else:
+        then = "the run has ended" if over else f"→ plays round {revealed + 1}"
+    return f"**Round {shown} of {revealed}**, the latest: {then}."
+
+
+def hidden_matrix(k: int) -> go.Figure:
+    """The matrix's place while round k's drafts are in and its scores not yet revealed."""
+    fig = go.Figure()
+    fig.update_layout(
+        height=320,
+        margin=dict(l=10, r=10, t=40, b=10),
+        uirevision="matrix",
+        template="plotly_white",
+        title=esc(f"round {k}: the scores are hidden until Reveal"),
+        xaxis_visible=False,
+        yaxis_visible=False,
+    )
+    return fig

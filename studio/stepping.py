@@ -1,0 +1,450 @@
+"""Step mode's handlers: a live run that starts paused before round 1 and plays one round per Next,
+in two beats (the members' drafts, then Reveal: scores, matrix, winner, weights), with Back, Play at
+a pace, Stop, and the room's guess of each winner.
+
+Each session's stepping run is a StepRun: its ticket in the scheduler (submit(step=True)), the
+rounds revealed, the round played but not yet revealed, and the guesses' tally. A beat reads the
+ticket's stream up to its next Paused (aevents(until_pause=True)), so the next beat's handler goes on
+from there. Knows nothing about layout: studio.layout calls `wire_step` once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import gradio as gr
+
+from specfuse import EnsembleConfig, Round, SpecfuseError, Trace
+from specfuse.engine import check_prompt
+from specfuse.records import Draft, Finished, Queued
+
+from . import settings, views
+from .handlers import Studio
+from .loading import check_members
+from .step_panel import PAUSE, PLAY, StepBar
+from .step_views import (
+    ENDED,
+    FORWARD,
+    NEXT,
+    REVEAL,
+    Tally,
+    drafting_note,
+    drafts_note,
+    due,
+    ended_note,
+    guess_choices,
+    guess_right,
+    hidden_matrix,
+    looking_note,
+    ready_note,
+    verdict_note,
+)
+from .untrusted import md
+from .updates import Update, download_value, session_of, unchanged
+
+if TYPE_CHECKING:
+    from specfuse.engine import Ticket
+
+NO_RUN = "No stepping run: check **Step mode (teach)** and press **Run**."
+
+
+@dataclass
+class StepRun:
+    """One session's stepping run, as the server keeps it between the page's presses."""
+
+    ticket: Ticket
+    prompt: str
+    config: EnsembleConfig
+    rounds: list[Round] = field(default_factory=list)  # revealed
+    drafts: list[Draft] = field(default_factory=list)  # of the round played and not yet revealed
+    pending: Round | None = None  # that round's verdict, kept until Reveal
+    drafting: str = ""  # the status line that round's drafts left
+    over: bool = False  # no more rounds will come (the last one has, or the run ended)
+    why: str = ""  # what ended it early: the engine's message, or the user's Stop
+    tally: Tally = field(default_factory=Tally)
+    beat: asyncio.Lock = field(default_factory=asyncio.Lock)  # one beat at a time (Play's, a key's)
+
+    def trace(self) -> Trace | None:
+        """The revealed rounds as a trace (what replay, Back and the download show)."""
+        if not self.rounds:
+            return None
+        return Trace(self.prompt, self.ticket.members, self.config, tuple(self.rounds), id=self.ticket.id)
+
+    def due(self, shown: float | None) -> str:
+        return due(int(shown or 0), len(self.rounds), self.pending is not None, self.over)
+
+    def end(self, why: str) -> None:
+        """Cancel its ticket (idempotent) and drop the round not yet revealed."""
+        self.ticket.cancel()
+        self.over, self.pending, self.drafts = True, None, []
+        self.why = self.why or why
+
+
+@dataclass
+class Stepper:
+    """Step mode over Studio's panels: the step bar's handlers, and Run's when its box is checked."""
+
+    studio: Studio
+    bar: StepBar
+    mode: gr.Checkbox
+    runs: dict[str, StepRun] = field(default_factory=dict)  # by session
+
+    def outputs(self) -> list[gr.components.Component]:
+        """What a beat may change: the run's panels (as a round's update does) and the step bar."""
+        s, v = self.studio, self.studio.display
+        return [
+            s.trace,
+            *v.by_name().values(),
+            v.round,
+            v.segment,
+            s.controls.download,
+            v.plain,
+            *v.what_if.round_outputs(),
+            *self.bar.outputs(),
+        ]
+
+    # ---- Run, with the box checked or not ---------------------------------------------------------
+
+    def around(
+        self, run: Callable[..., AsyncIterator[Update]], inputs: list[Any], outputs: list[Any]
+    ) -> tuple[Callable[..., AsyncIterator[Update]], list[Any], list[Any]]:
+        """Run's handler, inputs and outputs with step mode: `run` as it was when the box is not
+        checked (its last argument before progress, `step`, defaults to False), a stepping run when
+        it is. Either way a new run ends the session's stepping run."""
+
+        async def run_or_step(*values: Any) -> AsyncIterator[Update]:
+            *given, step, progress, request = values
+            session = session_of(request)
+            self.drop(session)
+            if step:
+                async for update in self.start(given, progress, session):
+                    yield update
+                return
+            reset = self.reset()
+            async for update in run(*given, progress, request):
+                yield reset | update
+                reset = {}
+
+        signature = inspect.signature(run)
+        parameters = list(signature.parameters.values())
+        step = inspect.Parameter("step", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=False)
+        run_or_step.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[*parameters[:-2], step, *parameters[-2:]]
+        )
+        run_or_step.__annotations__ = dict(run.__annotations__)
+        run_or_step.__doc__ = f"{run.__doc__ or ''} With step=True: a run paused before round 1 (step mode)."
+        return run_or_step, [*inputs, self.mode], [*outputs, *self.bar.outputs()]
+
+    async def start(self, given: list[Any], progress: Any, session: str) -> AsyncIterator[Update]:
+        """Load the members, submit a run paused before round 1, and say that Next plays it."""
+        s, v = self.studio, self.studio.display
+        members, prompt, *rest = given
+        names = list(s.controls.settings)
+        form = dict(zip(names, rest[: len(names)]))
+        device, _compare, view = rest[len(names) :]
+        try:
+            chosen = check_members(members, s.choices, s.allow_paths)
+            config = settings.config_from_form(form)
+            check_prompt(prompt)  # before any loading, as a run's
+            loaded = await asyncio.to_thread(s.load, chosen, device, progress)
+            ticket = s.schedulers.submit(loaded, prompt, config, step=True)
+        except SpecfuseError as e:
+            raise s.error(e) from e
+        run = StepRun(ticket, prompt, config)
+        self.runs[session] = run
+        yield {
+            **s.cleared(None),
+            **s.panels(None, view=view),
+            **s.clear_branch(),
+            v.round: views.slider_value(None),
+            v.compared: "",
+            v.status: "**Step mode**: round 1 has not been played yet.",
+            **self.bar_update(run, 0, ready_note(ticket.members)),
+            **self.still(True),
+        }
+
+    def reset(self) -> Update:
+        """The step bar as a run that is not stepping leaves it."""
+        return {**self.bar_update(None, 0, ""), **self.still(False)}
+
+    # ---- the beats ----------------------------------------------------------------------------------
+
+    async def advance(
+        self, shown: float, view: str, guess: str | None, request: gr.Request
+    ) -> AsyncIterator[Update]:
+        """Next (→, PageDown), and each of Play's ticks: the beat that is due. Forward again after
+        Back, Reveal once the drafts are in, else one more round's drafts."""
+        run = self.runs.get(session_of(request))
+        if run is None:
+            yield {
+                **self.reset(),
+                self.bar.note: "No stepping run: check **Step mode (teach)** and press **Run**.",
+            }
+            return
+        async with run.beat:  # after the beat under way, if any (Play's, or the key pressed before)
+            beat = run.due(shown)
+            if beat == FORWARD:
+                yield self.scene(run, int(shown) + 1, view)
+            elif beat == REVEAL:
+                yield self.revealed(run, view, guess, session_of(request))
+            elif beat == NEXT:
+                async for update in self.drafted(run, view):
+                    yield update
+            else:
+                yield self.finished(run, shown)
+
+    async def reveal(self, shown: float, view: str, guess: str | None, request: gr.Request) -> Update:
+        """Reveal: the drafted round's verdict, when that is what is due."""
+        run = self.runs.get(session_of(request))
+        if run is None:
+            return unchanged()
+        async with run.beat:
+            if run.due(shown) != REVEAL:
+                return unchanged()
+            return self.revealed(run, view, guess, session_of(request))
+
+    async def drafted(self, run: StepRun, view: str) -> AsyncIterator[Update]:
+        """Beat 1: play one more round; its drafts appear as they arrive, its verdict is kept."""
+        s, v, b = self.studio, self.studio.display, self.bar
+        k = len(run.rounds) + 1
+        expected = run.rounds[-1].next_drafters if run.rounds else run.ticket.members
+        began = time.perf_counter()
+        try:
+            run.ticket.next()
+            yield {
+                v.status: f"**Round {k}**: the members are drafting…",
+                b.note: drafting_note(k),
+                b.next: gr.Button(interactive=False),
+                b.guess: gr.Radio(visible=False),
+            }
+            async with contextlib.aclosing(run.ticket.aevents(until_pause=True)) as events:
+                async for event in events:
+                    if isinstance(event, Queued):  # waiting for a place in the batch
+                        yield {v.status: views.waiting_status(event.place, s.schedulers.stats()["running"])}
+                    elif isinstance(event, Draft):
+                        run.drafts.append(event)
+                        run.drafting = views.arriving_status(
+                            run.drafts, expected, time.perf_counter() - began
+                        )
+                        yield {v.candidates: views.arriving_value(run.drafts), v.status: run.drafting}
+                    elif isinstance(event, Round):
+                        run.pending, run.over = event, event.stop_reason is not None
+                    elif isinstance(event, Finished):
+                        run.over = True
+        except SpecfuseError as e:  # the engine ended it: past the idle limit, a member failed, …
+            yield self.gone(run, view, run.ticket.error or e)
+            return
+        if run.pending is None:  # ended without a round: stopped
+            run.end("The run ended before this round was decided.")
+            yield self.finished(run, len(run.rounds))
+            return
+        yield self.scene(run, len(run.rounds), view, fresh=True)
+
+    def revealed(self, run: StepRun, view: str, guess: str | None, session: str) -> Update:
+        """Beat 2: the round's scores, matrix, winner (the answer grows) and weights; the guess judged."""
+        s, v = self.studio, self.studio.display
+        rnd = run.pending
+        assert rnd is not None  # due() said REVEAL
+        run.rounds.append(rnd)
+        run.pending, run.drafts = None, []
+        run.tally = run.tally.add(guess_right(rnd, guess))
+        trace = run.trace()
+        update = {
+            s.trace: trace,
+            **s.panels(trace, None, view),
+            v.round: views.slider_value(trace),
+            v.segment: "",
+            v.plain: views.plain_answer(run.rounds),
+            s.controls.download: download_value(trace if run.over else None, session),
+            self.bar.guess: gr.Radio(visible=False, value=None),
+            **self.bar_update(run, len(run.rounds), verdict_note(rnd, guess, run.tally, run.over)),
+        }
+        return update | (self.still(False) if run.over else {})
+
+    def scene(self, run: StepRun, k: int, view: str, fresh: bool = False) -> Update:
+        """The page at round k of the revealed ones (k = 0: none yet), with the drafts of the round
+        played after it, and the guess, when k is the latest and that round is not yet revealed.
+        `fresh`: the drafts just came in (the guess starts empty)."""
+        s, v, b = self.studio, self.studio.display, self.bar
+        trace, n = run.trace(), len(run.rounds)
+        update = {
+            s.trace: trace,
+            **s.panels(trace, k if 0 < k < n else None, view),
+            v.round: views.slider_value(trace, k or None),
+            v.segment: "",
+        }
+        if run.pending is not None and k >= n:
+            choices = guess_choices(run.drafts)
+            guess = gr.Radio(choices, value=None, visible=True) if fresh else gr.Radio(choices, visible=True)
+            update |= {
+                v.candidates: views.arriving_value(run.drafts),
+                v.matrix: hidden_matrix(n + 1),
+                v.status: run.drafting,
+                b.guess: guess,
+                **self.bar_update(run, k, drafts_note(n + 1, run.drafts)),
+            }
+            return update
+        update[b.guess] = gr.Radio(visible=False)
+        return update | self.bar_update(run, k, looking_note(k, n, run.pending is not None, run.over))
+
+    async def back(self, trace: Trace | None, shown: float, view: str, request: gr.Request) -> Update:
+        """Back (←, PageUp): the round before the one shown, in every panel."""
+        run = self.runs.get(session_of(request))
+        if run is None:  # no stepping run here (any more): the trace shown
+            return self.looked_back(None, trace, int(shown), view)
+        async with run.beat:
+            return self.looked_back(run, run.trace(), int(shown), view)
+
+    def looked_back(self, run: StepRun | None, trace: Trace | None, shown: int, view: str) -> Update:
+        if trace is None or not trace.rounds or shown <= 1:
+            return unchanged()
+        k = min(shown, len(trace.rounds) + 1) - 1
+        drafted = run is not None and run.pending is not None
+        return {
+            **self.studio.panels(trace, k, view),
+            self.studio.display.round: views.slider_value(trace, k),
+            self.studio.display.segment: "",
+            self.bar.guess: gr.Radio(visible=False),
+            **self.bar_update(run, k, looking_note(k, len(trace.rounds), drafted)),
+        }
+
+    def finished(self, run: StepRun, shown: float) -> Update:
+        last = run.rounds[-1] if run.rounds else None
+        return {
+            **self.bar_update(run, int(shown), ended_note(last, run.tally, run.why)),
+            self.bar.guess: gr.Radio(visible=False),
+            **self.still(False),
+        }
+
+    def gone(self, run: StepRun, view: str, error: BaseException) -> Update:
+        """The engine ended the run (its message on the status line and the note); what was revealed stays."""
+        why = self.studio.servers.scrub(str(error))
+        run.end(why)
+        n = len(run.rounds)
+        return {
+            **self.scene(run, n, view),
+            self.studio.display.status: md(why),
+            **self.finished(run, n),
+        }
+
+    # ---- the bar --------------------------------------------------------------------------------
+
+    def bar_update(self, run: StepRun | None, shown: int, note: str) -> Update:
+        """The buttons as what is due allows them, and the note."""
+        b = self.bar
+        beat = run.due(shown) if run is not None else ENDED
+        return {  # the press that → makes is the primary button
+            b.next: gr.Button(
+                interactive=beat != ENDED, variant="secondary" if beat == REVEAL else "primary"
+            ),
+            b.reveal: gr.Button(
+                interactive=beat == REVEAL, variant="primary" if beat == REVEAL else "secondary"
+            ),
+            b.back: gr.Button(interactive=shown > 1),
+            b.play: gr.Button(interactive=beat != ENDED),
+            b.note: note,
+        }
+
+    def still(self, playable: bool) -> Update:
+        """Play stopped: the timer off, the button says Play (and takes a press if `playable`)."""
+        b = self.bar
+        return {
+            b.timer: gr.Timer(active=False),
+            b.play: gr.Button(PLAY, interactive=playable),
+            b.playing: False,
+        }
+
+    def play(self, playing: bool, pace: float, shown: float, request: gr.Request) -> Update:
+        """Play / Pause (space): one beat every half `pace` seconds, until Pause or the end."""
+        run = self.runs.get(session_of(request))
+        if playing or run is None or run.due(shown) == ENDED:
+            return self.still(run is not None and run.due(shown) != ENDED)
+        b = self.bar
+        return {b.timer: gr.Timer(float(pace) / 2, active=True), b.play: gr.Button(PAUSE), b.playing: True}
+
+    def set_pace(self, playing: bool, pace: float) -> Update:
+        return {self.bar.timer: gr.Timer(float(pace) / 2, active=bool(playing))}
+
+    def stop(self, shown: float, request: gr.Request) -> Update:
+        """Stop: the session's stepping run ends (Studio's own Stop keeps what was revealed)."""
+        run = self.runs.get(session_of(request))
+        if run is None:
+            return self.still(False)
+        run.end("Stopped by the user.")
+        last = run.rounds[-1] if run.rounds else None
+        return {
+            **self.bar_update(run, int(shown), ended_note(last, run.tally, run.why)),
+            self.bar.guess: gr.Radio(visible=False),
+            **self.still(False),
+        }
+
+    def toggle(self, on: bool, request: gr.Request) -> Update:
+        """The box: the bar shows while it is checked; unchecked, the stepping run ends."""
+        if not on:
+            self.drop(session_of(request))
+        return {self.bar.bar: gr.Group(visible=bool(on)), **self.still(False)}
+
+    def drop(self, session: str) -> None:
+        run = self.runs.pop(session, None)
+        if run is not None:
+            run.end("")
+
+    async def unload(self, request: gr.Request) -> None:
+        """The page was closed: its stepping run ends now, not at the server's idle limit."""
+        self.drop(session_of(request))
+
+
+def wire_step(stepper: Stepper, concurrency_limit: int | None) -> None:
+    """The step bar's listeners, Stop's part in step mode, and the box that shows the bar."""
+    s, b = stepper.studio, stepper.bar
+    shown = s.display
+    outputs = stepper.outputs()
+    beat = [shown.round, shown.view, b.guess]
+    quiet: dict[str, Any] = {"show_progress": "hidden"}
+    # A key pressed again while its last press is answered is kept (the last one), not dropped.
+    pressed: dict[str, Any] = {"trigger_mode": "always_last", **quiet}
+    playing: dict[str, Any] = {"concurrency_limit": concurrency_limit, "concurrency_id": "step"}
+    events = [
+        b.next.click(stepper.advance, beat, outputs, api_name="step_next", **playing, **pressed),
+        b.timer.tick(
+            stepper.advance, beat, outputs, api_visibility="private", trigger_mode="once", **playing, **quiet
+        ),
+        b.reveal.click(
+            stepper.reveal, beat, outputs, api_name="step_reveal", concurrency_limit=None, **pressed
+        ),
+        b.back.click(
+            stepper.back,
+            [s.trace, *beat[:2]],
+            outputs,
+            api_name="step_back",
+            concurrency_limit=None,
+            **pressed,
+        ),
+    ]
+    b.play.click(
+        stepper.play,
+        [b.playing, b.pace, shown.round],
+        [b.timer, b.play, b.playing],
+        api_visibility="private",
+        concurrency_limit=None,
+        **quiet,
+    )
+    b.pace.change(stepper.set_pace, [b.playing, b.pace], [b.timer], api_visibility="private", **quiet)
+    s.controls.stop.click(
+        stepper.stop,
+        [shown.round],
+        b.outputs(),
+        cancels=events,  # type: ignore[arg-type]
+        api_name="step_stop",
+        concurrency_limit=None,
+        **quiet,
+    )
+    stepper.mode.change(
+        stepper.toggle, [stepper.mode], [b.bar, b.timer, b.play, b.playing], api_visibility="private", **quiet
+    )
