@@ -266,3 +266,21 @@ def test_the_handout_and_the_round_shown_download_as_files(page, tmp_path):
     with Image.open(png) as image:
         assert image.format == "PNG" and image.size == (1920, 1080)
     assert page.locator("#class-file").is_visible()  # the file stays offered below the buttons
+
+
+def test_a_lesson_run_live_in_step_mode_steps_by_key_in_the_presenter_view(page):
+    """Step mode's box checked, Run it live starts paused; the presenter view keeps the step bar,
+    and → plays a round there."""
+    open_lesson(page, "winners")
+    page.locator("#step-mode input").check()
+    page.click("#class-run-live")
+    page.wait_for_function("(document.querySelector('#step-note')?.innerText || '').includes('ready')")
+    page.evaluate("document.activeElement && document.activeElement.blur()")
+    page.keyboard.press("p")
+    page.wait_for_function("document.body.classList.contains('sf-presenter')")
+    assert page.locator("#step-next").is_visible() and not page.locator("#models").is_visible()
+    page.keyboard.press("ArrowRight")  # the drafts of round 1
+    page.keyboard.press("ArrowRight")  # the verdict
+    page.wait_for_function("document.querySelector('#answer').innerText.includes('good')")
+    assert page.inner_text("#status").startswith("Round 1 ")
+    assert "Live run of the lesson" in page.evaluate("document.querySelector('#class-lesson').innerText")
