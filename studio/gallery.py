@@ -9,14 +9,13 @@ own run handler.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
 import gradio as gr
 
-from specfuse import Trace
+from specfuse import EnsembleConfig, Trace
 from specfuse.lessons import LESSONS, Lesson, key_round, load_lesson
 
 from . import settings, views
@@ -171,8 +170,8 @@ class Classroom:
                 f"This lesson runs on {', '.join(lesson.members)}, and {', '.join(missing)} is not "
                 "installed here. Its recorded run needs no model: it is shown already."
             )
-        start = settings.config_from_form({n: w.value for n, w in c.settings.items()})
-        form = settings.form_values(dataclasses.replace(start, **dict(lesson.settings)))
+        # The recorded run's settings exactly: the lesson's, over EnsembleConfig's defaults (not the app's).
+        form = settings.form_values(EnsembleConfig(**dict(lesson.settings)))
         return {
             c.prompt: lesson.prompt,
             c.models: gr.Dropdown(value=list(lesson.members)),

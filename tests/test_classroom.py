@@ -147,6 +147,9 @@ def test_every_shipped_lesson_opens_in_its_panels_quickly_with_no_model():
         assert set(one.look_for) <= set(explain.PANELS), one.slug
         assert one.takeaway and one.summary and one.live_note
         assert esc(one.takeaway) in lesson_html(one)
+        # Run it live fills the form with the recorded run's settings, and the form reads them back.
+        assert EnsembleConfig(**one.settings) == trace.config
+        assert settings.config_from_form(settings.form_values(trace.config)) == trace.config
 
 
 def test_a_round_slide_gets_a_font_that_draws_its_text_where_the_system_has_one(tmp_path, monkeypatch):
