@@ -70,10 +70,10 @@ def build_demo(
             "each drafts a candidate, all score all, the best weighted candidate is appended."
         )
         trace = gr.State(None)
-        # The failure browser goes first: the problem opened replays in the panels right below it.
-        study, panel = failures_first(eval_dir) if eval_dir is not None else (None, None)
+        # The lessons, then the failure browser: the problem opened replays in the panels right below it.
         shelf = shipped() if lessons is None else lessons
         opens = gallery_panel(shelf)
+        study, panel = failures_first(eval_dir) if eval_dir is not None else (None, None)
         with gr.Row():
             with gr.Column(scale=1, min_width=300):
                 controls = controls_panel(choices, default_models, allow_paths, devices, device, config)
