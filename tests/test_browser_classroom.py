@@ -127,7 +127,7 @@ def test_a_lesson_opens_with_no_model_loaded_its_notes_beside_the_panels(page, s
         assert page.locator(f"#class-explain-{name}").is_visible()
     assert not page.get_by_text("one column per candidate").is_visible()
     page.locator("#class-explain-matrix button").first.click()
-    assert page.get_by_text("one column per candidate", exact=False).is_visible()
+    page.get_by_text("one column per candidate", exact=False).wait_for(state="visible")
     # Another trace (an upload, or a run of one's own) closes the lesson.
     page.fill("#prompt textarea", "hello")
     page.click("#run")
@@ -196,8 +196,12 @@ def test_the_presenter_view_shows_the_answer_large_and_one_panel_and_keeps_the_r
     page.keyboard.press("p")
     page.wait_for_function("document.body.classList.contains('sf-presenter')")
     token = page.locator("#answer .token").first
-    size_px = float(token.evaluate("e => getComputedStyle(e).fontSize").removesuffix("px"))
-    assert size_px >= 28, size_px
+    size = "e => parseFloat(getComputedStyle(e).fontSize)"
+    # Gradio's tokens ease into a new size: measure once it has settled.
+    page.wait_for_function(f"() => ({size})(document.querySelector('#answer .token')) >= 28", timeout=3_000)
+    page.wait_for_timeout(500)
+    size_px = token.evaluate(size)
+    assert size_px >= 28 and size_px == token.evaluate(size), size_px
     assert page.locator("#answer").is_visible() and page.locator("#status").is_visible()
     assert page.inner_text("#status").startswith("Round 3 ")
     assert shown_panels(page) == ["#candidates"]
