@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import gradio as gr
 
@@ -52,7 +52,7 @@ class Conversing:
         """Run `chat`'s last question (`given[1]` is its prompt) and keep its run as the turn's
         answer; a turn with no answer at the end (stopped before round 1, refused) goes."""
         yield self.shown(chat)
-        trace_box, seen = self.studio.trace, {}
+        trace_box, seen = self.studio.trace, cast(Update, {})
         try:
             async for update in run(*given, *extra):
                 if trace_box in update and update[trace_box] is not None:
