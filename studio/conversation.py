@@ -51,13 +51,14 @@ class Conversing:
     ) -> AsyncIterator[Update]:
         """Run `chat`'s last question (`given[1]` is its prompt) and keep its run as the turn's
         answer; a turn with no answer at the end (stopped before round 1, refused) goes."""
-        yield self.shown(chat)
         trace_box, seen = self.studio.trace, cast(Update, {})
+        first = self.shown(chat)  # the question's bubble, with the run's first update (no extra one)
         try:
             async for update in run(*given, *extra):
                 if trace_box in update and update[trace_box] is not None:
                     chat = chat.answering(update[trace_box])
                     update = update | self.shown(chat)
+                update, first = first | update, {}
                 seen |= update
                 yield update
         except gr.Error:
