@@ -19,6 +19,8 @@ from specfuse import EnsembleConfig, Trace
 from specfuse.lessons import LESSONS, Lesson, key_round, load_lesson
 
 from . import settings, views
+from .chat_views import chat_from_prompt
+from .conversation import Conversing
 from .explain import Notes
 from .handlers import Studio
 from .stepping import Stepper
@@ -113,6 +115,7 @@ class Classroom:
     gallery: Gallery
     notes: Notes
     stepper: Stepper | None = None  # step mode: opening a lesson ends the session's stepping run
+    conversing: Conversing | None = None  # a lesson's run becomes the conversation a follow-up continues
 
     def open_handler(self, slug: str) -> Callable[..., Update]:
         def open_lesson(
@@ -139,6 +142,8 @@ class Classroom:
         if self.stepper is not None:
             self.stepper.drop(session)
             update |= self.stepper.reset()
+        if self.conversing is not None:
+            update |= self.conversing.shown(chat_from_prompt(trace.prompt, trace))
         return update | self.shown(lesson)
 
     def shown(self, lesson: Lesson | None, live: bool = False) -> Update:
@@ -186,16 +191,19 @@ def wire_gallery(
     notes: Notes,
     concurrency_limit: int | None,
     stepper: Stepper | None = None,
+    conversing: Conversing | None = None,
 ) -> None:
-    """Open (each card), Run it live (fill, then Studio's run, stepping when step mode's box is
-    checked), and close on another run or trace. Opening a lesson ends the session's stepping run."""
-    room = Classroom(studio, gallery, notes, stepper)
+    """Open (each card), Run it live (fill, then Run's own handler: stepping when step mode's box is
+    checked, a new conversation), and close on another run or trace. Opening a lesson ends the
+    session's stepping run and makes its recorded run the conversation, as an upload does."""
+    room = Classroom(studio, gallery, notes, stepper, conversing)
     shown, controls = studio.display, studio.controls
     lesson_outputs = [*notes.outputs(), gallery.box, gallery.live, gallery.opened]
     panels = [*shown.by_name().values(), *shown.what_if.round_outputs()]
     opened = [studio.trace, *panels, shown.round, shown.segment, controls.download, shown.plain]
     opened += [*shown.what_if.branch_outputs(), shown.what_if.branch_text, *lesson_outputs]
     opened += stepper.bar.outputs() if stepper is not None else []
+    opened += conversing.panel.outputs() if conversing is not None else []
     for slug, button in gallery.opens.items():
         button.click(
             room.open_handler(slug),
@@ -207,6 +215,8 @@ def wire_gallery(
     run, inputs, outputs = studio.run_handler(), studio.run_inputs(), studio.run_outputs()
     if stepper is not None:
         run, inputs, outputs = stepper.around(run, inputs, outputs)
+    if conversing is not None:
+        run, inputs, outputs = conversing.around(run, inputs, outputs)
     form = [controls.prompt, controls.models, *controls.settings.values(), *lesson_outputs]
     gallery.live.click(room.fill, [gallery.opened], form, api_visibility="private").success(
         run,

@@ -15,6 +15,8 @@ from specfuse import EnsembleConfig
 from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 
 from .browse import FailureBrowser
+from .chat_panel import chat_panel
+from .conversation import Conversing, wire_chat
 from .explain import Notes
 from .failures import FILTERS, EvalRun, load_eval, problems_table
 from .gallery import Shelf, gallery_panel, lesson_panel, shipped, wire_gallery
@@ -82,6 +84,7 @@ def build_demo(
                 presenter = presenter_bar()
                 gallery, notes = lesson_panel(shelf, opens), Notes()
                 step_bar = step_panel()
+                chat = chat_panel()
                 shown = views_panel(notes)
         studio = Studio(
             loader,
@@ -97,9 +100,10 @@ def build_demo(
         if study is not None and panel is not None:
             wire_failures(studio, study, panel)
         stepper = Stepper(studio, step_bar, controls.step)
+        conversing = Conversing(studio, chat, controls.system) if controls.system is not None else None
         # The gallery first: its "close the lesson" on Run and upload goes before a run's stream.
-        wire_gallery(studio, gallery, notes, concurrency_limit, stepper)
-        wire(studio, concurrency_limit, stepper)
+        wire_gallery(studio, gallery, notes, concurrency_limit, stepper, conversing)
+        wire(studio, concurrency_limit, stepper, conversing)
         wire_handouts(studio, handouts)
         wire_presenter(demo, presenter)
         demo.unload(studio.unload)  # a closed page's run leaves the batch
@@ -107,23 +111,39 @@ def build_demo(
     return demo
 
 
-def wire(studio: Studio, concurrency_limit: int | None, stepper: Stepper | None = None) -> None:
-    """The listeners of the run, its replay and its what-if panels, in this order (then step mode's)."""
-    wire_run(studio, concurrency_limit, stepper)
+def wire(
+    studio: Studio,
+    concurrency_limit: int | None,
+    stepper: Stepper | None = None,
+    conversing: Conversing | None = None,
+) -> None:
+    """The listeners of the run, its replay and its what-if panels, in this order (then step mode's
+    and the conversation's)."""
+    wire_run(studio, concurrency_limit, stepper, conversing)
     wire_replay(studio)
     wire_branch(studio, concurrency_limit)
     if stepper is not None:
         wire_step(stepper, concurrency_limit)
+    if conversing is not None:
+        wire_chat(conversing, concurrency_limit)
 
 
-def wire_run(studio: Studio, concurrency_limit: int | None, stepper: Stepper | None = None) -> None:
-    """Run (the button and the prompt's Enter) and Stop; with `stepper`, Run steps when its box is checked."""
+def wire_run(
+    studio: Studio,
+    concurrency_limit: int | None,
+    stepper: Stepper | None = None,
+    conversing: Conversing | None = None,
+) -> None:
+    """Run (the button and the prompt's Enter) and Stop; with `stepper`, Run steps when its box is
+    checked; with `conversing`, Run starts a new conversation (the system prompt set)."""
     controls, shown = studio.controls, studio.display
     run = studio.run_handler()
     on_status = [shown.status]  # one progress bar and one error, on the status line
     inputs, outputs = studio.run_inputs(), studio.run_outputs()
     if stepper is not None:
         run, inputs, outputs = stepper.around(run, inputs, outputs)
+    if conversing is not None:
+        run, inputs, outputs = conversing.around(run, inputs, outputs)
     run_events = [
         controls.run.click(
             run,

@@ -15,6 +15,7 @@ from specfuse import EnsembleConfig, report
 from specfuse.eval.problems import OPEN_PROMPTS
 
 from . import failures, settings, untrusted, views
+from .chat_panel import system_box
 from .explain import Notes
 from .step_panel import step_mode_box
 
@@ -34,6 +35,7 @@ class Controls:
     upload: gr.File
     download: gr.DownloadButton
     step: gr.Checkbox  # step mode (studio.stepping)
+    system: gr.Textbox | None = None  # the conversation's system prompt (studio.conversation)
 
 
 @dataclass
@@ -115,13 +117,14 @@ def controls_panel(
     compare = gr.Checkbox(False, label="Compare: also run each member alone", elem_id="compare")
     with gr.Accordion("Settings", open=False, elem_id="settings"):
         form = settings.build_settings(defaults)
+        system = system_box()
         device_box = gr.Dropdown(
             list(devices), value=device if device in devices else devices[0], label="Device", elem_id="device"
         )
     with gr.Accordion("Replay a trace", open=False, elem_id="replay"):
         upload = gr.File(label="Upload a trace (.json)", file_types=[".json"], elem_id="upload")
     download = gr.DownloadButton("Download trace", value=None, visible=False, elem_id="download")
-    return Controls(models, prompt, run, stop, compare, form, device_box, upload, download, step)
+    return Controls(models, prompt, run, stop, compare, form, device_box, upload, download, step, system)
 
 
 def views_panel(notes: Notes | None = None) -> Views:
