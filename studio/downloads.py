@@ -1,5 +1,5 @@
 """The files the app offers for download (traces, handouts, round PNGs): one folder per app, a
-bounded number of files in it.
+bounded number of files in it; and the font a round's PNG is drawn with.
 
 Every finished run and branch is offered as a trace file. Each used to get a temp folder of its
 own that nothing deleted, so a long-running server's disk grew with every run (issue 24, item 14).
@@ -74,3 +74,20 @@ class TraceFiles:
             self._files.clear()
             if self._folder is not None:
                 shutil.rmtree(self._folder, ignore_errors=True)
+
+
+# Fonts that draw more than ASCII (Pillow's built-in one draws other characters as empty boxes),
+# tried in order where the system has them: Latin, Greek and symbols; then Chinese, Japanese, Korean.
+FONTS = ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",)
+CJK_FONTS = (
+    "/usr/share/fonts/truetype/wqy/wqy-zenhei.ttc",
+    "/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc",
+)
+CJK = re.compile("[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uff00-\uffef]")
+
+
+def slide_font(trace: Trace) -> str | None:
+    """A font on this system that draws the trace's text (a CJK one when it holds CJK), or None."""
+    texts = [trace.prompt, *(c.text for r in trace.rounds for c in r.candidates)]
+    wanted = CJK_FONTS if any(CJK.search(t) for t in texts) else FONTS
+    return next((f for f in wanted if Path(f).is_file()), None)

@@ -17,14 +17,12 @@ from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from .browse import FailureBrowser
 from .chat_panel import chat_panel
 from .conversation import Conversing, wire_chat
-from .explain import Notes
+from .explain import Notes, presenter_bar, wire_presenter
 from .failures import FILTERS, EvalRun, load_eval, problems_table
-from .gallery import Shelf, gallery_panel, lesson_panel, shipped, wire_gallery
+from .gallery import Shelf, gallery_panel, handouts_panel, lesson_panel, shipped, wire_gallery, wire_handouts
 from .handlers import Studio
-from .handouts import handouts_panel, wire_handouts
 from .loading import DEVICES, DevicePlan, Loader, same_device
 from .panels import Failures, controls_panel, failures_panel, views_panel
-from .presenter import presenter_bar, wire_presenter
 from .serving import DEFAULT_CONCURRENCY, Schedulers
 from .step_panel import step_panel
 from .stepping import Stepper, wire_step

@@ -11,10 +11,10 @@ import pytest
 
 from specfuse import EnsembleConfig
 from specfuse.lessons import Lesson
-from studio import explain, handouts, settings, views
+from studio import downloads, explain, settings, views
 from studio.downloads import TraceFiles
+from studio.explain import PRESENTED, SCRIPT
 from studio.gallery import Shelf, lesson_html, shipped
-from studio.presenter import PANELS, SCRIPT
 from studio.untrusted import esc
 
 from .scripted import scripted_rounds
@@ -43,7 +43,7 @@ def test_a_lone_draft_matrix_says_there_is_nothing_to_verify_instead_of_bare_axe
 
 def test_every_panel_says_what_it_shows_in_plain_words():
     assert set(explain.WHAT_THIS_SHOWS) == {*explain.PANELS, "normalization"}
-    assert set(PANELS) <= set(explain.PANELS)
+    assert set(PRESENTED) <= set(explain.PANELS)
     for text in explain.WHAT_THIS_SHOWS.values():
         assert 200 < len(text) < 900 and "<" not in text
     words = explain.WHAT_THIS_SHOWS
@@ -154,12 +154,12 @@ def test_every_shipped_lesson_opens_in_its_panels_quickly_with_no_model():
 
 def test_a_round_slide_gets_a_font_that_draws_its_text_where_the_system_has_one(tmp_path, monkeypatch):
     latin, cjk = tmp_path / "latin.ttf", tmp_path / "cjk.ttc"
-    monkeypatch.setattr(handouts, "FONTS", (str(tmp_path / "missing.ttf"), str(latin)))
-    monkeypatch.setattr(handouts, "CJK_FONTS", (str(cjk),))
+    monkeypatch.setattr(downloads, "FONTS", (str(tmp_path / "missing.ttf"), str(latin)))
+    monkeypatch.setattr(downloads, "CJK_FONTS", (str(cjk),))
     trace = scripted_rounds()
     chinese = dataclasses.replace(trace, prompt="用一句话介绍长城。")
-    assert handouts.slide_font(trace) is None and handouts.slide_font(chinese) is None  # none here
+    assert downloads.slide_font(trace) is None and downloads.slide_font(chinese) is None  # none here
     latin.write_bytes(b"")
     cjk.write_bytes(b"")
-    assert handouts.slide_font(trace) == str(latin)
-    assert handouts.slide_font(chinese) == str(cjk)
+    assert downloads.slide_font(trace) == str(latin)
+    assert downloads.slide_font(chinese) == str(cjk)
