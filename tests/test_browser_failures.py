@@ -80,10 +80,12 @@ def test_the_shipped_study_opens_its_failure_cases_right_under_the_table(page):
         assert load_trace(shipped(case["best_copy"])).rounds[-1].text.strip()[:40] in shown
     # The answers sit right under the table, and the replay right under them.
     table, opened = page.locator("#failures").bounding_box(), page.locator("#failures-case").bounding_box()
-    status = page.locator("#status").bounding_box()
-    assert table and opened and status
+    chat, status = page.locator("#chat").bounding_box(), page.locator("#status").bounding_box()
+    assert table and opened and chat and status
     assert opened["y"] < table["y"] + table["height"]  # inside the browser's panel
-    assert 0 <= status["y"] - (table["y"] + table["height"]) < 200
+    # The replay begins right under the table: the conversation it opened as, then the status line.
+    assert 0 <= chat["y"] - (table["y"] + table["height"]) < 200
+    assert 0 <= status["y"] - (chat["y"] + chat["height"]) < 200
 
 
 def test_a_problem_without_a_trace_shows_both_answers_and_says_why_there_is_no_replay(page):
