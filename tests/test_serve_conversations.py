@@ -5,6 +5,7 @@ hostile bodies get a clear 4xx or are treated as text."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import httpx
@@ -68,9 +69,11 @@ def test_a_system_and_three_turns_answer_as_the_engine_does_whole_and_streamed(c
     # Not the old flattening: the members were shown the turns, not one user turn of transcript.
     flattened = prompt_text(as_prompt(SYSTEM_AND_THREE_TURNS))
     assert lead.prompt_ids(as_prompt(SYSTEM_AND_THREE_TURNS)) != lead.prompt_ids(flattened)
-    # The trace keeps that transcript as its prompt for now (a later phase records the messages).
-    trace = parse_trace(httpx.get(f"{server[0]}/v1/traces/{extra['trace_id']}").text)
-    assert trace.prompt == flattened and trace.result.answer == want.answer
+    # The trace records the messages the members saw (trace format 3), not a transcript.
+    document = httpx.get(f"{server[0]}/v1/traces/{extra['trace_id']}").text
+    trace = parse_trace(document)
+    assert trace.prompt == as_prompt(SYSTEM_AND_THREE_TURNS) and trace.result.answer == want.answer
+    assert json.loads(document)["messages"] == SYSTEM_AND_THREE_TURNS
 
 
 def test_a_follow_up_continues_the_conversation_and_one_member_answers_alone(client, tiny_members):
