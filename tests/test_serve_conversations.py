@@ -167,6 +167,17 @@ def test_hostile_conversations_get_a_clear_4xx(server, client):
         client.chat.completions.create(model="specfuse", messages=[{"role": "developer", "content": "x"}])
 
 
+def test_a_huge_system_message_within_the_characters_but_over_a_members_context_is_a_413(client):
+    """1,900 characters pass the server's character limit; 1,900 tokens do not fit a tiny member's
+    512-token context: the answer names the member and the limit, and no run is started."""
+    messages = [{"role": "system", "content": "<|im_start|>system " * 100}, {"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.chat.completions.create(model="specfuse", messages=messages, max_tokens=10)
+    assert refused.value.status_code == 413 and refused.value.body["code"] == "context_length_exceeded"
+    assert "beyond the model's context of 512" in refused.value.body["message"]
+    assert refused.value.body["message"].split(":")[0] in {"llama-bytes", "qwen-merges", "gemma-meta"}
+
+
 def test_with_room_in_the_body_ten_thousand_tiny_messages_meet_the_messages_limit(server):
     scheduler = server[1]
     roomy = TestClient(create_app(scheduler, limits=Limits(max_prompt_chars=200_000)))
