@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from .errors import ConfigError
 
-ROLES = ("system", "user", "assistant")
-# The plain transcript's names for the roles (prompt_text: what a trace records of a conversation).
+Role = Literal["system", "user", "assistant"]
+ROLES: tuple[Role, ...] = get_args(Role)
+# The plain transcript's names for the roles (prompt_text: a conversation as one string, for people).
 SPEAKERS = {"system": "System", "user": "User", "assistant": "Assistant"}
 
 
@@ -24,7 +26,7 @@ SPEAKERS = {"system": "System", "user": "User", "assistant": "Assistant"}
 class Message:
     """One message of a conversation: `role` one of ROLES, `content` its text."""
 
-    role: str
+    role: Role
     content: str
 
     def as_dict(self) -> dict[str, str]:
@@ -100,9 +102,9 @@ def prompt_chars(prompt: Prompt) -> int:
 
 
 def prompt_text(prompt: Prompt) -> str:
-    """The prompt as one string, for what records a string (a trace's `prompt`, for now): a string
-    or a lone user message is its own text; anything more is a plain transcript, one paragraph per
-    message ("System: …", "User: …", "Assistant: …"). No member is ever shown this."""
+    """The prompt as one string, for what shows or records one string (a handout's prompt, a lesson's
+    check): a string or a lone user message is its own text; anything more is a plain transcript, one
+    paragraph per message ("System: …", "User: …", "Assistant: …"). No member is ever shown this."""
     if isinstance(prompt, str):
         return prompt
     if len(prompt) == 1 and prompt[0].role == "user":

@@ -1,5 +1,8 @@
 """The trace: one run (id, prompt, members, config, rounds, result) as one versioned JSON document.
 
+The prompt is what the members were shown: a string (`"prompt"`), or a conversation (`"messages"`, a
+list of {role, content}, since version 3); the other key is null.
+
 Writes with dump_trace / save_trace and reads back with load_trace / parse_trace. The format is
 declared once, as TraceDocument: its field names and types are the record dataclasses' own
 (records.py), so a field added there is written and read without a change here. pydantic validates
@@ -29,11 +32,12 @@ from pydantic_core import CoreConfig, CoreSchema, ErrorDetails
 
 from .config import RETIRED_KEYS, EnsembleConfig
 from .errors import ConfigError, TraceError
+from .prompts import Conversation, Message, Prompt, as_prompt, conversation
 from .records import ROUND_STOP_REASONS, Branch, Result, Round, summarize
 
 SCHEMA = "specfuse.trace"
-VERSION = 2  # CHANGELOG.md records what each version added
-READS = (1, 2)
+VERSION = 3  # CHANGELOG.md records what each version added
+READS = (1, 2, 3)
 MAX_TRACE_BYTES = 20 * 1024 * 1024  # a 1,000-round trace of 8 members is a few MB
 MAX_KEYS = 1000  # in one object; the largest record (EnsembleConfig) has 31 fields
 
@@ -44,12 +48,15 @@ def new_trace_id() -> str:
 
 @dataclass(frozen=True)
 class Trace:
-    prompt: str
+    prompt: Prompt  # a string, or the conversation (a list of messages or dicts is checked and kept as one)
     members: tuple[str, ...]
     config: EnsembleConfig
     rounds: tuple[Round, ...]
     id: str = field(default_factory=new_trace_id)  # made once per run; a branch names its parent's
     branch: Branch | None = None  # set when this run was branched from another trace
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt", as_prompt(self.prompt))
 
     @property
     def result(self) -> Result:
@@ -63,7 +70,8 @@ def dump_trace(trace: Trace) -> str:
         "version": VERSION,
         "id": trace.id,
         "branch": asdict(trace.branch) if trace.branch is not None else None,
-        "prompt": trace.prompt,
+        "prompt": trace.prompt if isinstance(trace.prompt, str) else None,
+        "messages": None if isinstance(trace.prompt, str) else [m.as_dict() for m in trace.prompt],
         "members": list(trace.members),
         "config": trace.config.to_dict(),
         "rounds": [asdict(_explicit(r)) for r in trace.rounds],
@@ -118,7 +126,8 @@ def parse_trace(text: str | bytes, max_bytes: int = MAX_TRACE_BYTES) -> Trace:
     except TraceError:
         _check_config(doc.get("config"))  # a bad setting is named in the settings' own words
         raise
-    trace = Trace(**{f.name: getattr(document, f.name) for f in dataclasses.fields(Trace)})
+    kept = {f.name: getattr(document, f.name) for f in dataclasses.fields(Trace) if f.name != "prompt"}
+    trace = Trace(prompt=_prompt(document.prompt, document.messages), **kept)
     _check_trace(trace)
     return trace
 
@@ -149,6 +158,8 @@ def read_document(text: str | bytes, max_bytes: int = MAX_TRACE_BYTES) -> dict[s
         )
     if version == 1:
         doc = _upgrade_v1(doc, text)
+    if version in (1, 2):
+        doc = {**doc, "version": VERSION, "messages": None}  # version 2's prompt was always a string
     config = doc.get("config")
     if isinstance(config, dict) and not config.keys().isdisjoint(RETIRED_KEYS):
         doc["config"] = {k: v for k, v in config.items() if k not in RETIRED_KEYS}
@@ -158,7 +169,7 @@ def read_document(text: str | bytes, max_bytes: int = MAX_TRACE_BYTES) -> dict[s
 def _upgrade_v1(doc: dict[str, Any], text: str | bytes) -> dict[str, Any]:
     """Version 1 had no id, no branch and no token scores, and eligible was optional (empty: all)."""
     raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
-    doc = {**doc, "version": VERSION, "id": hashlib.sha256(raw).hexdigest()[:32], "branch": None}
+    doc = {**doc, "version": 2, "id": hashlib.sha256(raw).hexdigest()[:32], "branch": None}
     rounds = doc.get("rounds")  # the id is the file's hash: stable across loads
     if isinstance(rounds, list):
         doc["rounds"] = [_upgrade_round_v1(r) for r in rounds]
@@ -184,7 +195,9 @@ TraceDocument = dataclasses.make_dataclass(
     [
         ("schema", Literal[SCHEMA]),  # type: ignore[valid-type]
         ("version", Literal[VERSION]),  # type: ignore[valid-type]
-        *typing.get_type_hints(Trace).items(),
+        ("prompt", str | None),  # a string prompt; null when the prompt is a conversation
+        ("messages", tuple[Message, ...] | None),  # the conversation; null when the prompt is a string
+        *((k, v) for k, v in typing.get_type_hints(Trace).items() if k != "prompt"),
         ("result", Result | None),
     ],
 )
@@ -321,6 +334,25 @@ def _json_name(value: Any) -> str:
 
 
 # -- the hand-written part: what one field's type cannot say -------------------------------------
+
+
+def _prompt(prompt: str | None, messages: Conversation | None) -> Prompt:
+    """The trace's prompt from its two keys: exactly one is set; messages are a well-formed
+    conversation (roles in order, ending with the user's: prompts.conversation's checks)."""
+    if (prompt is None) == (messages is None):
+        raise TraceError(
+            "trace: expected either prompt (a string) or messages (a conversation), "
+            + ("not both" if prompt is not None else "got neither")
+        )
+    if prompt is not None:
+        return prompt
+    try:
+        return conversation(messages)
+    except ConfigError as e:
+        said = str(e)  # "messages[i]: …" names the message; the empty conversation names none
+        raise TraceError(
+            f"trace.{said}" if said.startswith("messages[") else f"trace.messages: {said}"
+        ) from e
 
 
 def _check_trace(trace: Trace) -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 
 import gradio as gr
 
-from specfuse import ConfigError, ModelLoadError, Round, SpecfuseError, Trace, TraceError
+from specfuse import ConfigError, ModelLoadError, Prompt, Round, SpecfuseError, Trace, TraceError
 from specfuse.engine import check_prompt
 from specfuse.records import Draft, Queued
 from specfuse.trace import MAX_TRACE_BYTES, load_trace
@@ -297,7 +297,7 @@ class Studio(WhatIf):
             v.plain: views.plain_answer(trace.rounds),
         }
 
-    def alone(self, member: Member, prompt: str, config: Any, held: Held) -> Iterator[Round]:
+    def alone(self, member: Member, prompt: Prompt, config: Any, held: Held) -> Iterator[Round]:
         """Compare: the member alone on the prompt, through the same batch as everyone's runs."""
         try:
             stream = held.hold(self.schedulers.submit([member], prompt, config))

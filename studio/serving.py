@@ -16,7 +16,7 @@ from starlette.datastructures import URLPath
 from starlette.routing import BaseRoute, Match, NoMatchFound, get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from specfuse import EnsembleConfig
+from specfuse import EnsembleConfig, Prompt
 from specfuse.engine import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_PAUSED,
@@ -98,7 +98,9 @@ class Schedulers:
             self.all.append(scheduler)
             return scheduler
 
-    def submit(self, members: Sequence[Member], prompt: str, config: EnsembleConfig, **branch: Any) -> Ticket:
+    def submit(
+        self, members: Sequence[Member], prompt: Prompt, config: EnsembleConfig, **branch: Any
+    ) -> Ticket:
         """A run of `members` (in this order) in their scheduler's batch. Raises ConfigError, QueueFull
         or SchedulerClosed at once; the run's own errors come from its events()."""
         return self.of(members).submit(prompt, config, members=[m.name for m in members], **branch)

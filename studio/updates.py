@@ -6,14 +6,11 @@ Knows nothing about layout or about runs: handlers.py and what_if.py build their
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, cast
 
 import gradio as gr
 
 from specfuse import Round, Trace
-from specfuse import trace as trace_format
-from specfuse.prompts import prompt_text
 
 from .downloads import TraceFiles
 
@@ -31,8 +28,6 @@ TRACE_FILES = TraceFiles()  # every trace download of this process (a bounded fo
 
 def write_trace(trace: Trace, session: str = "", kind: str = "run") -> str:
     """The trace as a JSON file for the download button (the session's previous one is deleted)."""
-    if trace_format.VERSION < 3 and not isinstance(trace.prompt, str):  # until traces record messages
-        trace = dataclasses.replace(trace, prompt=prompt_text(trace.prompt))
     return TRACE_FILES.write(trace, session, kind)
 
 

@@ -1,15 +1,18 @@
 """A branch that forces the run's own winner (issue 24, item 7): in bf16 on CPU it gave another answer
 from a later round while the view said "the answers part at round 2". The view now says where they
 really part and, when the choice was the run's own, that numerics made the difference; a branch that
-changes nothing says it reproduces the run (tiny models, through the app's API)."""
+changes nothing says it reproduces the run (tiny models, through the app's API), a conversation's
+run included."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from gradio_client import Client
+from gradio_client import Client, handle_file
 
-from specfuse import load_trace
+from specfuse import EnsembleConfig, Trace, load_trace, save_trace
+from specfuse.engine import Ensemble
+from specfuse.prompts import as_prompt
 from studio import views
 
 from .conftest import TINY
@@ -49,6 +52,31 @@ def test_forcing_the_runs_own_winner_through_the_app_reproduces_it(served, tmp_p
     assert "reproduces the original answer" in view, view
     branch = load_trace(path_of(download))
     assert branch.rounds[-1].text == trace.rounds[-1].text and branch.branch.k == 2
+
+
+def test_a_branch_of_an_uploaded_conversation_trace_feeds_the_members_the_messages(
+    served, tmp_path, monkeypatch
+):
+    """Trace format 3 keeps the messages; the app's branch passes them on (a transcript would give
+    the tiny members other ids, and another answer)."""
+    url, members, downloads, cache = served
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))  # where the app put the upload (test_app's client)
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello there"},
+        {"role": "assistant", "content": "Hi."},
+        {"role": "user", "content": "And again?"},
+    ]
+    config = EnsembleConfig(segment_len=4, max_new_tokens=24)
+    rounds = tuple(Ensemble([members[n] for n in TINY], config).stream(messages))
+    path = save_trace(Trace(messages, tuple(TINY), config, rounds), tmp_path / "conversation.json")
+    client = Client(url, verbose=False, download_files=str(downloads))
+    client.predict(path=handle_file(str(path)), view_name=views.NORMALIZED, api_name="/load_trace")
+    client.predict(k=2, view_name=views.NORMALIZED, api_name="/replay")  # round 2's candidates to pick from
+    view, download = client.predict(k=2, pick=rounds[1].chosen, typed="", device="cpu", api_name="/branch")
+    assert "reproduces the original answer" in view, view
+    branch = load_trace(path_of(download))
+    assert branch.prompt == as_prompt(messages) and branch.rounds[-1].text == rounds[-1].text
 
 
 def test_the_status_mentions_loading_only_when_members_were_loaded():

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specfuse.config import EnsembleConfig
+from specfuse.prompts import last_user_text, prompt_chars
 from specfuse.serve.schema import ApiError, Limits, parse_request
 
 HOSTILE = settings(
@@ -72,8 +73,9 @@ def _outcome(body: object, kind: str) -> None:
         assert e.status in (400, 404, 413) and e.message
         json.dumps(e.body())  # what the client reads back
         return
-    assert ask.kind == kind and isinstance(ask.config, EnsembleConfig) and ask.prompt.strip()
-    assert len(ask.prompt) <= 200 and (ask.members is None or set(ask.members) <= set(NAMES))
+    # a chat's prompt is its conversation (issue 44): the question is its last user message
+    assert ask.kind == kind and isinstance(ask.config, EnsembleConfig) and last_user_text(ask.prompt).strip()
+    assert prompt_chars(ask.prompt) <= 200 and (ask.members is None or set(ask.members) <= set(NAMES))
 
 
 @HOSTILE

@@ -144,4 +144,4 @@ def test_the_installed_entry_point_lists_models_and_answers(installed, tiny_chec
     )
     saved = load_trace(trace)
     assert answer == saved.result.answer + "\n" and saved.members == tuple(tiny_checkpoints)
-    assert json.loads(trace.read_text(encoding="utf-8"))["version"] == 2
+    assert json.loads(trace.read_text(encoding="utf-8"))["version"] == 3

@@ -16,6 +16,7 @@ import pytest
 from specfuse.bench.serve import running
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble, Scheduler
+from specfuse.prompts import Message
 from specfuse.serve.api import create_app
 from specfuse.serve.schema import Limits
 from specfuse.trace import parse_trace
@@ -69,7 +70,8 @@ def test_chat_whole_equals_the_solo_run_with_usage_and_the_ensembles_account(cli
     assert extra["rounds"] == want.rounds and extra["wins"] == dict(want.wins)
     assert extra["members"] == [m.name for m in tiny_members] and extra["stop_reason"] == want.stop_reason
     trace = parse_trace(httpx.get(f"{server[0]}/v1/traces/{extra['trace_id']}").text)
-    assert trace.id == extra["trace_id"] and trace.result.answer == want.answer and trace.prompt == PROMPT
+    assert trace.id == extra["trace_id"] and trace.result.answer == want.answer
+    assert trace.prompt == (Message("user", PROMPT),)  # the messages as sent (trace format 3)
 
 
 def test_chat_streams_openai_chunks_whose_deltas_make_the_solo_answer(client, tiny_members):

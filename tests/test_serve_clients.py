@@ -5,15 +5,11 @@ and bad requests mixed in (each good answer equal to its solo run; memory flat).
 from __future__ import annotations
 
 import json
-import os
 import random
 import socket
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import httpx
 import openai
@@ -25,47 +21,9 @@ from specfuse.engine import Ensemble, Scheduler
 from specfuse.serve.api import create_app
 
 from .conftest import rss_bytes
+from .helpers_clients import GSM8K, gsm8k_task, run_lm_eval
 
-ROOT = Path(__file__).resolve().parents[1]
-GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "dev.jsonl"
 BASE = EnsembleConfig(segment_len=5, max_new_tokens=16)
-
-TASK = """\
-task: specfuse_gsm8k_tiny
-custom_dataset: !function utils.load
-test_split: test
-output_type: generate_until
-doc_to_text: "Question: {{question}}\\nAnswer:"
-doc_to_target: "{{answer.split('#### ')[-1]}}"
-generation_kwargs:
-  until: ["Question:"]
-  do_sample: false
-  temperature: 0.0
-  max_gen_toks: 12
-metric_list:
-  - metric: exact_match
-    aggregation: mean
-    higher_is_better: true
-filter_list:
-  - name: flexible-extract
-    filter:
-      - function: regex
-        group_select: -1
-        regex_pattern: "(-?[$0-9.,]{2,})|(-?[0-9]+)"
-      - function: take_first
-metadata:
-  version: 1.0
-"""
-UTILS = """\
-from pathlib import Path
-
-import datasets
-
-
-def load(**kwargs):
-    rows = str(Path(__file__).with_name("rows.jsonl"))
-    return datasets.load_dataset("json", data_files={"test": rows})
-"""
 
 
 @pytest.fixture(scope="module")
@@ -81,39 +39,9 @@ def server(tiny_members):
 @pytest.mark.skipif(not GSM8K.is_file(), reason="needs the GSM8K development slice in ../shared/data")
 def test_lm_eval_scores_an_offline_gsm8k_task_through_the_chat_api(server, tmp_path):
     url, _ = server
-    task = tmp_path / "task"
-    task.mkdir()
-    (task / "specfuse_gsm8k_tiny.yaml").write_text(TASK)
-    (task / "utils.py").write_text(UTILS)
-    rows = GSM8K.read_text(encoding="utf-8").splitlines()[:6]
-    (task / "rows.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    task = gsm8k_task(tmp_path / "task", "specfuse_gsm8k_tiny", rows=6)
     out = tmp_path / "out"
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "HF_HOME": str(tmp_path / "hf"),
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    args = [
-        sys.executable,
-        "-m",
-        "lm_eval",
-        "--model",
-        "local-chat-completions",
-        "--model_args",
-        f"model=specfuse,base_url={url}/v1/chat/completions,num_concurrent=3,max_retries=1,timeout=120",
-        "--apply_chat_template",
-        "--tasks",
-        "specfuse_gsm8k_tiny",
-        "--include_path",
-        str(task),
-        "--output_path",
-        str(out),
-        "--log_samples",
-    ]
-    done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    done = run_lm_eval(url, task, "specfuse_gsm8k_tiny", out)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "specfuse_gsm8k_tiny" in done.stdout and "exact_match" in done.stdout  # the score table
     (results,) = out.rglob("results_*.json")

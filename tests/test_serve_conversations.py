@@ -5,6 +5,7 @@ hostile bodies get a clear 4xx or are treated as text."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import httpx
@@ -68,9 +69,11 @@ def test_a_system_and_three_turns_answer_as_the_engine_does_whole_and_streamed(c
     # Not the old flattening: the members were shown the turns, not one user turn of transcript.
     flattened = prompt_text(as_prompt(SYSTEM_AND_THREE_TURNS))
     assert lead.prompt_ids(as_prompt(SYSTEM_AND_THREE_TURNS)) != lead.prompt_ids(flattened)
-    # The trace keeps that transcript as its prompt for now (a later phase records the messages).
-    trace = parse_trace(httpx.get(f"{server[0]}/v1/traces/{extra['trace_id']}").text)
-    assert trace.prompt == flattened and trace.result.answer == want.answer
+    # The trace records the messages the members saw (trace format 3), not a transcript.
+    document = httpx.get(f"{server[0]}/v1/traces/{extra['trace_id']}").text
+    trace = parse_trace(document)
+    assert trace.prompt == as_prompt(SYSTEM_AND_THREE_TURNS) and trace.result.answer == want.answer
+    assert json.loads(document)["messages"] == SYSTEM_AND_THREE_TURNS
 
 
 def test_a_follow_up_continues_the_conversation_and_one_member_answers_alone(client, tiny_members):
@@ -162,6 +165,17 @@ def test_hostile_conversations_get_a_clear_4xx(server, client):
         assert message in reply.json()["error"]["message"], (messages, reply.text)
     with pytest.raises(openai.BadRequestError, match="'developer' is not supported"):
         client.chat.completions.create(model="specfuse", messages=[{"role": "developer", "content": "x"}])
+
+
+def test_a_huge_system_message_within_the_characters_but_over_a_members_context_is_a_413(client):
+    """1,900 characters pass the server's character limit; 1,900 tokens do not fit a tiny member's
+    512-token context: the answer names the member and the limit, and no run is started."""
+    messages = [{"role": "system", "content": "<|im_start|>system " * 100}, {"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.chat.completions.create(model="specfuse", messages=messages, max_tokens=10)
+    assert refused.value.status_code == 413 and refused.value.body["code"] == "context_length_exceeded"
+    assert "beyond the model's context of 512" in refused.value.body["message"]
+    assert refused.value.body["message"].split(":")[0] in {"llama-bytes", "qwen-merges", "gemma-meta"}
 
 
 def test_with_room_in_the_body_ten_thousand_tiny_messages_meet_the_messages_limit(server):

@@ -1,5 +1,6 @@
-"""Trace files: a run round-trips through JSON (version 2, with id, branch and token scores);
-version-1 files still load; malformed or oversized files get a specific TraceError."""
+"""Trace files: a run round-trips through JSON (version 3, with id, branch and token scores; a
+conversation's messages: test_trace_conversations.py); version-1 files still load; malformed or
+oversized files get a specific TraceError."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def test_a_trace_round_trips_exactly(trace, tmp_path):
     assert back.result == trace.result and back.result.answer.endswith("猫。")
     assert any(r.exits for r in back.rounds)
     assert back.rounds[0].token_scores[2][1].tokens == ("to", "k✓")
-    assert json.loads(path.read_text(encoding="utf-8"))["version"] == VERSION == 2
+    assert json.loads(path.read_text(encoding="utf-8"))["version"] == VERSION == 3
 
 
 def test_every_run_gets_its_own_id_and_a_branch_names_its_parent(trace):
@@ -84,7 +85,7 @@ def test_a_version_1_trace_still_loads():
     assert parse_trace(text).id == old.id  # the same file, the same id
     assert all(r.eligible == (True,) * len(r.candidates) and r.token_scores == () for r in old.rounds)
     assert old.result.answer == "good good good good good 猫。" and old.result.stop_reason == "final"
-    assert parse_trace(dump_trace(old)) == old  # and it is written as version 2
+    assert parse_trace(dump_trace(old)) == old  # and it is written as the current version
 
 
 def mutate(trace, edit):
@@ -101,7 +102,10 @@ def first(d):
     ("edit", "message"),
     [
         (lambda d: d.update(schema="other"), "not a specfuse trace"),
-        (lambda d: d.update(version=99), "trace version 99 is not supported; this build reads versions 1, 2"),
+        (
+            lambda d: d.update(version=99),
+            "trace version 99 is not supported; this build reads versions 1, 2, 3",
+        ),
         (lambda d: d.update(version=True), "trace version True is not supported"),
         (lambda d: d.pop("rounds"), "trace: missing 'rounds'"),
         (lambda d: d.update(rounds=[]), "a trace holds at least one round, this one has none"),

@@ -1,5 +1,5 @@
-"""`python -m specfuse.bench [gpu|concurrency|remote|serve|paused|backends] …`: one command for every
-benchmark; without a subcommand it runs the engine's own benchmark (core.py)."""
+"""`python -m specfuse.bench [gpu|concurrency|remote|serve|paused|followup|backends] …`: one command
+for every benchmark; without a subcommand it runs the engine's own benchmark (core.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "remote": "specfuse.bench.remote",
     "serve": "specfuse.bench.serve",
     "paused": "specfuse.bench.paused",
+    "followup": "specfuse.bench.followup",
     "backends": "specfuse.bench.backends",
 }
 

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from ..config import EnsembleConfig
 from ..errors import SpecfuseError
-from ..prompts import Prompt, prompt_text
+from ..prompts import Prompt
 from ..records import Draft, Finished, Paused, Queued, Result, Round, summarize
 from ..trace import Trace
 from .run import Run
@@ -165,8 +165,7 @@ class Ticket:
         return summarize(self.rounds)
 
     def trace(self) -> Trace:
-        # A trace records a string for now: a conversation as its plain transcript (prompts.prompt_text).
-        return Trace(prompt_text(self.prompt), self.members, self.config, tuple(self.rounds), id=self.id)
+        return Trace(self.prompt, self.members, self.config, tuple(self.rounds), id=self.id)
 
     # -- the scheduler's side ------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from ..errors import ConfigError
+from ..prompts import last_user_text, prompt_text
 from ..records import Round
 from ..trace import Trace
 
@@ -39,8 +40,9 @@ def member_colors(members: tuple[str, ...] | list[str]) -> dict[str, str]:
 
 
 def default_title(trace: Trace) -> str:
-    """ "SpecFuse run: " and the prompt's first non-empty line, cut to TITLE_CHARS characters."""
-    line = next((s.strip() for s in trace.prompt.splitlines() if s.strip()), "")
+    """ "SpecFuse run: " and the first non-empty line of the prompt (of a conversation, its last user
+    turn), cut to TITLE_CHARS characters."""
+    line = next((s.strip() for s in last_user_text(trace.prompt).splitlines() if s.strip()), "")
     if len(line) > TITLE_CHARS:
         line = line[: TITLE_CHARS - 1].rstrip() + "…"
     return f"SpecFuse run: {line}" if line else "SpecFuse run"
@@ -61,7 +63,7 @@ def page_data(trace: Trace, title: str | None = None) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "title": default_title(trace) if title is None else title,
-        "prompt": trace.prompt,
+        "prompt": prompt_text(trace.prompt),  # a conversation as its transcript
         "members": list(trace.members),
         "colors": member_colors(trace.members),
         "other": OTHER,

@@ -17,6 +17,7 @@ from functools import cache
 from importlib import resources
 
 from .. import __version__
+from ..prompts import prompt_text
 from ..trace import Trace
 from .data import embed_json, page_data
 
@@ -43,7 +44,7 @@ def _noscript(trace: Trace) -> str:
     answer = trace.rounds[-1].text
     return (
         "<p>This page steps through the run with JavaScript, which is off. The prompt and the final "
-        f"answer:</p><h2>Prompt</h2><pre>{_text(trace.prompt)}</pre>"
+        f"answer:</p><h2>Prompt</h2><pre>{_text(prompt_text(trace.prompt))}</pre>"
         f"<h2>Answer</h2><pre>{_text(answer)}</pre>"
     )
 

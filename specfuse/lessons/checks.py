@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 from ..engine import TYPED
 from ..errors import ConfigError
+from ..prompts import prompt_text
 from ..records import Round
 from ..rules import RULES, choose_by
 from ..segments import repeated_fraction
@@ -135,7 +136,7 @@ def _cjk(text: str) -> int:
 def other_language(trace: Trace) -> Finding:
     """A Chinese prompt; in a scored round a member drafts no Chinese at all while the chosen
     candidate is Chinese; that member wins no segment, and the answer is mostly Chinese."""
-    if not _cjk(trace.prompt):
+    if not _cjk(prompt_text(trace.prompt)):
         return "the prompt has no Chinese characters"
     if not trace.rounds:
         return "the trace has no rounds"

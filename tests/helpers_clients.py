@@ -1,0 +1,133 @@
+"""Real clients' side of the live-server tests (test_serve_clients, test_serve_chat_clients): an
+offline GSM8K task for lm-evaluation-harness and its run, and an ASGI wrapper that keeps what the
+server was sent (to check what a client nobody here wrote really put in its requests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "dev.jsonl"
+TASK = """\
+task: {name}
+custom_dataset: !function utils.load
+test_split: test
+{fewshot}output_type: generate_until
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_target: "{{{{answer.split('#### ')[-1]}}}}"
+generation_kwargs:
+  until: ["Question:"]
+  do_sample: false
+  temperature: 0.0
+  max_gen_toks: 12
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+filter_list:
+  - name: flexible-extract
+    filter:
+      - function: regex
+        group_select: -1
+        regex_pattern: "(-?[$0-9.,]{{2,}})|(-?[0-9]+)"
+      - function: take_first
+metadata:
+  version: 1.0
+"""
+# The few-shot examples come from a split of their own (the problems after the test rows).
+FEWSHOT = "fewshot_split: train\n"
+UTILS = """\
+from pathlib import Path
+
+import datasets
+
+
+def load(**kwargs):
+    here = Path(__file__).parent
+    files = {"test": str(here / "rows.jsonl")}
+    if (here / "shots.jsonl").is_file():
+        files["train"] = str(here / "shots.jsonl")
+    return datasets.load_dataset("json", data_files=files)
+"""
+
+
+def gsm8k_task(folder: Path, name: str, rows: int, shots: int = 0, shortest: bool = False) -> Path:
+    """A task `name` over the first `rows` problems of the GSM8K development slice, with the next
+    `shots` problems as its few-shot split; its folder (for --include_path). `shortest`: the
+    problems in order of their question's length (few-shot prompts that fit a tiny member's context)."""
+    folder.mkdir()
+    lines = GSM8K.read_text(encoding="utf-8").splitlines()
+    if shortest:
+        lines.sort(key=lambda line: len(json.loads(line)["question"]))
+    (folder / f"{name}.yaml").write_text(TASK.format(name=name, fewshot=FEWSHOT if shots else ""))
+    (folder / "utils.py").write_text(UTILS)
+    (folder / "rows.jsonl").write_text("\n".join(lines[:rows]) + "\n", encoding="utf-8")
+    if shots:
+        (folder / "shots.jsonl").write_text("\n".join(lines[rows : rows + shots]) + "\n", encoding="utf-8")
+    return folder
+
+
+def run_lm_eval(
+    url: str, folder: Path, name: str, out: Path, *extra: str, concurrent: int = 3, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    """`lm_eval` against the server's chat endpoint on the task in `folder`, offline, its caches
+    under out's parent; `extra`: more of its flags (--num_fewshot, --limit, …)."""
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HOME": str(out.parent / "hf"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    model_args = (
+        f"model=specfuse,base_url={url}/v1/chat/completions,num_concurrent={concurrent},max_retries=1"
+    )
+    args = [
+        *(sys.executable, "-m", "lm_eval", "--model", "local-chat-completions"),
+        *("--model_args", f"{model_args},timeout=120", "--apply_chat_template"),
+        *("--tasks", name, "--include_path", str(folder), "--output_path", str(out), "--log_samples"),
+        *extra,
+    ]
+    return subprocess.run(args, cwd=out.parent, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+class Recorder:
+    """An ASGI app around `app` that keeps the JSON body of every POST it passes on (`bodies`)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.bodies: list[Any] = []
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False) and message["type"] == "http.request"
+        try:
+            self.bodies.append(json.loads(body))
+        except ValueError:
+            self.bodies.append(body)
+        given = False
+
+        async def again() -> dict:
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # then the client's disconnect, when it comes
+
+        await self.app(scope, again, send)
+
+    def chats(self) -> list[list[dict]]:
+        """The `messages` of each chat request so far, in order."""
+        return [b["messages"] for b in self.bodies if isinstance(b, dict) and "messages" in b]
