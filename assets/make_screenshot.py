@@ -138,7 +138,7 @@ def main() -> None:
             tokens = page.locator("#answer .token")
             tokens.nth(tokens.count() - 1).click()
             page.wait_for_function("document.querySelector('#segment').innerText.includes('round')")
-            page.wait_for_selector("#matrix .js-plotly-plot")  # a heatmap, or words where nothing was verified
+            page.wait_for_selector("#matrix .js-plotly-plot")  # a heatmap, or words saying why not
             page.wait_for_timeout(1000)
             page.screenshot(path=str(args.out / "screenshot.png"), full_page=True)
             with page.expect_download() as download:

@@ -20,6 +20,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from specfuse import Trace, dump_trace
+from specfuse.prompts import prompt_text
 
 LIMIT = 256  # files at most: a few per session that is still open
 
@@ -88,6 +89,6 @@ CJK = re.compile("[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uff00-\u
 
 def slide_font(trace: Trace) -> str | None:
     """A font on this system that draws the trace's text (a CJK one when it holds CJK), or None."""
-    texts = [trace.prompt, *(c.text for r in trace.rounds for c in r.candidates)]
+    texts = [prompt_text(trace.prompt), *(c.text for r in trace.rounds for c in r.candidates)]
     wanted = CJK_FONTS if any(CJK.search(t) for t in texts) else FONTS
     return next((f for f in wanted if Path(f).is_file()), None)
