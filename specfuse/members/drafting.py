@@ -86,8 +86,8 @@ def end_marker(tokenizer: PreTrainedTokenizerBase, fmt: PromptFormat, stop_ids: 
     """What a member would emit after a finished answer: its end-of-turn token (chat), or its first
     stop string (completion). Appended to a final candidate when scoring it, so a verifier also
     judges whether the answer should end there."""
-    if fmt.kind == "completion" and fmt.stop_strings:
-        return encode(tokenizer, fmt.stop_strings[0])
+    if fmt.kind == "completion" and fmt.stop_strings:  # the format's own text, not a user's
+        return templates.plain_ids(tokenizer, fmt.stop_strings[0])
     eos = tokenizer.eos_token_id
     stops = list(stop_ids)
     if eos is None and stops:
