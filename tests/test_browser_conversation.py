@@ -54,6 +54,7 @@ def test_ask_follow_up_with_a_system_prompt_branch_turn_2_and_start_over(browser
     with opened(browser, url) as page:
         page.click("#settings")
         page.fill("#chat-system textarea", SYSTEM)
+        page.locator("#chat-system textarea").press("Tab")  # its change lands before Run reads it
         page.fill("#prompt textarea", "Name a colour.")
         page.click("#run")
         turns_answered(page, 1)
