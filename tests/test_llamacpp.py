@@ -326,8 +326,9 @@ def test_the_backends_benchmark_sets_the_three_setups_side_by_side(monkeypatch):
     assert "gguf (llama.cpp)" in text and "× gguf-draft" in text and "load average" in text
 
 
-def test_a_llama_cpp_member_in_a_worker_process_drafts_as_here(member):
+def test_a_llama_cpp_member_in_a_worker_process_drafts_as_here():
     _needs_build()
+    member = _smollm2()  # as fresh as the worker's: the module's member holds other tests' slots
     (remote,) = load_members(["smollm2-135m"], quantize="gguf", processes=True, cache_dir=REAL_MODEL_CACHE)
     try:
         assert type(remote).__name__ == "ProcessMember"
