@@ -33,7 +33,7 @@ from ..errors import SpecfuseError
 from ..eval.problems import OPEN_PROMPTS
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from ..prompts import Prompt, as_prompt, prompt_chars
-from .measure import cpu_model, write_report
+from .measure import cpu_model, write_outputs
 
 log = logging.getLogger(__name__)
 
@@ -217,9 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     report["command"] = " ".join(["python -m specfuse.bench followup", *(argv or sys.argv[1:])])
     table = format_table(report)
-    write_report(report, table, args.out.with_suffix(".json") if args.out else None)
-    if args.out is not None:
-        args.out.with_suffix(".txt").write_text(table + "\n")
+    write_outputs(report, table, args.out)
     return 0
 
 

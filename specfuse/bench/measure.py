@@ -346,6 +346,13 @@ def write_report(report: dict[str, Any], table: str, path: Path | None) -> None:
         path.write_text(json.dumps(report, indent=1, allow_nan=True) + "\n")
 
 
+def write_outputs(report: dict[str, Any], table: str, out: Path | None) -> None:
+    """Print the table; with `out`, write OUT.json (the report) and OUT.txt (the table)."""
+    write_report(report, table, out.with_suffix(".json") if out else None)
+    if out is not None:
+        out.with_suffix(".txt").write_text(table + "\n")
+
+
 # -- memory of each model alone: one child process each -----------------------------------------------
 
 

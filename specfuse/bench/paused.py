@@ -30,7 +30,7 @@ from ..engine import Scheduler, Ticket
 from ..errors import SpecfuseError
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from ..records import Finished, Paused, Round
-from .measure import cpu_model, write_report
+from .measure import cpu_model, write_outputs
 from .serve import PROMPTS
 
 log = logging.getLogger(__name__)
@@ -237,9 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["quantize"] = args.quantize
     report["command"] = " ".join(["python -m specfuse.bench paused", *(argv or sys.argv[1:])])
     table = format_table(report)
-    write_report(report, table, args.out.with_suffix(".json") if args.out else None)
-    if args.out is not None:
-        args.out.with_suffix(".txt").write_text(table + "\n")
+    write_outputs(report, table, args.out)
     return 0
 
 

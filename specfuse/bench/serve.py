@@ -44,7 +44,7 @@ from ..errors import SpecfuseError
 from ..eval.problems import OPEN_PROMPTS
 from ..eval.variants import add_set_option
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
-from .measure import cpu_model, write_report
+from .measure import cpu_model, write_outputs
 from .serve_shapes import load_shapes, machine, on_gpu, peak_gb, reset_peak, shapes_config
 from .shapes import SHAPES
 
@@ -439,9 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["seconds"] = time.perf_counter() - began
     report["command"] = " ".join(["python -m specfuse.bench serve", *(argv or sys.argv[1:])])
     table = format_table(report)
-    write_report(report, table, args.out.with_suffix(".json") if args.out else None)
-    if args.out is not None:
-        args.out.with_suffix(".txt").write_text(table + "\n")
+    write_outputs(report, table, args.out)
     return 0
 
 
