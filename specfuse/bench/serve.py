@@ -38,13 +38,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .. import profiling
 from ..cli import Parser, parse_models
-from ..config import EnsembleConfig
+from ..config import PARALLEL_HELP, PARALLEL_MODES, EnsembleConfig
 from ..errors import SpecfuseError
 from ..eval.problems import OPEN_PROMPTS
 from ..eval.variants import add_set_option
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from .measure import cpu_model, write_outputs
+from .profile_report import format_profile
 from .serve_shapes import load_shapes, machine, on_gpu, peak_gb, reset_peak, shapes_config
 from .shapes import SHAPES
 
@@ -170,11 +172,14 @@ def run_serve(
     join_wait: float | None = None,
     min_requests: int = MIN_REQUESTS,
     stop_at: float | None = None,
+    profile: bool = False,
+    parallel: str = "auto",
 ) -> dict[str, Any]:
     """Every level against one live server over `members`; returns the JSON-ready report. Each
     level sends `per_client` requests per client (at least `min_requests`), or `requests` if given.
     Past `stop_at` (a perf_counter() time) no request is sent: the level under way ends with its
-    requests in flight, and the levels after it are skipped (listed in the report's "skipped")."""
+    requests in flight, and the levels after it are skipped (listed in the report's "skipped").
+    `profile`: each level also says where its time went (profile_report.py)."""
     from ..engine import DEFAULT_JOIN_WAIT, Scheduler
     from ..serve.api import create_app
 
@@ -184,7 +189,7 @@ def run_serve(
     size = batch_size or max(levels)
     wait = DEFAULT_JOIN_WAIT if join_wait is None else join_wait
     queue = max(levels) + count(max(levels))
-    scheduler = Scheduler(members, config, batch_size=size, queue=queue, join_wait=wait)
+    scheduler = Scheduler(members, config, batch_size=size, queue=queue, join_wait=wait, parallel=parallel)
     gpus = on_gpu(members)
     results: dict[str, dict[str, Any]] = {}
     skipped: list[int] = []
@@ -198,7 +203,10 @@ def run_serve(
                     continue
                 reset_peak(gpus)
                 mix = [PROMPTS[i % len(PROMPTS)] for i in range(count(c))]
-                results[str(c)] = run_level(url, c, mix, max_tokens, stop_at)
+                with profiling.profiling() if profile else contextlib.nullcontext() as tally:
+                    results[str(c)] = run_level(url, c, mix, max_tokens, stop_at)
+                if tally is not None:
+                    results[str(c)]["profile"] = tally.snapshot()
                 results[str(c)]["peak_gpu_gb"] = peak_gb(gpus)
                 _progress(results[str(c)])
     finally:
@@ -208,6 +216,7 @@ def run_serve(
     compare_to_solo(results)
     return {
         "members": [m.name for m in members],
+        "parameters": {m.name: m.parameters for m in members},
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         **machine(members),
@@ -215,6 +224,7 @@ def run_serve(
         "per_client": per_client if requests is None else None,
         "min_requests": min_requests if requests is None else None,
         "join_wait": wait,
+        "parallel": parallel,
         "max_tokens": max_tokens,
         "config": scheduler.config.to_dict(),
         "levels": results,
@@ -308,6 +318,7 @@ def format_table(report: dict[str, Any]) -> str:
         + f", batch size {report['batch_size']}, {report['max_tokens']} tokens per request, "
         + _requests_shown(report)
         + (f", join wait {report['join_wait']} s" if "join_wait" in report else "")
+        + (f", members at once: {report['parallel']}" if report.get("parallel", "auto") != "auto" else "")
         + (f"; settings: {', '.join(f'{k}={_shown(v)}' for k, v in settings.items())}" if settings else ""),
         f"{'clients':>7} {'tok/s':>7} {'×1':>6} {'first med':>9} {'first p95':>9} {'p95/solo':>8} "
         f"{'total med':>9} {'total p95':>9} {'same':>5} {'errors':>6}  load avg before → after"
@@ -335,6 +346,9 @@ def format_table(report: dict[str, Any]) -> str:
             f"  aggregate tokens/s ×{speedup:.2f} ≥ 3  {'PASS' if speedup >= 3 else 'MISS'}",
             f"  p95 first segment {ratio:.2f}× the solo median ≤ 3  {'PASS' if ratio <= 3 else 'MISS'}",
         ]
+    for r in levels.values():
+        if "profile" in r:
+            lines += ["", format_profile(r, report.get("parameters", {}))]
     if "versions" in report:
         lines += ["", "versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items())]
     if "command" in report:
@@ -377,6 +391,13 @@ def _parser() -> Parser:
         "verify=disagree, stop_strings=a|b (repeatable; applied after --segment-len)",
     )
     add("--join-wait", type=float, default=None, help="the server's --join-wait, seconds (default: its own)")
+    add("--parallel", choices=PARALLEL_MODES, default="auto", help=f"{PARALLEL_HELP} (default auto)")
+    add(
+        "--profile",
+        action="store_true",
+        help="also say where each level's time went: phases, member calls and their batches, torch "
+        "forward passes, llama_decode calls, threads, GFLOP/s (docs/serve.md)",
+    )
     add(
         "--deadline",
         type=float,
@@ -428,7 +449,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             members, levels=levels, per_client=args.per_client, requests=requests,
             max_tokens=max_tokens, config=config, batch_size=args.batch_size, join_wait=args.join_wait,
             min_requests=args.min_requests,
-            stop_at=None if args.deadline is None else began + args.deadline,
+            stop_at=None if args.deadline is None else began + args.deadline, profile=args.profile,
+            parallel=args.parallel,
         )  # fmt: skip
     except SpecfuseError as e:
         print(f"error: {e}", file=sys.stderr)

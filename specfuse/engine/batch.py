@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 
+from .. import profiling
 from ..errors import SpecfuseError
 from ..members.protocol import Member
 from ..records import Candidate, Draft, Round
@@ -96,7 +97,8 @@ class Batch:
         """Start each run's own members (the prompt's prefill) and set its starting point (resume)."""
         for run in runs:
             run.began = time.perf_counter() - run.played_s  # a run's clock includes its prefill
-        self._calls.start(runs)
+        with profiling.timed("phase", "start", items=len(runs)):
+            self._calls.start(runs)
         for run in runs:
             error = self._calls.failures.pop(run.id, None)
             if error is None:
@@ -118,20 +120,25 @@ class Batch:
         for run in runs:
             run.begin_round()
         drafted: dict[tuple[str, str], tuple[Candidate, float]] = {}
-        self._catch_up(runs)  # exited members drafting again first read the answer they missed
+        with profiling.timed("phase", "catch up", items=len(runs)):
+            self._catch_up(runs)  # exited members drafting again first read the answer they missed
         runs = yield from self._settle(runs)
-        yield from self._draft(runs, drafted)  # 1
+        with profiling.timed("phase", "draft", items=len(runs)):
+            yield from self._draft(runs, drafted)  # 1
         runs = yield from self._settle(runs)
-        for run in runs:
-            run.take_candidates(drafted)
-        self._verify(runs)  # 2
+        with profiling.timed("phase", "verify", items=len(runs)):
+            for run in runs:
+                run.take_candidates(drafted)
+            self._verify(runs)  # 2
         runs = yield from self._settle(runs)
-        for run in runs:
-            run.choose()  # 3
-            run.feedback()  # 4
-            run.stop()  # 5
-            run.exit()  # 6
-        accepted = self._accept(runs)  # 7
+        with profiling.timed("phase", "choose", items=len(runs)):
+            for run in runs:
+                run.choose()  # 3
+                run.feedback()  # 4
+                run.stop()  # 5
+                run.exit()  # 6
+        with profiling.timed("phase", "accept", items=len(runs)):
+            accepted = self._accept(runs)  # 7
         runs = yield from self._settle(runs)
         for run in runs:
             rnd = run.record(accepted)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .. import feedback
+from .. import feedback, profiling
 from ..config import EnsembleConfig
 from ..errors import MemberError, SpecfuseError
 from ..members.protocol import Member, Verdict
@@ -155,7 +155,9 @@ class MemberCalls:
                 if not self.isolate:
                     raise
                 return e
-            each = (time.perf_counter() - began) / max(1, len(runs))  # a batch's time, shared out
+            seconds = time.perf_counter() - began
+            profiling.add("member", step, m, seconds=seconds, items=len(runs))
+            each = seconds / max(1, len(runs))  # a batch's time, shared out
             return [(o, each) for o in outs]
 
         names = list(groups)

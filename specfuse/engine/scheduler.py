@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from .. import profiling
 from ..config import EnsembleConfig
 from ..errors import ConfigError, SpecfuseError
 from ..limits import check_request
@@ -283,8 +284,9 @@ class Scheduler:
             while True:
                 with self._cond:
                     # A timed wait while runs are paused: the next one's idle limit wakes the loop.
-                    while not self._closed and not self._waiting and not self._batch.live:
-                        self._cond.wait(self._expire())
+                    with profiling.timed("scheduler", "idle"):
+                        while not self._closed and not self._waiting and not self._batch.live:
+                            self._cond.wait(self._expire())
                     self._expire()
                     self._await_newcomers()
                     if self._closed:
@@ -321,11 +323,12 @@ class Scheduler:
         if not self._batch.live or wanted <= 0:
             return
         deadline = time.perf_counter() + min(self.join_wait, JOIN_WAIT_SHARE * self._last_round_s)
-        while len(self._waiting) < wanted and not self._closed:
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                return
-            self._cond.wait(left)
+        with profiling.timed("scheduler", "join wait"):
+            while len(self._waiting) < wanted and not self._closed:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    return
+                self._cond.wait(left)
 
     def _take(self, room: int) -> list[Run]:
         """The runs of the tickets that take the batch's free places, first come, first served (none

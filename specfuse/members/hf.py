@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
+from .. import profiling
 from ..config import MemberSettings
 from ..errors import ConfigError, MemberError, PromptTooLongError, SpecfuseError
 from ..prompts import CHAT, Prompt, PromptFormat
@@ -59,6 +60,7 @@ class HFMember(Drafting, Verifying, BaseMember):
         self.device = device or str(model.get_input_embeddings().weight.device)
         self.parameters = float(model.num_parameters())  # the size workers divide a CPU's cores by
         self.base = model.base_model  # the decoder without its output head
+        profiling.count_forward(self.base, name)
         self.head = OutputHead(model)
         self.dtype: torch.dtype = next(model.get_input_embeddings().parameters()).dtype
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config

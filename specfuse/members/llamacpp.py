@@ -36,9 +36,11 @@ from . import drafting
 from .llamacpp_decode import (
     BATCH_TOKENS,
     SCORE_SEQUENCES,
+    CandidatePath,
     Item,
     LlamaDecoding,
     LlamaState,
+    candidate_items,
     logit_and_logprob,
     pick,
 )
@@ -92,11 +94,14 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
         slots: int = SLOTS,
         ubatch_tokens: int = BATCH_TOKENS,
         weights: LlamaModel | None = None,
+        share_prefixes: bool = True,
     ) -> None:
         """`ubatch_tokens`: llama.cpp's inner batch. Its CPU kernels change with the batch's size (at
         64 tokens here), and with them the rounding: a request's logits then depend on what shares
         its batch. Below 64, batched requests get exactly their solo logits, but slower passes.
-        `weights`: another member's loaded model, shared (a model listed twice: see sharing())."""
+        `weights`: another member's loaded model, shared (a model listed twice: see sharing()).
+        `share_prefixes`: a verify pass decodes the tokens that candidates begin with alike once, in
+        all their sequences (candidate_items); False: every candidate's own, for the comparison."""
         if prompt_format.kind == "chat" and not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"{name}: the tokenizer has no chat template; use a completion prompt format")
         lib = self.lib = llama_cpp_module()
@@ -112,6 +117,7 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
         self.stop_token_ids = frozenset(drafting.stop_token_ids(tokenizer, generation_eos))
         self.end_marker = tuple(drafting.end_marker(tokenizer, prompt_format, self.stop_token_ids))
         self.slots = slots
+        self.share_prefixes = share_prefixes
         self.threads = cpu_cores()  # all of this process's cores unless a run gives it a share
         self.weights = weights or LlamaModel(lib, name, self.path)
         self.model = self.weights.pointer
@@ -127,7 +133,8 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
         self.ctx = lib.llama_init_from_model(self.model, params)
         if not self.ctx:
             raise ModelLoadError(f"{name}: llama.cpp could not make a context of {context_tokens} tokens")
-        self.batch = lib.llama_batch_init(BATCH_TOKENS, 0, 1)
+        # A verify pass's token may begin several candidates at once: it then belongs to their sequences.
+        self.batch = lib.llama_batch_init(BATCH_TOKENS, 0, SCORE_SEQUENCES)
         # The finalizer holds the weights, so that the model is freed after this context, not before.
         weakref.finalize(self, _free, lib, self.batch, self.ctx, self.weights)
         self.memory = lib.llama_get_memory(self.ctx)
@@ -165,6 +172,7 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
             context_tokens=self.context_tokens,
             slots=self.slots,
             weights=self.weights,
+            share_prefixes=self.share_prefixes,
         )
 
     def encode(self, text: str) -> list[int]:
@@ -268,7 +276,7 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
             start = self._rewind(slot, ids)
             items: list[Item] = [(slot, p, ids[p], p == len(ids) - 1) for p in range(start, len(ids))]
             for _ in range(max_new_tokens):
-                for _, row in self._decode(items):  # one row: the last item's
+                for _, row in self._decode(items, "alone"):  # one row: the last item's
                     token = int(row.argmax())
                 items = [(slot, len(self.cached[slot]), token, True)]
         return max_new_tokens, time.perf_counter() - began
@@ -286,7 +294,7 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
             (slot,) = self._claim([state])
             self._rewind(slot, state.ids[:1])
             items = [(slot, p, state.ids[p], p in wanted) for p in range(len(state.ids))]
-            for i, row in self._decode(items):
+            for i, row in self._decode(items, "prompt"):
                 nll -= logit_and_logprob(row, wanted[i])[1]
         return nll / max(1, spelled)
 
@@ -317,8 +325,8 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
                     items.append((slot, pos, state.ids[pos], pos == len(state.ids) - 1))
                 owner[slot] = r
         while items:
-            following: list[Item] = []
-            for i, row in self._decode(items):
+            following: list[tuple[int, int, int, bool]] = []  # one sequence each: the slots
+            for i, row in self._decode(items, "draft"):
                 slot = items[i][0]
                 r = owner[slot]
                 token = pick(row, states[r].settings, rngs[r])
@@ -362,33 +370,34 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
             start = self._rewind(slot, state.ids[:shared], keep_beyond=True)
             items += [(slot, pos, state.ids[pos], False) for pos in range(start, shared)]
             plans.append((shared, rows))
-        for _ in self._decode(items):  # contexts the slots lacked (a slot lent to another request)
+        for _ in self._decode(items, "context"):  # contexts the slots lacked (a slot lent to another request)
             pass
         sequence = self.slots
-        wanted: dict[int, tuple[int, int, int]] = {}  # item → (request, candidate, tail index)
+        wanted: list[
+            list[tuple[int, int, int]]
+        ] = []  # per item: the (request, candidate, tail index) it scores
         kept: list[list[tuple[int, tuple[int, ...]]]] = []  # per request: (sequence, its tokens)
         values: list[list[list[tuple[float, float]]]] = []
         items = []
         for r, (state, slot, (shared, rows)) in enumerate(zip(states, slots, plans)):
             kept.append([])
             values.append([])
+            paths = []
             for c, (keep, tail, own) in enumerate(rows):
                 values[r].append(list(own) if own is not None else [(0.0, 0.0)] * len(tail))
                 if own is not None:
                     continue
                 kept[r].append((sequence, (*state.ids[:keep], *tail)))
                 self.lib.llama_memory_seq_cp(self.memory, slot, sequence, 0, shared)
-                tokens = state.ids[shared:keep] + tail
-                for t, token in enumerate(tokens):
-                    target = t - (keep - 1 - shared)  # the tail token this position predicts
-                    if 0 <= target < len(tail):
-                        wanted[len(items)] = (r, c, target)
-                    items.append((sequence, shared + t, token, 0 <= target < len(tail)))
+                paths.append(CandidatePath(c, sequence, (*state.ids[shared:keep], *tail), keep - 1 - shared))
                 sequence += 1
+            request_items, scored = candidate_items(paths, shared, self.share_prefixes)
+            items += request_items
+            wanted += [[(r, c, t) for c, t in each] for each in scored]
         try:
-            for i, row in self._decode(items):
-                r, c, t = wanted[i]
-                values[r][c][t] = logit_and_logprob(row, plans[r][1][c][1][t])
+            for i, row in self._decode(items, "verify"):
+                for r, c, t in wanted[i]:
+                    values[r][c][t] = logit_and_logprob(row, plans[r][1][c][1][t])
         except BaseException:
             self._drop_candidates()
             raise

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import profiling
 from ..config import MemberSettings
 from ..errors import MemberError
 from .scoring import common_prefix_len
@@ -44,8 +45,13 @@ class LlamaState:
     drafted: tuple[tuple[int, ...], tuple[tuple[float, float], ...]] | None = None
 
 
-# A token to decode: (sequence, position, token id, whether its logits are wanted)
-Item = tuple[int, int, int, bool]
+# A token to decode: (sequence, position, token id, whether its logits are wanted). A verify pass's
+# token that begins several candidates at once belongs to all their sequences (a tuple of them).
+Item = tuple[int | tuple[int, ...], int, int, bool]
+
+
+def sequences_of(seq: int | tuple[int, ...]) -> tuple[int, ...]:
+    return seq if isinstance(seq, tuple) else (seq,)
 
 
 class LlamaDecoding:
@@ -116,22 +122,35 @@ class LlamaDecoding:
         cached.extend(ids[start:])  # decoded by the caller's next _decode
         return start
 
-    def _decode(self, items: Sequence[Item]) -> Iterator[tuple[int, np.ndarray]]:
+    def _decode(self, items: Sequence[Item], what: str) -> Iterator[tuple[int, np.ndarray]]:
         """Decode `items` in order, BATCH_TOKENS at a time; yields (item index, logits row) for the
-        items whose logits are wanted. A row is llama.cpp's own buffer: read it before the next."""
+        items whose logits are wanted. A row is llama.cpp's own buffer: read it before the next.
+        `what`: the purpose the profile counts the calls under (draft, verify, prompt)."""
         batch = self.batch
         for begin in range(0, len(items), BATCH_TOKENS):
             chunk = items[begin : begin + BATCH_TOKENS]
+            used: set[int] = set()
             for j, (seq, pos, token, wants) in enumerate(chunk):
-                batch.token[j], batch.pos[j], batch.n_seq_id[j] = token, pos, 1
-                batch.seq_id[j][0], batch.logits[j] = seq, wants
+                seqs = sequences_of(seq)
+                batch.token[j], batch.pos[j], batch.n_seq_id[j] = token, pos, len(seqs)
+                for k, s in enumerate(seqs):
+                    batch.seq_id[j][k] = s
+                batch.logits[j] = wants
+                used.update(seqs)
             batch.n_tokens = len(chunk)
             self._use_threads()
+            began = time.perf_counter()
             status = self.lib.llama_decode(self.ctx, batch)
-            if status == 1 and self._evict({seq for seq, _, _, _ in chunk}):
+            if status == 1 and self._evict(used):
                 status = self.lib.llama_decode(self.ctx, batch)
+            if profiling.active():
+                seconds = time.perf_counter() - began
+                profiling.add("llama_decode", self.name, what, seconds=seconds, items=len(chunk))
+                profiling.add("llama_sequences", self.name, what, seconds=0.0, items=len(used))
+                profiling.add("threads", self.name, seconds=0.0, items=self._threads_now)
+                began = time.perf_counter()
             if status != 0:
-                for seq in {seq for seq, _, _, _ in chunk if seq < self.slots}:  # its cells are unknown now
+                for seq in {s for s in used if s < self.slots}:  # its cells are unknown now
                     self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
                     self.cached[seq] = []
                 why = "its KV cache is full" if status == 1 else f"status {status}"
@@ -139,12 +158,16 @@ class LlamaDecoding:
                     f"{self.name}: llama.cpp could not decode ({why}); "
                     "fewer requests at once or a shorter answer budget"
                 )
+            rows = 0
             for j, (seq, _, token, wants) in enumerate(chunk):
-                if seq < self.slots and len(self.cached[seq]) <= batch.pos[j]:
+                if isinstance(seq, int) and seq < self.slots and len(self.cached[seq]) <= batch.pos[j]:
                     self.cached[seq].append(token)  # a drafted token, now in the slot's cells
                 if wants:
+                    rows += 1
                     row = self.lib.llama_get_logits_ith(self.ctx, j)
                     yield begin + j, np.ctypeslib.as_array(row, (self.n_vocab,))
+            # The caller's time with the rows (picking a token, a log-softmax each), in Python
+            profiling.add("llama_rows", self.name, what, seconds=time.perf_counter() - began, items=rows)
 
     def _evict(self, busy: set[int]) -> bool:
         """Free the slots this call does not use, to make room; whether any cells were freed."""
@@ -160,6 +183,48 @@ class LlamaDecoding:
         if threads != self._threads_now:
             self.lib.llama_set_n_threads(self.ctx, threads, threads)
             self._threads_now = threads
+
+
+@dataclass(frozen=True)
+class CandidatePath:
+    """One candidate of a verify pass, as the tokens its sequence decodes from the pass's start."""
+
+    candidate: int  # its index among the request's candidates
+    sequence: int  # its KV sequence
+    tokens: tuple[int, ...]  # the context's tokens it re-reads, then its own (the tail)
+    first_scored: int  # the index in `tokens` whose logits score the tail's first token
+
+
+def candidate_items(
+    paths: Sequence[CandidatePath], start: int, share: bool
+) -> tuple[list[Item], list[list[tuple[int, int]]]]:
+    """A verify pass's tokens for one request's candidates, each path at positions from `start`; and
+    for each item the (candidate, tail index) pairs its logits score. With `share` the paths form a
+    prefix tree: a token that candidates reach by the same tokens is decoded once, in all their
+    sequences, and its logits score each of them. Candidates often begin alike (drafts that agree on
+    their first words, or whole drafts alike), and a member's context then reads them once, not once
+    per candidate. The items come parents first, as a sequence's positions must."""
+    items: list[tuple[list[int], int, int]] = []
+    scored: list[list[tuple[int, int]]] = []
+    nodes: dict[tuple[int, int], int] = {}  # shared: (parent item, -1 at the root; token) → item
+    for path in paths:
+        parent = -1
+        for t, token in enumerate(path.tokens):
+            key = (parent, token) if share else (-1 - path.sequence, t)  # unshared: its own
+            i = nodes.get(key)
+            if i is None:
+                i = nodes[key] = len(items)
+                items.append(([], start + t, token))
+                scored.append([])
+            items[i][0].append(path.sequence)
+            if path.first_scored <= t < len(path.tokens) - 1:
+                scored[i].append((path.candidate, t - path.first_scored))
+            parent = i
+    out: list[Item] = [
+        (seqs[0] if len(seqs) == 1 else tuple(seqs), pos, token, bool(scored[i]))
+        for i, (seqs, pos, token) in enumerate(items)
+    ]
+    return out, scored
 
 
 def logit_and_logprob(row: np.ndarray, token: int) -> tuple[float, float]:
@@ -191,4 +256,5 @@ __all__ = [
     "LlamaState",
     "logit_and_logprob",
     "pick",
+    "sequences_of",
 ]
