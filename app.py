@@ -20,6 +20,7 @@ from specfuse import SpecfuseError
 from specfuse.cli import Parser, add_loading_flags, add_step_flags, check_step_flags
 from specfuse.engine import DEFAULT_BATCH_SIZE
 from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
+from specfuse.models.hardware import settle_auto
 from specfuse.models.quantize_options import check_quantize, cpu_only
 from specfuse.models.trust import load_trust
 from specfuse.trace import MAX_TRACE_BYTES
@@ -106,7 +107,13 @@ def build_parser() -> Parser:
     parser.add_argument(
         "--models", nargs="+", default=list(DEFAULT_MEMBERS), help="the members selected at start"
     )
-    add_loading_flags(parser, device="auto", devices=DEVICES, cache_dir=False)
+    add_loading_flags(
+        parser,
+        device="auto",
+        devices=DEVICES,
+        cache_dir=False,
+        users="one user, or many with --share or another --host",
+    )
     parser.add_argument("--preload", action="store_true", help="load the default members before serving")
     parser.add_argument("--queue-size", type=int, default=16, help="requests waiting at most")
     parser.add_argument(
@@ -183,6 +190,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     except SpecfuseError as e:
         parser.exit(2, f"error: {e}\n")
     devices = usable_devices()
+    # Whom --quantize auto chooses for: a page others can reach (--share, another address) serves many.
+    users = "many" if args.share or args.host not in ("127.0.0.1", "localhost", "::1") else "one"
+    args.quantize = settle_auto(
+        args.quantize, users, args.device, lambda line: print(line, file=sys.stderr), "app.py"
+    )
     if cpu_only(args.quantize):  # offer no other device
         if args.device not in ("auto", "cpu"):
             parser.exit(2, f"error: --quantize {args.quantize} runs on the CPU only; use --device cpu\n")

@@ -20,8 +20,7 @@ from .config import PARALLEL_HELP, PARALLEL_MODES, EnsembleConfig, Setting, sett
 from .engine import DEFAULT_MAX_PAUSED, DEFAULT_PAUSE_IDLE, Ensemble, check_prompt
 from .errors import ConfigError, SpecfuseError, UnknownModelError
 from .models.catalogue import CATALOGUE, DEFAULT_MEMBERS
-from .models.quantize_options import CLI_HELP as QUANTIZE_HELP
-from .models.quantize_options import CLI_HELP_AUTO as QUANTIZE_HELP_AUTO
+from .models.quantize_options import quantize_help
 from .models.trust import CLI_HELP as TRUST_HELP
 from .records import Round
 from .trace import Trace, save_trace
@@ -96,10 +95,12 @@ def add_loading_flags(
     quantize: str = "auto",
     processes: bool = True,
     cache_dir: bool = True,
+    users: str = "one user",
 ) -> None:
     """Where and how members load, the same flags wherever members load (the CLI, the server, the
     app): --device, --dtype, --quantize, --trust, --parallel, and --processes and --cache-dir where
-    that entry point offers them. Only the defaults differ (the server loads unquantized members)."""
+    that entry point offers them. Only the defaults differ; `users` says in words whom --quantize auto
+    chooses for (one person's requests in turn, or many at once: models/hardware.py)."""
     add = parser.add_argument
     add(
         "--device",
@@ -108,7 +109,7 @@ def add_loading_flags(
         help="cpu, cuda, cuda:K, auto (one model per GPU), per-gpu",
     )
     add("--dtype", default="auto", choices=DTYPES, help="auto (per device), float32, bfloat16, float16")
-    add("--quantize", default=quantize, help=QUANTIZE_HELP_AUTO if quantize == "auto" else QUANTIZE_HELP)
+    add("--quantize", default=quantize, help=quantize_help(quantize, users))
     add("--trust", default=None, metavar="FILE", help=TRUST_HELP)
     add("--parallel", default="auto", choices=PARALLEL_MODES, help=PARALLEL_HELP)
     if processes:
@@ -321,6 +322,10 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             "list two or more models to ensemble them",
             file=err,
         )
+    from .models.hardware import settle_auto
+
+    say = (lambda line: None) if args.quiet else (lambda line: print(line, file=err))
+    args.quantize = settle_auto(args.quantize, "one", args.device, say, "specfuse")
     members = _load(names, args, err)
     ensemble = Ensemble(members, config, parallel=args.parallel)
     trace = Trace(prompt, ensemble.names, config, ())

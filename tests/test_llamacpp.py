@@ -261,6 +261,8 @@ def test_the_trio_in_llama_cpp_plays_whole_runs(record_property):
     alone = [list(exact.stream(p, config)) for p in PROMPTS[:3]]
     agreed = sum(a[-1].text == b[-1].text for a, b in zip(lockstep, alone))
     drift = max(score_drift(a, b) for a, b in zip(lockstep, alone))
+    from specfuse.members.llamacpp import llama_cpp_kernels
+
     kernels = llama_cpp_kernels()
     record_property("lockstep_answers_equal_to_solo", f"{agreed}/3 ({kernels})")
     print(f"{kernels} kernels: lockstep answers equal to solo {agreed}/3, largest score drift {drift:.4f}")
@@ -280,16 +282,6 @@ def test_the_trio_in_llama_cpp_plays_whole_runs(record_property):
 # kernels; 0.03 on AVX2). Scoring another request's cells or positions moves a mean log-prob by whole
 # units, far past this bound.
 DRIFT_BOUND = 0.25
-
-
-def llama_cpp_kernels() -> str:
-    """The CPU kernels this build of llama.cpp runs: "AVX-512", "AVX2" or "other" (its system info)."""
-    import llama_cpp
-
-    info = llama_cpp.llama_print_system_info().decode()
-    if "AVX512 = 1" in info:
-        return "AVX-512"
-    return "AVX2" if "AVX2 = 1" in info else "other"
 
 
 def score_drift(lockstep: list, alone: list) -> float:
@@ -481,3 +473,45 @@ def test_prompt_contrast_scores_against_a_second_context_without_the_prompt(memb
             pull += [abs(r - a) for r, a in zip(rnd.raw_scores[0], z[0])]
             before = rnd.text
     assert max(pull) > 0.1
+
+
+def test_candidates_that_begin_alike_are_read_once_and_score_exactly_as_apart():
+    """The verify pass's prefix tree (candidate_items): candidates sharing their first tokens, or whole,
+    decode those once in all their sequences. Below 64 tokens a batch runs the one-token kernels, so
+    the scores equal those of every candidate decoded apart bit for bit; and fewer tokens are read."""
+    from specfuse import profiling
+
+    shared, apart = _smollm2(ubatch_tokens=32), _smollm2(ubatch_tokens=32, share_prefixes=False)
+    decoded = {}
+    verdicts = {}
+    for label, member in (("shared", shared), ("apart", apart)):
+        states = [member.start(p, GREEDY) for p in PROMPTS[:2]]
+        own = [member.draft(s, 10) for s in states]
+        candidates = [
+            [
+                c,
+                Candidate("twin", c.text, c.num_tokens, c.final, 0.0),
+                Candidate("x", c.text + " Yes", 0, False, 0.0),
+            ]
+            for c in own
+        ]
+        with profiling.profiling() as tally:
+            verdicts[label] = member.score_many(states, candidates)
+        decoded[label] = tally.snapshot()[f"llama_decode/{member.name}/verify"]["items"]
+    assert verdicts["shared"] == verdicts["apart"]
+    for z, _ in verdicts["shared"]:
+        assert z[0] == z[1]  # the twin is the same tokens in the same context
+    # Apart: three paths a request; shared: the first draft's tokens once, and " Yes" after them.
+    assert decoded["shared"] < 0.5 * decoded["apart"]
+    # The accepted candidate's cells move into the slot (each sequence holds its whole path): the next
+    # draft reads only the tokens it lacks, and drafts what a member that never verified drafts.
+    state = shared.start(PROMPTS[0], GREEDY)
+    first = shared.draft(state, 10)
+    twin = Candidate("twin", first.text, first.num_tokens, first.final, 0.0)
+    shared.score_many([state], [[first, twin]])
+    shared.accept(state, first.text)
+    fresh = _smollm2(ubatch_tokens=32)
+    other = fresh.start(PROMPTS[0], GREEDY)
+    fresh.accept(other, fresh.draft(other, 10).text)
+    assert common_prefix_len(shared.cached[state.slot], state.ids) >= len(state.ids) - 1
+    assert shared.draft(state, 10).text == fresh.draft(other, 10).text

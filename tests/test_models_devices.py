@@ -31,9 +31,9 @@ def test_resolve_dtype_explicit_and_unknown():
 
 
 def test_resolve_dtype_auto(monkeypatch):
-    monkeypatch.setattr(devices, "_cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(devices, "native_bf16", lambda: True)
     assert resolve_dtype("auto", "cpu") is torch.bfloat16
-    monkeypatch.setattr(devices, "_cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(devices, "native_bf16", lambda: False)
     assert resolve_dtype("auto", "cpu") is torch.float32
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     assert resolve_dtype("auto", "cuda:1") is torch.float16

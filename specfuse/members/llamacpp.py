@@ -79,6 +79,14 @@ def llama_cpp_module() -> Any:
         return _lib
 
 
+def llama_cpp_kernels() -> str:
+    """The CPU kernels this build of llama.cpp runs: "AVX-512", "AVX2" or "other" (its system info)."""
+    info = llama_cpp_module().llama_print_system_info().decode()
+    if "AVX512 = 1" in info:
+        return "AVX-512"
+    return "AVX2" if "AVX2 = 1" in info else "other"
+
+
 class LlamaCppMember(LlamaDecoding, BaseMember):
     """A GGUF file's model in llama.cpp, on this machine's CPU, as an ensemble member."""
 
@@ -119,6 +127,10 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
         self.slots = slots
         self.share_prefixes = share_prefixes
         self.threads = cpu_cores()  # all of this process's cores unless a run gives it a share
+        # Three members on two cores (`bench serve --profile`, docs/serve.md): on AVX2 kernels, in
+        # turns with both cores each served 1.11x (one client) and 1.21x (eight) what they did at
+        # once on one core each; on AVX-512 kernels at once was 1.09x and 0.99x, so they stay at once.
+        self.cpu_turns = llama_cpp_kernels() != "AVX-512"
         self.weights = weights or LlamaModel(lib, name, self.path)
         self.model = self.weights.pointer
         params = lib.llama_context_default_params()
@@ -457,5 +469,6 @@ __all__ = [
     "LlamaCppMember",
     "LlamaModel",
     "LlamaState",
+    "llama_cpp_kernels",
     "llama_cpp_module",
 ]

@@ -89,6 +89,9 @@ class BaseMember:
     host: str = HERE
     trust: float | None = None
     parameters: float | None = None
+    # On a CPU it shares with other members: faster in turns, each with all the cores, than at once
+    # on a share of them (run_concurrently, workers.py). LlamaCppMember on AVX2 kernels says so.
+    cpu_turns: bool = False
 
     def start(self, prompt: Prompt, settings: MemberSettings) -> Any:
         raise NotImplementedError

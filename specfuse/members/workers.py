@@ -198,8 +198,12 @@ def run_concurrently(members: Sequence[Member], mode: str) -> bool:
     """Whether `parallel=mode` runs these members at the same time. "auto": when they work in several
     places (servers, GPUs, worker processes), or share a CPU with at least two cores to divide.
     Several members in this process on one GPU take turns under "auto": threads with a CUDA stream
-    each ("on") were slower than taking turns on an H100 (the GIL); worker processes were 1.64x faster."""
+    each ("on") were slower than taking turns on an H100 (the GIL); worker processes were 1.64x faster.
+    Members that all say they run faster in turns on a CPU (cpu_turns) take turns there."""
     if mode != "auto" or len(members) < 2:
         return mode == "on" and len(members) > 1
     places = {(m.host, m.device) for m in members}
-    return len(places) > 1 or (all(m.device.startswith("cpu") for m in members) and cpu_cores() > 1)
+    if len(places) > 1:
+        return True
+    on_cpu = all(m.device.startswith("cpu") for m in members)
+    return on_cpu and cpu_cores() > 1 and not all(getattr(m, "cpu_turns", False) for m in members)

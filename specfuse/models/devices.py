@@ -6,30 +6,21 @@ Knows nothing about model names, files or members: loading.py asks it where and 
 from __future__ import annotations
 
 import re
-from functools import lru_cache
-from pathlib import Path
 
 import torch
 
 from specfuse.errors import ConfigError
 
+from .hardware import native_bf16
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICE_CHOICES = ("cpu", "cuda", "cuda:K", "auto", "per-gpu")
-
-
-@lru_cache(maxsize=1)
-def _cpu_has_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
 
 
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     """The torch dtype for `dtype` ("auto", "float32", "bfloat16", "float16") on `device`.
 
-    "auto": bfloat16 on a CPU with native bf16 (avx512_bf16 or amx_bf16), else float32; on CUDA
+    "auto": bfloat16 on a CPU with native bf16 (hardware.native_bf16), else float32; on CUDA
     bfloat16 where supported, else float16.
     """
     if dtype in DTYPES:
@@ -38,7 +29,7 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
         raise ConfigError(f"Unknown dtype {dtype!r}; choose one of: auto, {', '.join(DTYPES)}.")
     if device.startswith("cuda"):
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if _cpu_has_bf16() else torch.float32
+    return torch.bfloat16 if native_bf16() else torch.float32
 
 
 def gpu_count() -> int:

@@ -16,14 +16,19 @@ _CHOICES = (
     "none: bf16/fp32 weights in torch; int8, int4: each model's Linear weights quantized in torch "
     "after it loads; gguf: a GGUF model (the catalogue's, or a .gguf file) run in llama.cpp in this "
     "process, in the file's own 4-bit blocks (make llama-cpp); gguf-draft: drafts in llama.cpp as "
-    "with gguf, scores in bf16 torch as with none (both loaded; the fastest on a CPU); auto: gguf for "
-    "GGUF models on the CPU where llama-cpp-python is installed, else none. int8/int4/gguf/gguf-draft: "
-    "CPU only; docs/benchmarks.md"
+    "with gguf, scores in bf16 torch as with none (both loaded); auto: what measured fastest on this "
+    "machine, said at start-up: gguf for GGUF models on the CPU where llama-cpp-python is installed, "
+    "else none, and none for many users at once on a CPU with native bf16 (docs/serve.md). "
+    "int8/int4/gguf/gguf-draft: CPU only; docs/benchmarks.md"
 )
-CLI_HELP = f"{_CHOICES} (default none)"  # the evaluation, the benchmarks and specfuse-serve
-# The commands one person runs one request at a time (specfuse, app.py): about 2x faster answers
-# with gguf, the same GSM8K accuracy (docs/benchmarks.md). A server under load batches better in bf16.
-CLI_HELP_AUTO = f"{_CHOICES} (default auto)"
+CLI_HELP = f"{_CHOICES} (default none)"  # the evaluation and the benchmarks: the same back end everywhere
+
+
+def quantize_help(default: str, users: str = "one user") -> str:
+    """The flag's help for a command whose default is `default`, "auto" chosen for `users` (words)."""
+    if default != "auto":
+        return f"{_CHOICES} (default {default})"
+    return f"{_CHOICES} (default auto, chosen for {users})"
 
 
 def cpu_only(quantize: str) -> bool:
@@ -38,4 +43,4 @@ def check_quantize(quantize: str) -> str:
     return quantize
 
 
-__all__ = ["CLI_HELP", "CLI_HELP_AUTO", "LLAMA_CPP", "QUANTIZE", "check_quantize", "cpu_only"]
+__all__ = ["CLI_HELP", "LLAMA_CPP", "QUANTIZE", "check_quantize", "cpu_only", "quantize_help"]

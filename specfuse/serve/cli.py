@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     add("--port", type=int, default=8000, help="port (default 8000)")
     add("--models", default=",".join(DEFAULT_MEMBERS), help="comma-separated members (as the CLI takes them)")
-    add_loading_flags(parser, quantize="none", processes=False)
+    add_loading_flags(parser, quantize="auto", processes=False, users="many users at once")
     add(
         "--batch-size",
         type=int,
@@ -126,19 +126,21 @@ def _serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--quantize {args.quantize} runs on the CPU only; use --device cpu")
     import uvicorn
 
+    from ..models.hardware import settle_auto
     from ..models.loading import check_member_name, load_members
     from ..models.trust import apply_trust, load_trust
     from .api import create_app
 
     for name in names:
         check_member_name(name)
+    quantize = settle_auto(args.quantize, "many", args.device, log.info, "specfuse-serve")
     trust = load_trust(args.trust) if args.trust is not None else None  # a bad file: refused at once
     limits = Limits(args.max_prompt_chars, args.max_tokens, args.request_timeout, args.traces)
     app = create_app(api_key=args.api_key, limits=limits)
 
     def load() -> Scheduler:  # the server answers 503 (and /health "loading") until this is done
         members = load_members(
-            names, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir, quantize=args.quantize
+            names, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir, quantize=quantize
         )
         if trust is not None:
             apply_trust(members, trust)
