@@ -64,7 +64,8 @@ def test_the_command_quantizes_sets_any_setting_and_says_so_in_its_report(
     out = tmp_path / "serve"
     argv = ["--models", *tiny_checkpoints, "--quantize", "int8", "--set", "verify=disagree",
             "--set", "stop_strings=Zq|Qz", "--levels", "1,2", "--requests", "2", "--max-tokens", "4",
-            "--segment-len", "4", "--join-wait", "0", "--out", str(out)]  # fmt: skip
+            "--segment-len", "4", "--join-wait", "0", "--parallel", "off", "--profile",
+            "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     for member in loaded:
         layers = [m for m in member.model.modules() if isinstance(m, nn.Linear | QuantizedLinear)]
@@ -73,8 +74,14 @@ def test_the_command_quantizes_sets_any_setting_and_says_so_in_its_report(
     assert report["quantize"] == "int8" and report["config"]["verify"] == "disagree"
     assert report["config"]["stop_strings"] == ["Zq", "Qz"] and report["config"]["segment_len"] == 4
     assert all(level["errors"] == [] for level in report["levels"].values())
-    header = out.with_suffix(".txt").read_text().splitlines()[0]
-    assert ", int8 weights, batch size 2," in header and ", join wait 0.0 s;" in header
+    text = out.with_suffix(".txt").read_text()
+    header = text.splitlines()[0]
+    assert ", int8 weights, batch size 2," in header and ", join wait 0.0 s, members at once: off;" in header
+    # --profile: each level says where its time went, from its own tallies.
+    for clients, level in report["levels"].items():
+        assert level["profile"]["phase/verify"]["calls"] >= 1
+        assert f"where the time went at {clients} clients" in text
+    assert report["parallel"] == "off" and "torch forward" in text
     assert header.endswith("; settings: segment_len=4, verify=disagree, stop_strings=Zq|Qz")
 
 

@@ -1,4 +1,4 @@
-"""`python -m specfuse.bench [gpu|concurrency|remote|serve|paused|followup|backends] …`: one command
+"""`python -m specfuse.bench [gpu|concurrency|remote|serve|paused|followup|backends|equality] …`: one command
 for every benchmark; without a subcommand it runs the engine's own benchmark (core.py)."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "paused": "specfuse.bench.paused",
     "followup": "specfuse.bench.followup",
     "backends": "specfuse.bench.backends",
+    "equality": "specfuse.bench.equality",
 }
 
 

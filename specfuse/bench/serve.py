@@ -58,6 +58,8 @@ PROMPTS = OPEN_PROMPTS[:4]
 LEVELS = (1, 4, 8, 16)
 PER_CLIENT = 4  # requests each client sends in turn
 MIN_REQUESTS = 8  # the baseline's requests: each example prompt twice
+# What picks the CPU kernels: how an AVX2-only CPU's runs are reproduced on one with AVX-512 (docs/serve.md)
+KERNEL_SETTINGS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "LLAMA_CPP_LIB_PATH", "OMP_NUM_THREADS")
 TARGETS = {"aggregate_speedup_at_8": 3.0, "p95_first_segment_ratio_at_8": 3.0}  # ≥ 3, ≤ 3
 
 
@@ -349,6 +351,8 @@ def format_table(report: dict[str, Any]) -> str:
     for r in levels.values():
         if "profile" in r:
             lines += ["", format_profile(r, report.get("parameters", {}))]
+    if report.get("environment"):
+        lines += ["", "kernels: " + " ".join(f"{k}={v}" for k, v in report["environment"].items())]
     if "versions" in report:
         lines += ["", "versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items())]
     if "command" in report:
@@ -456,6 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     report["quantize"] = args.quantize
+    report["environment"] = {k: os.environ[k] for k in KERNEL_SETTINGS if k in os.environ}
     report["shapes"] = args.shapes
     report["deadline_s"] = args.deadline
     report["seconds"] = time.perf_counter() - began
