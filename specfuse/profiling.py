@@ -41,15 +41,15 @@ class Profile:
             tally.items += items
             tally.most = max(tally.most, items)
 
-    def snapshot(self) -> dict[str, dict[str, float]]:
-        """Every tally, keyed by its key joined with "/", plus the wall seconds profiled."""
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-ready: the wall seconds profiled, and every tally with its key (a list: member names
+        may hold any character)."""
         with self.lock:
-            out = {
-                "/".join(key): {"calls": t.calls, "seconds": t.seconds, "items": t.items, "most": t.most}
+            tallies = [
+                {"key": list(key), "calls": t.calls, "seconds": t.seconds, "items": t.items, "most": t.most}
                 for key, t in sorted(self.tallies.items())
-            }
-        out["wall"] = {"calls": 1, "seconds": time.perf_counter() - self.began, "items": 0, "most": 0}
-        return out
+            ]
+        return {"wall_s": time.perf_counter() - self.began, "tallies": tallies}
 
 
 _active: Profile | None = None

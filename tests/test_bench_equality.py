@@ -24,7 +24,9 @@ def test_where_two_runs_part_a_draft_a_choice_an_exit_or_their_length(tiny_membe
 
     config = EnsembleConfig(segment_len=4, max_new_tokens=24, exit=False, verify="always")
     ensemble = Ensemble(tiny_members, config)
-    runs = (list(ensemble.stream(p)) for p in ("Tell me about rivers", "Hello there", "A b c", "Why", "Count"))
+    runs = (
+        list(ensemble.stream(p)) for p in ("Tell me about rivers", "Hello there", "A b c", "Why", "Count")
+    )
     rounds = next(r for r in runs if len(r) >= 3 and len(r[1].candidates) >= 2)
     assert first_difference(rounds, rounds) is None and score_drift(rounds, rounds) == 0.0
     second = rounds[1]

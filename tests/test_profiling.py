@@ -4,12 +4,13 @@ passes, and the report's figures are those tallies."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
 
 from specfuse import EnsembleConfig, profiling
-from specfuse.bench.profile_report import format_profile, gflops
+from specfuse.bench.profile_report import format_profile, gflops, tallies
 from specfuse.engine import Scheduler
 
 from .conftest import tiny_member
@@ -27,10 +28,11 @@ def test_reports_are_dropped_while_nobody_profiles_and_kept_from_every_thread_wh
         with profiling.timed("block", items=2):
             pass
     profiling.add("x", seconds=9.0, items=9)  # after the block: not counted
-    tallies = profile.snapshot()
-    assert tallies["x"] == {"calls": 2, "seconds": 1.5, "items": 8, "most": 5}
-    assert tallies["block"]["calls"] == 1 and tallies["block"]["items"] == 2
-    assert tallies["wall"]["seconds"] > 0
+    snapshot = profile.snapshot()
+    found = tallies(snapshot)
+    assert found[("x",)] == {"key": ["x"], "calls": 2, "seconds": 1.5, "items": 8, "most": 5}
+    assert found[("block",)]["calls"] == 1 and found[("block",)]["items"] == 2
+    assert snapshot["wall_s"] > 0 and json.loads(json.dumps(snapshot)) == snapshot
     assert not profiling.active()
 
 
@@ -48,7 +50,8 @@ def test_a_batch_of_runs_reports_its_phases_member_calls_and_forward_passes(two_
             assert all(t.wait(120) for t in tickets)
     finally:
         scheduler.close()
-    p = profile.snapshot()
+    snapshot = profile.snapshot()
+    p = {"/".join(key): t for key, t in tallies(snapshot).items()}
     rounds = max(len(t.rounds) for t in tickets)
     assert p["phase/draft"]["calls"] >= rounds
     assert p["phase/verify"]["calls"] >= rounds
@@ -59,11 +62,11 @@ def test_a_batch_of_runs_reports_its_phases_member_calls_and_forward_passes(two_
         forward = p[f"forward/{name}"]
         assert forward["calls"] >= draft["calls"] and forward["items"] >= forward["calls"]
         assert p[f"threads/{name}"]["most"] >= 1
-    level = {"clients": 3, "tokens_per_s": 1.0, "profile": p}
+    level = {"clients": 3, "tokens_per_s": 1.0, "profile": snapshot}
     parameters = {m.name: m.parameters for m in two_members}
     text = format_profile(level, parameters)
     assert "where the time went at 3 clients" in text and "torch forward" in text
     assert "llama-a draft" in text and "qwen-b score" in text
     tokens = sum(p[f"forward/{m}"]["items"] * 2 * parameters[m] for m in parameters)
-    assert gflops(p, parameters) == pytest.approx(tokens / 1e9)
-    assert f"{gflops(p, parameters):.0f} GFLOP" in text
+    assert gflops(snapshot, parameters) == pytest.approx(tokens / 1e9)
+    assert f"{gflops(snapshot, parameters):.0f} GFLOP" in text

@@ -12,24 +12,31 @@ from typing import Any
 PHASES = ("start", "catch up", "draft", "verify", "choose", "accept")
 
 
-def _split(
-    profile: Mapping[str, Mapping[str, float]], kind: str
-) -> dict[tuple[str, ...], Mapping[str, float]]:
-    return {tuple(k.split("/")[1:]): t for k, t in profile.items() if k.split("/")[0] == kind}
+Tallies = dict[tuple[str, ...], Mapping[str, Any]]
 
 
-def gflops(profile: Mapping[str, Mapping[str, float]], parameters: Mapping[str, float | None]) -> float:
+def tallies(profile: Mapping[str, Any]) -> Tallies:
+    """A snapshot's tallies (specfuse.profiling) by their keys."""
+    return {tuple(t["key"]): t for t in profile["tallies"]}
+
+
+def _split(found: Tallies, kind: str) -> Tallies:
+    return {k[1:]: t for k, t in found.items() if k[0] == kind}
+
+
+def gflops(profile: Mapping[str, Any], parameters: Mapping[str, float | None]) -> float:
     """GFLOP done by the members' models: 2 × parameters × tokens each read (torch forward passes and
     llama_decode calls)."""
-    tokens = {k[0]: t["items"] for k, t in _split(profile, "forward").items()}
-    for (m, _), t in _split(profile, "llama_decode").items():
+    found = tallies(profile)
+    tokens = {k[0]: t["items"] for k, t in _split(found, "forward").items()}
+    for (m, _), t in _split(found, "llama_decode").items():
         tokens[m] = tokens.get(m, 0) + t["items"]
     return sum(2 * (parameters.get(m) or 0.0) * n for m, n in tokens.items()) / 1e9
 
 
 def format_profile(level: Mapping[str, Any], parameters: Mapping[str, float | None]) -> str:
-    p = level["profile"]
-    wall = p["wall"]["seconds"]
+    wall = level["profile"]["wall_s"]
+    p = tallies(level["profile"])
     phases = _split(p, "phase")
     rounds = phases.get(("draft",), {"calls": 0})["calls"]
     lines = [
@@ -44,7 +51,7 @@ def format_profile(level: Mapping[str, Any], parameters: Mapping[str, float | No
         named += t["seconds"]
         per = f"{t['items'] / t['calls']:9.1f}" if key[0] == "phase" and t["calls"] else f"{'':>9}"
         lines.append(f"  {' '.join(key[1:]):<22} {t['seconds']:8.1f} {t['seconds'] / wall:6.1%} {per}")
-    idle = p.get("scheduler/idle", {"seconds": 0.0})["seconds"]
+    idle = p.get(("scheduler", "idle"), {"seconds": 0.0})["seconds"]
     lines.append(f"  {'idle (no run)':<22} {idle:8.1f} {idle / wall:6.1%}")
     other = wall - named - idle
     lines.append(f"  {'other (loop, streams)':<22} {other:8.1f} {other / wall:6.1%}")
@@ -76,13 +83,13 @@ def format_profile(level: Mapping[str, Any], parameters: Mapping[str, float | No
             f"{'rows s':>7} {'rows':>7} {'threads':>7}",
         ]
         for (m, what), t in sorted(decodes.items()):
-            seqs = p.get(f"llama_sequences/{m}/{what}", {"items": 0})["items"]
-            rows_t = p.get(f"llama_rows/{m}/{what}", {"seconds": 0.0, "items": 0})
+            seqs = p.get(("llama_sequences", m, what), {"items": 0})["items"]
+            rows_t = p.get(("llama_rows", m, what), {"seconds": 0.0, "items": 0})
             lines.append(
                 f"  {m + ' ' + what:<30} {t['calls']:7d} {t['seconds']:8.1f} {t['items'] / t['calls']:11.1f} "
                 f"{seqs / t['calls']:9.1f} {rows_t['seconds']:7.1f} {rows_t['items']:7d} {thread_text(m)}"
             )
-    done = gflops(p, parameters)
+    done = gflops(level["profile"], parameters)
     if done:
         lines += [
             "",
