@@ -385,9 +385,7 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
         for _ in self._decode(items, "context"):  # contexts the slots lacked (a slot lent to another request)
             pass
         sequence = self.slots
-        wanted: list[
-            list[tuple[int, int, int]]
-        ] = []  # per item: the (request, candidate, tail index) it scores
+        wanted: list[list[tuple[int, int, int]]] = []  # per item: the (request, candidate, tail index)s
         kept: list[list[tuple[int, tuple[int, ...]]]] = []  # per request: (sequence, its tokens)
         values: list[list[list[tuple[float, float]]]] = []
         items = []
