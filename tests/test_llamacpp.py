@@ -264,6 +264,8 @@ def test_the_trio_in_llama_cpp_plays_whole_runs(record_property):
     from specfuse.members.llamacpp import llama_cpp_kernels
 
     kernels = llama_cpp_kernels()
+    # AVX2 kernels served more in turns, AVX-512 ones as much at once (docs/serve.md): members say so.
+    assert all(m.cpu_turns == (kernels != "AVX-512") for m in exact.members)
     record_property("lockstep_answers_equal_to_solo", f"{agreed}/3 ({kernels})")
     print(f"{kernels} kernels: lockstep answers equal to solo {agreed}/3, largest score drift {drift:.4f}")
     for rounds in lockstep:

@@ -138,6 +138,18 @@ def test_auto_runs_members_at_once_on_a_multicore_cpu_only(tiny_members):
     assert run_concurrently(scripted, "auto")  # several devices
     scripted[1].device = "cuda:0"
     assert not run_concurrently(scripted, "auto")  # one GPU: streams only when asked ("on")
+    # Members that all run faster in turns on a CPU (llama.cpp on AVX2 kernels) take turns there.
+    on_cpu = [ScriptedMember(n, ["x"], lambda t: 1.0) for n in "ab"]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert run_concurrently(on_cpu, "auto")
+        on_cpu[0].cpu_turns = True
+        assert run_concurrently(on_cpu, "auto")  # one of them only: at once
+        on_cpu[1].cpu_turns = True
+        assert not run_concurrently(on_cpu, "auto") and run_concurrently(on_cpu, "on")
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("exit", [False, True])
