@@ -1,8 +1,10 @@
 """How llama.cpp's CPU kernels scale with the tokens of one decode call, per catalogue member: the
 milliseconds a token and the GFLOP/s (2 × parameters × tokens) of a call of B tokens of one sequence,
 with and without a logits row per token (a verify pass wants every row; a prefill only the last),
-on all the process's cores. Run alone on the machine; for an AVX2-only CPU's kernels on one with
-AVX-512, set LLAMA_CPP_LIB_PATH to an AVX2 build (docs/serve.md, "Where the time goes, by CPU kind").
+on all the process's cores. GFLOP/s counts the output head for every token: fair for "all" rows, an
+overcount for "last" (llama.cpp skips the head's rows nobody wants). Run alone on the machine; for
+an AVX2-only CPU's kernels on one with AVX-512, set LLAMA_CPP_LIB_PATH to an AVX2 build
+(docs/serve.md, "Where the time goes, by CPU kind").
 
     python tools/llama_batch_kernels.py > results/llama-batch-kernels-avx512.txt
 """
