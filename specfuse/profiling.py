@@ -81,22 +81,26 @@ def timed(*key: str, items: int = 0) -> Iterator[None]:
 
 def count_forward(module: Any, name: str) -> None:
     """Report each forward pass of a torch module as ("forward", name): its seconds and the tokens
-    it read (input_ids' size, padding included), and ("threads", name): torch's intra-op threads."""
+    it read (input_ids' size, padding included), and ("threads", name): torch's intra-op threads.
+    Inside a torch.compile'd graph (compiled drafting) the hooks do nothing: dynamo cannot trace them."""
+    import torch  # a torch module's hooks: torch is loaded
+
+    compiling = torch.compiler.is_compiling
     began: dict[int, float] = {}
 
     def before(_module: Any, args: Any, kwargs: dict[str, Any]) -> None:
-        if _active is not None:
+        if not compiling() and _active is not None:
             began[threading.get_ident()] = time.perf_counter()
 
     def after(_module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+        if compiling():
+            return
         start = began.pop(threading.get_ident(), None)
         if start is None or _active is None:
             return
         ids: Any = kwargs.get("input_ids", args[0] if args else None)
         tokens = int(ids.numel()) if hasattr(ids, "numel") else 0
         add("forward", name, seconds=time.perf_counter() - start, items=tokens)
-        import torch  # a torch module's hook: torch is loaded
-
         add("threads", name, seconds=0.0, items=torch.get_num_threads())
 
     module.register_forward_pre_hook(before, with_kwargs=True)
