@@ -178,6 +178,13 @@ def operator_schedulers(args: argparse.Namespace) -> Schedulers:
     )
 
 
+def settle_quantize(args: argparse.Namespace) -> str:
+    """--quantize with auto chosen, and said, for this app's users: a page others can reach (--share,
+    an address other than loopback) serves many at once, else one person (models/hardware.py)."""
+    users = "many" if args.share or args.host not in ("127.0.0.1", "localhost", "::1") else "one"
+    return settle_auto(args.quantize, users, args.device, lambda line: print(line, file=sys.stderr), "app.py")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from specfuse.models.devices import plan_devices
 
@@ -190,11 +197,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except SpecfuseError as e:
         parser.exit(2, f"error: {e}\n")
     devices = usable_devices()
-    # Whom --quantize auto chooses for: a page others can reach (--share, another address) serves many.
-    users = "many" if args.share or args.host not in ("127.0.0.1", "localhost", "::1") else "one"
-    args.quantize = settle_auto(
-        args.quantize, users, args.device, lambda line: print(line, file=sys.stderr), "app.py"
-    )
+    args.quantize = settle_quantize(args)
     if cpu_only(args.quantize):  # offer no other device
         if args.device not in ("auto", "cpu"):
             parser.exit(2, f"error: --quantize {args.quantize} runs on the CPU only; use --device cpu\n")

@@ -481,7 +481,7 @@ def test_candidates_that_begin_alike_are_read_once_and_score_exactly_as_apart():
     """The verify pass's prefix tree (candidate_items): candidates sharing their first tokens, or whole,
     decode those once in all their sequences. Below 64 tokens a batch runs the one-token kernels, so
     the scores equal those of every candidate decoded apart bit for bit; and fewer tokens are read."""
-    from specfuse import profiling
+    from specfuse.members import profiling
 
     shared, apart = _smollm2(ubatch_tokens=32), _smollm2(ubatch_tokens=32, share_prefixes=False)
     decoded = {}
@@ -499,7 +499,10 @@ def test_candidates_that_begin_alike_are_read_once_and_score_exactly_as_apart():
         ]
         with profiling.profiling() as tally:
             verdicts[label] = member.score_many(states, candidates)
-        decoded[label] = tally.snapshot()[f"llama_decode/{member.name}/verify"]["items"]
+        (verify,) = [
+            t for t in tally.snapshot()["tallies"] if t["key"] == ["llama_decode", member.name, "verify"]
+        ]
+        decoded[label] = verify["items"]
     assert verdicts["shared"] == verdicts["apart"]
     for z, _ in verdicts["shared"]:
         assert z[0] == z[1]  # the twin is the same tokens in the same context

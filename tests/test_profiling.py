@@ -9,9 +9,10 @@ import threading
 
 import pytest
 
-from specfuse import EnsembleConfig, profiling
+from specfuse import EnsembleConfig
 from specfuse.bench.profile_report import format_profile, gflops, tallies
 from specfuse.engine import Scheduler
+from specfuse.members import profiling
 
 from .conftest import tiny_member
 

@@ -1,4 +1,4 @@
-"""A level's profile (specfuse.profiling's tallies, from `bench serve --profile`) as text: where the
+"""A level's profile (specfuse.members.profiling's tallies, from `bench serve --profile`) as text: where the
 wall time went by phase, each member call and how many runs it served, the torch forward passes and
 llama_decode calls with the tokens and sequences each carried, the threads in use, and the model
 arithmetic the level reached (2 × parameters × tokens through a model, the usual estimate).
@@ -16,7 +16,7 @@ Tallies = dict[tuple[str, ...], Mapping[str, Any]]
 
 
 def tallies(profile: Mapping[str, Any]) -> Tallies:
-    """A snapshot's tallies (specfuse.profiling) by their keys."""
+    """A snapshot's tallies (specfuse.members.profiling) by their keys."""
     return {tuple(t["key"]): t for t in profile["tallies"]}
 
 

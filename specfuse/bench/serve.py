@@ -38,12 +38,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .. import profiling
 from ..cli import Parser, parse_models
 from ..config import PARALLEL_HELP, PARALLEL_MODES, EnsembleConfig
 from ..errors import SpecfuseError
 from ..eval.problems import OPEN_PROMPTS
 from ..eval.variants import add_set_option
+from ..members import profiling
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from .measure import cpu_model, write_outputs
 from .profile_report import format_profile
@@ -396,12 +396,10 @@ def _parser() -> Parser:
     )
     add("--join-wait", type=float, default=None, help="the server's --join-wait, seconds (default: its own)")
     add("--parallel", choices=PARALLEL_MODES, default="auto", help=f"{PARALLEL_HELP} (default auto)")
-    add(
-        "--profile",
-        action="store_true",
-        help="also say where each level's time went: phases, member calls and their batches, torch "
-        "forward passes, llama_decode calls, threads, GFLOP/s (docs/serve.md)",
+    profile_help = (
+        "also where each level's time went: phases, member calls, forward passes, llama_decode calls"
     )
+    add("--profile", action="store_true", help=f"{profile_help}, threads, GFLOP/s (docs/serve.md)")
     add(
         "--deadline",
         type=float,

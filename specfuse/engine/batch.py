@@ -21,8 +21,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 
-from .. import profiling
 from ..errors import SpecfuseError
+from ..members import profiling
 from ..members.protocol import Member
 from ..records import Candidate, Draft, Round
 from .calls import MemberCalls

@@ -11,9 +11,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .. import feedback, profiling
+from .. import feedback
 from ..config import EnsembleConfig
 from ..errors import MemberError, SpecfuseError
+from ..members import profiling
 from ..members.protocol import Member, Verdict
 from ..members.workers import MemberWorkers
 from ..prompts import Prompt

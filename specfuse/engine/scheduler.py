@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from .. import profiling
 from ..config import EnsembleConfig
 from ..errors import ConfigError, SpecfuseError
 from ..limits import check_request
+from ..members import profiling
 from ..members.protocol import Member
 from ..members.workers import run_concurrently
 from ..prompts import Prompt

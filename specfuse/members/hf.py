@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
-from .. import profiling
 from ..config import MemberSettings
 from ..errors import ConfigError, MemberError, PromptTooLongError, SpecfuseError
 from ..prompts import CHAT, Prompt, PromptFormat
-from . import compiled, drafting, prefill
+from . import compiled, drafting, prefill, profiling
 from .hf_drafting import Drafting
 from .hf_state import HFState
 from .hf_verifying import Verifying

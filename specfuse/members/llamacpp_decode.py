@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import profiling
 from ..config import MemberSettings
 from ..errors import MemberError
+from . import profiling
 from .scoring import common_prefix_len
 from .workers import thread_share
 

@@ -33,6 +33,7 @@ class Member(Protocol):
     host: str  # where its work runs: HERE, "process 1234" (a worker process), or a server's address
     trust: float | None  # its starting say under prior="trust" (evidence); None: no evidence
     parameters: float | None  # its size, to divide a shared CPU's cores; None: not ours to divide
+    cpu_turns: bool  # on a shared CPU, faster in turns with all the cores than at once on a share
 
     # -- required: the round's calls for one request -------------------------------------------------
 

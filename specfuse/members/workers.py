@@ -206,4 +206,4 @@ def run_concurrently(members: Sequence[Member], mode: str) -> bool:
     if len(places) > 1:
         return True
     on_cpu = all(m.device.startswith("cpu") for m in members)
-    return on_cpu and cpu_cores() > 1 and not all(getattr(m, "cpu_turns", False) for m in members)
+    return on_cpu and cpu_cores() > 1 and not all(m.cpu_turns for m in members)
