@@ -128,8 +128,9 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
         self.share_prefixes = share_prefixes
         self.threads = cpu_cores()  # all of this process's cores unless a run gives it a share
         # Three members on two cores (`bench serve --profile`, docs/serve.md): on AVX2 kernels, in
-        # turns with both cores each served 1.11x (one client) and 1.21x (eight) what they did at
-        # once on one core each; on AVX-512 kernels at once was 1.09x and 0.99x, so they stay at once.
+        # turns with both cores each served 1.08-1.09x what they did at once on one core each at 8
+        # clients (three alternated pairs); on AVX-512 kernels at once was 1.09x at one client and
+        # even at eight, so they stay at once there.
         self.cpu_turns = llama_cpp_kernels() != "AVX-512"
         self.weights = weights or LlamaModel(lib, name, self.path)
         self.model = self.weights.pointer
