@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 
 from specfuse import EnsembleConfig, load_trace
+from specfuse.bench.equality import score_drift
 from specfuse.config import MemberSettings
 from specfuse.engine import Ensemble
 from specfuse.errors import ConfigError, PromptTooLongError
@@ -284,21 +285,6 @@ def test_the_trio_in_llama_cpp_plays_whole_runs(record_property):
 # kernels; 0.03 on AVX2). Scoring another request's cells or positions moves a mean log-prob by whole
 # units, far past this bound.
 DRIFT_BOUND = 0.25
-
-
-def score_drift(lockstep: list, alone: list) -> float:
-    """The largest difference between the raw scores two runs of one prompt gave the same candidates,
-    over the rounds the runs share: up to and including the first round whose candidates or choice
-    differ (the same context in both), and in that round for the candidates both drafted alike."""
-    drift = 0.0
-    for a, b in zip(lockstep, alone):
-        same = [j for j, (x, y) in enumerate(zip(a.candidates, b.candidates)) if x.text == y.text]
-        assert a.verifiers == b.verifiers
-        for row_a, row_b in zip(a.raw_scores, b.raw_scores):
-            drift = max([drift, *(abs(row_a[j] - row_b[j]) for j in same)])
-        if len(same) < len(a.candidates) or a.winner.text != b.winner.text:
-            break
-    return drift
 
 
 def test_the_backends_benchmark_sets_the_three_setups_side_by_side(monkeypatch):
