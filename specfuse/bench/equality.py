@@ -19,13 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..cli import Parser, parse_models
+from ..cli import Parser
 from ..config import EnsembleConfig
 from ..errors import SpecfuseError
 from ..eval.problems import OPEN_PROMPTS, build_prompt, load_problems
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from ..records import Round
-from .measure import cpu_model, write_outputs
+from .measure import cpu_model, load_named, write_outputs
 
 
 def first_difference(solo: Sequence[Round], batched: Sequence[Round]) -> dict[str, Any] | None:
@@ -148,9 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.data is not None:
             prompts += [build_prompt(p.question) for p in load_problems(args.data, limit=args.limit)]
-        from ..models.loading import load_members
-
-        members = load_members(parse_models(args.models, hub=False), dtype=args.dtype, quantize=args.quantize)
+        members = load_named(args.models, dtype=args.dtype, quantize=args.quantize)
         report = run(members, prompts, EnsembleConfig(max_new_tokens=args.max_tokens), max(1, args.batch))
     except SpecfuseError as e:
         print(f"error: {e}", file=sys.stderr)

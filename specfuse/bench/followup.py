@@ -26,14 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..cli import Parser, parse_models
+from ..cli import Parser
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import SpecfuseError
 from ..eval.problems import OPEN_PROMPTS
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from ..prompts import Prompt, as_prompt, prompt_chars
-from .measure import cpu_model, write_outputs
+from .measure import cpu_model, load_named, write_outputs
 
 log = logging.getLogger(__name__)
 
@@ -193,17 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.repeats, args.answer_tokens = 1, 32
     if args.repeats < 1 or args.answer_tokens < 1 or args.turns < 2:
         parser.error("--repeats and --answer-tokens must be at least 1, --turns at least 2")
-    from ..models.loading import load_members, tqdm_progress
-
     try:
-        names = parse_models(args.models, hub=False)
-        members = load_members(
-            names,
-            device=args.device,
-            dtype=args.dtype,
-            progress=tqdm_progress("loading"),
-            quantize=args.quantize,
-        )
+        members = load_named(args.models, device=args.device, dtype=args.dtype, quantize=args.quantize)
         report = run_followup(
             members,
             questions=args.questions,

@@ -346,6 +346,19 @@ def write_report(report: dict[str, Any], table: str, path: Path | None) -> None:
         path.write_text(json.dumps(report, indent=1, allow_nan=True) + "\n")
 
 
+def load_named(
+    models: Sequence[str] | None, *, device: str = "cpu", dtype: str = "auto", quantize: str = "none"
+) -> list[Any]:
+    """The catalogue members a benchmark's --models names (None: the trio), loaded with a progress bar."""
+    from ..cli import parse_models
+    from ..models.loading import load_members, tqdm_progress
+
+    names = parse_models(models, hub=False)
+    return load_members(
+        names, device=device, dtype=dtype, progress=tqdm_progress("loading"), quantize=quantize
+    )
+
+
 def write_outputs(report: dict[str, Any], table: str, out: Path | None) -> None:
     """Print the table; with `out`, write OUT.json (the report) and OUT.txt (the table)."""
     write_report(report, table, out.with_suffix(".json") if out else None)

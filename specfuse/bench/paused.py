@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..cli import Parser, parse_models
+from ..cli import Parser
 from ..config import EnsembleConfig
 from ..engine import Scheduler, Ticket
 from ..errors import SpecfuseError
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from ..records import Finished, Paused, Round
-from .measure import cpu_model, write_outputs
+from .measure import cpu_model, load_named, write_outputs
 from .serve import PROMPTS
 
 log = logging.getLogger(__name__)
@@ -213,17 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.repeats, args.max_tokens, args.step_every = 1, 16, 0.5
     if args.repeats < 1 or args.max_tokens < 1 or not args.step_every >= 0:
         parser.error("--repeats and --max-tokens must be at least 1, --step-every at least 0")
-    from ..models.loading import load_members, tqdm_progress
-
     try:
-        names = parse_models(args.models, hub=False)
-        members = load_members(
-            names,
-            device=args.device,
-            dtype=args.dtype,
-            progress=tqdm_progress("loading"),
-            quantize=args.quantize,
-        )
+        members = load_named(args.models, device=args.device, dtype=args.dtype, quantize=args.quantize)
         report = run_paused(
             members,
             max_tokens=args.max_tokens,

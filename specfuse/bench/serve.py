@@ -38,14 +38,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..cli import Parser, parse_models
+from ..cli import Parser
 from ..config import PARALLEL_HELP, PARALLEL_MODES, EnsembleConfig
 from ..errors import SpecfuseError
 from ..eval.problems import OPEN_PROMPTS
 from ..eval.variants import add_set_option
 from ..members import profiling
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
-from .measure import cpu_model, write_outputs
+from .measure import cpu_model, load_named, write_outputs
 from .profile_report import format_profile
 from .serve_shapes import load_shapes, machine, on_gpu, peak_gb, reset_peak, shapes_config
 from .shapes import SHAPES
@@ -423,13 +423,7 @@ def _members(args: Any, max_tokens: int) -> tuple[list[Any], EnsembleConfig]:
         if args.models or args.quantize != "none":
             raise SpecfuseError("--shapes builds its own members: leave out --models and --quantize")
         return load_shapes(args.shapes, args.device, args.dtype), config
-    from ..models.loading import load_members, tqdm_progress
-
-    names = parse_models(args.models, hub=False)
-    members = load_members(
-        names, device=args.device, dtype=args.dtype, progress=tqdm_progress("loading"), quantize=args.quantize
-    )
-    return members, config
+    return load_named(args.models, device=args.device, dtype=args.dtype, quantize=args.quantize), config
 
 
 def main(argv: Sequence[str] | None = None) -> int:
