@@ -40,17 +40,21 @@ def upload(page, path: Path) -> None:
 
 
 @contextlib.contextmanager
-def launched(cache: Path, loader, members, **build) -> Iterator[str]:
-    """The app on a free loopback port, its Gradio cache in `cache` (files outside it are not served),
-    closed afterwards; `build` goes to app.build_demo. The address."""
+def launched(cache: Path, members, loader=None, **build) -> Iterator[str]:
+    """The app on a free loopback port serving `members` (through `loader`, or straight from the
+    dict), its Gradio cache in `cache` (files outside it are not served), closed afterwards with the
+    `schedulers` it was given; `build` goes to app.build_demo. The address."""
+    load = loader or (lambda name, device, progress: members[name])
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GRADIO_TEMP_DIR", str(cache))
-        demo = app.build_demo(loader, choices=list(members), **build)
+        demo = app.build_demo(load, choices=list(members), **build)
         _, address, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
     try:
         yield address
     finally:
         demo.close()
+        if build.get("schedulers") is not None:
+            build["schedulers"].close()
 
 
 def open_page(browser, address: str, ready: str = "#prompt textarea", **options):

@@ -42,7 +42,7 @@ def url(tmp_path_factory):
     # One server for the module, so one Gradio cache folder: files outside it are not served.
     cache = tmp_path_factory.mktemp("gradio")
     build = {"default_models": TINY[:2], "defaults": {"segment_len": 4, "max_new_tokens": 24}}
-    with launched(cache, loader, members, **build) as address:
+    with launched(cache, members, loader, **build) as address:
         yield address, cache
 
 

@@ -68,7 +68,7 @@ def served_app(tmp_path_factory):
         lambda slug, trace: KEY_ROUNDS.get(slug) if slug in TRACES else lessons.key_round(slug, trace),
     )
     build = {"default_models": ["a", "b"], "lessons": shelf}
-    with launched(cache, loader, members, **build) as address:
+    with launched(cache, members, loader, **build) as address:
         yield address, cache, loaded
 
 

@@ -25,18 +25,8 @@ SYSTEM = "Be <b>brief</b>."  # shown as text in the bubbles
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
     members = {name: tiny_member(name) for name in TINY}
-    schedulers = Schedulers()
-    try:
-        with launched(
-            tmp_path_factory.mktemp("gradio"),
-            lambda n, d, p: members[n],
-            members,
-            schedulers=schedulers,
-            **BUILD,
-        ) as address:
-            yield address
-    finally:
-        schedulers.close()
+    with launched(tmp_path_factory.mktemp("gradio"), members, schedulers=Schedulers(), **BUILD) as address:
+        yield address
 
 
 def turns_answered(page, n: int) -> None:

@@ -52,7 +52,7 @@ def address(tmp_path_factory):
     members["slow-draft"] = ScriptedMember("slow-draft", [" slow tortoise"] * 50, len, draft_delay=2.0)
     cache = tmp_path_factory.mktemp("gradio")
     build = {"default_models": TINY[:2], "defaults": {"segment_len": 4, "max_new_tokens": 24}}
-    with launched(cache, lambda name, device, progress: members[name], members, **build) as url:
+    with launched(cache, members, **build) as url:
         yield url, cache
 
 

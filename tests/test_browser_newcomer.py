@@ -22,7 +22,7 @@ def address(tmp_path_factory):
     members["slow-b"] = SlowMember("slow-b", ["b "] * 500, len)
     cache = tmp_path_factory.mktemp("gradio")
     build = {"default_models": [TINY[0], long], "defaults": {"segment_len": 4, "max_new_tokens": 24}}
-    with launched(cache, lambda name, device, progress: members[name], members, **build) as url:
+    with launched(cache, members, **build) as url:
         yield url, cache
 
 

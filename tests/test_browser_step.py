@@ -28,18 +28,8 @@ def members():
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory, members):
-    schedulers = Schedulers()
-    try:
-        with launched(
-            tmp_path_factory.mktemp("gradio"),
-            lambda n, d, p: members[n],
-            members,
-            schedulers=schedulers,
-            **BUILD,
-        ) as address:
-            yield address
-    finally:
-        schedulers.close()
+    with launched(tmp_path_factory.mktemp("gradio"), members, schedulers=Schedulers(), **BUILD) as address:
+        yield address
 
 
 def wait_in(page, selector: str, text: str, timeout: float = WAIT_MS) -> None:
@@ -199,29 +189,21 @@ def test_two_people_step_apart_while_a_third_runs_freely(browser, url):
 
 
 def test_a_run_paused_past_the_idle_limit_says_it_ended(browser, members, tmp_path_factory):
-    schedulers = Schedulers(pause_idle_s=2.0)
-    try:
-        with (
-            launched(
-                tmp_path_factory.mktemp("gradio"),
-                lambda n, d, p: members[n],
-                members,
-                schedulers=schedulers,
-                **BUILD,
-            ) as address,
-            opened(browser, address) as page,
-        ):
-            start_stepping(page, SKY)
-            page.keyboard.press("ArrowRight")
-            wait_in(page, "#step-note", "drafts are in")
-            page.keyboard.press("ArrowRight")
-            wait_in(page, "#step-note", "won")
-            kept = answer_text(page)
-            time.sleep(3.5)  # no step for longer than the limit
-            page.keyboard.press("ArrowRight")
-            wait_in(page, "#step-note", "no step for 2 s")
-            wait_in(page, "#status", "no step for 2 s")
-            assert "The run has ended after round 1" in note(page) and answer_text(page) == kept
-            assert page.locator("#step-next").is_disabled()
-    finally:
-        schedulers.close()
+    with (
+        launched(
+            tmp_path_factory.mktemp("gradio"), members, schedulers=Schedulers(pause_idle_s=2.0), **BUILD
+        ) as address,
+        opened(browser, address) as page,
+    ):
+        start_stepping(page, SKY)
+        page.keyboard.press("ArrowRight")
+        wait_in(page, "#step-note", "drafts are in")
+        page.keyboard.press("ArrowRight")
+        wait_in(page, "#step-note", "won")
+        kept = answer_text(page)
+        time.sleep(3.5)  # no step for longer than the limit
+        page.keyboard.press("ArrowRight")
+        wait_in(page, "#step-note", "no step for 2 s")
+        wait_in(page, "#status", "no step for 2 s")
+        assert "The run has ended after round 1" in note(page) and answer_text(page) == kept
+        assert page.locator("#step-next").is_disabled()

@@ -13,6 +13,12 @@ included, and AOTAutograd functionalizes its in-place updates, without inductor'
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from specfuse.config import EnsembleConfig, MemberSettings
@@ -268,6 +274,51 @@ def test_the_cpu_default_inductor_compiles_and_matches():
     prompt = "Tell me about the lighthouse by the sea."
     assert drafts_of(compiled, prompt, plan) == drafts_of(eager, prompt, plan)
     assert compiled.compiled.counts == {"static": 3, "eager": 0, "batched": 0}
+
+
+# torch held to its AVX2 kernels, as the AVX2 benchmarks run it on a CPU with AVX-512 (docs/serve.md).
+AVX2_DRAFTS = """
+import json
+from tests.conftest import tiny_member
+from specfuse.config import MemberSettings
+
+def drafts(member):
+    state = member.start("Tell me about the lighthouse by the sea.", MemberSettings(max_new_tokens=200))
+    out = []
+    for _ in range(2):
+        cand = member.draft(state, 6)
+        out.append(cand.text)
+        member.accept(state, cand.text)
+    return out
+
+compiled = tiny_member("gemma-meta", compile_decode=True)
+print(json.dumps([drafts(tiny_member("gemma-meta")), drafts(compiled), compiled.compiled.counts]))
+"""
+
+
+def test_on_torch_s_avx2_kernels_the_compiled_drafts_equal_the_eager_ones(tmp_path):
+    # Inductor's cache did not key on the kernels torch is held to: after a compilation on this
+    # CPU's own kernels, the AVX2 run was served that code and drafted NaNs
+    # (hardware.inductor_march_for_avx2). One cache for both runs, as a developer's machine has.
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CPP_MARCH", "ATEN_CPU_CAPABILITY")}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path)
+    root = Path(__file__).resolve().parents[1]
+    runs = []
+    for capability in (None, "avx2"):
+        run_env = env | ({"ATEN_CPU_CAPABILITY": capability} if capability else {})
+        done = subprocess.run(
+            [sys.executable, "-c", AVX2_DRAFTS],
+            cwd=root,
+            env=run_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    for eager, compiled, counts in runs:
+        assert compiled == eager and len(eager) == 2 and counts["static"] == 2
+    assert runs[0][0] == runs[1][0]  # fp32 on both kernels: the same tokens
 
 
 def test_loading_and_the_gpu_benchmark_turn_it_on(tiny_checkpoints, capsys):

@@ -40,6 +40,19 @@ def test_native_bf16_needs_the_instructions_and_torch_allowed_to_use_them(cpu, m
     assert not native_bf16()
 
 
+def test_compiled_code_is_held_to_avx2_only_where_torch_is_held_to_it_on_a_bigger_cpu(cpu, monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CPP_MARCH", raising=False)
+    cpu("avx2", "avx512f")
+    assert hardware.inductor_march_for_avx2() is None  # torch's own kernels: -march=native matches
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "AVX2")
+    assert hardware.inductor_march_for_avx2() == "x86-64-v3"
+    monkeypatch.setenv("TORCHINDUCTOR_CPP_MARCH", "haswell")  # the operator's choice stands
+    assert hardware.inductor_march_for_avx2() is None
+    monkeypatch.delenv("TORCHINDUCTOR_CPP_MARCH")
+    cpu("avx2", "fma")  # an AVX2-only CPU: native is AVX2 already
+    assert hardware.inductor_march_for_avx2() is None
+
+
 def test_llama_cpp_for_one_user_anywhere_on_a_cpu_and_for_many_without_native_bf16(cpu):
     cpu("avx2")
     one, many = auto_backend("one", True, llama_cpp=True), auto_backend("many", True, llama_cpp=True)

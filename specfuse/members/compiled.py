@@ -41,6 +41,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from ..config import MemberSettings
+from ..models.hardware import inductor_march_for_avx2
 from .drafting import UTF8_GRACE_TOKENS
 from .scoring import chunk_mask, float_mask
 
@@ -119,6 +120,10 @@ class CompiledDecoder:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._static: _Static | None = None
+        if not on_gpu and (march := inductor_march_for_avx2()):
+            from torch._inductor import config as inductor_config
+
+            inductor_config.cpp.march = march  # else its cache serves other kernels' code (hardware.py)
         self._compiled = self._own_compiled(_decode)
         self._compiled_verify = self._own_compiled(_verify)
 

@@ -89,9 +89,14 @@ class Drafting:
         while any(c.wants_more for c in cuts):
             logits = self.head.logits(hidden)  # [B, V] float32
             if bool(logits.isnan().any()):  # argmax would pick token 0 and go on, silently
+                suspect = "its weights are damaged (a model file that changed on disk?)"
+                if (
+                    self.compiled is not None
+                ):  # or torch.compile's code is wrong (hardware.inductor_march_for_avx2)
+                    suspect += " or its compiled decoding is wrong (load it without compile_decode to tell)"
                 raise MemberError(
-                    f"{self.name}: its logits are not finite (nan) while drafting; its weights are "
-                    "damaged (a model file that changed on disk?), so this request ends"
+                    f"{self.name}: its logits are not finite (nan) while drafting; {suspect}, "
+                    "so this request ends"
                 )
             feed = [self.tokenizer.pad_token_id or 0] * rows  # placeholders for finished rows
             for b, (state, cut) in enumerate(zip(states, cuts)):
