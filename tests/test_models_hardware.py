@@ -40,17 +40,13 @@ def test_native_bf16_needs_the_instructions_and_torch_allowed_to_use_them(cpu, m
     assert not native_bf16()
 
 
-def test_compiled_code_is_held_to_avx2_only_where_torch_is_held_to_it_on_a_bigger_cpu(cpu, monkeypatch):
-    monkeypatch.delenv("TORCHINDUCTOR_CPP_MARCH", raising=False)
+def test_torch_is_held_to_avx2_only_by_its_capability_on_a_cpu_with_avx512(cpu, monkeypatch):
     cpu("avx2", "avx512f")
-    assert hardware.inductor_march_for_avx2() is None  # torch's own kernels: -march=native matches
+    assert not hardware.held_to_avx2()  # torch's own kernels
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "AVX2")
-    assert hardware.inductor_march_for_avx2() == "x86-64-v3"
-    monkeypatch.setenv("TORCHINDUCTOR_CPP_MARCH", "haswell")  # the operator's choice stands
-    assert hardware.inductor_march_for_avx2() is None
-    monkeypatch.delenv("TORCHINDUCTOR_CPP_MARCH")
-    cpu("avx2", "fma")  # an AVX2-only CPU: native is AVX2 already
-    assert hardware.inductor_march_for_avx2() is None
+    assert hardware.held_to_avx2()
+    cpu("avx2", "fma")  # an AVX2-only CPU: its own kernels are AVX2
+    assert not hardware.held_to_avx2()
 
 
 def test_llama_cpp_for_one_user_anywhere_on_a_cpu_and_for_many_without_native_bf16(cpu):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import types
 from collections.abc import Callable, Sequence
@@ -41,7 +42,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from ..config import MemberSettings
-from ..models.hardware import inductor_march_for_avx2
+from ..models.hardware import held_to_avx2
 from .drafting import UTF8_GRACE_TOKENS
 from .scoring import chunk_mask, float_mask
 
@@ -120,10 +121,15 @@ class CompiledDecoder:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._static: _Static | None = None
-        if not on_gpu and (march := inductor_march_for_avx2()):
-            from torch._inductor import config as inductor_config
-
-            inductor_config.cpp.march = march  # else its cache serves other kernels' code (hardware.py)
+        # torch held to its AVX2 kernels on a bigger CPU (hardware.held_to_avx2): no compiled graph
+        # shared with the CPU's own kernels through the caches, in either direction, and the code an
+        # AVX2-only CPU would get (AVX2, FMA, F16C, BMI2). Options, because inductor's settings are
+        # per thread and members compile in their own threads.
+        self.options: dict[str, str | int | bool | Callable[..., Any]] | None = None
+        if not on_gpu and self.mode is None and held_to_avx2():
+            self.options = {"fx_graph_cache": False}
+            if not os.environ.get("TORCHINDUCTOR_CPP_MARCH"):  # the operator's choice stands
+                self.options["cpp.march"] = "x86-64-v3"
         self._compiled = self._own_compiled(_decode)
         self._compiled_verify = self._own_compiled(_verify)
 
@@ -132,7 +138,9 @@ class CompiledDecoder:
         keeps its compilations, and counts them against its limit, per code object."""
         code = step.__code__.replace(co_name=f"{step.__name__}_{abs(hash(self.member.name))}")
         mine = types.FunctionType(code, step.__globals__, code.co_name, step.__defaults__)
-        return torch.compile(mine, backend=self.backend, mode=self.mode, fullgraph=True, dynamic=False)
+        return torch.compile(
+            mine, backend=self.backend, mode=self.mode, options=self.options, fullgraph=True, dynamic=False
+        )
 
     # -- a draft's begin and end (drafting(), around HFMember.draft_many) ----------------------------
 

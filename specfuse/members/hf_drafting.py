@@ -90,9 +90,7 @@ class Drafting:
             logits = self.head.logits(hidden)  # [B, V] float32
             if bool(logits.isnan().any()):  # argmax would pick token 0 and go on, silently
                 suspect = "its weights are damaged (a model file that changed on disk?)"
-                if (
-                    self.compiled is not None
-                ):  # or torch.compile's code is wrong (hardware.inductor_march_for_avx2)
+                if self.compiled is not None:  # or torch.compile's code is wrong (hardware.held_to_avx2)
                     suspect += " or its compiled decoding is wrong (load it without compile_decode to tell)"
                 raise MemberError(
                     f"{self.name}: its logits are not finite (nan) while drafting; {suspect}, "

@@ -50,19 +50,16 @@ def native_bf16() -> bool:
     return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
-def inductor_march_for_avx2() -> str | None:
-    """The `-march` torch.compile's C++ takes while torch is held to its AVX2 kernels on a CPU with
-    AVX-512 (x86-64-v3: AVX2, FMA, F16C, BMI2), or None where nothing needs settling.
+def held_to_avx2() -> bool:
+    """torch held to its AVX2 kernels (ATEN_CPU_CAPABILITY=avx2) on a CPU with AVX-512, as the AVX2
+    benchmarks run it: then torch.compile must not share compiled graphs with the CPU's own kernels.
 
-    Inductor takes its vector width from ATEN_CPU_CAPABILITY, but its on-disk cache key does not
-    (torch 2.13): a kernel compiled under one capability was served under the other, and computed
-    NaNs or corrupted the heap. A -march of its own gives the AVX2 kernels their own cache entries,
-    and the code an AVX2-only CPU would get. The operator's TORCHINDUCTOR_CPP_MARCH stands.
+    Inductor takes its vector width from ATEN_CPU_CAPABILITY, but its graph cache key does not
+    (torch 2.13): a graph compiled under one capability was served under the other, and drafted
+    NaNs or corrupted the heap. Such a process compiles its graphs afresh (members/compiled.py).
     """
     capability = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
-    if capability != "avx2" or "avx512f" not in cpu_flags() or os.environ.get("TORCHINDUCTOR_CPP_MARCH"):
-        return None
-    return "x86-64-v3"
+    return capability == "avx2" and "avx512f" in cpu_flags()
 
 
 def cpu_kind() -> str:
