@@ -110,7 +110,7 @@ class CompiledDecoder:
         # CUDA graphs on a GPU; on a CPU inductor's default (there are no graphs to capture).
         self.mode = mode if mode is not None else ("reduce-overhead" if on_gpu else None)
         self.cudagraphs = on_gpu and self.mode == "reduce-overhead"
-        self.disabled = _unsupported(member)  # why this member always decodes eagerly, if it does
+        self.disabled = unsupported(member)  # why this member always decodes eagerly, if it does
         self.counts = {"static": 0, "eager": 0, "batched": 0}  # drafts, by how they decoded
         self.verified = 0  # lone verification passes run compiled
         self.verify_off: str | None = None  # why verification passes run eagerly (drafts may not)
@@ -380,7 +380,7 @@ def _widened(
     return input_ids, position_ids, widen(packed)
 
 
-def _unsupported(member: _Member) -> str | None:
+def unsupported(member: Any) -> str | None:
     """Why a member cannot decode in a static cache of full-attention layers, or None."""
     model = member.model
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config

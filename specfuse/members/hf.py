@@ -20,7 +20,7 @@ from transformers import DynamicCache
 from ..config import MemberSettings
 from ..errors import ConfigError, MemberError, PromptTooLongError, SpecfuseError
 from ..prompts import CHAT, Prompt, PromptFormat
-from . import compiled, drafting, prefill, profiling
+from . import compiled, drafting, prefill, profiling, slots
 from .hf_drafting import Drafting
 from .hf_state import HFState
 from .hf_verifying import Verifying
@@ -49,6 +49,7 @@ class HFMember(Drafting, Verifying, BaseMember):
         reuse_template: bool = True,
         trust: float | None = None,
         compile_decode: bool = False,
+        decode: str = "auto",
     ) -> None:
         if prompt_format.kind == "chat" and not getattr(tokenizer, "chat_template", None):
             raise ConfigError(f"{name}: the tokenizer has no chat template; use a completion prompt format")
@@ -85,6 +86,12 @@ class HFMember(Drafting, Verifying, BaseMember):
         self.trust = trust
         # Drafts of one request decode in a static cache with a compiled step (compiled.py; opt in).
         self.compiled = compiled.CompiledDecoder(self) if compile_decode else None
+        # Drafts of every batch decode on static KV slots, captured as CUDA graphs on a GPU
+        # (slots.py; decode "auto": on a GPU only), else eagerly in a stacked cache.
+        self.decode_mode = decode
+        self.slots: slots.SlotStore | None = None
+        if slots.resolved(decode, self.device) == "graphs":
+            self.slots = slots.SlotStore(self, unsupported=compiled.unsupported(self))
 
     def __repr__(self) -> str:
         return f"HFMember({self.name!r}, {type(self.model).__name__}, device={self.device!r})"

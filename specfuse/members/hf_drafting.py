@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from .compiled import CompiledDecoder
     from .scoring import OutputHead
+    from .slots import SlotStore
 
 
 class Drafting:
@@ -45,6 +46,7 @@ class Drafting:
         stop_token_ids: frozenset[int]
         reuse_trimmed: bool
         compiled: CompiledDecoder | None
+        slots: SlotStore | None
 
         def decode(self, ids: Sequence[int]) -> str: ...
         def hidden_states(self, ids: Sequence[int], cache: DynamicCache) -> torch.Tensor: ...
@@ -59,14 +61,14 @@ class Drafting:
     def draft_many(self, states: Sequence[HFState], budgets: Sequence[int]) -> list[Candidate]:
         """Draft for several requests at once: one forward pass per token for all of them.
 
-        Each request continues its own context (a batch row of the stacked caches, left-padded);
-        a row that has finished feeds a placeholder until the last one is done.
+        Each request continues its own context: in the member's KV slots (slots.py, the "graphs"
+        decode path), else in a batch row of the stacked caches, left-padded; a row that has
+        finished feeds a placeholder until the last one is done.
         """
         began = time.perf_counter()
         for state in states:
             self._drop_packed(state)
         rows = len(states)
-        cache, pads = self._stacked_cache(states)
         cuts = [
             drafting.DraftCut(
                 budget,
@@ -86,27 +88,12 @@ class Drafting:
             if taken:
                 step = reused = len(taken)
                 hidden = compiled.take_over(self, taken, len(states[0].ids), states[0].cache)
-        while any(c.wants_more for c in cuts):
-            logits = self.head.logits(hidden)  # [B, V] float32
-            if bool(logits.isnan().any()):  # argmax would pick token 0 and go on, silently
-                suspect = "its weights are damaged (a model file that changed on disk?)"
-                if self.compiled is not None:  # or torch.compile's code is wrong (hardware.held_to_avx2)
-                    suspect += " or its compiled decoding is wrong (load it without compile_decode to tell)"
-                raise MemberError(
-                    f"{self.name}: its logits are not finite (nan) while drafting; {suspect}, "
-                    "so this request ends"
-                )
-            feed = [self.tokenizer.pad_token_id or 0] * rows  # placeholders for finished rows
-            for b, (state, cut) in enumerate(zip(states, cuts)):
-                if cut.wants_more:
-                    token = self._pick(logits[b], state)
-                    if cut.push(token):
-                        feed[b] = token
-            if not any(c.wants_more for c in cuts):
-                break
-            positions = [len(s.ids) + step for s in states]
-            hidden = self._step(feed, positions, pads, cache)
-            step += 1
+        slotted = self._in_slots(states, cuts)
+        try:
+            self._decode(states, cuts, self.head.logits(hidden), step, slotted)
+        finally:
+            if slotted and self.slots is not None:
+                self.slots.end()
         if rows == 1:  # drafted straight into the request's own cache: forget the draft's keys
             states[0].cache.crop(len(states[0].ids) - states[0].cache.get_seq_length())
         seconds = (time.perf_counter() - began) / rows
@@ -119,6 +106,57 @@ class Drafting:
                 state.trimmed = (tuple(state.ids) + tuple(new[:count]), tuple(new[count:]))
             out.append(Candidate(self.name, text, count, final, seconds, reused))
         return out
+
+    def _in_slots(self, states: Sequence[HFState], cuts: Sequence[drafting.DraftCut]) -> bool:
+        """Whether this draft decodes in the member's KV slots (the "graphs" path; a lone request of
+        a member with compiled decoding keeps that path); True: the slots are taken (end() them)."""
+        if self.slots is None or (len(states) == 1 and self.compiled is not None):
+            return False
+        if not any(c.wants_more for c in cuts):
+            return False
+        steps = max(c.budget for c in cuts) + drafting.UTF8_GRACE_TOKENS
+        return self.slots.begin([s.cache for s in states], steps)
+
+    def _decode(
+        self,
+        states: Sequence[HFState],
+        cuts: Sequence[drafting.DraftCut],
+        logits: torch.Tensor,
+        step: int,
+        slotted: bool,
+    ) -> None:
+        """The decoding loop: pick each row's next token from `logits` [B, V], step all rows, until
+        every cut is done. `step`: tokens already fed after the committed ones (taken over)."""
+        rows = len(states)
+        cache, pads = (None, [0] * rows) if slotted else self._stacked_cache(states)
+        while any(c.wants_more for c in cuts):
+            greedy, nan = _greedy_and_nan(logits)
+            if nan:  # argmax would pick token 0 and go on, silently
+                suspect = "its weights are damaged (a model file that changed on disk?)"
+                if self.compiled is not None:  # or torch.compile's code is wrong (hardware.held_to_avx2)
+                    suspect += " or its compiled decoding is wrong (load it without compile_decode to tell)"
+                if slotted:
+                    suspect += " or its KV-slot step is wrong (load it with decode='eager' to tell)"
+                raise MemberError(
+                    f"{self.name}: its logits are not finite (nan) while drafting; {suspect}, "
+                    "so this request ends"
+                )
+            feed = [self.tokenizer.pad_token_id or 0] * rows  # placeholders for finished rows
+            for b, (state, cut) in enumerate(zip(states, cuts)):
+                if cut.wants_more:
+                    token = greedy[b] if state.settings.temperature <= 0 else self._pick(logits[b], state)
+                    if cut.push(token):
+                        feed[b] = token
+            if not any(c.wants_more for c in cuts):
+                break
+            positions = [len(s.ids) + step for s in states]
+            if slotted and self.slots is not None:
+                workers.rebalance()
+                logits = self.slots.step(feed, positions)
+            else:
+                assert cache is not None
+                logits = self.head.logits(self._step(feed, positions, pads, cache))
+            step += 1
 
     def _take_over_trimmed(self, state: HFState, limit: int) -> tuple[int, ...]:
         """The tokens the last greedy draft trimmed away, when its kept text is now the answer's end:
@@ -178,6 +216,12 @@ class Drafting:
             use_cache=True,
         )
         return out.last_hidden_state[:, -1]
+
+
+def _greedy_and_nan(logits: torch.Tensor) -> tuple[list[int], bool]:
+    """Each row's greedy token and whether any logit is nan, in one read back from the device."""
+    both = torch.cat([logits.argmax(-1), logits.isnan().any().reshape(1).long()]).tolist()
+    return both[:-1], bool(both[-1])
 
 
 __all__ = ["Drafting"]

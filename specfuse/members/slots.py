@@ -1,0 +1,342 @@
+"""Batched drafting on static slots: a member's fixed KV store, one decoding step per batch-size
+bucket, captured as a CUDA graph on a GPU (issue 52).
+
+Every draft the scheduler asks of a member (HFMember.draft_many: all the runs it serves, one
+forward pass per token) decodes here when the member's decode path is "graphs". The store holds
+`rows` slots of `capacity` tokens per layer ([rows, kv heads, capacity, head dim]), allocated once
+and reused: at a draft's start the runs' committed keys and values (their own DynamicCaches, which
+prefill, packed verification and accept() keep using unchanged) are copied into slots 0..n-1, a
+device-to-device copy, so runs join and leave between rounds without any reallocation or
+recapture. Each row sits at its absolute positions (column p holds position p), a step writes each
+row's new keys at that row's own position (a scatter), and the mask shows each row its columns up
+to its position (and, for sliding-window layers, those within the window): slots past a row's
+length hold stale keys nobody sees. The draft's own keys are left behind, as the eager path crops
+them away.
+
+A step runs on a bucket of rows (BUCKETS: 1, 2, 4, 8, 16, 32, then powers of two) and a width of
+columns (a power of two from MIN_WIDTH, enough for the longest row and its draft); rows past the
+draft's own are padding (a placeholder token at position 0 of a slot no run holds this draft). On
+CUDA each (bucket, width) pair is captured once, the first time it is needed, as a
+torch.cuda.CUDAGraph around the fixed-shape forward pass and the output head (a few forward passes'
+time, not a compilation); its replays read the step's tokens and positions from one small input
+buffer. A capture that fails turns capture off for the member, with a warning, and the same step
+runs uncaptured. On a CPU the same code runs uncaptured: the greedy answers equal the eager path's
+(tests/test_slots.py). Why not transformers' own continuous batching: docs/gpu.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
+
+from . import profiling
+from .scoring import float_mask
+
+log = logging.getLogger(__name__)
+
+BUCKETS = (1, 2, 4, 8, 16, 32)  # rows per captured step; larger batches take the next power of two
+MIN_WIDTH = 256  # the narrowest step, in columns; wider ones double
+WARMUP_STEPS = 2  # uncaptured runs of a step before its capture (cuBLAS handles, lazy allocations)
+DECODE_MODES = ("auto", "graphs", "eager")
+DECODE_HELP = (
+    "how transformers members draft: graphs (batched on static KV slots, each batch size's step "
+    "captured as a CUDA graph on a GPU, run uncaptured on a CPU), eager (a stacked cache, step by "
+    "step), or auto (graphs on a GPU, eager on a CPU)"
+)
+
+
+def resolved(mode: str, device: str) -> str:
+    """The decode path a member on `device` takes for `mode` (DECODE_MODES): "graphs" or "eager"."""
+    if mode not in DECODE_MODES:
+        raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {mode!r}")
+    if mode == "auto":
+        return "graphs" if str(device).startswith("cuda") else "eager"
+    return mode
+
+
+def bucket_of(rows: int) -> int:
+    """The rows of the step that serves `rows` runs: the smallest bucket that holds them."""
+    return next((b for b in BUCKETS if b >= rows), 1 << max(0, rows - 1).bit_length())
+
+
+def width_of(columns: int) -> int:
+    """The columns of the step that serves rows reaching `columns` positions."""
+    width = MIN_WIDTH
+    while width < columns:
+        width *= 2
+    return width
+
+
+class _Member(Protocol):
+    """What of an HFMember this module uses (hf.py imports this module, not the other way round)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+    @property
+    def sliding_window(self) -> int | None: ...
+    @property
+    def base(self) -> Any: ...
+    @property
+    def head(self) -> Any: ...
+
+
+@dataclass
+class _Shape:
+    """The step under way: its rows and columns, and each row's write position ([rows, 1] tensor,
+    the step's own input, which the layers scatter at)."""
+
+    rows: int = 0
+    width: int = 0
+    positions: torch.Tensor | None = None
+
+
+class SlotLayer(CacheLayerMixin):
+    """One layer's slots, seen by the model as a cache of `shape.rows` rows and `shape.width`
+    columns: update() writes each row's new keys and values at that row's own position."""
+
+    is_compileable = True
+    is_sliding = False  # every layer keeps all columns; the sliding window is in the mask
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, shape: _Shape) -> None:
+        super().__init__()
+        self.keys, self.values, self.shape = keys, values, shape
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Allocated by the store, never lazily."""
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, width, positions = self.shape.rows, self.shape.width, self.shape.positions
+        assert self.keys is not None and self.values is not None and positions is not None
+        keys, values = self.keys[:rows, :, :width], self.values[:rows, :, :width]
+        at = positions[:, None, :, None]  # [rows, 1, 1, 1]: each row at its own column
+        keys.scatter_(2, at.expand_as(key_states), key_states)
+        values.scatter_(2, at.expand_as(value_states), value_states)
+        return keys, values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.shape.width, 0
+
+    def get_seq_length(self) -> int:
+        return self.shape.width
+
+    def get_max_length(self) -> int:
+        return int(self.keys.shape[2]) if self.keys is not None else 0
+
+
+@dataclass
+class _Graph:
+    """One captured step: its graph, its input buffer ([2, rows]: tokens, positions) and its output
+    (the logits [rows, V], overwritten by the next replay of any graph of the member's pool)."""
+
+    graph: Any  # torch.cuda.CUDAGraph
+    inputs: torch.Tensor
+    logits: torch.Tensor
+
+
+class SlotStore:
+    """A member's slots and its decoding steps, one draft at a time (a second draft that finds the
+    store in use, from another thread, decodes eagerly)."""
+
+    def __init__(
+        self, member: _Member, *, capture: bool | None = None, unsupported: str | None = None
+    ) -> None:
+        self.member = member
+        on_gpu = str(member.device).startswith("cuda")
+        # CUDA graphs where there is CUDA; `capture=True` on a CPU is refused, not ignored.
+        if capture and not on_gpu:
+            raise ValueError(f"{member.name}: CUDA graphs need a CUDA device, not {member.device}")
+        self.capture = on_gpu if capture is None else capture
+        self.disabled = unsupported  # why this member always drafts eagerly, if it does
+        self.capture_off: str | None = None  # why its steps run uncaptured, if they do
+        self.rows = self.capacity = 0
+        self.layers: list[SlotLayer] = []
+        self.cache: Cache | None = None
+        self.shape = _Shape()
+        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.pool: Any = None
+        self.counts = {"drafts": 0, "steps": 0, "replays": 0, "captures": 0, "busy": 0}
+        self.capture_seconds = 0.0
+        self._lock = threading.Lock()
+
+    # -- a draft's begin and end ---------------------------------------------------------------
+
+    def begin(self, caches: Sequence[DynamicCache], steps: int) -> bool:
+        """Take the store for one draft: the runs' `caches` copied into slots 0..n-1, room for
+        `steps` more tokens each, the step for their bucket ready (captured on CUDA). False: the
+        store cannot take it (unsupported, or in use by another thread): draft eagerly."""
+        if self.disabled or not _plain(caches):
+            return False
+        if not self._lock.acquire(blocking=False):
+            self.counts["busy"] += 1
+            return False
+        try:
+            lengths = [c.get_seq_length() for c in caches]
+            # One column past the draft's last: the column a capture writes at, never seen.
+            rows, width = bucket_of(len(caches)), width_of(max(lengths) + steps + 2)
+            self._allocate(rows, width, caches[0])
+            self.shape.rows, self.shape.width = rows, width
+            if self.capture and not self.capture_off and (rows, width) not in self.graphs:
+                self._capture(rows, width)
+            self._load(caches)
+        except BaseException:
+            self._lock.release()
+            raise
+        self.counts["drafts"] += 1
+        return True
+
+    def end(self) -> None:
+        self._lock.release()
+
+    # -- one step ----------------------------------------------------------------------------------
+
+    def step(self, tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        """Each run's next `tokens` at its `positions` → the logits [n, V] float32 after them (n =
+        the draft's runs; the bucket's padding rows are dropped). Read them before the next step:
+        a captured step's output is overwritten by the next replay."""
+        rows, n = self.shape.rows, len(tokens)
+        host = torch.zeros(2, rows, dtype=torch.long)  # padding rows: token 0 at position 0
+        host[0, :n] = torch.tensor(list(tokens))
+        host[1, :n] = torch.tensor(list(positions))
+        self.counts["steps"] += 1
+        graph = self.graphs.get((rows, self.shape.width))
+        if graph is None:
+            return self._forward(host.to(self.member.device))[:n]
+        graph.inputs.copy_(host)
+        with profiling.timed("forward", self.member.name, items=rows):  # the hooks do not see a replay
+            graph.graph.replay()
+        self.counts["replays"] += 1
+        return graph.logits[:n]
+
+    def _forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The step itself, fixed in shape for a bucket and width: tokens and positions [2, rows] →
+        logits [rows, V] float32. Captured as is on CUDA: no host synchronisation inside."""
+        member, width = self.member, self.shape.width
+        tokens, positions = inputs[0][:, None], inputs[1][:, None]  # [rows, 1]
+        self.shape.positions = positions
+        column = torch.arange(width, device=inputs.device)[None, :]
+        allowed = column <= positions  # [rows, width]: each row's own columns up to its position
+        full = float_mask(allowed[:, None, None, :], member.dtype)
+        mask: torch.Tensor | dict[str, torch.Tensor] = full
+        if member.sliding_window is not None:
+            near = column > positions - member.sliding_window
+            mask = {
+                "full_attention": full,
+                "sliding_attention": float_mask((allowed & near)[:, None, None, :], member.dtype),
+            }
+        out = member.base(
+            input_ids=tokens,
+            position_ids=positions,
+            attention_mask=mask,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        return cast("torch.Tensor", member.head.logits(out.last_hidden_state[:, -1]))
+
+    # -- the store and its graphs --------------------------------------------------------------
+
+    def _allocate(self, rows: int, width: int, like: DynamicCache) -> None:
+        """Slots for at least `rows` runs of `width` columns, shaped like `like`'s layers; a larger
+        store replaces the old one (and its graphs, which read the old one's memory)."""
+        theirs = [cast("DynamicLayer", layer) for layer in like.layers]
+        first = theirs[0].keys
+        assert first is not None
+        if (
+            rows <= self.rows
+            and width <= self.capacity
+            and self.layers
+            and (self.layers[0].keys is not None)
+            and (self.layers[0].keys.dtype, self.layers[0].keys.device) == (first.dtype, first.device)
+        ):
+            return
+        rows, width = max(rows, self.rows), max(width, self.capacity)
+        self.layers, self.cache, self.graphs, self.pool = [], None, {}, None  # freed before the new one
+        layers = []
+        for layer in theirs:
+            keys, values = layer.keys, layer.values
+            assert keys is not None and values is not None
+            k = keys.new_zeros(rows, keys.shape[1], width, keys.shape[3])
+            v = values.new_zeros(rows, values.shape[1], width, values.shape[3])
+            layers.append(SlotLayer(k, v, self.shape))
+        self.layers, self.rows, self.capacity = layers, rows, width
+        self.cache = Cache(layers=list(layers))
+        pairs = [(x.keys, x.values) for x in layers]
+        size = sum(k.nbytes + v.nbytes for k, v in pairs if k is not None and v is not None)
+        log.info("%s: KV slots for %d runs of %d tokens (%.0f MB)", self.member.name, rows, width, size / 1e6)
+
+    def _load(self, caches: Sequence[DynamicCache]) -> None:
+        """Each run's committed keys and values into its slot (row r: the r-th run)."""
+        for r, cache in enumerate(caches):
+            for mine, theirs in zip(self.layers, cast("list[DynamicLayer]", cache.layers)):
+                keys, values = theirs.keys, theirs.values
+                assert mine.keys is not None and mine.values is not None
+                assert keys is not None and values is not None
+                n = keys.shape[2]
+                mine.keys[r, :, :n].copy_(keys[0])
+                mine.values[r, :, :n].copy_(values[0])
+
+    def _capture(self, rows: int, width: int) -> None:
+        """The step for (rows, width) as a CUDA graph; a failure turns capture off for the member."""
+        device = torch.device(self.member.device)
+        began = time.perf_counter()
+        try:
+            inputs = torch.zeros(2, rows, dtype=torch.long, device=device)
+            inputs[1].fill_(width - 1)  # beyond every draft's columns: nothing anyone sees is touched
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_STEPS):
+                    self._forward(inputs)
+            torch.cuda.current_stream(device).wait_stream(side)
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                logits = self._forward(inputs)
+        except Exception as e:
+            self.capture_off = f"CUDA graph capture failed: {type(e).__name__}: {e}"
+            log.warning("%s: drafting uncaptured on KV slots (%s)", self.member.name, self.capture_off)
+            return
+        seconds = time.perf_counter() - began
+        self.graphs[rows, width] = _Graph(graph, inputs, logits)
+        self.counts["captures"] += 1
+        self.capture_seconds += seconds
+        log.info(
+            "%s: captured the step for %d rows x %d columns in %.2f s", self.member.name, rows, width, seconds
+        )
+
+
+def _plain(caches: Sequence[DynamicCache]) -> bool:
+    """Whether every cache is a DynamicCache of full layers (what prefill and accept() make)."""
+    return all(
+        isinstance(cache, DynamicCache)
+        and cache.layers
+        and all(type(layer) is DynamicLayer and layer.keys is not None for layer in cache.layers)
+        for cache in caches
+    )
+
+
+__all__ = [
+    "BUCKETS",
+    "DECODE_HELP",
+    "DECODE_MODES",
+    "SlotLayer",
+    "SlotStore",
+    "bucket_of",
+    "resolved",
+    "width_of",
+]
