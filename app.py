@@ -209,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         quantize=args.quantize,
         processes="auto" if args.processes is None else args.processes,
         trust=trust,
+        decode=args.decode,
     )
     # Offer only what can work here: installed catalogue models (plus what the operator named) and
     # the GPU device settings only where a GPU is visible. Served members by their names only.

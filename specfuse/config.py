@@ -28,6 +28,14 @@ PARALLEL_MODES = ("auto", "on", "off")
 PARALLEL_HELP = (
     "members work at the same time: on, off, or auto (on several devices, or sharing a multi-core CPU)"
 )
+# How transformers members draft (issue 52), also the loaded members' property: the operator's
+# --decode flag (cli.add_loading_flags: the CLI, specfuse-serve and the app) and load_member's `decode`.
+DECODE_MODES = ("auto", "graphs", "eager")
+DECODE_HELP = (
+    "how transformers members draft: graphs (every batch on static KV slots, each batch size's step "
+    "captured as a CUDA graph on a GPU, uncaptured on a CPU), eager (a stacked cache, step by step), "
+    "or auto (graphs on a GPU, eager on a CPU)"
+)
 RETIRED_KEYS = ("parallel",)  # stored in configs by earlier versions; read and left out
 VERIFY_MODES = ("always", "contested", "disagree")  # run.py: Run.take_candidates
 MAX_SEGMENT_LEN = 256

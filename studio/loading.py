@@ -42,6 +42,7 @@ class SharedLoader:
         quantize: str = "none",
         processes: bool | str = False,
         trust: Mapping[str, float] | None = None,
+        decode: str = "auto",
     ) -> None:
         self.load = load  # one member in this process; None: models.loading.load_member
         self.allow_paths = allow_paths
@@ -50,6 +51,7 @@ class SharedLoader:
         self.quantize = quantize  # every in-process member: "int8"/"int4" weights, "gguf"/"auto" llama.cpp
         self.processes = processes  # True, False or "auto": each model in a worker process of its own
         self.trust = trust  # the operator's trust file (--trust), else each member's catalogue trust
+        self.decode = decode  # how transformers members draft (--decode; config.DECODE_MODES)
         self._members: dict[tuple[str, str], Member] = {}
         self._loading: dict[tuple[str, str], threading.Lock] = {}  # one per load under way
         self._lock = threading.Lock()  # guards the two dicts only, never held across a load
@@ -92,6 +94,7 @@ class SharedLoader:
             progress=progress,
             processes=self.processes,
             load=self.load,
+            decode=self.decode,
         )
         if self.trust is not None:
             apply_trust([member], self.trust)

@@ -48,7 +48,7 @@ from .shapes import SHAPES, ascii_head, build_model, byte_tokenizer
 
 
 def build_members(
-    shapes: str, devices: Sequence[str], dtype_name: str, compile_decode: bool = False
+    shapes: str, devices: Sequence[str], dtype_name: str, compile_decode: bool = False, decode: str = "auto"
 ) -> list[Any]:
     import torch
 
@@ -69,6 +69,7 @@ def build_members(
                 prompt_format=QA_COMPLETION,
                 device=device,
                 compile_decode=compile_decode,
+                decode=decode,
             )
         )
         if device.startswith("cuda"):

@@ -347,7 +347,12 @@ def write_report(report: dict[str, Any], table: str, path: Path | None) -> None:
 
 
 def load_named(
-    models: Sequence[str] | None, *, device: str = "cpu", dtype: str = "auto", quantize: str = "none"
+    models: Sequence[str] | None,
+    *,
+    device: str = "cpu",
+    dtype: str = "auto",
+    quantize: str = "none",
+    decode: str = "auto",
 ) -> list[Any]:
     """The catalogue members a benchmark's --models names (None: the trio), loaded with a progress bar."""
     from ..cli import parse_models
@@ -355,7 +360,7 @@ def load_named(
 
     names = parse_models(models, hub=False)
     return load_members(
-        names, device=device, dtype=dtype, progress=tqdm_progress("loading"), quantize=quantize
+        names, device=device, dtype=dtype, progress=tqdm_progress("loading"), quantize=quantize, decode=decode
     )
 
 

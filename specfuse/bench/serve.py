@@ -39,12 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from ..cli import Parser
-from ..config import PARALLEL_HELP, PARALLEL_MODES, EnsembleConfig
+from ..config import DECODE_HELP, DECODE_MODES, PARALLEL_HELP, PARALLEL_MODES, EnsembleConfig
 from ..errors import SpecfuseError
 from ..eval.problems import OPEN_PROMPTS
 from ..eval.variants import add_set_option
 from ..members import profiling
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
+from . import ceiling
 from .measure import cpu_model, load_named, write_outputs
 from .profile_report import format_profile
 from .serve_shapes import load_shapes, machine, on_gpu, peak_gb, reset_peak, shapes_config
@@ -351,6 +352,7 @@ def format_table(report: dict[str, Any]) -> str:
     for r in levels.values():
         if "profile" in r:
             lines += ["", format_profile(r, report.get("parameters", {}))]
+    lines += ceiling.lines(report)
     if report.get("environment"):
         lines += ["", "kernels: " + " ".join(f"{k}={v}" for k, v in report["environment"].items())]
     if "versions" in report:
@@ -396,6 +398,7 @@ def _parser() -> Parser:
     )
     add("--join-wait", type=float, default=None, help="the server's --join-wait, seconds (default: its own)")
     add("--parallel", choices=PARALLEL_MODES, default="auto", help=f"{PARALLEL_HELP} (default auto)")
+    add("--decode", choices=DECODE_MODES, default="auto", help=f"{DECODE_HELP} (default auto)")
     profile_help = (
         "also where each level's time went: phases, member calls, forward passes, llama_decode calls"
     )
@@ -422,8 +425,11 @@ def _members(args: Any, max_tokens: int) -> tuple[list[Any], EnsembleConfig]:
     if args.shapes is not None:
         if args.models or args.quantize != "none":
             raise SpecfuseError("--shapes builds its own members: leave out --models and --quantize")
-        return load_shapes(args.shapes, args.device, args.dtype), config
-    return load_named(args.models, device=args.device, dtype=args.dtype, quantize=args.quantize), config
+        return load_shapes(args.shapes, args.device, args.dtype, args.decode), config
+    named = load_named(
+        args.models, device=args.device, dtype=args.dtype, quantize=args.quantize, decode=args.decode
+    )
+    return named, config
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -454,6 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["quantize"] = args.quantize
     report["environment"] = {k: os.environ[k] for k in KERNEL_SETTINGS if k in os.environ}
     report["shapes"] = args.shapes
+    report.update(ceiling.measure(members))  # the bandwidth, after the levels: their figures are unaffected
     report["deadline_s"] = args.deadline
     report["seconds"] = time.perf_counter() - began
     report["command"] = " ".join(["python -m specfuse.bench serve", *(argv or sys.argv[1:])])

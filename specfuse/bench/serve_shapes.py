@@ -29,10 +29,10 @@ def shapes_config(segment_len: int, max_tokens: int) -> EnsembleConfig:
     return EnsembleConfig(segment_len=segment_len, max_new_tokens=max_tokens, **SHAPES_SETTINGS)
 
 
-def load_shapes(shapes: str, device: str, dtype: str) -> list[Any]:
+def load_shapes(shapes: str, device: str, dtype: str, decode: str = "auto") -> list[Any]:
     """The three members of `shapes`, built on `device` in this process (one rolling batch serves
     them, in turn on one GPU, as the server runs in-process members). dtype auto: bf16 on a GPU that
-    has it, float32 on a CPU."""
+    has it, float32 on a CPU; `decode`: how they draft (config.DECODE_MODES)."""
     import torch
 
     from .gpu import build_members
@@ -44,7 +44,7 @@ def load_shapes(shapes: str, device: str, dtype: str) -> list[Any]:
             f"--device {device}: torch sees no GPU here (torch {torch.__version__}); "
             "use --shapes tiny --device cpu for the same path on a CPU"
         )
-    return build_members(shapes, [device], dtype)
+    return build_members(shapes, [device], dtype, decode=decode)
 
 
 def on_gpu(members: Sequence[Any]) -> list[str]:

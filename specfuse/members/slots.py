@@ -37,6 +37,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
+from ..config import DECODE_MODES
+from ..errors import ConfigError
 from . import profiling
 from .scoring import float_mask
 
@@ -45,18 +47,12 @@ log = logging.getLogger(__name__)
 BUCKETS = (1, 2, 4, 8, 16, 32)  # rows per captured step; larger batches take the next power of two
 MIN_WIDTH = 256  # the narrowest step, in columns; wider ones double
 WARMUP_STEPS = 2  # uncaptured runs of a step before its capture (cuBLAS handles, lazy allocations)
-DECODE_MODES = ("auto", "graphs", "eager")
-DECODE_HELP = (
-    "how transformers members draft: graphs (batched on static KV slots, each batch size's step "
-    "captured as a CUDA graph on a GPU, run uncaptured on a CPU), eager (a stacked cache, step by "
-    "step), or auto (graphs on a GPU, eager on a CPU)"
-)
 
 
 def resolved(mode: str, device: str) -> str:
     """The decode path a member on `device` takes for `mode` (DECODE_MODES): "graphs" or "eager"."""
     if mode not in DECODE_MODES:
-        raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {mode!r}")
+        raise ConfigError(f"decode must be one of {', '.join(DECODE_MODES)}, got {mode!r}")
     if mode == "auto":
         return "graphs" if str(device).startswith("cuda") else "eager"
     return mode
@@ -332,8 +328,6 @@ def _plain(caches: Sequence[DynamicCache]) -> bool:
 
 __all__ = [
     "BUCKETS",
-    "DECODE_HELP",
-    "DECODE_MODES",
     "SlotLayer",
     "SlotStore",
     "bucket_of",

@@ -9,6 +9,7 @@ import re
 
 import torch
 
+from specfuse.config import DECODE_MODES
 from specfuse.errors import ConfigError
 
 from .hardware import native_bf16
@@ -62,3 +63,10 @@ def plan_devices(n: int, device: str) -> list[str]:
             return ["cpu"] * n
         return [f"cuda:{i % gpus}" for i in range(n)]
     raise ConfigError(f"Unknown device {device!r}; choose one of: {', '.join(DEVICE_CHOICES)}.")
+
+
+def check_decode(decode: str) -> None:
+    """A clear error for a decode path (how a transformers member drafts on its device) that is not
+    one of config.DECODE_MODES."""
+    if decode not in DECODE_MODES:
+        raise ConfigError(f"decode must be one of {', '.join(DECODE_MODES)}, got {decode!r}")

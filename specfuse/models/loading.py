@@ -24,7 +24,7 @@ from specfuse.prompts import CHAT, QA_COMPLETION, PromptFormat
 
 from .cache import Progress, assemble_gguf, cache_root, ensure_cached, no_progress
 from .catalogue import CATALOGUE
-from .devices import gpu_count, plan_devices, resolve_dtype
+from .devices import check_decode, gpu_count, plan_devices, resolve_dtype
 from .names import (  # Loader, LoadRequest, load_tokenizer, resolve_quantize: importable here too
     Loader,
     LoadRequest,
@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MemberLoad = Callable[..., "Member"]  # load_member's signature: (name, *, device, progress, **options)
+# load_member's defaults: an option left at its default is not passed (a `load` may not take it).
+_LOAD_DEFAULTS = {"compile_decode": False, "quantize": "none", "decode": "auto"}
 
 
 # ---- one name → one member, here ------------------------------------------------------------------
@@ -188,6 +190,7 @@ def load_member(
     progress: Progress | None = None,
     compile_decode: bool = False,
     quantize: str = "none",
+    decode: str = "auto",
 ) -> Member:
     """Load a catalogue model, a local checkpoint folder (or .gguf file), a hub id or a server spec
     (`ENGINE:URL#NAME?tokenizer=...`, see remote.py) as a member.
@@ -195,8 +198,8 @@ def load_member(
     `device` is one torch device ("cpu", "cuda", "cuda:1", "auto"); `device_map` ("auto" or a
     dict) instead lets accelerate spread one model over several GPUs. Catalogue models are cached
     as safetensors under `cache_dir` (default $SPECFUSE_CACHE or ~/.cache/specfuse).
-    `compile_decode`: an in-process model drafts in a static KV cache with a torch.compile'd step
-    (CUDA graphs on a GPU; docs/gpu.md); a served member ignores it.
+    `compile_decode`, `decode` (config.DECODE_MODES): how an in-process transformers model drafts
+    (members/compiled.py, members/slots.py; docs/gpu.md); a served member ignores them.
     `quantize` ("none", "int8", "int4"): an in-process model's Linear weights are quantized after it
     loads, on the CPU only (models/quantize.py); "gguf": a catalogue model or .gguf file runs in
     llama.cpp in this process (members/llamacpp.py); "gguf-draft": drafts there and scores in bf16
@@ -204,6 +207,7 @@ def load_member(
     member ignores it.
     """
     check_quantize(quantize)
+    check_decode(decode)
     loader = check_member_name(name_or_path, allow_paths=allow_paths, allow_servers=allow_servers)
     quantize = resolve_quantize(quantize, name_or_path, device, device_map)
     request = LoadRequest(
@@ -216,6 +220,7 @@ def load_member(
         progress or no_progress,
         compile_decode,
         quantize,
+        decode,
     )
     return loader.load(request)
 
@@ -280,6 +285,7 @@ def _load_hf(
         prompt_format=prompt_format,
         device=member_device,
         compile_decode=req.compile_decode,
+        decode=req.decode,
     )
 
 
@@ -318,6 +324,7 @@ def share_weights(member: Member, name: str) -> Member:
         prompt_format=member.prompt_format,
         device=member.device,
         compile_decode=member.compiled is not None,
+        decode=member.decode_mode,
     )
 
 
@@ -358,6 +365,7 @@ def load_members(
     load: MemberLoad | None = None,
     compile_decode: bool = False,
     quantize: str = "none",
+    decode: str = "auto",
 ) -> list[Member]:
     """The members of one ensemble, in the order of `names`: the one loading path of the CLI, the
     app, the benchmarks and the evaluation.
@@ -380,9 +388,10 @@ def load_members(
 
     `load` loads one member here (default load_member; the app passes its own, tests a scripted one).
     `compile_decode` goes to each load (only when True, so that a `load` without it keeps working),
-    as does `quantize` (only when not "none").
+    as does `quantize` (only when not "none") and `decode` (only when not "auto").
     """
     check_quantize(quantize)
+    check_decode(decode)
     load_here = load or load_member
     distinct = list(dict.fromkeys(names))
     placed = _placement(names, distinct, devices, device, device_map)
@@ -400,10 +409,8 @@ def load_members(
             allow_servers=servers or name in trusted,
             trust_remote_code=trust_remote_code,
         )
-        if compile_decode:
-            options["compile_decode"] = True
-        if quantize != "none":
-            options["quantize"] = quantize
+        given = {"compile_decode": compile_decode, "quantize": quantize, "decode": decode}
+        options.update({k: v for k, v in given.items() if v != _LOAD_DEFAULTS[k]})
         if not in_processes or is_server(name):
             return load_here(name, progress=step, **options)
         return _load_in_own_process(name, place, step, load_here, sharing, options)

@@ -73,6 +73,7 @@ class LoadRequest:
     progress: Progress
     compile_decode: bool = False  # HFMember drafts in a static cache, compiled (members/compiled.py)
     quantize: str = "none"  # "int8"/"int4": torch weights quantized (quantize.py); "gguf": llama.cpp
+    decode: str = "auto"  # how an HFMember drafts: "graphs" (members/slots.py), "eager", "auto"
 
 
 @dataclass(frozen=True)

@@ -140,7 +140,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     def load() -> Scheduler:  # the server answers 503 (and /health "loading") until this is done
         members = load_members(
-            names, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir, quantize=quantize
+            names,
+            device=args.device,
+            dtype=args.dtype,
+            cache_dir=args.cache_dir,
+            quantize=quantize,
+            decode=args.decode,
         )
         if trust is not None:
             apply_trust(members, trust)

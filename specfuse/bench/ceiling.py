@@ -1,0 +1,119 @@
+"""What a serving level could reach, beside what it reached (`bench serve`, issue 52): the ceiling
+set by the bytes of weights a round reads and the device's read bandwidth, measured ÷ ceiling, and
+the model arithmetic the level did; and how each member drafted (its decode path, the CUDA graphs
+it captured).
+
+The ceiling of a level of N clients (at most the batch size B in one round): every member reads its
+weights once per forward pass, and a round is L drafting steps and one verification pass per
+member, whatever the batch; the round yields min(N, B) × L answer tokens. So
+
+    ceiling tok/s = min(N, B) × L × bandwidth / (Σ_members weight bytes × (L + 1)).
+
+The keys and values read (which grow with the batch and the context: 2 % of the weights' bytes for
+32 runs of 100 tokens of an 8B model) and the accept passes are left out: the ceiling is a little
+high, never low. The arithmetic is the usual estimate, 2 × parameters × tokens through a model: a
+round reads L tokens per run for drafting and N_members × (L + 1) per run for verification in each
+member. Knows nothing about the server: it reads the members and the report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .floor import bandwidths, member_floors
+
+
+def measure(members: Sequence[Any]) -> dict[str, Any]:
+    """The device's read bandwidth (measured now) and each member's weight bytes, for ceilings()."""
+    bandwidth = bandwidths(members)
+    floors = member_floors(members, bandwidth)
+    kind = "cuda" if any(str(m.device).startswith("cuda") for m in members) else "cpu"
+    return {
+        "bandwidth_bytes_per_s": bandwidth[kind],
+        "weight_bytes": {name: f["weight_bytes"] for name, f in floors.items()},
+        "decode": decode_paths(members),
+    }
+
+
+def decode_paths(members: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    """How each member drafted (members/slots.py): "graphs" (KV slots, steps captured), "slots"
+    (KV slots, uncaptured: a CPU, or a capture that failed), "eager", or "other" (not a
+    transformers member); with the KV slots' counts and the seconds its captures took."""
+    out: dict[str, dict[str, Any]] = {}
+    for m in members:
+        store = getattr(m, "slots", None)
+        if store is None:
+            out[m.name] = {"path": "eager" if hasattr(m, "slots") else "other"}
+            continue
+        captured = store.capture and not store.capture_off
+        out[m.name] = {
+            "path": "graphs" if captured else "slots",
+            **store.counts,
+            "capture_s": round(store.capture_seconds, 2),
+            "capture_off": store.capture_off,
+        }
+    return out
+
+
+def ceilings(report: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Each level's ceiling tok/s, measured ÷ ceiling and GFLOP/s (see the module's docstring)."""
+    config, levels = report["config"], report["levels"]
+    segment, batch = int(config["segment_len"]), int(report["batch_size"])
+    read = sum(report["weight_bytes"].values())
+    flop_per_token = _flop_per_token(report["parameters"], segment)
+    out = {}
+    for key, level in levels.items():
+        rows = min(int(level["clients"]), batch)
+        ceiling = rows * segment * report["bandwidth_bytes_per_s"] / (read * (segment + 1))
+        out[key] = {
+            "ceiling_tokens_per_s": ceiling,
+            "of_ceiling": level["tokens_per_s"] / ceiling,
+            "gflop_per_s": level["tokens_per_s"] * flop_per_token / 1e9,
+        }
+    return out
+
+
+def _flop_per_token(parameters: Mapping[str, float | None], segment: int) -> float:
+    """Model FLOP per answer token: each member reads L draft tokens and N_members × (L + 1)
+    verified ones per run and round of L answer tokens."""
+    count = len(parameters)
+    per_round = sum(2 * (p or 0.0) * (segment + count * (segment + 1)) for p in parameters.values())
+    return per_round / segment
+
+
+def lines(report: Mapping[str, Any]) -> list[str]:
+    """The printed block: the read bandwidth, each level's tok/s beside its ceiling, the decode paths."""
+    if "bandwidth_bytes_per_s" not in report:  # a report from before the ceiling was measured
+        return []
+    weights, bandwidth = sum(report["weight_bytes"].values()) / 1e9, report["bandwidth_bytes_per_s"] / 1e9
+    out = [
+        "",
+        f"ceiling: {weights:.2f} GB of weights read per pass at {bandwidth:.0f} GB/s "
+        f"(measured), L + 1 passes per round (bench/ceiling.py)",
+        f"{'clients':>7} {'tok/s':>8} {'ceiling':>9} {'÷ ceiling':>9} {'GFLOP/s':>9}",
+    ]
+    for key, c in ceilings(report).items():
+        level = report["levels"][key]
+        out.append(
+            f"{level['clients']:>7} {level['tokens_per_s']:8.2f} {c['ceiling_tokens_per_s']:9.1f} "
+            f"{100 * c['of_ceiling']:8.1f}% {c['gflop_per_s']:9.1f}"
+        )
+    paths = report.get("decode", {})
+    if paths:
+        out.append("decode: " + "; ".join(f"{name} {_path(p)}" for name, p in paths.items()))
+    return out
+
+
+def _path(p: Mapping[str, Any]) -> str:
+    if p["path"] not in ("graphs", "slots"):
+        return p["path"]
+    said = f"{p['path']} ({p['drafts']} drafts, {p['steps']} steps, {p['replays']} replays"
+    if p["path"] == "graphs" or p["captures"]:
+        said += f", {p['captures']} captures in {p['capture_s']:.1f} s"
+    if p.get("capture_off"):
+        said += f"; capture off: {p['capture_off']}"
+    return said + ")"
+
+
+__all__ = ["ceilings", "decode_paths", "lines", "measure"]
