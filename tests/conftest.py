@@ -64,7 +64,7 @@ def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs CUDA")
         for item in items:
-            if "gpu" in item.keywords:
+            if item.get_closest_marker("gpu") is not None:  # keywords: also a folder called gpu
                 item.add_marker(skip)
 
 
