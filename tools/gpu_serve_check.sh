@@ -1,46 +1,76 @@
 #!/usr/bin/env bash
-# The serving benchmark on one GPU (issue 45 item 5): 1, 8, 16 and 32 clients through the live API
+# The serving benchmark on one GPU (issues 45 and 52): 1, 8, 16 and 32 clients through the live API
 # against random-weight members with the real shapes of Qwen2.5-7B, Llama-3.1-8B and Gemma-2-9B in
-# bf16 (docs/serve.md, "Many clients on a GPU"). Run from the repository root on the GPU machine:
+# bf16 (docs/serve.md, "Many clients on a GPU"), once with eager drafting and once with the KV-slot
+# drafting whose steps are captured as CUDA graphs (members/slots.py, docs/gpu.md), side by side:
+# each level's tok/s, first segment, measured ÷ the weight-read ceiling, and the graphs' answers
+# against the eager ones. Run from the repository root on the GPU machine:
 #
 #     OUT=/some/folder bash tools/gpu_serve_check.sh
 #
-# Needs nothing from the network: the members are built on the GPU from configs written in
-# specfuse/bench/shapes.py, with an in-memory byte tokenizer. Writes $OUT/gpu-serve.{json,txt} and
-# $OUT/gpu-serve.log. Expected about 3 minutes on an H200 or H100; --deadline 300 stops sending
-# requests 300 s after the command starts, and `timeout 480` bounds the whole run.
-# Exit status: 0 done; 1 a request failed (or the report is missing); 3 the deadline cut a level
-# short or skipped one (the report is still written); anything else: the benchmark's own
+# Needs nothing from the network: the members are built on the device from configs written in
+# specfuse/bench/shapes.py, with an in-memory byte tokenizer. Writes $OUT/gpu-serve-{eager,graphs}.
+# {json,txt,log} and $OUT/gpu-serve-compare.txt. Each path gets DEADLINE seconds (default 190:
+# no request is sent after that, counted from its start) and `timeout DEADLINE+40`: both within
+# 8 minutes on an H200. The same script on a CPU, in seconds, to prove it runs:
+#
+#     OUT=/tmp/check SHAPES=tiny DEVICE=cpu DTYPE=float32 LEVELS=1,4 PER_CLIENT=1 MAX_TOKENS=16 \
+#         DEADLINE=120 bash tools/gpu_serve_check.sh
+#
+# Exit status: 0 done; 1 a request failed (or a report is missing); 3 the deadline cut a level
+# short or skipped one (the reports are still written); anything else: the benchmark's own
 # (2: bad input or a failed start; 124: timed out).
 set -uo pipefail
 : "${OUT:?set OUT to the folder for the report}"
 PY=${PYTHON:-$(command -v python || command -v python3)}
+SHAPES=${SHAPES:-real} DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16} LEVELS=${LEVELS:-1,8,16,32}
+PER_CLIENT=${PER_CLIENT:-2} MAX_TOKENS=${MAX_TOKENS:-64} DEADLINE=${DEADLINE:-190}
+PATHS=${PATHS:-eager graphs}
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -n 1
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -n 1
+fi
 "$PY" -c 'import sys, torch, transformers, fastapi, uvicorn, httpx
 print(f"python {sys.version.split()[0]}, torch {torch.__version__} (CUDA {torch.version.cuda}, "
       f"GPU seen: {torch.cuda.is_available()}), transformers {transformers.__version__}")' || exit 2
 
-timeout 480 "$PY" -m specfuse.bench serve --shapes real --device cuda --dtype bfloat16 \
-    --levels 1,8,16,32 --per-client 2 --min-requests 4 --max-tokens 64 --segment-len 10 \
-    --deadline 300 --out "$OUT/gpu-serve" 2>&1 | tee "$OUT/gpu-serve.log"
-status=${PIPESTATUS[0]}
-if [ "$status" -ne 0 ]; then
-    echo "the benchmark failed: exit status $status" >&2
-    exit "$status"
+status=0
+labelled=()
+for path in $PATHS; do
+    echo "== decode $path"
+    timeout $((DEADLINE + 40)) "$PY" -m specfuse.bench serve --shapes "$SHAPES" --device "$DEVICE" \
+        --dtype "$DTYPE" --decode "$path" --levels "$LEVELS" --per-client "$PER_CLIENT" --min-requests 4 \
+        --max-tokens "$MAX_TOKENS" --segment-len 10 --deadline "$DEADLINE" --out "$OUT/gpu-serve-$path" \
+        2>&1 | tee "$OUT/gpu-serve-$path.log"
+    code=${PIPESTATUS[0]}
+    if [ "$code" -ne 0 ]; then
+        echo "the benchmark failed ($path): exit status $code" >&2
+        status=$code
+        continue
+    fi
+    labelled+=("$path=$OUT/gpu-serve-$path.json")
+done
+if [ "${#labelled[@]}" -gt 0 ]; then
+    "$PY" -m specfuse.bench.ceiling "${labelled[@]}" | tee "$OUT/gpu-serve-compare.txt"
 fi
+[ "$status" -ne 0 ] && exit "$status"
 
-"$PY" - "$OUT/gpu-serve.json" <<'EOF'
+"$PY" - "$OUT" $PATHS <<'EOF'
 import json
 import sys
+from pathlib import Path
 
-report = json.load(open(sys.argv[1]))
-levels = report["levels"].values()
-errors = sum(len(level["errors"]) for level in levels)
-short = [level["clients"] for level in levels if level["cut_short"]]
-print(f"check: {errors} failed requests; cut short: {short or 'none'}; skipped: {report['skipped'] or 'none'}; "
-      f"{report['seconds']:.0f} s")
-sys.exit(1 if errors else 3 if short or report["skipped"] else 0)
+out, paths = Path(sys.argv[1]), sys.argv[2:]
+codes = []
+for path in paths:
+    report = json.loads((out / f"gpu-serve-{path}.json").read_text())
+    levels = report["levels"].values()
+    errors = sum(len(level["errors"]) for level in levels)
+    short = [level["clients"] for level in levels if level["cut_short"]]
+    print(f"check {path}: {errors} failed requests; cut short: {short or 'none'}; "
+          f"skipped: {report['skipped'] or 'none'}; {report['seconds']:.0f} s")
+    codes.append(1 if errors else 3 if short or report["skipped"] else 0)
+sys.exit(1 if 1 in codes else max(codes, default=1))
 EOF

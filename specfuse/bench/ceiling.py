@@ -116,4 +116,66 @@ def _path(p: Mapping[str, Any]) -> str:
     return said + ")"
 
 
-__all__ = ["ceilings", "decode_paths", "lines", "measure"]
+def side_by_side(reports: Mapping[str, Mapping[str, Any]]) -> str:
+    """Several runs of one benchmark (by label: "eager", "graphs"), level by level: tok/s, first
+    segment median and p95, measured ÷ ceiling, and how many answers equal the first run's to the
+    same prompt (bf16 batches part from one another where their kernels differ)."""
+    labels = list(reports)
+    first = reports[labels[0]]
+    answers = {key: dict(zip(level["prompts"], level["answers"])) for key, level in first["levels"].items()}
+    out = [
+        "side by side: " + ", ".join(labels) + " (÷ ceil: each run's tok/s ÷ its weight-read ceiling)",
+        f"{'clients':>7} "
+        + " ".join(f"{label + ' tok/s':>13} {'first med/p95':>13} {'÷ ceil':>7}" for label in labels)
+        + f" {'same as ' + labels[0]:>16}",
+    ]
+    for key in first["levels"]:
+        row = f"{first['levels'][key]['clients']:>7} "
+        same = ""
+        for label in labels:
+            level = reports[label]["levels"].get(key)
+            if level is None:
+                row += f"{'-':>13} {'-':>13} {'-':>7} "
+                continue
+            of = (
+                ceilings(reports[label]).get(key, {}).get("of_ceiling")
+                if "bandwidth_bytes_per_s" in reports[label]
+                else None
+            )
+            timing = f"{level['first_segment_median_s']:.2f}/{level['first_segment_p95_s']:.2f}"
+            row += (
+                f"{level['tokens_per_s']:13.2f} {timing:>13} {'-' if of is None else f'{100 * of:.1f}%':>7} "
+            )
+            if label != labels[0]:
+                equal = sum(answers[key].get(p) == a for p, a in zip(level["prompts"], level["answers"]))
+                same += f"{equal}/{len(level['answers'])} "
+        out.append(row + f"{same.strip():>16}")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m specfuse.bench.ceiling LABEL=REPORT.json ...`: the runs side by side."""
+    import json
+    import sys
+    from pathlib import Path
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or any("=" not in a for a in args):
+        print(
+            "usage: python -m specfuse.bench.ceiling LABEL=REPORT.json [LABEL=REPORT.json ...]",
+            file=sys.stderr,
+        )
+        return 2
+    reports = {}
+    for arg in args:
+        label, path = arg.split("=", 1)
+        reports[label] = json.loads(Path(path).read_text())
+    print(side_by_side(reports))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = ["ceilings", "decode_paths", "lines", "main", "measure", "side_by_side"]
