@@ -16,15 +16,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from .config import (
-    DECODE_HELP,
-    DECODE_MODES,
-    PARALLEL_HELP,
-    PARALLEL_MODES,
-    EnsembleConfig,
-    Setting,
-    settings,
-)
+from . import config as declared
+from .config import PARALLEL_HELP, PARALLEL_MODES, EnsembleConfig, Setting, settings
 from .engine import DEFAULT_MAX_PAUSED, DEFAULT_PAUSE_IDLE, Ensemble, check_prompt
 from .errors import ConfigError, SpecfuseError, UnknownModelError
 from .models.catalogue import CATALOGUE, DEFAULT_MEMBERS
@@ -120,7 +113,7 @@ def add_loading_flags(
     add("--quantize", default=quantize, help=quantize_help(quantize, users))
     add("--trust", default=None, metavar="FILE", help=TRUST_HELP)
     add("--parallel", default="auto", choices=PARALLEL_MODES, help=PARALLEL_HELP)
-    add("--decode", default="auto", choices=DECODE_MODES, help=DECODE_HELP)
+    add("--decode", default="auto", choices=declared.DECODE_MODES, help=declared.DECODE_HELP)
     if processes:
         add(
             "--processes",
