@@ -203,3 +203,23 @@ def test_gpu_slots_captured_graphs_equal_eager_drafts(name):
     assert store.capture_off is None, store.capture_off
     assert store.counts["captures"] >= 4 and store.counts["replays"] == store.counts["steps"] > 0
     assert torch.cuda.is_available()
+
+
+@pytest.mark.gpu
+def test_gpu_members_at_once_on_their_streams_play_the_rounds_in_turn():
+    """On CUDA: three members capturing and replaying their steps at once, each in its thread on a
+    CUDA stream of its own (parallel="on"), play the rounds the same members play in turn."""
+    members = []
+    for name in NAMES:
+        cpu = tiny_member(name)
+        members.append(HFMember(name, cpu.model.to("cuda"), cpu.tokenizer, device="cuda", decode="graphs"))
+    config = EnsembleConfig(segment_len=5, max_new_tokens=20)
+
+    def texts(parallel: str) -> dict[int, list[str]]:
+        out: dict[int, list[str]] = {}
+        for i, rnd in Ensemble(members, config, parallel=parallel).stream_many(PROMPTS, batch_size=3):
+            out.setdefault(i, []).append(rnd.text)
+        return out
+
+    assert texts("on") == texts("off")
+    assert all(m.slots.capture_off is None and m.slots.counts["replays"] > 0 for m in members)

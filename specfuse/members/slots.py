@@ -301,7 +301,9 @@ class SlotStore:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            # thread_local: another member's thread (members at once, on their CUDA streams) may
+            # launch work while this one captures; only this thread's calls are checked.
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 logits = self._forward(inputs)
         except Exception as e:
             self.capture_off = f"CUDA graph capture failed: {type(e).__name__}: {e}"
