@@ -29,7 +29,7 @@ from ..errors import ConfigError, PromptTooLongError, SpecfuseError
 from ..prompts import conversation
 from ..records import Finished, Round
 from ..trace import Trace, dump_trace
-from . import schema
+from . import bodies, schema
 from .schema import ApiError, Ask, Limits
 
 POLL_S = 0.25  # how often a request in progress checks for its client's disconnect and its deadline
@@ -43,6 +43,7 @@ class Serving:
         self.scheduler = scheduler
         self.api_key = api_key
         self.limits = limits
+        self.reading = bodies.Reading(limits.bodies_at_once)
         self.traces: collections.OrderedDict[str, Trace] = collections.OrderedDict()
         self.created = int(time.time())
         self.count_tokens: Callable[[str], int] = lambda text: len(text.split())
@@ -158,13 +159,13 @@ async def _respond(serving: Serving, request: Request, kind: str) -> Response:
     arrived = time.monotonic()
     serving.authorize(request)
     scheduler = serving.ready()
-    raw = await request.body()
-    if len(raw) > serving.limits.max_body_bytes:
-        raise ApiError(413, f"the request body is over {serving.limits.max_body_bytes:,} bytes")
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    raw = await serving.reading.read(
+        request.stream(), request.headers.get("content-length"), serving.limits.max_body_bytes
+    )
+    body = bodies.parse(raw)
+    bodies.screen(body)
+    if isinstance(body, dict):
+        bodies.unsupported(body)
     ask = schema.parse_request(
         body, kind, names=scheduler.names, base=scheduler.config, limits=serving.limits
     )
