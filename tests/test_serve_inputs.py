@@ -140,3 +140,11 @@ def test_nan_and_infinity_are_not_json(api):
     )
     assert "NaN is not a JSON number" in error["message"]
     refused(api, '{"model": "specfuse", "messages": [], "top_p": -Infinity}')
+
+
+def test_a_temperature_too_small_to_sample_is_refused_not_a_member_error(api):
+    # Found by test_serve_fuzz: logits / 1e-210 are infinite, and every probability NaN in the member.
+    error = refused(api, chat(temperature=1.7871850788805654e-210))
+    assert error["param"] == "temperature" and "0 (greedy) or at least 1e-05" in error["message"]
+    error = refused(api, chat(specfuse={"temperature": 1e-9}))
+    assert error["param"] == "specfuse.temperature"
