@@ -69,6 +69,7 @@ def _too_large(limit: int, how: str) -> ApiError:
         413,
         f"the request body is over this server's limit of {limit:,} bytes ({how})",
         code="request_too_large",
+        headers={"Connection": "close"},  # the server closes the socket: the rest is never read
     )
 
 

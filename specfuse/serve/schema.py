@@ -49,7 +49,9 @@ class ApiError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
+        self.headers = headers  # e.g. Connection: close, so the rest of a refused body is never read
         message = message.encode("utf-8", "backslashreplace").decode("utf-8")  # a client's bytes, quoted
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
