@@ -180,6 +180,9 @@ async def _respond(serving: Serving, request: Request, kind: str) -> Response:
     prompt_tokens = sum(serving.count_tokens(m.content) for m in conversation(ask.prompt))
     watch = asyncio.create_task(_watch(request, ticket, arrived + serving.limits.request_timeout_s))
     events = ticket.aevents()
+    run = _Response(ask, ticket, prompt_tokens, watch, events, serving)
+    if ask.stream:  # accepted: the headers and the role chunk now, keep-alives while it waits in line
+        return StreamingResponse(run.sse(), media_type="text/event-stream")
     try:
         first = await _next_round(events, ticket, watch)  # errors before any answer: a status
     except BaseException:
@@ -187,9 +190,6 @@ async def _respond(serving: Serving, request: Request, kind: str) -> Response:
         await events.aclose()
         serving.keep(ticket)
         raise
-    run = _Response(ask, ticket, prompt_tokens, watch, events, serving)
-    if ask.stream:
-        return StreamingResponse(run.sse(first), media_type="text/event-stream")
     return JSONResponse(await run.whole(first))
 
 
@@ -295,19 +295,30 @@ class _Response:
         finally:
             await self._close()
 
-    async def sse(self, first: Round | None) -> AsyncIterator[str]:
+    async def sse(self) -> AsyncIterator[str]:
+        """The stream: the role chunk at once, then one chunk per round, the final chunk (and the
+        usage chunk) and [DONE]; while a round is awaited (in line, or a long first round), a
+        keep-alive comment every `keepalive_s`, so that clients and proxies with short read timeouts
+        keep the connection. An error once the stream has begun is its last event."""
         ask, rid, created = self.ask, self.rid, self.created
+        pending: asyncio.Future[Round | None] | None = None
         try:
             yield _data(schema.chunk(ask, rid, created, "", first=True))
-            current = first
-            while current is not None:
-                yield _data(schema.chunk(ask, rid, created, current.winner.text))
-                if current.stop_reason is not None:
-                    break
+            current = None
+            while True:
+                pending = asyncio.ensure_future(_next_round(self.events, self.ticket, self.watch))
+                while not (await asyncio.wait({pending}, timeout=self.serving.limits.keepalive_s))[0]:
+                    yield ": keep-alive\n\n"
                 try:
-                    current = await _next_round(self.events, self.ticket, self.watch)
+                    current = pending.result()
                 except ApiError as e:  # the answer has begun: the error ends the stream
                     yield _data(e.body())
+                    current = None
+                    break
+                if current is None:
+                    break
+                yield _data(schema.chunk(ask, rid, created, current.winner.text))
+                if current.stop_reason is not None:
                     break
             if current is not None and current.stop_reason is not None:  # it ran to its end
                 extra = self._extra()
@@ -318,6 +329,8 @@ class _Response:
                     yield _data(schema.chunk(ask, rid, created, None, extra={"usage": extra["usage"]}))
             yield "data: [DONE]\n\n"
         finally:
+            if pending is not None and not pending.done():  # the client left while it waited
+                pending.cancel()
             await self._close()
 
     async def _close(self) -> None:

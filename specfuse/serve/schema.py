@@ -68,6 +68,7 @@ class Limits:
     max_tokens: int = 1024  # max_tokens (the answer budget); more: 400
     request_timeout_s: float = 600.0  # from arrival to the last round, time in line included
     traces: int = 256  # recent traces kept for GET /v1/traces/{id}
+    keepalive_s: float = 5.0  # a stream waiting for its next round sends a comment this often
     bodies_at_once: int = 8  # request bodies read at once (at most this × max_body_bytes in memory)
 
     @property
