@@ -30,6 +30,7 @@ from ..prompts import conversation
 from ..records import Finished, Round
 from ..trace import Trace, dump_trace
 from . import bodies, schema
+from .metrics import CONTENT_TYPE, CountResponses, Metrics
 from .schema import ApiError, Ask, Limits
 
 POLL_S = 0.25  # how often a request in progress checks for its client's disconnect and its deadline
@@ -44,6 +45,7 @@ class Serving:
         self.api_key = api_key
         self.limits = limits
         self.reading = bodies.Reading(limits.bodies_at_once)
+        self.metrics = Metrics(lambda: self.scheduler.stats() if self.scheduler is not None else None)
         self.traces: collections.OrderedDict[str, Trace] = collections.OrderedDict()
         self.created = int(time.time())
         self.count_tokens: Callable[[str], int] = lambda text: len(text.split())
@@ -61,7 +63,10 @@ class Serving:
             raise ApiError(503, "the models are still loading; try again shortly", type="server_error")
         return self.scheduler
 
-    def keep(self, ticket: Ticket) -> None:
+    def keep(self, ticket: Ticket, prompt_tokens: int) -> None:
+        """A completion request has ended: its trace kept, its work counted."""
+        rounds = list(ticket.rounds)
+        self.metrics.run_done(rounds, prompt_tokens, ticket.result().tokens if rounds else 0)
         if ticket.rounds:
             self.traces[ticket.id] = ticket.trace()
             while len(self.traces) > self.limits.traces:
@@ -87,6 +92,7 @@ def create_app(
     if scheduler is not None:
         serving.attach(scheduler)
     app.state.serving = serving
+    app.add_middleware(CountResponses, metrics=serving.metrics)
     _add_error_handlers(app)
     _add_info_routes(app, serving)
     _add_completion_routes(app, serving)
@@ -125,10 +131,19 @@ def _add_info_routes(app: FastAPI, serving: Serving) -> None:
             return JSONResponse({"status": "loading"}, status_code=503)
         return JSONResponse({"status": "ok", **serving.scheduler.stats()})
 
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        """Prometheus' text format (metrics.py); behind the key, like the API (a scraper sends it as
+        its bearer token)."""
+        serving.authorize(request)
+        return Response(serving.metrics.render(), media_type=CONTENT_TYPE)
+
     @app.get("/v1/models")
     async def list_models(request: Request) -> JSONResponse:
         serving.authorize(request)
-        return JSONResponse(schema.models(serving.ready().names, serving.created))
+        scheduler = serving.ready()
+        contexts = [getattr(m, "max_positions", None) for m in scheduler.ensemble.members]
+        return JSONResponse(schema.models(scheduler.names, serving.created, contexts))
 
     @app.get("/v1/traces/{trace_id}")
     async def get_trace(trace_id: str, request: Request) -> Response:
@@ -188,7 +203,7 @@ async def _respond(serving: Serving, request: Request, kind: str) -> Response:
     except BaseException:
         watch.cancel()
         await events.aclose()
-        serving.keep(ticket)
+        serving.keep(ticket, prompt_tokens)
         raise
     return JSONResponse(await run.whole(first))
 
@@ -338,7 +353,7 @@ class _Response:
         self.watch.cancel()
         with contextlib.suppress(Exception):
             await self.events.aclose()
-        self.serving.keep(self.ticket)
+        self.serving.keep(self.ticket, self.prompt_tokens)
 
 
 def _data(obj: dict[str, Any]) -> str:

@@ -491,12 +491,16 @@ def chunk(
     }
 
 
-def models(names: Sequence[str], created: int) -> dict[str, Any]:
-    """GET /v1/models: the ensemble, then each member alone."""
-    return {
-        "object": "list",
-        "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "specfuse"}
-            for name in (ENSEMBLE_MODEL, *names)
-        ],
-    }
+def models(names: Sequence[str], created: int, contexts: Sequence[int | None] = ()) -> dict[str, Any]:
+    """GET /v1/models: the ensemble, then each member alone, each with its context length in tokens
+    (`context_length`, and vLLM's `max_model_len`) where known: a member's is its model's; the
+    ensemble's is the smallest of its members', since every member reads the whole conversation."""
+    known = [c for c in contexts if isinstance(c, int) and c > 0]
+    ensemble = min(known) if known and len(known) == len(names) else None
+    rows = []
+    for name, context in ((ENSEMBLE_MODEL, ensemble), *zip(names, contexts or [None] * len(names))):
+        row: dict[str, Any] = {"id": name, "object": "model", "created": created, "owned_by": "specfuse"}
+        if isinstance(context, int) and context > 0:
+            row["context_length"] = row["max_model_len"] = context
+        rows.append(row)
+    return {"object": "list", "data": rows}
