@@ -29,7 +29,7 @@ from ..errors import ConfigError, PromptTooLongError, SpecfuseError
 from ..prompts import conversation
 from ..records import Finished, Round
 from ..trace import Trace, dump_trace
-from . import bodies, schema
+from . import bodies, replies, schema
 from .metrics import CONTENT_TYPE, CountResponses, Metrics
 from .schema import ApiError, Ask, Limits
 
@@ -143,7 +143,7 @@ def _add_info_routes(app: FastAPI, serving: Serving) -> None:
         serving.authorize(request)
         scheduler = serving.ready()
         contexts = [getattr(m, "max_positions", None) for m in scheduler.ensemble.members]
-        return JSONResponse(schema.models(scheduler.names, serving.created, contexts))
+        return JSONResponse(replies.models(scheduler.names, serving.created, contexts))
 
     @app.get("/v1/traces/{trace_id}")
     async def get_trace(trace_id: str, request: Request) -> Response:
@@ -294,9 +294,9 @@ class _Response:
     def _extra(self) -> dict[str, Any]:
         t = self.ticket
         result = t.result() if t.rounds else None
-        extra: dict[str, Any] = {"usage": schema.usage(self.prompt_tokens, result)}
+        extra: dict[str, Any] = {"usage": replies.usage(self.prompt_tokens, result)}
         if result is not None:
-            extra["specfuse"] = schema.summary(t.id, t.members, t.rounds, result)
+            extra["specfuse"] = replies.summary(t.id, t.members, t.rounds, result)
         return extra
 
     async def whole(self, first: Round | None) -> dict[str, Any]:
@@ -305,8 +305,10 @@ class _Response:
             while last is not None and last.stop_reason is None:
                 last = await _next_round(self.events, self.ticket, self.watch)
             text = self.ticket.rounds[-1].text if self.ticket.rounds else ""
-            finish = schema.finish_reason(self.ticket.result().stop_reason if self.ticket.rounds else "final")
-            return schema.completion(self.ask, self.rid, self.created, text, finish, self._extra())
+            finish = replies.finish_reason(
+                self.ticket.result().stop_reason if self.ticket.rounds else "final"
+            )
+            return replies.completion(self.ask, self.rid, self.created, text, finish, self._extra())
         finally:
             await self._close()
 
@@ -318,7 +320,7 @@ class _Response:
         ask, rid, created = self.ask, self.rid, self.created
         pending: asyncio.Future[Round | None] | None = None
         try:
-            yield _data(schema.chunk(ask, rid, created, "", first=True))
+            yield _data(replies.chunk(ask, rid, created, "", first=True))
             current = None
             while True:
                 pending = asyncio.ensure_future(_next_round(self.events, self.ticket, self.watch))
@@ -332,16 +334,16 @@ class _Response:
                     break
                 if current is None:
                     break
-                yield _data(schema.chunk(ask, rid, created, current.winner.text))
+                yield _data(replies.chunk(ask, rid, created, current.winner.text))
                 if current.stop_reason is not None:
                     break
             if current is not None and current.stop_reason is not None:  # it ran to its end
                 extra = self._extra()
-                finish = schema.finish_reason(self.ticket.result().stop_reason)
+                finish = replies.finish_reason(self.ticket.result().stop_reason)
                 final_extra = {"specfuse": extra["specfuse"]} if "specfuse" in extra else {}
-                yield _data(schema.chunk(ask, rid, created, "", finish, final_extra))
+                yield _data(replies.chunk(ask, rid, created, "", finish, final_extra))
                 if ask.include_usage:
-                    yield _data(schema.chunk(ask, rid, created, None, extra={"usage": extra["usage"]}))
+                    yield _data(replies.chunk(ask, rid, created, None, extra={"usage": extra["usage"]}))
             yield "data: [DONE]\n\n"
         finally:
             if pending is not None and not pending.done():  # the client left while it waited

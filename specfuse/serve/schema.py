@@ -1,7 +1,7 @@
-"""OpenAI's request and response bodies in the engine's terms: a chat or completion request → the
+"""OpenAI's request bodies in the engine's terms: a chat or completion request → the
 prompt (a chat request's messages as a Conversation, which each member renders with its own chat
 template; a completion request's prompt as one user message), an EnsembleConfig, the members and the
-stream options; rounds → completion and chunk bodies. Requests are validated by pydantic models
+stream options (the response bodies: replies.py). Requests are validated by pydantic models
 (ChatRequest, CompletionRequest, whose `specfuse` object is generated from the run settings' one
 declaration), which the API also publishes (/openapi.json).
 
@@ -31,7 +31,6 @@ from ..config import EnsembleConfig, Setting, check_setting, setting_named, sett
 from ..errors import ConfigError
 from ..limits import MAX_MESSAGES
 from ..prompts import ROLES, Message, Prompt, conversation, prompt_chars
-from ..records import Result, Round
 
 ENSEMBLE_MODEL = "specfuse"  # the model id of the ensemble of every loaded member
 MAX_STOP = 4  # OpenAI's limit on stop strings
@@ -411,96 +410,3 @@ def _config_error(e: ConfigError, sent: dict[str, str]) -> ApiError:
         if message.startswith(key):
             return ApiError(400, field + message[len(key) :], param=field)
     return ApiError(400, message)
-
-
-# ---- responses ------------------------------------------------------------------------------------
-
-
-def finish_reason(stop_reason: str) -> str:
-    """OpenAI's finish_reason for the engine's stop reason: "length" when a budget ended it."""
-    return "length" if stop_reason in ("budget", "rounds", "cancelled") else "stop"
-
-
-def summary(trace_id: str, members: Sequence[str], rounds: Sequence[Round], result: Result) -> dict[str, Any]:
-    """The response's `specfuse` object: rounds, winners per member, exits and the trace's id."""
-    return {
-        "trace_id": trace_id,
-        "members": list(members),
-        "rounds": result.rounds,
-        "wins": dict(result.wins),
-        "exits": [{"member": e.member, "round": e.k, "reason": e.reason} for r in rounds for e in r.exits],
-        "stop_reason": result.stop_reason,
-        "seconds": round(result.seconds, 3),
-    }
-
-
-def usage(prompt_tokens: int, result: Result | None) -> dict[str, int]:
-    completion = result.tokens if result is not None else 0
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion,
-        "total_tokens": prompt_tokens + completion,
-    }
-
-
-def completion(
-    ask: Ask, rid: str, created: int, text: str, finish: str, extra: dict[str, Any]
-) -> dict[str, Any]:
-    """A whole (non-streamed) response: chat.completion or text_completion."""
-    if ask.kind == "chat":
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": finish,
-        }
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        obj = "text_completion"
-    return {"id": rid, "object": obj, "created": created, "model": ask.model, "choices": [choice], **extra}
-
-
-def chunk(
-    ask: Ask,
-    rid: str,
-    created: int,
-    text: str | None,
-    finish: str | None = None,
-    extra: dict[str, Any] | None = None,
-    *,
-    first: bool = False,
-) -> dict[str, Any]:
-    """One streamed chunk; text None: a chunk without a choice (the usage chunk)."""
-    choices: list[dict[str, Any]] = []
-    if text is not None and ask.kind == "chat":
-        delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
-        choices = [
-            {"index": 0, "delta": delta if text or first else {}, "logprobs": None, "finish_reason": finish}
-        ]
-    elif text is not None:
-        choices = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
-    obj = "chat.completion.chunk" if ask.kind == "chat" else "text_completion"
-    return {
-        "id": rid,
-        "object": obj,
-        "created": created,
-        "model": ask.model,
-        "choices": choices,
-        **(extra or {}),
-    }
-
-
-def models(names: Sequence[str], created: int, contexts: Sequence[int | None] = ()) -> dict[str, Any]:
-    """GET /v1/models: the ensemble, then each member alone, each with its context length in tokens
-    (`context_length`, and vLLM's `max_model_len`) where known: a member's is its model's; the
-    ensemble's is the smallest of its members', since every member reads the whole conversation."""
-    known = [c for c in contexts if isinstance(c, int) and c > 0]
-    ensemble = min(known) if known and len(known) == len(names) else None
-    rows = []
-    for name, context in ((ENSEMBLE_MODEL, ensemble), *zip(names, contexts or [None] * len(names))):
-        row: dict[str, Any] = {"id": name, "object": "model", "created": created, "owned_by": "specfuse"}
-        if isinstance(context, int) and context > 0:
-            row["context_length"] = row["max_model_len"] = context
-        rows.append(row)
-    return {"object": "list", "data": rows}
