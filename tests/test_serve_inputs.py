@@ -148,3 +148,28 @@ def test_a_temperature_too_small_to_sample_is_refused_not_a_member_error(api):
     assert error["param"] == "temperature" and "0 (greedy) or at least 1e-05" in error["message"]
     error = refused(api, chat(specfuse={"temperature": 1e-9}))
     assert error["param"] == "specfuse.temperature"
+
+
+def test_a_prompt_a_member_cannot_hold_is_refused_from_its_token_count_before_it_joins(monkeypatch):
+    from .conftest import TINY, tiny_member
+
+    small = tiny_member(TINY[1])
+    small.max_positions = 64  # its context, in tokens: the prompt below takes more with the budget
+    scheduler = Scheduler([small], BASE)
+    submitted = []
+    monkeypatch.setattr(scheduler, "submit", lambda *a, **k: submitted.append(a) or pytest.fail("joined"))
+    try:
+        with TestClient(create_app(scheduler)) as client:
+            long = {
+                "model": "specfuse",
+                "messages": [{"role": "user", "content": "word " * 80}],
+                "max_tokens": 4,
+            }
+            got = client.post(CHAT, json=long)
+            assert got.status_code == 413, got.text
+            error = got.json()["error"]
+            assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
+            assert error["message"].startswith(f"{small.name}: the prompt takes ")
+            assert "beyond its context of 64 tokens" in error["message"] and not submitted
+    finally:
+        scheduler.close()

@@ -184,6 +184,7 @@ async def _respond(serving: Serving, request: Request, kind: str) -> Response:
     ask = schema.parse_request(
         body, kind, names=scheduler.names, base=scheduler.config, limits=serving.limits
     )
+    await asyncio.to_thread(_check_context, scheduler, ask)  # before any member reads the prompt
     try:
         ticket = scheduler.submit(ask.prompt, ask.config, members=ask.members)
     except QueueFull as e:
@@ -206,6 +207,35 @@ async def _respond(serving: Serving, request: Request, kind: str) -> Response:
         serving.keep(ticket, prompt_tokens)
         raise
     return JSONResponse(await run.whole(first))
+
+
+def _check_context(scheduler: Scheduler, ask: Ask) -> None:
+    """Refuse (413) a prompt that a member cannot hold with the answer budget, from its token count in
+    that member's own template, before the request joins the batch: a member reads a newcomer's
+    prompt inside the batch's round, so one that would refuse it only after the others had read it
+    stalled every running stream for as long (144 s for 30,000 characters; counting takes 0.02 s a
+    member). A member that cannot count here (no prompt_ids, or no known context) checks in start()."""
+    chosen = set(ask.members or scheduler.names)
+    for member in scheduler.ensemble.members:
+        if member.name not in chosen:
+            continue
+        count = getattr(member, "prompt_ids", None)
+        context = getattr(member, "max_positions", None) or getattr(member, "context_tokens", None)
+        if not callable(count) or not isinstance(context, int) or context <= 0:
+            continue
+        try:
+            tokens = len(count(ask.prompt))
+        except ConfigError as e:
+            raise ApiError(400, str(e), param="messages" if ask.kind == "chat" else "prompt") from None
+        budget = ask.config.max_new_tokens
+        if tokens + budget > context:
+            raise ApiError(
+                413,
+                f"{member.name}: the prompt takes {tokens:,} tokens and max_tokens {budget:,} more, "
+                f"beyond its context of {context:,} tokens; shorten the prompt or lower max_tokens",
+                param="messages" if ask.kind == "chat" else "prompt",
+                code="context_length_exceeded",
+            )
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
