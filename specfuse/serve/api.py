@@ -29,7 +29,8 @@ from ..errors import ConfigError, PromptTooLongError, SpecfuseError
 from ..prompts import conversation
 from ..records import Finished, Round
 from ..trace import Trace, dump_trace
-from . import schema
+from . import bodies, replies, schema
+from .metrics import CONTENT_TYPE, CountResponses, Metrics
 from .schema import ApiError, Ask, Limits
 
 POLL_S = 0.25  # how often a request in progress checks for its client's disconnect and its deadline
@@ -43,6 +44,8 @@ class Serving:
         self.scheduler = scheduler
         self.api_key = api_key
         self.limits = limits
+        self.reading = bodies.Reading(limits.bodies_at_once)
+        self.metrics = Metrics(lambda: self.scheduler.stats() if self.scheduler is not None else None)
         self.traces: collections.OrderedDict[str, Trace] = collections.OrderedDict()
         self.created = int(time.time())
         self.count_tokens: Callable[[str], int] = lambda text: len(text.split())
@@ -60,7 +63,10 @@ class Serving:
             raise ApiError(503, "the models are still loading; try again shortly", type="server_error")
         return self.scheduler
 
-    def keep(self, ticket: Ticket) -> None:
+    def keep(self, ticket: Ticket, prompt_tokens: int) -> None:
+        """A completion request has ended: its trace kept, its work counted."""
+        rounds = list(ticket.rounds)
+        self.metrics.run_done(rounds, prompt_tokens, ticket.result().tokens if rounds else 0)
         if ticket.rounds:
             self.traces[ticket.id] = ticket.trace()
             while len(self.traces) > self.limits.traces:
@@ -86,6 +92,7 @@ def create_app(
     if scheduler is not None:
         serving.attach(scheduler)
     app.state.serving = serving
+    app.add_middleware(CountResponses, metrics=serving.metrics)
     _add_error_handlers(app)
     _add_info_routes(app, serving)
     _add_completion_routes(app, serving)
@@ -97,7 +104,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -124,10 +131,19 @@ def _add_info_routes(app: FastAPI, serving: Serving) -> None:
             return JSONResponse({"status": "loading"}, status_code=503)
         return JSONResponse({"status": "ok", **serving.scheduler.stats()})
 
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        """Prometheus' text format (metrics.py); behind the key, like the API (a scraper sends it as
+        its bearer token)."""
+        serving.authorize(request)
+        return Response(serving.metrics.render(), media_type=CONTENT_TYPE)
+
     @app.get("/v1/models")
     async def list_models(request: Request) -> JSONResponse:
         serving.authorize(request)
-        return JSONResponse(schema.models(serving.ready().names, serving.created))
+        scheduler = serving.ready()
+        contexts = [getattr(m, "max_positions", None) for m in scheduler.ensemble.members]
+        return JSONResponse(replies.models(scheduler.names, serving.created, contexts))
 
     @app.get("/v1/traces/{trace_id}")
     async def get_trace(trace_id: str, request: Request) -> Response:
@@ -158,16 +174,17 @@ async def _respond(serving: Serving, request: Request, kind: str) -> Response:
     arrived = time.monotonic()
     serving.authorize(request)
     scheduler = serving.ready()
-    raw = await request.body()
-    if len(raw) > serving.limits.max_body_bytes:
-        raise ApiError(413, f"the request body is over {serving.limits.max_body_bytes:,} bytes")
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    raw = await serving.reading.read(
+        request.stream(), request.headers.get("content-length"), serving.limits.max_body_bytes
+    )
+    body = bodies.parse(raw)
+    bodies.screen(body)
+    if isinstance(body, dict):
+        bodies.unsupported(body)
     ask = schema.parse_request(
         body, kind, names=scheduler.names, base=scheduler.config, limits=serving.limits
     )
+    await asyncio.to_thread(_check_context, scheduler, ask)  # before any member reads the prompt
     try:
         ticket = scheduler.submit(ask.prompt, ask.config, members=ask.members)
     except QueueFull as e:
@@ -179,17 +196,46 @@ async def _respond(serving: Serving, request: Request, kind: str) -> Response:
     prompt_tokens = sum(serving.count_tokens(m.content) for m in conversation(ask.prompt))
     watch = asyncio.create_task(_watch(request, ticket, arrived + serving.limits.request_timeout_s))
     events = ticket.aevents()
+    run = _Response(ask, ticket, prompt_tokens, watch, events, serving)
+    if ask.stream:  # accepted: the headers and the role chunk now, keep-alives while it waits in line
+        return StreamingResponse(run.sse(), media_type="text/event-stream")
     try:
         first = await _next_round(events, ticket, watch)  # errors before any answer: a status
     except BaseException:
         watch.cancel()
         await events.aclose()
-        serving.keep(ticket)
+        serving.keep(ticket, prompt_tokens)
         raise
-    run = _Response(ask, ticket, prompt_tokens, watch, events, serving)
-    if ask.stream:
-        return StreamingResponse(run.sse(first), media_type="text/event-stream")
     return JSONResponse(await run.whole(first))
+
+
+def _check_context(scheduler: Scheduler, ask: Ask) -> None:
+    """Refuse (413) a prompt that a member cannot hold with the answer budget, from its token count in
+    that member's own template, before the request joins the batch: a member reads a newcomer's
+    prompt inside the batch's round, so one that would refuse it only after the others had read it
+    stalled every running stream for as long (144 s for 30,000 characters; counting takes 0.02 s a
+    member). A member that cannot count here (no prompt_ids, or no known context) checks in start()."""
+    chosen = set(ask.members or scheduler.names)
+    for member in scheduler.ensemble.members:
+        if member.name not in chosen:
+            continue
+        count = getattr(member, "prompt_ids", None)
+        context = getattr(member, "max_positions", None) or getattr(member, "context_tokens", None)
+        if not callable(count) or not isinstance(context, int) or context <= 0:
+            continue
+        try:
+            tokens = len(count(ask.prompt))
+        except ConfigError as e:
+            raise ApiError(400, str(e), param="messages" if ask.kind == "chat" else "prompt") from None
+        budget = ask.config.max_new_tokens
+        if tokens + budget > context:
+            raise ApiError(
+                413,
+                f"{member.name}: the prompt takes {tokens:,} tokens and max_tokens {budget:,} more, "
+                f"beyond its context of {context:,} tokens; shorten the prompt or lower max_tokens",
+                param="messages" if ask.kind == "chat" else "prompt",
+                code="context_length_exceeded",
+            )
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
@@ -278,9 +324,9 @@ class _Response:
     def _extra(self) -> dict[str, Any]:
         t = self.ticket
         result = t.result() if t.rounds else None
-        extra: dict[str, Any] = {"usage": schema.usage(self.prompt_tokens, result)}
+        extra: dict[str, Any] = {"usage": replies.usage(self.prompt_tokens, result)}
         if result is not None:
-            extra["specfuse"] = schema.summary(t.id, t.members, t.rounds, result)
+            extra["specfuse"] = replies.summary(t.id, t.members, t.rounds, result)
         return extra
 
     async def whole(self, first: Round | None) -> dict[str, Any]:
@@ -289,34 +335,49 @@ class _Response:
             while last is not None and last.stop_reason is None:
                 last = await _next_round(self.events, self.ticket, self.watch)
             text = self.ticket.rounds[-1].text if self.ticket.rounds else ""
-            finish = schema.finish_reason(self.ticket.result().stop_reason if self.ticket.rounds else "final")
-            return schema.completion(self.ask, self.rid, self.created, text, finish, self._extra())
+            finish = replies.finish_reason(
+                self.ticket.result().stop_reason if self.ticket.rounds else "final"
+            )
+            return replies.completion(self.ask, self.rid, self.created, text, finish, self._extra())
         finally:
             await self._close()
 
-    async def sse(self, first: Round | None) -> AsyncIterator[str]:
+    async def sse(self) -> AsyncIterator[str]:
+        """The stream: the role chunk at once, then one chunk per round, the final chunk (and the
+        usage chunk) and [DONE]; while a round is awaited (in line, or a long first round), a
+        keep-alive comment every `keepalive_s`, so that clients and proxies with short read timeouts
+        keep the connection. An error once the stream has begun is its last event."""
         ask, rid, created = self.ask, self.rid, self.created
+        pending: asyncio.Future[Round | None] | None = None
         try:
-            yield _data(schema.chunk(ask, rid, created, "", first=True))
-            current = first
-            while current is not None:
-                yield _data(schema.chunk(ask, rid, created, current.winner.text))
-                if current.stop_reason is not None:
-                    break
+            yield _data(replies.chunk(ask, rid, created, "", first=True))
+            current = None
+            while True:
+                pending = asyncio.ensure_future(_next_round(self.events, self.ticket, self.watch))
+                while not (await asyncio.wait({pending}, timeout=self.serving.limits.keepalive_s))[0]:
+                    yield ": keep-alive\n\n"
                 try:
-                    current = await _next_round(self.events, self.ticket, self.watch)
+                    current = pending.result()
                 except ApiError as e:  # the answer has begun: the error ends the stream
                     yield _data(e.body())
+                    current = None
+                    break
+                if current is None:
+                    break
+                yield _data(replies.chunk(ask, rid, created, current.winner.text))
+                if current.stop_reason is not None:
                     break
             if current is not None and current.stop_reason is not None:  # it ran to its end
                 extra = self._extra()
-                finish = schema.finish_reason(self.ticket.result().stop_reason)
+                finish = replies.finish_reason(self.ticket.result().stop_reason)
                 final_extra = {"specfuse": extra["specfuse"]} if "specfuse" in extra else {}
-                yield _data(schema.chunk(ask, rid, created, "", finish, final_extra))
+                yield _data(replies.chunk(ask, rid, created, "", finish, final_extra))
                 if ask.include_usage:
-                    yield _data(schema.chunk(ask, rid, created, None, extra={"usage": extra["usage"]}))
+                    yield _data(replies.chunk(ask, rid, created, None, extra={"usage": extra["usage"]}))
             yield "data: [DONE]\n\n"
         finally:
+            if pending is not None and not pending.done():  # the client left while it waited
+                pending.cancel()
             await self._close()
 
     async def _close(self) -> None:
@@ -324,7 +385,7 @@ class _Response:
         self.watch.cancel()
         with contextlib.suppress(Exception):
             await self.events.aclose()
-        self.serving.keep(self.ticket)
+        self.serving.keep(self.ticket, self.prompt_tokens)
 
 
 def _data(obj: dict[str, Any]) -> str:

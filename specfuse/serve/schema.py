@@ -1,7 +1,7 @@
-"""OpenAI's request and response bodies in the engine's terms: a chat or completion request → the
+"""OpenAI's request bodies in the engine's terms: a chat or completion request → the
 prompt (a chat request's messages as a Conversation, which each member renders with its own chat
 template; a completion request's prompt as one user message), an EnsembleConfig, the members and the
-stream options; rounds → completion and chunk bodies. Requests are validated by pydantic models
+stream options (the response bodies: replies.py). Requests are validated by pydantic models
 (ChatRequest, CompletionRequest, whose `specfuse` object is generated from the run settings' one
 declaration), which the API also publishes (/openapi.json).
 
@@ -21,6 +21,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     create_model,
     field_validator,
     model_validator,
@@ -30,7 +31,6 @@ from ..config import EnsembleConfig, Setting, check_setting, setting_named, sett
 from ..errors import ConfigError
 from ..limits import MAX_MESSAGES
 from ..prompts import ROLES, Message, Prompt, conversation, prompt_chars
-from ..records import Result, Round
 
 ENSEMBLE_MODEL = "specfuse"  # the model id of the ensemble of every loaded member
 MAX_STOP = 4  # OpenAI's limit on stop strings
@@ -48,7 +48,10 @@ class ApiError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
+        self.headers = headers  # e.g. Connection: close, so the rest of a refused body is never read
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")  # a client's bytes, quoted
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
 
@@ -64,6 +67,8 @@ class Limits:
     max_tokens: int = 1024  # max_tokens (the answer budget); more: 400
     request_timeout_s: float = 600.0  # from arrival to the last round, time in line included
     traces: int = 256  # recent traces kept for GET /v1/traces/{id}
+    keepalive_s: float = 5.0  # a stream waiting for its next round sends a comment this often
+    bodies_at_once: int = 8  # request bodies read at once (at most this × max_body_bytes in memory)
 
     @property
     def max_body_bytes(self) -> int:
@@ -219,6 +224,15 @@ class _Request(BaseModel):
             raise ValueError(f"model is required: {ENSEMBLE_MODEL!r} (the ensemble) or one member's name")
         return model
 
+    @field_validator("max_tokens", "max_completion_tokens", mode="before")
+    @classmethod
+    def _budget(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(
+                f"{info.field_name} must be a whole number of tokens, at least 1; got {_short(value)}"
+            )
+        return value
+
     @field_validator("n", mode="before")
     @classmethod
     def _one(cls, n: Any) -> Any:
@@ -326,7 +340,7 @@ def parse_request(
             param="messages" if kind == "chat" else "prompt",
             code="context_length_exceeded",
         )
-    values = _standard(request, base, limits)
+    values, sent = _standard(request, base, limits)
     members: tuple[str, ...] | None = None if model == ENSEMBLE_MODEL else (model,)
     extra: dict[str, Any] = {}
     if request.specfuse is not None:
@@ -337,16 +351,17 @@ def parse_request(
             raise ApiError(400, f"model {model!r} is one member; leave specfuse.members out", param="model")
         members = chosen
     values.update(extra)
+    sent.update({key: f"specfuse.{key}" for key in extra})
+    budget = values.get("max_new_tokens", base.max_new_tokens)
+    if budget > limits.max_tokens:
+        field = sent.get("max_new_tokens", "max_tokens")
+        raise ApiError(
+            400, f"{field} {budget} is over this server's limit of {limits.max_tokens}", param=field
+        )
     try:
         config = dataclasses.replace(base, **values)
     except ConfigError as e:
-        raise ApiError(400, str(e)) from None
-    if config.max_new_tokens > limits.max_tokens:
-        raise ApiError(
-            400,
-            f"max_tokens {config.max_new_tokens} is over this server's limit of {limits.max_tokens}",
-            param="max_tokens",
-        )
+        raise _config_error(e, sent) from None
     include_usage = request.stream_options is not None and request.stream_options.include_usage
     return Ask(kind, model, prompt, config, members, bool(request.stream), include_usage)
 
@@ -366,108 +381,32 @@ def _cut(text: str, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _standard(request: _Request, base: EnsembleConfig, limits: Limits) -> dict[str, Any]:
-    """OpenAI's sampling fields as EnsembleConfig values; a field left out keeps the server's."""
+def _standard(
+    request: _Request, base: EnsembleConfig, limits: Limits
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """OpenAI's sampling fields as EnsembleConfig values (a field left out keeps the server's), and
+    for each value the request field it came from (an error names the field the client sent)."""
     values: dict[str, Any] = {}
-    budget = (
-        request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
-    )
+    sent: dict[str, str] = {}
+    field = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
+    budget = getattr(request, field)
     if budget is not None:
-        values["max_new_tokens"] = budget
+        values["max_new_tokens"], sent["max_new_tokens"] = budget, field
     elif base.max_new_tokens > limits.max_tokens:
         values["max_new_tokens"] = limits.max_tokens
     for key in ("temperature", "top_p", "seed"):
         if getattr(request, key) is not None:
-            values[key] = getattr(request, key)
+            values[key], sent[key] = getattr(request, key), key
     if request.stop is not None:
-        values["stop_strings"] = tuple(request.stop)
-    return values
+        values["stop_strings"], sent["stop_strings"] = tuple(request.stop), "stop"
+    return values, sent
 
 
-# ---- responses ------------------------------------------------------------------------------------
-
-
-def finish_reason(stop_reason: str) -> str:
-    """OpenAI's finish_reason for the engine's stop reason: "length" when a budget ended it."""
-    return "length" if stop_reason in ("budget", "rounds", "cancelled") else "stop"
-
-
-def summary(trace_id: str, members: Sequence[str], rounds: Sequence[Round], result: Result) -> dict[str, Any]:
-    """The response's `specfuse` object: rounds, winners per member, exits and the trace's id."""
-    return {
-        "trace_id": trace_id,
-        "members": list(members),
-        "rounds": result.rounds,
-        "wins": dict(result.wins),
-        "exits": [{"member": e.member, "round": e.k, "reason": e.reason} for r in rounds for e in r.exits],
-        "stop_reason": result.stop_reason,
-        "seconds": round(result.seconds, 3),
-    }
-
-
-def usage(prompt_tokens: int, result: Result | None) -> dict[str, int]:
-    completion = result.tokens if result is not None else 0
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion,
-        "total_tokens": prompt_tokens + completion,
-    }
-
-
-def completion(
-    ask: Ask, rid: str, created: int, text: str, finish: str, extra: dict[str, Any]
-) -> dict[str, Any]:
-    """A whole (non-streamed) response: chat.completion or text_completion."""
-    if ask.kind == "chat":
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": finish,
-        }
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        obj = "text_completion"
-    return {"id": rid, "object": obj, "created": created, "model": ask.model, "choices": [choice], **extra}
-
-
-def chunk(
-    ask: Ask,
-    rid: str,
-    created: int,
-    text: str | None,
-    finish: str | None = None,
-    extra: dict[str, Any] | None = None,
-    *,
-    first: bool = False,
-) -> dict[str, Any]:
-    """One streamed chunk; text None: a chunk without a choice (the usage chunk)."""
-    choices: list[dict[str, Any]] = []
-    if text is not None and ask.kind == "chat":
-        delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
-        choices = [
-            {"index": 0, "delta": delta if text or first else {}, "logprobs": None, "finish_reason": finish}
-        ]
-    elif text is not None:
-        choices = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
-    obj = "chat.completion.chunk" if ask.kind == "chat" else "text_completion"
-    return {
-        "id": rid,
-        "object": obj,
-        "created": created,
-        "model": ask.model,
-        "choices": choices,
-        **(extra or {}),
-    }
-
-
-def models(names: Sequence[str], created: int) -> dict[str, Any]:
-    """GET /v1/models: the ensemble, then each member alone."""
-    return {
-        "object": "list",
-        "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "specfuse"}
-            for name in (ENSEMBLE_MODEL, *names)
-        ],
-    }
+def _config_error(e: ConfigError, sent: dict[str, str]) -> ApiError:
+    """A setting refused by EnsembleConfig (its messages begin with the setting's name), told in the
+    client's words: the field it sent (`max_tokens`, `stop`, `specfuse.top_p`)."""
+    message = str(e)
+    for key, field in sent.items():
+        if message.startswith(key):
+            return ApiError(400, field + message[len(key) :], param=field)
+    return ApiError(400, message)
