@@ -87,26 +87,26 @@ def ceiling(outcomes: Sequence[Outcome]) -> dict[str, Any] | None:
     discordance = []
     for system in (s for s in by if _is_ensemble(s)):
         common = [p for p in by[system] if p in by[best]]
-        m = len(common)
+        size = len(common)
         gained = sum(by[system][p] and not by[best][p] for p in common)
         lost = sum(not by[system][p] and by[best][p] for p in common)
         correct = sum(by[system][p] for p in common)
-        g_low, g_high = wilson(gained, m)
-        l_low, l_high = wilson(lost, m)
-        d_low, d_high = paired_difference_interval(gained, lost, m)
+        g_low, g_high = wilson(gained, size)
+        l_low, l_high = wilson(lost, size)
+        d_low, d_high = paired_difference_interval(gained, lost, size)
         discordance.append(
             {
                 "system": system,
                 "best_member": best.removeprefix(SINGLE),
-                "problems": m,
-                "accuracy": correct / m if m else 0.0,
+                "problems": size,
+                "accuracy": correct / size if size else 0.0,
                 "gained": gained,  # right where the best member was wrong
                 "gained_low": g_low,
                 "gained_high": g_high,
                 "lost": lost,  # wrong where the best member was right
                 "lost_low": l_low,
                 "lost_high": l_high,
-                "difference": (gained - lost) / m if m else 0.0,
+                "difference": (gained - lost) / size if size else 0.0,
                 "difference_low": d_low,
                 "difference_high": d_high,
                 "p_value": mcnemar_exact(gained, lost),

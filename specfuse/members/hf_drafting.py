@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
+from .. import gate
 from ..errors import MemberError
 from ..prompts import PromptFormat
 from ..records import Candidate
@@ -79,6 +80,8 @@ class Drafting:
         ]
         hidden = torch.stack([s.last_hidden for s in states])  # [B, H]
         step = reused = 0
+        sure: list[list[tuple[float, float]]] = [[] for _ in states]  # the gate's: Candidate.confidence
+        measure = any(s.settings.measure_confidence for s in states)
         if rows == 1 and cuts[0].wants_more:  # batch rows would need a ragged catch-up pass
             taken = self._take_over_trimmed(states[0], cuts[0].limit)
             for token in taken:
@@ -97,11 +100,15 @@ class Drafting:
                     "so this request ends"
                 )
             feed = [self.tokenizer.pad_token_id or 0] * rows  # placeholders for finished rows
+            picked: dict[int, int] = {}
             for b, (state, cut) in enumerate(zip(states, cuts)):
                 if cut.wants_more:
-                    token = self._pick(logits[b], state)
+                    token = picked[b] = self._pick(logits[b], state)
                     if cut.push(token):
                         feed[b] = token
+            if measure:
+                for b, pair in _token_values(logits, picked).items():
+                    sure[b].append(pair)
             if not any(c.wants_more for c in cuts):
                 break
             positions = [len(s.ids) + step for s in states]
@@ -111,13 +118,15 @@ class Drafting:
             states[0].cache.crop(len(states[0].ids) - states[0].cache.get_seq_length())
         seconds = (time.perf_counter() - began) / rows
         out = []
-        for state, cut in zip(states, cuts):
+        for state, cut, values in zip(states, cuts, sure):
             new, text, final = cut.result()
             count = self._tokens_in(state.ids, new, text)
             state.trimmed = None
             if self.reuse_trimmed and state.settings.temperature <= 0 and count < len(new):
                 state.trimmed = (tuple(state.ids) + tuple(new[:count]), tuple(new[count:]))
-            out.append(Candidate(self.name, text, count, final, seconds, reused))
+            kept = drafting.kept_values(values, reused, count, len(new), final)
+            confidence = gate.confidence([a for a, _ in kept], [b for _, b in kept])
+            out.append(Candidate(self.name, text, count, final, seconds, reused, confidence))
         return out
 
     def _take_over_trimmed(self, state: HFState, limit: int) -> tuple[int, ...]:
@@ -181,3 +190,18 @@ class Drafting:
 
 
 __all__ = ["Drafting"]
+
+
+def _token_values(logits: torch.Tensor, picked: dict[int, int]) -> dict[int, tuple[float, float]]:
+    """Per batch row b that picked a token: its log-probability and the most likely other token's
+    (the gate's confidence), for all rows in one pass and one copy to the host."""
+    if not picked:
+        return {}
+    rows = list(picked)
+    logp = torch.log_softmax(logits[rows].float(), dim=-1)
+    top = torch.topk(logp, 2, dim=-1)
+    tokens = torch.tensor([picked[b] for b in rows], device=logp.device)
+    chosen = logp.gather(1, tokens[:, None])[:, 0]
+    other = torch.where(top.indices[:, 0] == tokens, top.values[:, 1], top.values[:, 0])
+    pairs = torch.stack([chosen, other], dim=1).tolist()
+    return {b: (float(a), float(o)) for b, (a, o) in zip(rows, pairs)}
