@@ -225,3 +225,17 @@ def test_a_gate_that_always_passes_gives_the_gatekeepers_own_answer_on_tiny_mode
     gated_off = Ensemble(members, never).run("Once upon a time")
     assert gated_off.answer == Ensemble(members, base).run("Once upon a time").answer
     assert not any(r.gated for r in Ensemble(members, never).stream("Once upon a time"))
+
+
+def test_the_app_marks_a_gated_round_in_the_answer_the_matrix_and_the_status():
+    from studio import step_views, views
+
+    rounds = list(Ensemble(trio(), EnsembleConfig(max_rounds=2, **GATED)).stream("go"))
+    spans = views.answer_value(rounds)
+    assert spans == [("good ", f"a{views.GATED}")] * 2
+    figure = views.heatmap_figure(rounds[0])
+    assert "gated: a was sure" in figure.layout.title.text
+    assert "why the others were not asked: a was sure" in figure.layout.annotations[0].text
+    assert "2 of 2 rounds gated" in views.status_markdown(rounds)
+    assert "why the others were not asked" in views.segment_html(rounds, 0)
+    assert "gated: a was sure" in step_views.verdict_note(rounds[0], None, step_views.Tally(), False)
