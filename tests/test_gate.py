@@ -3,6 +3,7 @@ scripted members (who drafts, verifies, earns and exits), runs in lockstep, and 
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -20,6 +21,7 @@ from specfuse.members.llamacpp_decode import token_and_runner_up
 from specfuse.records import Confidence, summarize
 
 from .conftest import tiny_member
+from .repo_tools import load_tool
 from .scripted import ScriptedMember, prefers
 
 SURE, UNSURE = -0.01, -2.0
@@ -239,3 +241,41 @@ def test_the_app_marks_a_gated_round_in_the_answer_the_matrix_and_the_status():
     assert "2 of 2 rounds gated" in views.status_markdown(rounds)
     assert "why the others were not asked" in views.segment_html(rounds, 0)
     assert "gated: a was sure" in step_views.verdict_note(rounds[0], None, step_views.Tally(), False)
+
+
+# -- the sweep (tools/gate_sweep.py) ---------------------------------------------------------------
+
+
+def test_forward_tokens_count_drafts_verification_and_the_readers_of_a_gated_segment():
+    tool = load_tool("gate_sweep")
+    gated = list(Ensemble(trio(), EnsembleConfig(max_rounds=4, **GATED)).stream("go"))
+    assert tool.forward_tokens(gated) == 4 * 1 + 3 * 2  # a drafts 1 token a round; b and c read 3 of them
+    full = list(Ensemble(trio(), EnsembleConfig(max_rounds=2, verify="always")).stream("go"))
+    assert tool.forward_tokens(full) == 2 * (3 + 3 * 3)  # 3 drafts of 1 token, each scored by 3
+    assert tool.auc([0.9, 0.8], [0.1, 0.8]) == pytest.approx((2 + 1.5) / 4)
+    assert tool.auc([], [0.1]) is None
+
+
+def test_the_sweep_reports_accuracy_gated_share_cost_and_the_measures_calibration(tmp_path, capsys):
+    from specfuse.eval import cli as ev
+
+    from .helpers_eval import CONFIG, scripted, write_data
+
+    tool = load_tool("gate_sweep")
+    members = [scripted("a", 2), scripted("b", 3)]
+    for m in members:
+        m.sure = lambda text: SURE
+    data = write_data(tmp_path / "d.jsonl", 2)  # gold 2 and 3: a right on row 0, b on row 1
+    variants = {"probe": {"gate": True, "gate_threshold": 0.0}, "g": {"gate": True}}
+    systems = ["single-a", "single-b", "probe", "g"]
+    ev.evaluate(members, ev.load_problems(data), tmp_path / "runs", config=CONFIG, systems=systems,
+                variants=variants)  # fmt: skip
+    assert tool.main([str(tmp_path / "runs"), "--data", str(data), "--out", str(tmp_path / "sweep")]) == 0
+    document = json.loads((tmp_path / "sweep.json").read_text())
+    rows = {r["system"]: r for r in document["systems"]}
+    assert rows["g"]["gated_share"] == 1.0 and rows["probe"]["gated_share"] == 0.0
+    assert rows["g"]["correct"] == rows["single-a"]["correct"] == 1  # a keeps the gate: a's answers
+    assert rows["g"]["forward_tokens_per_answer"] < rows["probe"]["forward_tokens_per_answer"]
+    assert rows["single-a"]["token_ratio_to_best"] == 1.0 and rows["probe"]["best_member"] == "single-a"
+    assert document["calibration"]["rounds"] > 0 and "mean_logprob" in document["calibration"]
+    assert (tmp_path / "sweep.html").is_file() and "gated_share" in capsys.readouterr().out
