@@ -98,7 +98,8 @@ def system_rows(outcomes: Sequence[Outcome], root: Path | None = None) -> list[d
                 "member_seconds_per_correct": members_s / correct if correct else None,
             }
         )
-    best = max((r for r in rows if r["system"].startswith("single-")), key=lambda r: r["correct"], default=None)
+    singles = [r for r in rows if r["system"].startswith("single-")]
+    best = max(singles, key=lambda r: r["correct"], default=None)
     for r in rows:
         if best is None:
             continue
