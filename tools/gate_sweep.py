@@ -65,7 +65,7 @@ def system_rows(outcomes: Sequence[Outcome], root: Path | None = None) -> list[d
     by: dict[str, list[Outcome]] = {}
     for o in outcomes:
         by.setdefault(o.system, []).append(o)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for system, mine in by.items():
         tokens = seconds = members_s = 0.0
         rounds = gated = 0
