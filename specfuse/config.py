@@ -38,6 +38,13 @@ DECODE_HELP = (
 )
 RETIRED_KEYS = ("parallel",)  # stored in configs by earlier versions; read and left out
 VERIFY_MODES = ("always", "contested", "disagree")  # run.py: Run.take_candidates
+# How sure the gatekeeper was of its segment (specfuse/gate.py): the mean log-probability of its
+# tokens, the probability of its least likely token, or the least margin (nats) of a token over the
+# runner-up the drafter could have picked there. Higher is surer, for all three.
+GATE_MEASURES = ("mean_logprob", "min_prob", "margin")
+GATE_RANGES = {"mean_logprob": (-100.0, 0.0), "min_prob": (0.0, 1.0), "margin": (0.0, 100.0)}
+# The threshold each measure takes when gate_threshold is left empty (docs/evaluation.md: the sweep).
+GATE_DEFAULTS = {"mean_logprob": -0.1, "min_prob": 0.5, "margin": 2.0}
 MAX_SEGMENT_LEN = 256
 # A seed is a signed 64-bit integer, as OpenAI's API and every sampler here take it; member i samples
 # with seed + i, and torch takes at most 2**64 - 1, so a larger one would fail inside a member.
@@ -193,6 +200,31 @@ class EnsembleConfig:
         group="scoring",
     )
     stop_strings: tuple[str, ...] = setting((), "end the answer before any of these strings")
+    gate: bool = setting(
+        False,
+        "gated rounds: the gatekeeper drafts first, and a segment it is sure of (gate_measure at least "
+        "gate_threshold) is taken without the others drafting or verifying (no rewards, no exits); "
+        "otherwise the full round runs with its draft",
+        group="gate",
+    )
+    gate_member: str = setting(
+        "", "the gatekeeper (empty: the active member of highest weight)", group="gate"
+    )
+    gate_measure: str = setting(
+        "mean_logprob",
+        "the gatekeeper's confidence in its segment: the mean log probability of its tokens, the least "
+        "probability of one, or the least margin (nats) of one over the next likeliest token",
+        choices=GATE_MEASURES,
+        group="gate",
+    )
+    gate_threshold: float | None = setting(
+        None,
+        "a segment is sure when its gate_measure is at least this (mean_logprob: a log probability ≤ 0; "
+        "min_prob: a probability in [0, 1]; margin: nats ≥ 0; empty: the measure's default)",
+        low=-100.0,
+        high=100.0,
+        group="gate",
+    )
 
     def __post_init__(self) -> None:
         # Types, choices and bounds come from each field's setting(); a new field is checked for free.
@@ -220,6 +252,19 @@ class EnsembleConfig:
             raise ConfigError(f"seed must be at most 2**63 - 1 ({MAX_SEED}), got {self.seed}")
         if not all(self.stop_strings):
             raise ConfigError("stop_strings must be a tuple of non-empty strings")
+        low, high = GATE_RANGES[self.gate_measure]
+        if self.gate_threshold is not None and not low <= self.gate_threshold <= high:
+            raise ConfigError(
+                f"gate_threshold must be in [{low:g}, {high:g}] for gate_measure {self.gate_measure}, "
+                f"got {self.gate_threshold:g}"
+            )
+
+    @property
+    def gate_bar(self) -> float:
+        """The gate's threshold in use: gate_threshold, or its measure's default."""
+        if self.gate_threshold is not None:
+            return self.gate_threshold
+        return GATE_DEFAULTS[self.gate_measure]
 
     @property
     def sampling(self) -> bool:
@@ -236,6 +281,7 @@ class EnsembleConfig:
             max_new_tokens=self.max_new_tokens,
             measure_prompt=self.prior == "prompt",
             own_draft_scores=self.own_draft_scores,
+            measure_confidence=self.gate,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -280,6 +326,7 @@ class MemberSettings:
     max_new_tokens: int = 256
     measure_prompt: bool = False  # start() also measures the member's surprise at the prompt
     own_draft_scores: bool = False  # score its own draft as drafted (llama.cpp members)
+    measure_confidence: bool = False  # a draft also says how sure it was (Candidate.confidence; the gate)
 
 
 def _finite_number(value: Any) -> bool:

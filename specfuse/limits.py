@@ -102,6 +102,11 @@ def check_request(
     check_prompt(prompt)
     if start and names is not None:
         check_branch(start, names)
+    if config.gate_member and names is not None and config.gate_member not in names:
+        raise ConfigError(
+            f"gate_member {config.gate_member!r} is not a member of this run ({', '.join(names)}); "
+            "name one of them, or leave it empty for the highest-weight active member"
+        )
     if config.max_new_tokens > MAX_NEW_TOKENS:
         raise ConfigError(
             f"max_new_tokens is {config.max_new_tokens:,}; the limit is {MAX_NEW_TOKENS:,} (MAX_NEW_TOKENS)"

@@ -18,6 +18,21 @@ STOP_REASONS = (*ROUND_STOP_REASONS, "cancelled")
 
 
 @dataclass(frozen=True)
+class Confidence:
+    """How sure a drafter was of its own candidate, from the values it drafted it with (no extra
+    pass): over the tokens it decoded and kept (a final draft: its end marker too). Higher is surer
+    for all three; config.GATE_MEASURES names them, the gated round (specfuse/gate.py) reads one."""
+
+    mean_logprob: float  # mean log-probability of those tokens
+    min_prob: float  # probability of the least likely of them
+    margin: float  # least margin, in nats, of a token's log-probability over the runner-up's there
+    tokens: int  # how many tokens these values cover
+
+    def measure(self, name: str) -> float:
+        return float(getattr(self, name))
+
+
+@dataclass(frozen=True)
 class Candidate:
     member: str  # who drafted it (the paper's j)
     text: str  # the segment exactly as it would be appended to the answer
@@ -25,6 +40,22 @@ class Candidate:
     final: bool  # ended at the drafter's end-of-turn token or a stop string
     seconds: float  # wall time of this draft
     reused_tokens: int = 0  # tokens taken over from this drafter's previous, trimmed draft (not decoded)
+    confidence: Confidence | None = None  # None: its back end does not tell (a served model)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A round under the gate (config.gate): the gatekeeper drafted first, and its confidence in its
+    segment was held against the threshold. Passed: the segment was taken alone (a gated round: the
+    others neither drafted nor verified, and nobody earned a reward or exited); else the full round
+    ran, the gatekeeper's draft among the candidates."""
+
+    member: str  # the gatekeeper
+    measure: str  # one of config.GATE_MEASURES
+    confidence: float | None  # its segment's value of `measure`; None when its back end gives none
+    threshold: float
+    passed: bool
+    reason: str  # one sentence: why the others were (not) asked
 
 
 @dataclass(frozen=True)
@@ -135,6 +166,12 @@ class Round:
     # False: a lone draft (config verify="contested", the default) or drafts that agreed ("disagree")
     # was taken without scoring, so this round has no verifiers, no matrices and no feedback
     verified: bool = True
+    gate: Gate | None = None  # the gate's decision, in a round played under it (config.gate)
+
+    @property
+    def gated(self) -> bool:
+        """The gatekeeper was sure: its segment was taken without asking the others."""
+        return self.gate is not None and self.gate.passed
 
     @property
     def winner(self) -> Candidate:

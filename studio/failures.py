@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from specfuse.eval.ceiling import ceiling, ceiling_lines
 from specfuse.eval.problems import Outcome
 from specfuse.eval.report import best_single_system
 from specfuse.eval.runs import EvalError, load_outcomes
@@ -87,11 +88,24 @@ class EvalRun:
         ensemble = self.ensemble()
         replayable = sum(1 for p in self.problems() if (o := self.get(ensemble, p)) and self.trace(o))
         where = self.report.name if self.report is not None else str(self.folder)
-        return (
+        text = (
             f"{len(self.problems())} problems × {len(systems)} systems from {where}: {shown}. "
             f"{replayable} of them have the ensemble's trace here ({REPLAY} in the table); "
             "the others show both answers without a replay."
         )
+        return text + "".join(f"\n\n{line}" for line in self.ceiling_lines())
+
+    def ceiling_lines(self) -> list[str]:
+        """The ceiling of the study (specfuse.eval.ceiling): each member alone, the oracle, β, the
+        pairs' co-failure and each ensemble's gains and losses against the best member; none with
+        fewer than two members run alone, or without gold answers."""
+        if not any(o.gold is not None for o in self.outcomes):
+            return []
+        found = ceiling(self.outcomes)
+        if found is None:
+            return []
+        first, *rest = ceiling_lines(found)
+        return [f"**The ceiling.** {first}", *rest]
 
 
 def _ordered(run: EvalRun, systems: Sequence[str]) -> list[str]:

@@ -15,7 +15,7 @@ import gradio as gr
 from specfuse import ConfigError, EnsembleConfig
 from specfuse.config import Setting, settings
 
-GROUPS = ("run", "sampling", "scoring", "feedback", "exit")
+GROUPS = ("run", "sampling", "scoring", "feedback", "exit", "gate")
 
 # Where the metadata alone would give a poor widget: a label, a slider's practical range, a radio.
 OVERRIDES: dict[str, dict[str, Any]] = {

@@ -107,7 +107,9 @@ def drafts_note(k: int, drafts: Sequence[Draft]) -> str:
 def verdict_note(rnd: Round, guess: str | None, tally: Tally, over: bool) -> str:
     """After Reveal: who won, whether the room's guess was right, the tally, and whether it ended."""
     won = f"**Round {rnd.k}: {md(rnd.winner.member)}'s candidate won**"
-    if not rnd.verified:
+    if rnd.gated and rnd.gate is not None:
+        won += f" (gated: {md(rnd.gate.reason)})"
+    elif not rnd.verified:
         why = "the only draft" if len(rnd.candidates) == 1 else "the drafts agreed"
         won += f" ({why}: taken without scoring)"
     verdict = guess_right(rnd, guess)

@@ -24,6 +24,8 @@ from .untrusted import esc, md
 PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880")
 SELECTED = "▶ selected segment"  # the answer's label for the segment being inspected
 SELECTED_COLOR = "#FFD54F"
+# config.gate: the answer's label for a segment its gatekeeper was sure of, taken without the others
+GATED = " · sure, alone"
 NORMALIZED, RAW = "normalized ŝ", "raw z"
 
 
@@ -38,6 +40,7 @@ def answer_value(rounds: Sequence[Round], selected: int | None = None) -> list[t
     with the segment being inspected marked.
     """
     spans = answer_spans(rounds)
+    spans = [(text, f"{who}{GATED}" if r.gated else who) for (text, who), r in zip(spans, rounds)]
     if selected is not None and 0 <= selected < len(spans):
         spans[selected] = (spans[selected][0], SELECTED)
     return spans
@@ -47,6 +50,8 @@ def answer_component(trace: Trace | None, selected: int | None = None) -> gr.Hig
     """The whole answer of `trace`, coloured by drafter, the selected segment (if any) marked."""
     rounds: Sequence[Round] = trace.rounds if trace is not None else ()
     colors = member_colors(trace.members if trace is not None else ())
+    if any(r.gated for r in rounds):  # a gated segment keeps its member's colour, its label says so
+        colors |= {f"{m}{GATED}": c for m, c in list(colors.items())}
     if selected is not None:
         colors[SELECTED] = SELECTED_COLOR
     spans: Any = answer_value(rounds, selected)
@@ -81,6 +86,9 @@ def status_markdown(
         first,
         f"{s.calls_saved} of {s.calls_made + s.calls_saved} model calls saved by exit",
     ]
+    gated = sum(r.gated for r in rounds)
+    if gated:
+        parts.append(f"{gated} of {len(rounds)} rounds gated (a sure member alone)")
     if s.stop_reason:
         parts.append(f"stopped: {md(s.stop_reason)}")
     if note:
@@ -159,6 +167,9 @@ def heatmap_figure(rnd: Round | None, normalized: bool = True, fixed_scale: bool
     )
     if rnd is None:
         return nothing_to_draw(fig.update_layout(title="verification matrix"), "no round yet")
+    if rnd.gated and rnd.gate is not None:
+        fig.update_layout(title=f"round {rnd.k}: gated: {esc(rnd.winner.member)} was sure, nobody verified")
+        return nothing_to_draw(fig, f"why the others were not asked: {esc(rnd.gate.reason)}")
     if not rnd.verified:
         why = "a lone draft" if len(rnd.candidates) == 1 else "the drafts agreed"
         fig.update_layout(title=f"round {rnd.k}: not verified: {why}, {esc(rnd.winner.member)}'s was taken")
@@ -288,9 +299,14 @@ def segment_html(rounds: Sequence[Round], index: int) -> str:
         f"<td>{rnd.aggregate[j]:.3f}</td><td>{'✓' if j == rnd.chosen else ''}</td></tr>"
         for j, c in enumerate(rnd.candidates)
     )
+    gated = (
+        f"<p>A gated round: why the others were not asked: {esc(rnd.gate.reason)}.</p>"
+        if rnd.gated and rnd.gate is not None
+        else ""
+    )
     return (
         f"<p>Segment {index + 1} was won in <b>round {rnd.k}</b> by <b>{esc(rnd.winner.member)}</b> "
-        f"(margin {rnd.margin:.3f}).</p>"
+        f"(margin {rnd.margin:.3f}).</p>{gated}"
         f"<table class='sf-segment'><tr><th>member</th><th>candidate</th><th>score</th><th></th></tr>"
         f"{rows}</table>"
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 from specfuse import Ensemble, EnsembleConfig, Trace, save_trace
 from specfuse.config import MemberSettings
 from specfuse.members.protocol import BaseMember
-from specfuse.records import Candidate
+from specfuse.records import Candidate, Confidence
 
 
 class ScriptedMember(BaseMember):
@@ -21,8 +21,10 @@ class ScriptedMember(BaseMember):
         drafts: Sequence[str | tuple[str, bool]],
         judge: Callable[[str], float],
         draft_delay: float = 0.0,
+        sure: Callable[[str], float] | None = None,
     ):
         self.name = name
+        self.sure = sure  # text → its confidence in that draft (every measure alike); None: it gives none
         self.draft_delay = draft_delay  # seconds each draft takes (a slow member, for arrival order)
         self.device = "cpu"
         self.drafts = [d if isinstance(d, tuple) else (d, False) for d in drafts]
@@ -37,7 +39,9 @@ class ScriptedMember(BaseMember):
         text, final = self.drafts[min(state["round"], len(self.drafts) - 1)]
         self.calls.append(("draft", state["round"]))
         time.sleep(self.draft_delay)
-        return Candidate(self.name, text, max(1, len(text.split())), final, 0.0)
+        value = None if self.sure is None else self.sure(text)
+        confidence = None if value is None else Confidence(value, value, value, 1)
+        return Candidate(self.name, text, max(1, len(text.split())), final, 0.0, confidence=confidence)
 
     def score(self, state: dict, candidates: Sequence[Candidate]) -> list[float]:
         self.calls.append(("score", state["round"]))

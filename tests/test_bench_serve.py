@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -180,3 +181,14 @@ def test_the_gpu_warm_up_runs_a_whole_answer_then_every_client_at_once(tiny_memb
             assert calls == [("alone", 8)]  # on a CPU: one short request, as before
     finally:
         scheduler.close()
+
+
+def test_the_serving_benchmark_reports_the_share_of_gated_rounds(tiny_members):
+    config = EnsembleConfig(segment_len=4, max_new_tokens=8, gate=True, gate_threshold=-100.0)
+    report = run_serve(tiny_members, levels=(1, 2), requests=2, max_tokens=8, config=config)
+    for level in report["levels"].values():
+        assert level["rounds"] >= 2 and level["gated_share"] == 1.0  # a gate that always passes
+    assert "gated rounds 100% of" in format_table(report)
+    plain = replace(config, gate=False)
+    ungated = run_serve(tiny_members, levels=(1,), requests=2, max_tokens=8, config=plain)
+    assert ungated["levels"]["1"]["gated_share"] == 0.0 and "gated rounds" not in format_table(ungated)

@@ -276,3 +276,20 @@ def test_openapi_json_publishes_the_request_bodies_with_the_specfuse_fields_behi
     assert (segment["minimum"], segment["maximum"]) == (1, 256)
     assert {"enum": ["mean", "median", "filtered"], "type": "string"} in fields["aggregation"]["anyOf"]
     assert schemas["ChatMessage"]["properties"]["role"]["enum"] == ["system", "user", "assistant"]
+
+
+def test_a_gated_request_says_which_rounds_the_gatekeeper_played_alone(client, tiny_members):
+    gate = {"gate": True, "gate_threshold": -100.0, "gate_member": tiny_members[1].name}
+    reply = client.chat.completions.create(
+        model="specfuse", messages=[{"role": "user", "content": PROMPT}], max_tokens=12,
+        extra_body={"specfuse": gate},
+    )  # fmt: skip
+    extra = reply.to_dict()["specfuse"]
+    assert extra["gated_rounds"] == extra["rounds"] == len(extra["gated"]) > 0  # it always passes
+    first = extra["gated"][0]
+    assert first["round"] == 1 and first["member"] == tiny_members[1].name and first["threshold"] == -100.0
+    assert first["measure"] == "mean_logprob" and first["confidence"] <= 0 and "was sure" in first["reason"]
+    plain = client.chat.completions.create(
+        model="specfuse", messages=[{"role": "user", "content": PROMPT}], max_tokens=12
+    )
+    assert plain.to_dict()["specfuse"]["gated_rounds"] == 0 and plain.to_dict()["specfuse"]["gated"] == []

@@ -87,7 +87,7 @@ def one_request(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     }
     began = time.perf_counter()
     first = math.nan
-    text, tokens = "", 0
+    text, tokens, rounds, gated = "", 0, 0, 0
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=3600) as response:
         if response.status_code != 200:
             raise SpecfuseError(f"the server answered {response.status_code}: {response.read()[:300]!r}")
@@ -104,8 +104,11 @@ def one_request(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
                 text += piece
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
+            if chunk.get("specfuse"):  # with the finish_reason chunk: the gate's share of the rounds
+                rounds = chunk["specfuse"].get("rounds", 0)
+                gated = chunk["specfuse"].get("gated_rounds", 0)
     return {"prompt": prompt, "first_segment_s": first, "total_s": time.perf_counter() - began,
-            "tokens": tokens, "text": text}  # fmt: skip
+            "tokens": tokens, "text": text, "rounds": rounds, "gated_rounds": gated}  # fmt: skip
 
 
 def run_level(
@@ -142,6 +145,7 @@ def run_level(
     firsts = [r["first_segment_s"] for r in runs if not math.isnan(r["first_segment_s"])]
     totals = [r["total_s"] for r in runs]
     tokens = sum(r["tokens"] for r in runs)
+    rounds = sum(r.get("rounds", 0) for r in runs)
     sent = len(runs) + len(errors)
     return {
         "clients": clients,
@@ -152,6 +156,9 @@ def run_level(
         "wall_s": wall,
         "tokens": tokens,
         "tokens_per_s": tokens / wall if wall > 0 else math.nan,
+        "rounds": rounds,
+        # config gate: the share of rounds a sure gatekeeper played alone (0 with the gate off)
+        "gated_share": sum(r.get("gated_rounds", 0) for r in runs) / rounds if rounds else 0.0,
         "first_segment_median_s": statistics.median(firsts) if firsts else math.nan,
         "first_segment_p95_s": percentile(firsts, 0.95),
         "total_median_s": statistics.median(totals) if totals else math.nan,
@@ -337,6 +344,7 @@ def format_table(report: dict[str, Any]) -> str:
             f"{r['same_answers_as_one_at_a_time']:>2}/{r['requests']:<2} {len(r['errors']):>6}  {load}"
             + (f"  {peak:11.1f}" if peak is not None else "")
             + (f"  cut short: {r['requests']} of {r['requests_planned']} sent" if r.get("cut_short") else "")
+            + (f"  gated rounds {r['gated_share']:.0%} of {r['rounds']}" if r.get("gated_share") else "")
         )
     if report.get("skipped"):
         lines.append(f"skipped (the deadline had passed): {', '.join(map(str, report['skipped']))} clients")

@@ -124,8 +124,15 @@ class Batch:
             self._catch_up(runs)  # exited members drafting again first read the answer they missed
         runs = yield from self._settle(runs)
         with profiling.timed("phase", "draft", items=len(runs)):
-            yield from self._draft(runs, drafted)  # 1
+            yield from self._draft(runs, drafted, {run.id: run.drafting_now() for run in runs})  # 1
         runs = yield from self._settle(runs)
+        # Under the gate, a run whose gatekeeper was unsure drafts with the others now: one more draft
+        # phase, shared by every such run (gated and full rounds of other runs went in the first).
+        others = {run.id: run.take_gate(drafted) for run in runs}
+        if any(others.values()):
+            with profiling.timed("phase", "draft", items=sum(map(bool, others.values()))):
+                yield from self._draft(runs, drafted, others)
+            runs = yield from self._settle(runs)
         with profiling.timed("phase", "verify", items=len(runs)):
             for run in runs:
                 run.take_candidates(drafted)
@@ -162,11 +169,15 @@ class Batch:
         return going_on
 
     def _draft(
-        self, runs: list[Run], drafted: dict[tuple[str, str], tuple[Candidate, float]]
+        self,
+        runs: list[Run],
+        drafted: dict[tuple[str, str], tuple[Candidate, float]],
+        who: dict[str, list[str]],
     ) -> Iterator[tuple[Run, Draft]]:
-        """1. Draft: each active member continues its own context for at most L tokens."""
+        """1. Draft: each active member continues its own context for at most L tokens (`who`: the
+        members drafting now, per run id: under the gate, the gatekeeper before the others)."""
         by_id = {run.id: run for run in runs}
-        work = [(m, run, run.play.budget) for run in runs for m in run.play.drafting]
+        work = [(m, run, run.play.budget) for run in runs for m in who.get(run.id, ())]
         for key, out in self._calls.draft(work):
             drafted[key] = out
             run = by_id[key[1]]

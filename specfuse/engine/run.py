@@ -14,13 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .. import feedback
+from .. import feedback, gate
 from ..config import EnsembleConfig
 from ..errors import ConfigError, MemberError
 from ..loops import ends_in_loop
 from ..members.protocol import Verdict
 from ..prompts import Prompt, as_prompt, last_user_text
-from ..records import Candidate, ExitEvent, MemberTiming, Round, TokenScores
+from ..records import Candidate, ExitEvent, Gate, MemberTiming, Round, TokenScores
 from ..segments import agreement, echoes_prompt, repeated_fraction, stop_string_cut
 from ..trace import new_trace_id
 from .calls import MemberCalls
@@ -38,6 +38,9 @@ class Play:
     verifiers: list[str]
     budget: int  # tokens each drafter may add this round
     rejoining: list[str] = field(default_factory=list)  # exited members drafting again (loop guard)
+    gatekeeper: str | None = None  # config.gate: the member that drafts first this round
+    waiting: list[str] = field(default_factory=list)  # drafters held back until the gate has decided
+    gate: Gate | None = None  # the gate's decision, once the gatekeeper has drafted
     candidates: tuple[Candidate, ...] = ()
     scorable: bool = False  # some candidate has text (or ends the answer)
     agreed: int | None = None  # verify="contested"/"disagree": the draft taken unscored (lone, or agreed on)
@@ -133,13 +136,38 @@ class Run:
         cfg = self.config
         verifiers = [m for m in self.names if m in self.active or (cfg.exited_verify and m in self.exited)]
         budget = min(cfg.segment_len, cfg.max_new_tokens - self.tokens)
-        self.play = Play(time.perf_counter(), list(self.active), verifiers, budget)
+        self.play = play = Play(time.perf_counter(), list(self.active), verifiers, budget)
         if cfg.loop_guard and self.exited and ends_in_loop(self.answer, copies=LOOP_GUARD_COPIES):
             # A lone drafter stuck in a loop has no way out; the ensemble has: the others' drafts.
-            play = self.play
             play.rejoining = list(self.exited)
             play.drafting = [m for m in self.names if m in self.active or m in self.exited]
             play.verifiers = list(play.drafting)
+        elif cfg.gate and self.forced is None and len(play.drafting) > 1:
+            # The gatekeeper drafts first; the others wait for the gate (take_gate). A branch's forced
+            # round and a loop guard's rejoining round are full rounds: there the others are wanted.
+            play.gatekeeper = gate.gatekeeper(self.names, self.weights, play.drafting, cfg.gate_member)
+            play.waiting = [m for m in play.drafting if m != play.gatekeeper]
+
+    def drafting_now(self) -> list[str]:
+        """Who drafts in the draft phase under way: all drafters, or, under the gate, first the
+        gatekeeper and then (take_gate) the others if it was unsure."""
+        return [m for m in self.play.drafting if m not in self.play.waiting]
+
+    def take_gate(self, drafted: dict[tuple[str, str], tuple[Candidate, float]]) -> list[str]:
+        """After the gatekeeper's draft: decide the gate. Passed, the round is the gatekeeper's alone;
+        else the others draft now (their names are returned) and the full round runs with its draft
+        (never redrafted)."""
+        play, cfg = self.play, self.config
+        if play.gatekeeper is None or play.gate is not None:
+            return []
+        keeper = play.gatekeeper
+        found = drafted[(keeper, self.id)][0].confidence
+        play.gate = gate.decide(keeper, found, cfg.gate_measure, cfg.gate_bar)
+        others, play.waiting = play.waiting, []
+        if play.gate.passed:
+            play.drafting = [keeper]
+            return []
+        return others
 
     def take_candidates(self, drafted: dict[tuple[str, str], tuple[Candidate, float]]) -> None:
         play = self.play
@@ -151,7 +179,9 @@ class Run:
         play.candidates = tuple(candidates)
         play.scorable = any(c.text or c.final for c in play.candidates)
         mode = self.config.verify
-        if mode != "always" and self.forced is None:
+        if play.gate is not None and play.gate.passed:  # a gated round: the sure segment, unscored
+            play.agreed, play.verifiers = 0, []
+        elif mode != "always" and self.forced is None:
             if len(candidates) == 1:  # a lone draft wins anyway
                 play.agreed = 0
             elif mode == "disagree":
@@ -271,7 +301,8 @@ class Run:
         play.exits = []
         if play.stop_reason is not None:
             return  # the run ends: nobody exits, nobody needs the winner in its context
-        if cfg.exit:
+        gated = play.gate is not None and play.gate.passed  # the others were not asked: no evidence
+        if cfg.exit and not gated:
             for d in feedback.exit_decisions(
                 self.quality,
                 self.active,
@@ -337,6 +368,7 @@ class Run:
             eligible=tuple(play.eligible),
             token_scores=play.details,
             verified=play.agreed is None,
+            gate=play.gate,
         )
         self.forced = None  # only the branch round is forced
         self.weights = play.after

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import ifeval
+from .ceiling import ceiling, ceiling_lines
 from .stats import paired, text_metrics, wilson
 from .variants import describe
 
@@ -203,6 +204,7 @@ def write_reports(
         "systems": {s: d for s, d in describe(variants).items() if s in systems},
         "summary": summary,
         "paired": pairs,
+        "ceiling": ceiling(outcomes) if graded else None,
         "failure_cases": failures,
         "outcomes": [o.__dict__ | {"traces": list(o.traces)} for o in outcomes],
     }
@@ -211,7 +213,7 @@ def write_reports(
         pd.DataFrame(document["by_group"]).to_csv(_with(stem, "-groups.csv"), index=False)
     _with(stem, ".json").write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n")
     document["charts"] = _charts(
-        summary, pairs, stem, document["title"], graded, png, document.get("by_group")
+        summary, pairs, stem, document["title"], graded, png, document.get("by_group"), document["ceiling"]
     )
     _with(stem, ".md").write_text(results_page(document, outcomes, problems, name))
     return document
@@ -225,6 +227,7 @@ def _charts(
     graded: bool,
     png: bool,
     by_group: Sequence[dict[str, Any]] | None = None,
+    limit: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     import plotly.graph_objects as go
 
@@ -276,6 +279,8 @@ def _charts(
             barmode="group",
             yaxis={"title": "instructions followed", "range": [0, 1]},
         )
+    if limit:
+        figures["-ceiling"] = _ceiling_chart(limit)
     done: dict[str, Any] = {}
     for suffix, figure in figures.items():
         axis = "instruction group" if suffix == "-groups" else "system"
@@ -291,6 +296,26 @@ def _charts(
                 done["png_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 log.warning("PNG export failed (%s); the HTML chart is at %s", done["png_error"], path)
     return done
+
+
+def _ceiling_chart(limit: dict[str, Any]) -> Any:
+    """Each member's and ensemble's accuracy beside the oracle (1 − β): how much of the room the
+    members leave the ensemble took."""
+    import plotly.graph_objects as go
+
+    rows = [(f"{r['member']} alone", r["accuracy"]) for r in limit["members"]]
+    rows += [(d["system"], d["accuracy"]) for d in limit["discordance"]]
+    names, accuracy = [html.escape(n) for n, _ in rows], [a for _, a in rows]
+    figure = go.Figure(go.Bar(x=names, y=accuracy, text=[f"{a:.0%}" for a in accuracy]))
+    figure.add_hline(
+        y=limit["oracle"],
+        line_dash="dash",
+        annotation_text=f"oracle = 1 − β = {limit['oracle']:.0%} (at least one member right)",
+    )
+    return figure.update_layout(
+        title=f"the ceiling: {limit['problems']} problems every member answered",
+        yaxis={"title": "accuracy", "range": [0, 1]},
+    )
 
 
 def _esc(text: str) -> str:
@@ -348,6 +373,24 @@ def results_page(
         ]
         if charts.get("html-paired"):
             lines += [f"Chart: [{name}-paired.html]({name}-paired.html)", ""]
+    limit = document.get("ceiling")
+    if limit:
+        lines += ["## The ceiling", ""]
+        lines += [
+            "What the members could gain together at most (`specfuse.eval.ceiling`): the oracle is the share "
+            "of problems at least one member got right, β the share all got wrong together (oracle = 1 − β; "
+            "a selector of whole answers scores at most that), co-failure the share a pair got wrong "
+            "together; gained / lost: the problems an ensemble got right where the best member was wrong, "
+            "and the reverse (95 % Wilson intervals; the difference with a paired Wald interval; p: exact "
+            "McNemar).",
+            "",
+        ]
+        lines += [f"- {_esc(line)}" for line in ceiling_lines(limit)]
+        lines += ["", markdown_table(limit["members"]), markdown_table(limit["pairs"])]
+        if limit["discordance"]:
+            lines += [markdown_table(limit["discordance"])]
+        if charts.get("html-ceiling"):
+            lines += [f"Chart: [{name}-ceiling.html]({name}-ceiling.html)", ""]
     cases = _against_a_member(document)
     if cases:
         lines += ["## Failure cases", "", "Trace copies replay in the app (Upload a trace).", ""]
@@ -389,6 +432,8 @@ def console_summary(document: dict[str, Any]) -> str:
     parts = [pd.DataFrame(document["summary"]).to_string(index=False, float_format="%.3f")]
     if document["paired"]:
         parts.append(pd.DataFrame(document["paired"]).to_string(index=False, float_format="%.3g"))
+    if document.get("ceiling"):
+        parts.append("\n".join(ceiling_lines(document["ceiling"])))
     for system, found in _against_a_member(document).items():
         parts.append(
             f"{system}: wrong where {found['best_member']} is right: {len(found['wrong_best_right'])}; "

@@ -190,6 +190,20 @@ class DraftCut:
         return self.new, text, self.final
 
 
+def kept_values(
+    values: Sequence[tuple[float, float]], reused: int, kept: int, decoded: int, final: bool
+) -> list[tuple[float, float]]:
+    """The (log-probability, runner-up's log-probability) of the drafted tokens a candidate keeps:
+    `values` holds one per token decoded this draft (the end marker's too, when a stop token ended
+    it), after `reused` tokens taken over unscored from the last draft; `kept` of the draft's
+    `decoded` tokens (the reused ones included) make up the trimmed text. A final draft's end marker
+    counts: the drafter was sure the answer ends there too."""
+    out = list(values[: max(0, kept - reused)])
+    if final and len(values) > decoded - reused:
+        out.append(values[-1])
+    return out
+
+
 def cut_draft(
     tokens: Iterable[int],
     max_new_tokens: int,

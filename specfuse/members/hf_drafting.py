@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
+from .. import gate
 from ..errors import MemberError
 from ..prompts import PromptFormat
 from ..records import Candidate
@@ -81,6 +82,8 @@ class Drafting:
         ]
         hidden = torch.stack([s.last_hidden for s in states])  # [B, H]
         step = reused = 0
+        sure: list[list[tuple[float, float]]] = [[] for _ in states]  # the gate's: Candidate.confidence
+        measure = any(s.settings.measure_confidence for s in states)
         if rows == 1 and cuts[0].wants_more:  # batch rows would need a ragged catch-up pass
             taken = self._take_over_trimmed(states[0], cuts[0].limit)
             for token in taken:
@@ -90,7 +93,7 @@ class Drafting:
                 hidden = compiled.take_over(self, taken, len(states[0].ids), states[0].cache)
         slotted = self._in_slots(states, cuts)
         try:
-            self._decode(states, cuts, self.head.logits(hidden), step, slotted)
+            self._decode(states, cuts, self.head.logits(hidden), step, slotted, sure if measure else None)
         finally:
             if slotted and self.slots is not None:
                 self.slots.end()
@@ -98,13 +101,15 @@ class Drafting:
             states[0].cache.crop(len(states[0].ids) - states[0].cache.get_seq_length())
         seconds = (time.perf_counter() - began) / rows
         out = []
-        for state, cut in zip(states, cuts):
+        for state, cut, values in zip(states, cuts, sure):
             new, text, final = cut.result()
             count = self._tokens_in(state.ids, new, text)
             state.trimmed = None
             if self.reuse_trimmed and state.settings.temperature <= 0 and count < len(new):
                 state.trimmed = (tuple(state.ids) + tuple(new[:count]), tuple(new[count:]))
-            out.append(Candidate(self.name, text, count, final, seconds, reused))
+            kept = drafting.kept_values(values, reused, count, len(new), final)
+            confidence = gate.confidence([a for a, _ in kept], [b for _, b in kept])
+            out.append(Candidate(self.name, text, count, final, seconds, reused, confidence))
         return out
 
     def _in_slots(self, states: Sequence[HFState], cuts: Sequence[drafting.DraftCut]) -> bool:
@@ -124,9 +129,11 @@ class Drafting:
         logits: torch.Tensor,
         step: int,
         slotted: bool,
+        sure: list[list[tuple[float, float]]] | None = None,
     ) -> None:
         """The decoding loop: pick each row's next token from `logits` [B, V], step all rows, until
-        every cut is done. `step`: tokens already fed after the committed ones (taken over)."""
+        every cut is done. `step`: tokens already fed after the committed ones (taken over); `sure`,
+        when given, gets each picked token's log-probability and its runner-up's per row."""
         rows = len(states)
         cache, pads = (None, [0] * rows) if slotted else self._stacked_cache(states)
         while any(c.wants_more for c in cuts):
@@ -142,11 +149,16 @@ class Drafting:
                     "so this request ends"
                 )
             feed = [self.tokenizer.pad_token_id or 0] * rows  # placeholders for finished rows
+            picked: dict[int, int] = {}
             for b, (state, cut) in enumerate(zip(states, cuts)):
                 if cut.wants_more:
                     token = greedy[b] if state.settings.temperature <= 0 else self._pick(logits[b], state)
+                    picked[b] = token
                     if cut.push(token):
                         feed[b] = token
+            if sure is not None:
+                for b, pair in _token_values(logits, picked).items():
+                    sure[b].append(pair)
             if not any(c.wants_more for c in cuts):
                 break
             positions = [len(s.ids) + step for s in states]
@@ -225,3 +237,18 @@ def _greedy_and_nan(logits: torch.Tensor) -> tuple[list[int], bool]:
 
 
 __all__ = ["Drafting"]
+
+
+def _token_values(logits: torch.Tensor, picked: dict[int, int]) -> dict[int, tuple[float, float]]:
+    """Per batch row b that picked a token: its log-probability and the most likely other token's
+    (the gate's confidence), for all rows in one pass and one copy to the host."""
+    if not picked:
+        return {}
+    rows = list(picked)
+    logp = torch.log_softmax(logits[rows].float(), dim=-1)
+    top = torch.topk(logp, 2, dim=-1)
+    tokens = torch.tensor([picked[b] for b in rows], device=logp.device)
+    chosen = logp.gather(1, tokens[:, None])[:, 0]
+    other = torch.where(top.indices[:, 0] == tokens, top.values[:, 1], top.values[:, 0])
+    pairs = torch.stack([chosen, other], dim=1).tolist()
+    return {b: (float(a), float(o)) for b, (a, o) in zip(rows, pairs)}

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import gate
 from ..config import MemberSettings
 from ..errors import ConfigError, ModelLoadError, PromptTooLongError
 from ..prompts import CHAT, Prompt, PromptFormat
@@ -43,6 +44,7 @@ from .llamacpp_decode import (
     candidate_items,
     logit_and_logprob,
     pick,
+    token_and_runner_up,
 )
 from .protocol import BaseMember, Verdict
 from .scoring import common_prefix_len
@@ -318,6 +320,7 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
         slots = self._claim(states)
         cuts, rngs, items, owner = [], [], [], {}
         picked: list[list[tuple[int, tuple[float, float]]]] = [[] for _ in states]
+        sure: list[list[tuple[float, float]]] = [[] for _ in states]  # the gate's: Candidate.confidence
         for r, (state, slot, budget) in enumerate(zip(states, slots, budgets)):
             settings = state.settings
             cuts.append(
@@ -345,16 +348,20 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
                 token = pick(row, states[r].settings, rngs[r])
                 if states[r].settings.own_draft_scores:
                     picked[r].append((token, logit_and_logprob(row, token)))
+                if states[r].settings.measure_confidence:
+                    sure[r].append(token_and_runner_up(row, token))
                 if cuts[r].push(token):
                     following.append((slot, len(self.cached[slot]), token, True))
             items = following
         seconds = (time.perf_counter() - began) / len(states)
         out = []
-        for state, cut, own in zip(states, cuts, picked):
+        for state, cut, own, values in zip(states, cuts, picked, sure):
             state.drafted = (tuple(t for t, _ in own), tuple(v for _, v in own)) if own else None
             new, text, final = cut.result()
             count = drafting.tokens_in(self.decode, state.ids, new, text)
-            out.append(Candidate(self.name, text, count, final, seconds))
+            kept = drafting.kept_values(values, 0, count, len(new), final)
+            confidence = gate.confidence([a for a, _ in kept], [b for _, b in kept])
+            out.append(Candidate(self.name, text, count, final, seconds, confidence=confidence))
         return out
 
     # -- verification --------------------------------------------------------------------------------

@@ -234,6 +234,16 @@ def logit_and_logprob(row: np.ndarray, token: int) -> tuple[float, float]:
     return logit, logit - top - float(np.log(np.exp(row - top).sum()))
 
 
+def token_and_runner_up(row: np.ndarray, token: int) -> tuple[float, float]:
+    """The log-probability of `token` and of the most likely other token, under the row's softmax
+    (a draft's confidence, for the gate)."""
+    top = float(row.max())
+    norm = top + float(np.log(np.exp(row - top).sum()))
+    two = np.argpartition(row, -2)[-2:]
+    other = max((int(t) for t in two if int(t) != token), key=lambda t: float(row[t]))
+    return float(row[token]) - norm, float(row[other]) - norm
+
+
 def pick(row: np.ndarray, settings: MemberSettings, rng: np.random.Generator | None) -> int:
     """The next token: the argmax when greedy, else a sample at the temperature within top_p."""
     if rng is None:

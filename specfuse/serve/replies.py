@@ -19,13 +19,21 @@ def finish_reason(stop_reason: str) -> str:
 
 
 def summary(trace_id: str, members: Sequence[str], rounds: Sequence[Round], result: Result) -> dict[str, Any]:
-    """The response's `specfuse` object: rounds, winners per member, exits and the trace's id."""
+    """The response's `specfuse` object: rounds, winners per member, exits, gated rounds (config.gate:
+    the gatekeeper was sure, the others were not asked) and the trace's id."""
     return {
         "trace_id": trace_id,
         "members": list(members),
         "rounds": result.rounds,
         "wins": dict(result.wins),
         "exits": [{"member": e.member, "round": e.k, "reason": e.reason} for r in rounds for e in r.exits],
+        "gated_rounds": sum(r.gated for r in rounds),
+        "gated": [
+            {"round": r.k, "member": r.gate.member, "measure": r.gate.measure}
+            | {"confidence": r.gate.confidence, "threshold": r.gate.threshold, "reason": r.gate.reason}
+            for r in rounds
+            if r.gate is not None and r.gate.passed
+        ],
         "stop_reason": result.stop_reason,
         "seconds": round(result.seconds, 3),
     }
