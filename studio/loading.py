@@ -101,7 +101,8 @@ class SharedLoader:
             # Someone loads it (another user, or `prepare`): wait for that load, showing its progress.
             # Loaded, the loop returns it; failed, the loop makes this caller try (one at a time).
             while not load.done.wait(POLL_S):
-                progress(load.fraction, load.message)
+                if load.message:
+                    progress(load.fraction, load.message)
 
         def report(fraction: float, message: str) -> None:
             load.fraction, load.message = fraction, message

@@ -97,8 +97,7 @@ class Preparing:
         index = self.names.index(self.member) if self.member in self.names else 0
         parts = [
             f"**Preparing the members** (once; then they stay loaded): **{md(self.member)}** "
-            f"({index + 1} of {len(self.names)}), **{step}** (step {STEPS.index(step) + 1} of {len(STEPS)}: "
-            f"{', '.join(STEPS)})",
+            f"({index + 1} of {len(self.names)}), **{step}** (step {STEPS.index(step) + 1} of {len(STEPS)})",
             f"{time.perf_counter() - since:.0f} s so far",
         ]
         if load is not None and load.usual:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import statistics
 import threading
 import time
@@ -114,7 +115,7 @@ class MemberClock:
     @property
     def cold(self) -> bool:
         """Whether this preparation copied or converted anything (else: everything was cached)."""
-        return "copying" in self.steps or "converting" in self.steps
+        return bool({"copying", "converting"} & {*self.steps, self.step_now})
 
     def finish(self) -> float:
         """The whole preparation's seconds (the last step ended now), logged."""
@@ -254,7 +255,8 @@ class Preparation:
     def progress(self, fraction: float, message: str) -> None:
         with self._lock:
             self.fraction = max(self.fraction, min(max(fraction, 0.0), 1.0))
-            name = next((n for n in self.names if n in message), self.current)
+            named = [n for n in self.names if re.search(rf"(?<![\w.#/-]){re.escape(n)}(?![\w.#/-])", message)]
+            name = max(named, key=len) if named else self.current
             if name is not None:
                 self._clock(name).report(fraction, message)
 
