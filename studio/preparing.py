@@ -98,6 +98,7 @@ class Preparing:
         parts = [
             f"**Preparing the members** (once; then they stay loaded): **{md(self.member)}** "
             f"({index + 1} of {len(self.names)}), **{step}** (step {STEPS.index(step) + 1} of {len(STEPS)})",
+            f"{bar(self.fraction)} {self.fraction:.0%}",
             f"{time.perf_counter() - since:.0f} s so far",
         ]
         if load is not None and load.usual:
@@ -106,6 +107,13 @@ class Preparing:
         if after:
             parts.append(f"then {', '.join(after)}")
         return " · ".join(parts)
+
+
+def bar(fraction: float, cells: int = 12) -> str:
+    """A progress bar in text, for the status line: Gradio hides its own bar once a run has yielded
+    an update (the status line is one), and the presenter view shows only the status line."""
+    full = round(min(max(fraction, 0.0), 1.0) * cells)
+    return "▰" * full + "▱" * (cells - full)
 
 
 def relay(job: Preparing, progress: Any, last: str | None) -> str | None:
