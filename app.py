@@ -1,12 +1,14 @@
 """SpecFuse Studio, the Gradio app's entry point (and the Hugging Face Space's app_file).
 
 Arguments, queue and launch; the app itself is the studio package (views, settings form, panels,
-handlers, layout). No torch at import: members load when a run asks for them.
+handlers, layout). No torch at import: members load in the background once it starts (or when a run asks
+for them, with --load-on-run).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
@@ -115,6 +117,12 @@ def build_parser() -> Parser:
         users="one user, or many with --share or another --host",
     )
     parser.add_argument("--preload", action="store_true", help="load the default members before serving")
+    parser.add_argument(
+        "--load-on-run",
+        action="store_true",
+        help="load members only when a run asks for them (default: the --models start loading, and "
+        "warm up, in the background as the app starts; this keeps memory free until then)",
+    )
     parser.add_argument("--queue-size", type=int, default=16, help="requests waiting at most")
     parser.add_argument(
         "--concurrency",
@@ -185,6 +193,15 @@ def settle_quantize(args: argparse.Namespace) -> str:
     return settle_auto(args.quantize, users, args.device, lambda line: print(line, file=sys.stderr), "app.py")
 
 
+def prepare(loader: SharedLoader, members: list[str], device: str) -> None:
+    """Start loading the default members in the background (studio.loading), placed as a Run places
+    them; a device setting that cannot work here starts nothing (the Run says why)."""
+    from specfuse.models.devices import plan_devices
+
+    with contextlib.suppress(SpecfuseError):
+        loader.prepare(members, plan_devices(len(members), device))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from specfuse.models.devices import plan_devices
 
@@ -238,6 +255,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             from specfuse.serve.api import create_app
 
             api = create_app(schedulers.of(members), api_key=args.api_key)
+    elif not args.load_on_run:  # while the page is read; a Run pressed earlier waits for this load
+        prepare(loader, [served.get(m, m) for m in defaults], args.device)
     demo = build_demo(
         loader,
         choices=choices,

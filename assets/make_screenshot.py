@@ -1,5 +1,10 @@
 """Take the README screenshot (assets/screenshot.png) and the example trace (assets/example-trace.json).
 
+The screenshot shows the round where the ensemble is seen at work (specfuse.lessons.checks.
+ensemble_at_work: three candidates or more, a full matrix, weights that moved, an answer won by more
+than one member), its segment selected in the whole answer; the trace saved is the one it shows
+(tests/test_lessons.py checks that round).
+
 A real run: the catalogue's default members, loaded through specfuse.models.loading.load_member, answer
 the GSM8K example in the app, driven by Playwright in Debian's chromium. On a shared 2-core machine
 wrap it so it does not overlap other heavy jobs:
@@ -31,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 import app  # noqa: E402
 from specfuse import load_trace  # noqa: E402
 from specfuse.lessons import lesson  # noqa: E402
+from specfuse.lessons.checks import ensemble_at_work  # noqa: E402
 from studio.panels import EXAMPLES  # noqa: E402
 
 CHROMIUM_ARGS = [
@@ -134,24 +140,44 @@ def main() -> None:
                 page.click("#run")
                 page.wait_for_function("document.querySelector('#status').innerText.includes('stopped:')")
             print(page.inner_text("#status"))
-            # Inspect the last segment, as a reader would: all panels stay on the last round.
-            tokens = page.locator("#answer .token")
-            tokens.nth(tokens.count() - 1).click()
-            page.wait_for_function("document.querySelector('#segment').innerText.includes('round')")
-            page.wait_for_selector("#matrix .js-plotly-plot")  # a heatmap, or words saying why not
-            page.wait_for_timeout(1000)
-            page.screenshot(path=str(args.out / "screenshot.png"), full_page=True)
             with page.expect_download() as download:
                 page.click("#download")
             saved = args.out / "example-trace.json.part"
             download.value.save_as(saved)
             trace = load_trace(saved)  # validate before it replaces the old one
+            # The first picture shows the method at work: inspect a contested round (three candidates
+            # or more, a full matrix, weights that moved, an answer of several members), not the last.
+            k = ensemble_at_work(trace)
+            if isinstance(k, str):
+                saved.unlink()
+                sys.exit(f"this run shows no round of the ensemble at work ({k}): try another --example")
+            segment_token(page, trace, k).click()
+            page.wait_for_function(
+                "k => document.querySelector('#segment').innerText.includes('round ' + k)", arg=k
+            )
+            page.wait_for_selector("#matrix .js-plotly-plot")
+            page.mouse.move(0, 0)
+            page.wait_for_timeout(1000)
+            page.screenshot(path=str(args.out / "screenshot.png"), full_page=True)
+            print(f"screenshot of round {k}: {page.inner_text('#segment')!r}")
             shutil.move(saved, args.out / "example-trace.json")
             browser.close()
     finally:
         demo.close()
         print(f"load average at the end: {load_average()} ({time.perf_counter() - began:.0f} s)")
     print(f"{len(trace.rounds)} rounds, {time.perf_counter() - began:.0f} s: {trace.rounds[-1].text!r}")
+
+
+def segment_token(page, trace, k: int):
+    """The answer's first token of segment k: the page breaks segments at blank lines, so the k-th
+    token is not segment k; the token whose text starts where segment k starts is (newlines aside)."""
+    start = len("".join(r.winner.text for r in trace.rounds[: k - 1]).replace("\n", ""))
+    tokens, at = page.locator("#answer .token"), 0
+    for i in range(tokens.count()):
+        if at >= start:
+            return tokens.nth(i)
+        at += len(tokens.nth(i).inner_text().replace("\n", ""))
+    raise SystemExit(f"no token of the answer starts segment {k}")
 
 
 LESSON = "weak-member-exits"  # the gallery's shot: a lesson open, its notes beside the panels

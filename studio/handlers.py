@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, cast
 
@@ -24,8 +24,9 @@ from specfuse.records import Draft, Queued
 from specfuse.trace import MAX_TRACE_BYTES, load_trace
 
 from . import settings, views
-from .loading import DevicePlan, Loader, check_members
+from .loading import DevicePlan, Load, Loader, check_members
 from .panels import Controls, Views
+from .preparing import POLL_S, Preparing, relay
 from .serving import Held, Schedulers, gpu, in_worker
 from .untrusted import Servers, error
 from .updates import Update, download_value, session_of, unchanged
@@ -155,8 +156,15 @@ class Studio(WhatIf):
         run.__doc__ = "Load the members (once, shared), then stream one update per round."
         return run
 
-    def load(self, names: list[str], device: str, progress: Callable[..., Any]) -> list[Member]:
-        """The members from the shared loader, placed by `plan_devices` (models.loading.load_each)."""
+    def load(
+        self,
+        names: list[str],
+        device: str,
+        progress: Callable[..., Any],
+        begin: Callable[[str, str], None] | None = None,
+    ) -> list[Member]:
+        """The members from the shared loader, placed by `plan_devices` (models.loading.load_each);
+        `begin(name, device)` as each member starts (studio.preparing watches it)."""
         from specfuse.models.loading import load_each  # brings torch: only once members load
 
         try:
@@ -167,6 +175,8 @@ class Studio(WhatIf):
             ) from e
 
         def one(name: str, dev: str, report: Callable[[float, str], None]) -> Member:
+            if begin is not None:
+                begin(name, dev)
             report(0.0, f"loading {name}")
             try:
                 return self.loader(self.servers.spec(name), dev, report)  # a served member's URL
@@ -179,6 +189,26 @@ class Studio(WhatIf):
             progress(fraction, desc=self.servers.scrub(message))  # the bar shows text as text
 
         return load_each(names, devices, one, shown)
+
+    def prepare(
+        self, names: list[str], device: str, progress: Callable[..., Any]
+    ) -> Generator[Update, None, list[Member]]:
+        """load()'s members, loaded on a thread of their own while this yields the status line's
+        word of what is happening (studio.preparing) and drives Gradio's progress bar; members
+        already loaded come back at once, nothing said. `members = yield from studio.prepare(...)`."""
+        job = Preparing.start(self.load, names, device, self.under_way)
+        last = None
+        while not job.done.wait(POLL_S):
+            text = relay(job, progress, last)
+            if text is not None:
+                last = text
+                yield {self.display.status: text}
+        return job.result()
+
+    def under_way(self, name: str, device: str) -> Load | None:
+        """The shared loader's load of this member under way (by its shown name), if it says."""
+        under_way = getattr(self.loader, "under_way", None)
+        return under_way(self.servers.spec(name), device) if under_way is not None else None
 
     @gpu
     def stream_run(
@@ -204,7 +234,7 @@ class Studio(WhatIf):
             names = check_members(members, self.choices, self.allow_paths)
             config = settings.config_from_form(form)
             check_prompt(prompt)  # the engine checks it too; this fails before any loading
-            loaded = self.load(names, device, progress)
+            loaded = yield from self.prepare(names, device, progress)
             stream = held.hold(self.schedulers.submit(loaded, prompt, config))
         except SpecfuseError as e:
             raise self.error(e) from e

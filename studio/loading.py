@@ -6,8 +6,11 @@ torch, imported only when a member loads).
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from specfuse.errors import ConfigError, UnknownModelError
@@ -17,10 +20,33 @@ if TYPE_CHECKING:
     from specfuse.members.protocol import Member
     from specfuse.models.loading import MemberLoad
 
+log = logging.getLogger("specfuse.studio")
+
 DEVICES = ("auto", "cpu", "cuda", "per-gpu")
 
 Loader = Callable[[str, str, Callable[[float, str], None]], "Member"]  # (name, device, progress) → member
 DevicePlan = Callable[[int, str], list[str]]  # (members, device setting) → one device each
+
+
+POLL_S = 0.2  # how often a caller waiting for another's load of its member shows that load's progress
+
+
+@dataclass
+class Load:
+    """One (name, device) load under way: its latest progress, for everyone who waits for it.
+
+    `first`: whether it copies or converts something first (models.preparation.cold, decided when it
+    began); `usual`: how long that usually takes on this machine, in words (measured, or "no
+    measurement yet")."""
+
+    name: str
+    device: str
+    first: bool = False
+    usual: str = ""
+    began: float = field(default_factory=time.perf_counter)
+    fraction: float = 0.0
+    message: str = ""
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 class SharedLoader:
@@ -28,8 +54,11 @@ class SharedLoader:
 
     Members are shared, runs are not: every run keeps its own states inside Ensemble.stream().
     How a member loads (who may name what, worker processes) is models.loading.load_members's.
-    No lock is held across a load (which may reach a slow server or read a slow disk): one per
-    (name, device) makes the users who want that member wait for its one load, and no one else.
+    No lock is held across a load (which may reach a slow server or read a slow disk): a Load per
+    (name, device) makes the users who want that member wait for its one load (seeing its
+    progress), and no one else. A load is timed step by step and ends with a warm-up
+    (models.preparation); `prepare` starts loading members in the background, so that a Run
+    pressed meanwhile waits in line for that same load.
     """
 
     def __init__(
@@ -43,6 +72,8 @@ class SharedLoader:
         processes: bool | str = False,
         trust: Mapping[str, float] | None = None,
         decode: str = "auto",
+        warm: bool = True,
+        cache_dir: str | None = None,
     ) -> None:
         self.load = load  # one member in this process; None: models.loading.load_member
         self.allow_paths = allow_paths
@@ -52,34 +83,99 @@ class SharedLoader:
         self.processes = processes  # True, False or "auto": each model in a worker process of its own
         self.trust = trust  # the operator's trust file (--trust), else each member's catalogue trust
         self.decode = decode  # how transformers members draft (--decode; config.DECODE_MODES)
+        self.warm = warm  # a short draft and score after each load (models.preparation.warm_up)
+        self.cache_dir = cache_dir  # where the preparation times are remembered (default: the cache's)
+        self.planned: list[tuple[str, str]] = []  # what `prepare` loads in the background, in order
         self._members: dict[tuple[str, str], Member] = {}
-        self._loading: dict[tuple[str, str], threading.Lock] = {}  # one per load under way
+        self._loading: dict[tuple[str, str], Load] = {}  # one per load under way
         self._lock = threading.Lock()  # guards the two dicts only, never held across a load
 
     def __call__(self, name: str, device: str, progress: Callable[[float, str], None]) -> Member:
         key = (name, device)
-        with self._lock:
-            if key in self._members:
-                return self._members[key]
-            loading = self._loading.setdefault(key, threading.Lock())
-        with loading:  # the users who want this member wait for its one load
+        while True:
             with self._lock:
-                if key in self._members:  # loaded while we waited
+                if key in self._members:
                     return self._members[key]
-            try:
-                member = self._load(name, device, progress)
-            finally:
-                with self._lock:
-                    # A failed load is tried again by the next user who asks (a waiter here tries
-                    # at once, on the lock it holds).
-                    if self._loading.get(key) is loading:
-                        del self._loading[key]
+                load = self._loading.get(key)
+                if load is None:  # nobody loads it: this caller does
+                    load = self._loading[key] = Load(name, device)
+                    break
+            # Someone loads it (another user, or `prepare`): wait for that load, showing its progress.
+            # Loaded, the loop returns it; failed, the loop makes this caller try (one at a time).
+            while not load.done.wait(POLL_S):
+                if load.message:
+                    progress(load.fraction, load.message)
+
+        def report(fraction: float, message: str) -> None:
+            load.fraction, load.message = fraction, message
+            progress(fraction, message)
+
+        try:
+            load.first, load.usual = self._expected(name, device)
+            member = self._load(name, device, report)
             with self._lock:
                 return self._members.setdefault(key, member)
+        finally:
+            with self._lock:
+                if self._loading.get(key) is load:
+                    del self._loading[key]
+            load.done.set()
+
+    def under_way(self, name: str, device: str) -> Load | None:
+        """The load of (name, device) under way, or None (loaded, failed or never asked)."""
+        with self._lock:
+            return self._loading.get((name, device))
+
+    def loaded(self, name: str, device: str) -> bool:
+        with self._lock:
+            return (name, device) in self._members
+
+    def prepare(self, names: Sequence[str], devices: Sequence[str]) -> threading.Thread:
+        """Load `names` on `devices` (one each) in the background, in order, now: a Run that asks for
+        one of them meanwhile waits for this same load. A failure is logged; the Run that asks
+        for that member then tries it again and shows why it fails."""
+        plan = list(zip(names, devices, strict=True))
+        self.planned = plan
+
+        def work() -> None:
+            for name, device in plan:
+                try:
+                    self(name, device, lambda fraction, message: None)
+                except Exception as e:  # said again, to the user, by the Run that asks for it
+                    log.warning("preparing %s in the background failed: %s", name, e)
+
+        thread = threading.Thread(target=work, name="specfuse-prepare", daemon=True)
+        thread.start()
+        return thread
+
+    def _backend(self, name: str, device: str) -> str:
+        from specfuse.models.names import resolve_quantize
+
+        return resolve_quantize(self.quantize, name, device)
+
+    def _expected(self, name: str, device: str) -> tuple[bool, str]:
+        """Whether (name, device)'s load copies or converts first, and how long that usually takes."""
+        from specfuse.models.names import is_server
+        from specfuse.models.preparation import Times, cold, usual_text
+
+        if is_server(name):  # nothing to copy or convert; a server's time is the server's
+            return False, ""
+        backend = self._backend(name, device)
+        first = cold(name, backend, self.cache_dir)
+        return first, usual_text(Times(self.cache_dir).usual(name, backend, first), first)
 
     def _load(self, name: str, device: str, progress: Callable[[float, str], None]) -> Member:
         from specfuse.models.loading import load_members
+        from specfuse.models.names import is_server
+        from specfuse.models.preparation import MemberClock, Times, warm_up
         from specfuse.models.trust import apply_trust
+
+        server = is_server(name)
+        clock = MemberClock(name, say=log.info if not server else lambda line: None)
+
+        def report(fraction: float, message: str) -> None:
+            clock.report(fraction, message)
+            progress(0.9 * fraction, message)  # the last tenth is the warm-up's
 
         (member,) = load_members(
             [name],
@@ -91,13 +187,21 @@ class SharedLoader:
             allow_paths=self.allow_paths,
             allow_servers=False,  # server specs: the operator's only (trusted), never typed
             trusted=self.trusted,
-            progress=progress,
+            progress=report,
             processes=self.processes,
             load=self.load,
             decode=self.decode,
         )
         if self.trust is not None:
             apply_trust([member], self.trust)
+        if self.warm and not server:
+            clock.step("warming up")
+            progress(0.92, f"{member.name}: warming up")
+            warm_up(member)
+        seconds = clock.finish()
+        if not server:
+            Times(self.cache_dir).record(name, self._backend(name, device), clock.cold, seconds)
+        progress(1.0, f"{member.name}: ready")
         return member
 
 

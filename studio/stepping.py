@@ -27,6 +27,7 @@ from specfuse.records import Draft, Finished, Queued
 from . import settings, views
 from .handlers import Studio
 from .loading import check_members
+from .preparing import POLL_S, Preparing, relay
 from .step_panel import PAUSE, PLAY, StepBar
 from .step_views import (
     ENDED,
@@ -152,8 +153,16 @@ class Stepper:
             chosen = check_members(members, s.choices, s.allow_paths)
             config = settings.config_from_form(form)
             check_prompt(prompt)  # before any loading, as a run's
-            loaded = await asyncio.to_thread(s.load, chosen, device, progress)
-            ticket = s.schedulers.submit(loaded, prompt, config, step=True)
+        except SpecfuseError as e:
+            raise s.error(e) from e
+        job, last = Preparing.start(s.load, chosen, device, s.under_way), None  # as a run's (handlers)
+        while not await asyncio.to_thread(job.done.wait, POLL_S):
+            text = relay(job, progress, last)
+            if text is not None:
+                last = text
+                yield {v.status: text}
+        try:
+            ticket = s.schedulers.submit(job.result(), prompt, config, step=True)
         except SpecfuseError as e:
             raise s.error(e) from e
         run = StepRun(ticket, prompt, config)

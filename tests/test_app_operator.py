@@ -86,7 +86,7 @@ def test_step_mode_bounds_reach_the_apps_schedulers_and_bad_ones_exit_2(monkeypa
     built = {}
     monkeypatch.setattr(app, "build_demo", lambda loader, **kw: built.update(kw))
     monkeypatch.setattr(app, "serve", lambda demo, **kw: None)
-    app.main(["--max-paused", "3", "--pause-idle", "42"])
+    app.main(["--max-paused", "3", "--pause-idle", "42", "--load-on-run"])
     scheduler = built["schedulers"].of([ScriptedMember("one", ["a "], len)])
     try:
         assert (scheduler.max_paused, scheduler.pause_idle_s) == (3, 42.0)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specfuse import EnsembleConfig, SpecfuseError, dump_trace, parse_trace
+from specfuse import EnsembleConfig, SpecfuseError, dump_trace, load_trace, parse_trace
 from specfuse.lessons import (
     LESSONS,
     PANELS,
@@ -25,11 +25,11 @@ from specfuse.lessons import (
     load_lesson,
     shows,
 )
-from specfuse.lessons.checks import CHECKS
+from specfuse.lessons.checks import CHECKS, ensemble_at_work
 from specfuse.models.catalogue import CATALOGUE
 
 from .repo_tools import load_tool
-from .scripted import ScriptedMember
+from .scripted import ScriptedMember, scripted_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 SLUGS = [x.slug for x in LESSONS]
@@ -204,3 +204,29 @@ def test_the_tool_branches_as_the_app_does(tmp_path):
     assert forced.winner.member == "you" and [c.member for c in forced.candidates] == ["a", "b", "you"]
     assert len(trace.rounds) > 2 and trace.rounds[-1].text.startswith(trace.rounds[0].winner.text + "7 ")
     assert parse_trace(dump_trace(trace)).branch == trace.branch
+
+
+def test_the_readme_screenshot_shows_a_round_of_the_ensemble_at_work():
+    """assets/make_screenshot.py shows ensemble_at_work's round of the trace it saves (issue 58): three
+    candidates or more, a full matrix, weights that moved, an answer of more than one member."""
+    trace = load_trace(ROOT / "assets" / "example-trace.json")
+    k = ensemble_at_work(trace)
+    assert isinstance(k, int), k
+    shown = trace.rounds[k - 1]
+    assert shown.verified and len(shown.candidates) >= 3
+    assert len(shown.verifiers) == len(shown.candidates) == len(trace.members)  # a full N×N matrix
+    assert all(len(row) == len(shown.candidates) for row in shown.scores)
+    assert max(shown.weights_before) - min(shown.weights_before) >= 0.02
+    assert len({r.winner.member for r in trace.rounds[:k]}) > 1
+
+
+def test_the_first_picture_is_never_a_lone_draft_nor_a_one_member_answer():
+    trace = load_trace(ROOT / "assets" / "example-trace.json")
+    k = ensemble_at_work(trace)
+    assert isinstance(k, int)
+    lone = dataclasses.replace(trace.rounds[k - 1], verified=False, verifiers=(), raw_scores=(), scores=())
+    assert ensemble_at_work(dataclasses.replace(trace, rounds=(*trace.rounds[: k - 1], lone))) == k - 1
+    assert "full matrix" in str(ensemble_at_work(dataclasses.replace(trace, rounds=(lone,))))
+    assert "moved" in str(ensemble_at_work(dataclasses.replace(trace, rounds=(trace.rounds[0],))))  # equal
+    # Three scripted members, full matrices and moving weights, but "b" wins every segment.
+    assert "more than one member" in str(ensemble_at_work(scripted_rounds()))

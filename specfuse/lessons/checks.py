@@ -205,6 +205,32 @@ def one_member_dominates(trace: Trace) -> Finding:
     return max(left[m] for m in trace.members if m != top)
 
 
+MOVED = 0.02  # "weights that moved": the largest and smallest weight differ by this much at least
+
+
+def ensemble_at_work(trace: Trace) -> Finding:
+    """The round that shows the method at once, for a first picture (the README's screenshot): at
+    least three candidates, each scored by every member (a full N×N matrix), a segment won (not an
+    empty end), judged with weights
+    that have moved from where they started, and the answer so far won by more than one member.
+    Of such rounds the latest (the weights have moved most); else what no round has."""
+    n = len(trace.members)
+    full = [
+        r
+        for r in _contested(trace)
+        if len(r.candidates) == len(r.verifiers) == n >= 3 and r.winner.text.strip()
+    ]
+    if not full:
+        return "no round has three candidates or more, each scored by every member (a full matrix)"
+    moved = [r for r in full if max(r.weights_before) - min(r.weights_before) >= MOVED]
+    if not moved:
+        return f"no full round was judged with weights that moved by {MOVED} or more"
+    mixed = [r for r in moved if len({x.winner.member for x in trace.rounds[: r.k]}) > 1]
+    if not mixed:
+        return "in no such round is the answer so far won by more than one member"
+    return mixed[-1].k
+
+
 CHECKS: dict[str, Callable[[Trace], Finding]] = {
     "weak-member-exits": weak_member_exits,
     "weights-move": weights_move,

@@ -49,6 +49,8 @@ class Serving:
         self.traces: collections.OrderedDict[str, Trace] = collections.OrderedDict()
         self.created = int(time.time())
         self.count_tokens: Callable[[str], int] = lambda text: len(text.split())
+        # While the members load: what /health says they are doing (models.preparation.Preparation)
+        self.preparing: Callable[[], dict[str, Any]] | None = None
 
     def attach(self, scheduler: Scheduler) -> None:
         """The members are loaded: requests are served from now on."""
@@ -127,8 +129,9 @@ def _add_info_routes(app: FastAPI, serving: Serving) -> None:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if serving.scheduler is None:
-            return JSONResponse({"status": "loading"}, status_code=503)
+        if serving.scheduler is None:  # and what the loading is doing: member, step, how far
+            said = serving.preparing() if serving.preparing is not None else {}
+            return JSONResponse({"status": "loading", **said}, status_code=503)
         return JSONResponse({"status": "ok", **serving.scheduler.stats()})
 
     @app.get("/metrics")

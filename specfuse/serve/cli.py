@@ -12,8 +12,8 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
-from typing import TextIO
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TextIO
 
 from ..cli import (
     HELP_WIDTH,
@@ -31,6 +31,10 @@ from ..errors import ConfigError, SpecfuseError
 from ..models.catalogue import DEFAULT_MEMBERS
 from ..models.quantize_options import check_quantize, cpu_only
 from .schema import Limits
+
+if TYPE_CHECKING:
+    from ..config import EnsembleConfig
+    from ..models.preparation import Preparation
 
 log = logging.getLogger("specfuse.serve")
 
@@ -127,8 +131,8 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..models.hardware import settle_auto
-    from ..models.loading import check_member_name, load_members
-    from ..models.trust import apply_trust, load_trust
+    from ..models.loading import check_member_name
+    from ..models.trust import load_trust
     from .api import create_app
 
     for name in names:
@@ -138,27 +142,8 @@ def _serve(args: argparse.Namespace) -> int:
     limits = Limits(args.max_prompt_chars, args.max_tokens, args.request_timeout, args.traces)
     app = create_app(api_key=args.api_key, limits=limits)
 
-    def load() -> Scheduler:  # the server answers 503 (and /health "loading") until this is done
-        members = load_members(
-            names,
-            device=args.device,
-            dtype=args.dtype,
-            cache_dir=args.cache_dir,
-            quantize=quantize,
-            decode=args.decode,
-        )
-        if trust is not None:
-            apply_trust(members, trust)
-        return Scheduler(
-            members,
-            config,
-            batch_size=args.batch_size,
-            queue=args.queue,
-            join_wait=args.join_wait,
-            parallel=args.parallel,
-            max_paused=args.max_paused,
-            pause_idle_s=args.pause_idle,
-        )
+    preparation, load = _loading(args, names, config, quantize, trust)
+    app.state.serving.preparing = preparation.snapshot
 
     def ready(scheduler: Scheduler) -> None:
         app.state.serving.attach(scheduler)
@@ -167,6 +152,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
 
     def failed(e: BaseException) -> None:
+        preparation.failed(e)
         failures.append(e)
         log.error("loading failed: %s", e)
         server.should_exit = True
@@ -190,3 +176,49 @@ def _serve(args: argparse.Namespace) -> int:
             else SpecfuseError(f"loading failed: {failures[0]}")
         )
     return 0
+
+
+def _loading(
+    args: argparse.Namespace,
+    names: list[str],
+    config: EnsembleConfig,
+    quantize: str,
+    trust: dict[str, float] | None,
+) -> tuple[Preparation, Callable[[], Scheduler]]:
+    """What the members' preparation is doing (each member's steps logged with their times, and said
+    by /health while they run), and the load that makes the scheduler (each member warmed up)."""
+    from ..models.loading import load_members
+    from ..models.names import resolve_quantize
+    from ..models.preparation import Preparation, warmed
+    from ..models.trust import apply_trust
+
+    preparation = Preparation(
+        names, lambda name: resolve_quantize(quantize, name, args.device), log.info, args.cache_dir
+    )
+
+    def load() -> Scheduler:  # the server answers 503 (and /health "loading") until this is done
+        members = load_members(
+            names,
+            device=args.device,
+            dtype=args.dtype,
+            cache_dir=args.cache_dir,
+            quantize=quantize,
+            progress=preparation.progress,
+            load=warmed,
+            decode=args.decode,
+        )
+        preparation.ready()
+        if trust is not None:
+            apply_trust(members, trust)
+        return Scheduler(
+            members,
+            config,
+            batch_size=args.batch_size,
+            queue=args.queue,
+            join_wait=args.join_wait,
+            parallel=args.parallel,
+            max_paused=args.max_paused,
+            pause_idle_s=args.pause_idle,
+        )
+
+    return preparation, load
