@@ -7,8 +7,9 @@ an empty "look for" note that an opened lesson fills (studio.gallery).
 
 The presenter view, all in the page: its toggle (the button, or the key P when no text field has
 the focus; Esc leaves) sets a class on <body> and assets/app.css hides the rest, so the run and the
-round shown stay as they are; keys 1–4 pick the panel. No request leaves the page. Another area that
-must stay in the view takes the class `sf-presenter-keep` (elem_classes). Knows nothing about runs.
+round shown stay as they are; keys 1–4 pick the panel (studio.keys installs every key, from the one
+key map). No request leaves the page. Another area that must stay in the view takes the class
+`sf-presenter-keep` (elem_classes). Knows nothing about runs.
 """
 
 from __future__ import annotations
@@ -154,21 +155,6 @@ SCRIPT = f"""() => {{
       window.dispatchEvent(new Event("resize"));
     }},
   }};
-  const typing = (t) => !!t && (t.isContentEditable || ["TEXTAREA", "SELECT"].includes(t.tagName) ||
-    (t.tagName === "INPUT" && !["radio", "checkbox", "range", "button", "submit"].includes(t.type)));
-  document.addEventListener("keydown", (e) => {{
-    if (e.ctrlKey || e.metaKey || e.altKey || e.repeat || typing(e.target)) return;
-    if (e.key === "p" || e.key === "P") {{
-      window.sfPresenter.toggle();
-      e.preventDefault();
-    }} else if (e.key === "Escape" && on()) {{
-      window.sfPresenter.toggle(false);
-    }} else if (on() && e.key >= "1" && e.key <= String(panels.length)) {{
-      const choice = document.querySelectorAll("#presenter-panel input[type=radio]")[Number(e.key) - 1];
-      if (choice) choice.click();
-      e.preventDefault();
-    }}
-  }});
 }}"""
 
 

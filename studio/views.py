@@ -120,15 +120,20 @@ def waiting_status(place: int, running: int, html: bool = False) -> str:
 
 
 def arriving_status(
-    drafts: Sequence[Draft], expected: Sequence[str], waited_s: float, loading_s: float | None = None
+    drafts: Sequence[Draft],
+    expected: Sequence[str],
+    waited_s: float,
+    loading_s: float | None = None,
+    since: float = 0.0,
 ) -> str:
-    """While round k is drafted: who is in (and when), who is still drafting."""
+    """While round k is drafted: who is in (and when: seconds into the round, the run's clock less
+    `since`, the end of the round before), who is still drafting."""
     k = drafts[-1].k
     arrived = [d.candidate.member for d in drafts]
     parts = [
         f"**Round {k}**",
         f"{len(arrived)} of {len(expected)} candidates in: "
-        + ", ".join(f"{md(d.candidate.member)} {d.elapsed:.2f} s" for d in drafts),
+        + ", ".join(f"{md(d.candidate.member)} {d.elapsed - since:.2f} s" for d in drafts),
     ]
     if k == 1:
         loading = f" (loading {loading_s:.2f} s)" if _loaded(loading_s) else ""
