@@ -139,8 +139,22 @@ SCRIPT = f"""() => {{
     const below = (e) => e.getBoundingClientRect().bottom;
     if (target) answer.scrollTop += below(target) - below(answer) + answer.clientHeight / 3;
   }};
+  // The answer takes the height left under the bars: a step bar's note grows and shrinks, and a
+  // 720 px screen has no room to spare (the page never scrolls in the view).
+  const room = () => {{
+    const answer = document.querySelector("#answer");
+    if (!answer) return;
+    if (!on()) {{ answer.style.maxHeight = ""; return; }}
+    const top = answer.getBoundingClientRect().top + window.scrollY;
+    answer.style.maxHeight = Math.max(120, window.innerHeight - top - 16) + "px";
+    window.scrollTo(0, 0);
+  }};
+  const bar = document.querySelector("#step-bar");
+  if (bar && window.ResizeObserver) new ResizeObserver(() => requestAnimationFrame(room)).observe(bar);
+  window.addEventListener("resize", () => requestAnimationFrame(room));
   const answer = document.querySelector("#answer");
-  if (answer) new MutationObserver(() => requestAnimationFrame(follow)).observe(answer, {{
+  const settle = () => requestAnimationFrame(() => {{ room(); follow(); }});
+  if (answer) new MutationObserver(settle).observe(answer, {{
     childList: true, subtree: true, characterData: true, attributes: true, attributeFilter: ["style"],
   }});
   window.sfPresenter = {{
@@ -148,7 +162,7 @@ SCRIPT = f"""() => {{
       body.classList.toggle("sf-presenter", force);
       label();
       window.dispatchEvent(new Event("resize"));  // the charts refit their new width
-      setTimeout(follow, 200);  // once the view is laid out
+      setTimeout(() => {{ room(); follow(); }}, 200);  // once the view is laid out
     }},
     show(panel) {{
       if (panels.includes(panel)) body.dataset.sfPanel = panel;

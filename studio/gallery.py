@@ -193,6 +193,14 @@ class Classroom:
         }
 
 
+# The lesson opened comes to the top of the window, its panels right under it: at 1280×720 the
+# gallery above would otherwise leave only the box's first lines in view (issue 53, 1b).
+INTO_VIEW = """() => {
+  const box = document.querySelector("#class-lesson");
+  if (box && !document.body.classList.contains("sf-presenter")) box.scrollIntoView({ block: "start" });
+}"""
+
+
 def wire_gallery(
     studio: Studio,
     gallery: Gallery,
@@ -220,7 +228,7 @@ def wire_gallery(
             opened,
             api_visibility="private",
             show_progress_on=[shown.status],
-        )
+        ).then(None, js=INTO_VIEW)
     run, inputs, outputs = studio.run_handler(), studio.run_inputs(), studio.run_outputs()
     if stepper is not None:
         run, inputs, outputs = stepper.around(run, inputs, outputs)

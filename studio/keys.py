@@ -59,7 +59,10 @@ SCRIPT = """() => {
       });
     }
   };
-  new MutationObserver(group).observe(body, { childList: true, subtree: true });
+  // Gradio names each radio on its own, and may name it again after it is in the page.
+  new MutationObserver(group).observe(body, {
+    childList: true, subtree: true, attributes: true, attributeFilter: ["name"],
+  });
   group();
   const map = () => document.getElementById(__MAP__);
   const black = document.createElement("div");

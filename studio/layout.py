@@ -190,6 +190,14 @@ def wire_replay(studio: Studio) -> Any:
         api_name="replay",
         show_progress_on=on_status,
     )
+    shown.round.input(  # its keys (arrows, Home, End, Page keys) and a typed round: no release comes
+        studio.replay,
+        [trace, shown.round, shown.view],
+        panels,
+        api_visibility="private",
+        trigger_mode="always_last",
+        show_progress="hidden",
+    )
     shown.view.change(
         studio.replay,
         [trace, shown.round, shown.view],

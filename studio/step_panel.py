@@ -66,8 +66,8 @@ def step_panel() -> StepBar:
             )
             reveal = gr.Button("Reveal", interactive=False, elem_id="step-reveal", min_width=80)
             back = gr.Button("◂ Back", interactive=False, elem_id="step-back", min_width=80)
-            home = gr.Button("⏮ Round 1", interactive=False, elem_id="step-home", min_width=80)
-            end = gr.Button("Latest ⏭", interactive=False, elem_id="step-end", min_width=80)
+            home = gr.Button("◂◂ Round 1", interactive=False, elem_id="step-home", min_width=80)
+            end = gr.Button("Latest ▸▸", interactive=False, elem_id="step-end", min_width=80)
             play = gr.Button(PLAY, interactive=False, elem_id="step-play", min_width=80)
         guess = gr.Radio(
             [],

@@ -17,6 +17,7 @@ from specfuse import Round
 from specfuse.records import Draft
 
 from .untrusted import esc, md
+from .views import CHART_FONT, CHART_PX, MARGIN
 
 # What Next (→, PageDown) does, by what the page shows and what the run holds (`due`).
 FORWARD = "forward"  # after Back: show the next round already revealed
@@ -164,8 +165,9 @@ def hidden_matrix(k: int) -> go.Figure:
     """The matrix's place while round k's drafts are in and its scores not yet revealed."""
     fig = go.Figure()
     fig.update_layout(
-        height=320,
-        margin=dict(l=10, r=10, t=40, b=10),
+        height=CHART_PX,
+        margin=MARGIN,
+        font=CHART_FONT,
         uirevision="matrix",
         template="plotly_white",
         title=esc(f"round {k}: the scores are hidden until Reveal"),
