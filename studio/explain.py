@@ -146,7 +146,10 @@ SCRIPT = f"""() => {{
     if (!answer) return;
     if (!on()) {{ answer.style.maxHeight = ""; return; }}
     const top = answer.getBoundingClientRect().top + window.scrollY;
-    answer.style.maxHeight = Math.max(120, window.innerHeight - top - 16) + "px";
+    // the lesson's notes for the answer and the panel shown sit under it
+    const notes = [...document.querySelectorAll("#class-look-answer, #class-look-" + body.dataset.sfPanel)]
+      .reduce((sum, n) => sum + (n.getClientRects().length ? n.getBoundingClientRect().height + 12 : 0), 0);
+    answer.style.maxHeight = Math.max(120, window.innerHeight - top - notes - 16) + "px";
     window.scrollTo(0, 0);
   }};
   const bar = document.querySelector("#step-bar");
@@ -167,6 +170,7 @@ SCRIPT = f"""() => {{
     show(panel) {{
       if (panels.includes(panel)) body.dataset.sfPanel = panel;
       window.dispatchEvent(new Event("resize"));
+      setTimeout(room, 100);
     }},
   }};
 }}"""

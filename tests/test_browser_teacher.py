@@ -92,6 +92,13 @@ def smallest_label(page, selector: str) -> float:
 def presenting(page, panel: str) -> None:
     inside(page, panel)
     inside(page, "#step-bar")
+    look = f"#class-look-{panel[1:].removesuffix('-text')}"
+    if page.locator(look).is_visible():  # the lesson's note for the panel is read, not cut (D10)
+        inside(page, look)
+        note_top = page.locator(look).bounding_box()["y"]
+        answer = page.locator("#answer").bounding_box()
+        assert answer["y"] + answer["height"] <= note_top + 1, (answer, note_top)  # nothing under it
+        assert page.locator(look).evaluate("e => parseFloat(getComputedStyle(e).fontSize)") >= LABEL_PX
     assert smallest_label(page, panel) >= LABEL_PX * 0.95, (panel, smallest_label(page, panel))
 
 
