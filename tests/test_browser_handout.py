@@ -16,7 +16,6 @@ from specfuse.handout import trace_html
 from specfuse.handout.keys import HANDOUT, key_rows
 
 from .helpers_browser import TIMEOUT_MS, sync_api
-from .scripted import ScriptedMember, prefers
 from .helpers_handout import (
     HOSTILE_DRAFTS,
     HOSTILE_MEMBERS,
@@ -25,6 +24,7 @@ from .helpers_handout import (
     hostile_trace,
     long_trace,
 )
+from .scripted import ScriptedMember, prefers
 
 pytestmark = pytest.mark.browser
 
