@@ -7,8 +7,9 @@ an empty "look for" note that an opened lesson fills (studio.gallery).
 
 The presenter view, all in the page: its toggle (the button, or the key P when no text field has
 the focus; Esc leaves) sets a class on <body> and assets/app.css hides the rest, so the run and the
-round shown stay as they are; keys 1–4 pick the panel. No request leaves the page. Another area that
-must stay in the view takes the class `sf-presenter-keep` (elem_classes). Knows nothing about runs.
+round shown stay as they are; keys 1–4 pick the panel (studio.keys installs every key, from the one
+key map). No request leaves the page. Another area that must stay in the view takes the class
+`sf-presenter-keep` (elem_classes). Knows nothing about runs.
 """
 
 from __future__ import annotations
@@ -138,8 +139,25 @@ SCRIPT = f"""() => {{
     const below = (e) => e.getBoundingClientRect().bottom;
     if (target) answer.scrollTop += below(target) - below(answer) + answer.clientHeight / 3;
   }};
+  // The answer takes the height left under the bars: a step bar's note grows and shrinks, and a
+  // 720 px screen has no room to spare (the page never scrolls in the view).
+  const room = () => {{
+    const answer = document.querySelector("#answer");
+    if (!answer) return;
+    if (!on()) {{ answer.style.maxHeight = ""; return; }}
+    const top = answer.getBoundingClientRect().top + window.scrollY;
+    // the lesson's notes for the answer and the panel shown sit under it
+    const notes = [...document.querySelectorAll("#class-look-answer, #class-look-" + body.dataset.sfPanel)]
+      .reduce((sum, n) => sum + (n.getClientRects().length ? n.getBoundingClientRect().height + 12 : 0), 0);
+    answer.style.maxHeight = Math.max(120, window.innerHeight - top - notes - 16) + "px";
+    window.scrollTo(0, 0);
+  }};
+  const bar = document.querySelector("#step-bar");
+  if (bar && window.ResizeObserver) new ResizeObserver(() => requestAnimationFrame(room)).observe(bar);
+  window.addEventListener("resize", () => requestAnimationFrame(room));
   const answer = document.querySelector("#answer");
-  if (answer) new MutationObserver(() => requestAnimationFrame(follow)).observe(answer, {{
+  const settle = () => requestAnimationFrame(() => {{ room(); follow(); }});
+  if (answer) new MutationObserver(settle).observe(answer, {{
     childList: true, subtree: true, characterData: true, attributes: true, attributeFilter: ["style"],
   }});
   window.sfPresenter = {{
@@ -147,28 +165,14 @@ SCRIPT = f"""() => {{
       body.classList.toggle("sf-presenter", force);
       label();
       window.dispatchEvent(new Event("resize"));  // the charts refit their new width
-      setTimeout(follow, 200);  // once the view is laid out
+      setTimeout(() => {{ room(); follow(); }}, 200);  // once the view is laid out
     }},
     show(panel) {{
       if (panels.includes(panel)) body.dataset.sfPanel = panel;
       window.dispatchEvent(new Event("resize"));
+      setTimeout(room, 100);
     }},
   }};
-  const typing = (t) => !!t && (t.isContentEditable || ["TEXTAREA", "SELECT"].includes(t.tagName) ||
-    (t.tagName === "INPUT" && !["radio", "checkbox", "range", "button", "submit"].includes(t.type)));
-  document.addEventListener("keydown", (e) => {{
-    if (e.ctrlKey || e.metaKey || e.altKey || e.repeat || typing(e.target)) return;
-    if (e.key === "p" || e.key === "P") {{
-      window.sfPresenter.toggle();
-      e.preventDefault();
-    }} else if (e.key === "Escape" && on()) {{
-      window.sfPresenter.toggle(false);
-    }} else if (on() && e.key >= "1" && e.key <= String(panels.length)) {{
-      const choice = document.querySelectorAll("#presenter-panel input[type=radio]")[Number(e.key) - 1];
-      if (choice) choice.click();
-      e.preventDefault();
-    }}
-  }});
 }}"""
 
 

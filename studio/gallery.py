@@ -124,14 +124,16 @@ class Classroom:
     def open_handler(self, slug: str) -> Callable[..., Update]:
         def open_lesson(
             view_name: str,
+            step: bool = False,
             request: Optional[gr.Request] = None,  # noqa: UP045 (Gradio looks for this type)
         ) -> Update:
-            return self.open(slug, view_name, session_of(request))
+            return self.open(slug, view_name, session_of(request), step=step)
 
         return open_lesson
 
-    def open(self, slug: str, view_name: str, session: str = "") -> Update:
-        """The lesson's recorded run in every panel (no model) at its key round, its notes beside them."""
+    def open(self, slug: str, view_name: str, session: str = "", step: bool = False) -> Update:
+        """The lesson's recorded run in every panel (no model) at its key round, its notes beside them.
+        With step mode on (`step`), the recorded run steps from round 1 instead, as a live one."""
         shelf = self.gallery.shelf
         lesson, trace = shelf.find(slug), shelf.load(slug)
         studio, shown = self.studio, self.studio.display
@@ -143,7 +145,9 @@ class Classroom:
             update[shown.round] = views.slider_value(trace, k)
         if lesson.branch is not None:
             update[shown.what_if.branch_text] = lesson.branch[1]
-        if self.stepper is not None:
+        if self.stepper is not None and step:
+            update |= self.stepper.replaying(trace, view_name, session)
+        elif self.stepper is not None:
             self.stepper.drop(session)
             update |= self.stepper.reset()
         if self.conversing is not None:
@@ -189,6 +193,14 @@ class Classroom:
         }
 
 
+# The lesson opened comes to the top of the window, its panels right under it: at 1280×720 the
+# gallery above would otherwise leave only the box's first lines in view (issue 53, 1b).
+INTO_VIEW = """() => {
+  const box = document.querySelector("#class-lesson");
+  if (box && !document.body.classList.contains("sf-presenter")) box.scrollIntoView({ block: "start" });
+}"""
+
+
 def wire_gallery(
     studio: Studio,
     gallery: Gallery,
@@ -208,14 +220,15 @@ def wire_gallery(
     opened += [*shown.what_if.branch_outputs(), shown.what_if.branch_text, *lesson_outputs]
     opened += stepper.bar.outputs() if stepper is not None else []
     opened += conversing.panel.outputs() if conversing is not None else []
+    step = [stepper.mode] if stepper is not None else []
     for slug, button in gallery.opens.items():
         button.click(
             room.open_handler(slug),
-            [shown.view],
+            [shown.view, *step],
             opened,
             api_visibility="private",
             show_progress_on=[shown.status],
-        )
+        ).then(None, js=INTO_VIEW)
     run, inputs, outputs = studio.run_handler(), studio.run_inputs(), studio.run_outputs()
     if stepper is not None:
         run, inputs, outputs = stepper.around(run, inputs, outputs)

@@ -277,7 +277,9 @@ class Studio(WhatIf):
             # Round 1's first candidate: Stop now keeps no older run, and none shows.
             **(self.cleared(None) if not rounds else {}),
             v.candidates: views.arriving_value(drafts),
-            v.status: views.arriving_status(drafts, drafting, elapsed, clock.loading_s),
+            v.status: views.arriving_status(
+                drafts, drafting, elapsed, clock.loading_s, since=rounds[-1].elapsed if rounds else 0.0
+            ),
         }
 
     def round_update(self, trace: Trace, view: str, session: str, clock: RunClock, compare: bool) -> Update:

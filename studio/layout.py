@@ -21,6 +21,7 @@ from .explain import Notes, presenter_bar, wire_presenter
 from .failures import FILTERS, EvalRun, load_eval, problems_table
 from .gallery import Shelf, gallery_panel, handouts_panel, lesson_panel, shipped, wire_gallery, wire_handouts
 from .handlers import Studio
+from .keys import keymap_panel, wire_keys
 from .loading import DEVICES, DevicePlan, Loader, same_device
 from .panels import Failures, controls_panel, failures_panel, views_panel
 from .serving import DEFAULT_CONCURRENCY, Schedulers
@@ -69,6 +70,7 @@ def build_demo(
             "# SpecFuse Studio\nSeveral small language models answer together, one segment per round: "
             "each drafts a candidate, all score all, the best weighted candidate is appended."
         )
+        keymap_panel()  # "?" shows it
         trace = gr.State(None)
         # The lessons, then the failure browser: the problem opened replays in the panels right below it.
         shelf = shipped() if lessons is None else lessons
@@ -104,6 +106,7 @@ def build_demo(
         wire(studio, concurrency_limit, stepper, conversing)
         wire_handouts(studio, handouts)
         wire_presenter(demo, presenter)
+        wire_keys(demo)
         demo.unload(studio.unload)  # a closed page's run leaves the batch
         demo.unload(stepper.unload)
     return demo
@@ -118,10 +121,10 @@ def wire(
     """The listeners of the run, its replay and its what-if panels, in this order (then step mode's
     and the conversation's)."""
     wire_run(studio, concurrency_limit, stepper, conversing)
-    wire_replay(studio)
+    uploaded = wire_replay(studio)
     wire_branch(studio, concurrency_limit)
     if stepper is not None:
-        wire_step(stepper, concurrency_limit)
+        wire_step(stepper, concurrency_limit, uploaded)
     if conversing is not None:
         wire_chat(conversing, concurrency_limit)
 
@@ -173,9 +176,9 @@ def wire_run(
     )
 
 
-def wire_replay(studio: Studio) -> None:
+def wire_replay(studio: Studio) -> Any:
     """Replay a round (the slider, the view, a segment of the answer, an uploaded trace), and the
-    evidence pickers."""
+    evidence pickers. The upload's event (step mode goes on from it)."""
     controls, shown, trace = studio.controls, studio.display, studio.trace
     on_status = [shown.status]
     w = shown.what_if
@@ -186,6 +189,14 @@ def wire_replay(studio: Studio) -> None:
         panels,
         api_name="replay",
         show_progress_on=on_status,
+    )
+    shown.round.input(  # its keys (arrows, Home, End, Page keys) and a typed round: no release comes
+        studio.replay,
+        [trace, shown.round, shown.view],
+        panels,
+        api_visibility="private",
+        trigger_mode="always_last",
+        show_progress="hidden",
     )
     shown.view.change(
         studio.replay,
@@ -201,7 +212,7 @@ def wire_replay(studio: Studio) -> None:
         api_visibility="private",
         show_progress_on=on_status,
     )
-    controls.upload.upload(
+    uploaded = controls.upload.upload(
         studio.load_trace_file,
         [controls.upload, shown.view],
         [trace, *panels, shown.round, shown.segment, controls.download, shown.plain, *w.branch_outputs()],
@@ -216,6 +227,7 @@ def wire_replay(studio: Studio) -> None:
             api_visibility="private",
             show_progress="hidden",
         )
+    return uploaded
 
 
 def wire_branch(studio: Studio, concurrency_limit: int | None) -> None:

@@ -76,6 +76,9 @@ class Views:
     summary: gr.Dataframe
     compared: gr.HTML
     what_if: WhatIf
+    candidates_text: gr.HTML  # each chart's table (studio.text_views), after the what-if panels
+    matrix_text: gr.HTML
+    weights_text: gr.HTML
 
     def by_name(self) -> dict[str, gr.components.Component]:
         """The round panels by the names studio.views.round_panels gives their values."""
@@ -87,6 +90,9 @@ class Views:
             "weights": self.weights,
             "exits": self.exits,
             "summary": self.summary,
+            "candidates_text": self.candidates_text,
+            "matrix_text": self.matrix_text,
+            "weights_text": self.weights_text,
         }
 
 
@@ -156,6 +162,8 @@ def views_panel(notes: Notes | None = None) -> Views:
         elem_id="candidates",
         elem_classes=["sf-fit"],
     )
+    # The presenter view shows this table in the Dataframe's place (24 px, the text given the width).
+    candidates_text = gr.HTML(elem_id="candidates-text", elem_classes=["sf-text-view"])
     notes.place("candidates")
     with gr.Row():
         with gr.Column():
@@ -163,10 +171,12 @@ def views_panel(notes: Notes | None = None) -> Views:
                 [views.NORMALIZED, views.RAW], value=views.NORMALIZED, label="Matrix", elem_id="view"
             )
             matrix = gr.Plot(label="Verification matrix", elem_id="matrix")
+            matrix_text = gr.HTML(elem_id="matrix-text", elem_classes=["sf-text-view"])
             notes.place("matrix")
             notes.place("normalization")
         with gr.Column():
             weights = gr.Plot(label="Weights", elem_id="weights")
+            weights_text = gr.HTML(elem_id="weights-text", elem_classes=["sf-text-view"])
             notes.place("weights")
     exits = gr.Dataframe(
         label="Exited members",
@@ -201,6 +211,9 @@ def views_panel(notes: Notes | None = None) -> Views:
         summary,
         compared,
         what_if,
+        candidates_text,
+        matrix_text,
+        weights_text,
     )
 
 

@@ -2,7 +2,7 @@
 Reveal, Back, Play / Pause, the pace, the room's guess, the note, the timer that plays).
 
 Components only: no listeners (studio.stepping wires them) and no values computed from rounds
-(studio.step_views has those). Every element id starts with `step-`; assets/step_keys.js presses
+(studio.step_views has those). Every element id starts with `step-`; studio.keys presses
 these buttons for the keyboard.
 """
 
@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from .step_views import KEYS, PACE_S
+from .keys import keys_line
+from .step_views import PACE_S
 
 PLAY, PAUSE = "Play", "Pause"
 
@@ -23,6 +24,8 @@ class StepBar:
     next: gr.Button
     reveal: gr.Button
     back: gr.Button
+    home: gr.Button
+    end: gr.Button
     play: gr.Button
     pace: gr.Slider
     guess: gr.Radio
@@ -32,7 +35,18 @@ class StepBar:
 
     def outputs(self) -> list[gr.components.Component]:
         """What a step changes on the bar (the run's panels are Studio's)."""
-        return [self.next, self.reveal, self.back, self.play, self.guess, self.note, self.timer, self.playing]
+        return [
+            self.next,
+            self.reveal,
+            self.back,
+            self.home,
+            self.end,
+            self.play,
+            self.guess,
+            self.note,
+            self.timer,
+            self.playing,
+        ]
 
 
 def step_mode_box() -> gr.Checkbox:
@@ -52,6 +66,8 @@ def step_panel() -> StepBar:
             )
             reveal = gr.Button("Reveal", interactive=False, elem_id="step-reveal", min_width=80)
             back = gr.Button("◂ Back", interactive=False, elem_id="step-back", min_width=80)
+            home = gr.Button("◂◂ Round 1", interactive=False, elem_id="step-home", min_width=80)
+            end = gr.Button("Latest ▸▸", interactive=False, elem_id="step-end", min_width=80)
             play = gr.Button(PLAY, interactive=False, elem_id="step-play", min_width=80)
         guess = gr.Radio(
             [],
@@ -69,6 +85,6 @@ def step_panel() -> StepBar:
                 label="Play's pace: seconds per round",
                 elem_id="step-pace",
             )
-            gr.Markdown(KEYS, elem_id="step-keys")
+            gr.Markdown(keys_line(), elem_id="step-keys")
     timer = gr.Timer(default / 2, active=False)  # Play: one beat (drafts, then reveal) per tick
-    return StepBar(bar, next_, reveal, back, play, pace, guess, note, timer, gr.State(False))
+    return StepBar(bar, next_, reveal, back, home, end, play, pace, guess, note, timer, gr.State(False))

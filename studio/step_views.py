@@ -17,6 +17,7 @@ from specfuse import Round
 from specfuse.records import Draft
 
 from .untrusted import esc, md
+from .views import CHART_FONT, CHART_PX, MARGIN
 
 # What Next (→, PageDown) does, by what the page shows and what the run holds (`due`).
 FORWARD = "forward"  # after Back: show the next round already revealed
@@ -25,7 +26,6 @@ NEXT = "next"  # beat 1: play one more round, its drafts appear
 ENDED = "ended"  # the run is over (or gone): nothing more to play
 
 PACE_S = (1.0, 10.0, 3.0)  # Play's pace: seconds per round (least, most, default)
-KEYS = "Keys: **→** or **PageDown** next / reveal · **←** or **PageUp** back · **space** play / pause"
 
 
 def due(shown: int, revealed: int, drafted: bool, over: bool) -> str:
@@ -69,9 +69,12 @@ def clip(text: str, chars: int = SHOWN_CHARS) -> str:
 
 def guess_choices(drafts: Sequence[Draft]) -> list[tuple[str, str]]:
     """The guess's choices, (label, member): each member whose candidate is on the table, once, in
-    the order they arrived, labelled with its text (the room reads the drafts where it picks)."""
+    the order they arrived, labelled with its number (its key) and its text (the room reads the
+    drafts where it picks)."""
     first = {d.candidate.member: d.candidate.text for d in reversed(drafts)}
-    return [(f"{m}: “{clip(first[m])}”", m) for m in dict.fromkeys(d.candidate.member for d in drafts)]
+    members = dict.fromkeys(d.candidate.member for d in drafts)
+    # numbered: the key that picks each (studio.keys), shown where the room reads it
+    return [(f"{i}. {m}: “{clip(first[m])}”", m) for i, m in enumerate(members, 1)]
 
 
 def guess_right(rnd: Round, guess: str | None) -> bool | None:
@@ -84,10 +87,12 @@ def guess_right(rnd: Round, guess: str | None) -> bool | None:
     return mine[0].text == rnd.winner.text
 
 
-def ready_note(members: Sequence[str]) -> str:
+def ready_note(members: Sequence[str], recorded: int | None = None) -> str:
+    """Before round 1: who answers; `recorded`: the rounds of a recorded run stepped (no model)."""
     names = ", ".join(md(m) for m in members)
+    what = f"A recorded run of {recorded} rounds (no model needed): " if recorded is not None else ""
     return (
-        f"**Step mode: ready.** {len(members)} members ({names}) will answer one segment per round. "
+        f"**Step mode: ready.** {what}{len(members)} members ({names}) answer one segment per round. "
         "Press **Next** (→) to see round 1's drafts, or **Play**."
     )
 
@@ -162,8 +167,9 @@ def hidden_matrix(k: int) -> go.Figure:
     """The matrix's place while round k's drafts are in and its scores not yet revealed."""
     fig = go.Figure()
     fig.update_layout(
-        height=320,
-        margin=dict(l=10, r=10, t=40, b=10),
+        height=CHART_PX,
+        margin=MARGIN,
+        font=CHART_FONT,
         uirevision="matrix",
         template="plotly_white",
         title=esc(f"round {k}: the scores are hidden until Reveal"),

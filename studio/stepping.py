@@ -1,6 +1,8 @@
 """Step mode's handlers: a live run that starts paused before round 1 and plays one round per Next,
-in two beats (the members' drafts, then Reveal: scores, matrix, winner, weights), with Back, Play at
-a pace, Stop, and the room's guess of each winner.
+in two beats (the members' drafts, then Reveal: scores, matrix, winner, weights), with Back, Home,
+End, Play at a pace, Stop, and the room's guess of each winner. A recorded run (a lesson opened, a
+trace uploaded, or the trace shown when the box is checked) steps the same way, through
+studio.recorded's ticket: no model loaded.
 
 Each session's stepping run is a StepRun: its ticket in the scheduler (submit(step=True)), the
 rounds revealed, the round played but not yet revealed, and the guesses' tally. A beat reads the
@@ -22,12 +24,14 @@ import gradio as gr
 
 from specfuse import EnsembleConfig, Round, SpecfuseError, Trace
 from specfuse.engine import check_prompt
+from specfuse.prompts import Prompt
 from specfuse.records import Draft, Finished, Queued
 
 from . import settings, views
 from .handlers import Studio
 from .loading import check_members
 from .preparing import POLL_S, Preparing, relay
+from .recorded import RecordedTicket
 from .step_panel import PAUSE, PLAY, StepBar
 from .step_views import (
     ENDED,
@@ -59,8 +63,8 @@ NO_RUN = "No stepping run: check **Step mode (teach)** and press **Run**."
 class StepRun:
     """One session's stepping run, as the server keeps it between the page's presses."""
 
-    ticket: Ticket
-    prompt: str
+    ticket: Ticket | RecordedTicket
+    prompt: Prompt
     config: EnsembleConfig
     rounds: list[Round] = field(default_factory=list)  # revealed
     drafts: list[Draft] = field(default_factory=list)  # of the round played and not yet revealed
@@ -71,11 +75,20 @@ class StepRun:
     tally: Tally = field(default_factory=Tally)
     beat: asyncio.Lock = field(default_factory=asyncio.Lock)  # one beat at a time (Play's, a key's)
 
+    @property
+    def recorded(self) -> Trace | None:
+        """The whole recorded run this one steps through (None: a live run)."""
+        return self.ticket.trace if isinstance(self.ticket, RecordedTicket) else None
+
     def trace(self) -> Trace | None:
         """The revealed rounds as a trace (what replay, Back and the download show)."""
         if not self.rounds:
             return None
         return Trace(self.prompt, self.ticket.members, self.config, tuple(self.rounds), id=self.ticket.id)
+
+    def since(self) -> float:
+        """The run's clock at the end of the last revealed round: a round's draft times count from it."""
+        return self.rounds[-1].elapsed if self.rounds else 0.0
 
     def due(self, shown: float | None) -> str:
         return due(int(shown or 0), len(self.rounds), self.pending is not None, self.over)
@@ -178,6 +191,28 @@ class Stepper:
             **self.still(True),
         }
 
+    def replaying(self, trace: Trace | None, view: str, session: str) -> Update:
+        """Step mode over a recorded run: the panels emptied, round 1 not yet played, Next plays it
+        from the trace (no model). Without a trace with rounds: the bar as no run leaves it."""
+        self.drop(session)
+        if trace is None or not trace.rounds:
+            return self.reset()
+        s, v = self.studio, self.studio.display
+        run = StepRun(RecordedTicket(trace), trace.prompt, trace.config)
+        self.runs[session] = run
+        return {
+            s.trace: None,
+            **s.panels(None, view=view),
+            v.round: views.slider_value(None),
+            v.segment: "",
+            v.plain: "",
+            s.controls.download: download_value(None),
+            v.status: f"**Step mode**, a recorded run of {len(trace.rounds)} rounds: round 1 is not shown.",
+            self.bar.guess: gr.Radio(visible=False, value=None),
+            **self.bar_update(run, 0, ready_note(trace.members, recorded=len(trace.rounds))),
+            **self.still(True),
+        }
+
     def reset(self) -> Update:
         """The step bar as a run that is not stepping leaves it."""
         return {**self.bar_update(None, 0, ""), **self.still(False)}
@@ -223,7 +258,7 @@ class Stepper:
         s, v, b = self.studio, self.studio.display, self.bar
         k = len(run.rounds) + 1
         expected = run.rounds[-1].next_drafters if run.rounds else run.ticket.members
-        began = time.perf_counter()
+        began, since = time.perf_counter(), run.since()
         try:
             run.ticket.next()
             yield {
@@ -238,9 +273,11 @@ class Stepper:
                         yield {v.status: views.waiting_status(event.place, s.schedulers.stats()["running"])}
                     elif isinstance(event, Draft):
                         run.drafts.append(event)
-                        run.drafting = views.arriving_status(
-                            run.drafts, expected, time.perf_counter() - began
-                        )
+                        # a recorded round's wait is the one it had; a live one's, this beat's
+                        waited = time.perf_counter() - began
+                        if run.recorded is not None:
+                            waited = run.drafts[0].elapsed - since
+                        run.drafting = views.arriving_status(run.drafts, expected, waited, since=since)
                         yield {v.candidates: views.arriving_value(run.drafts), v.status: run.drafting}
                     elif isinstance(event, Round):
                         run.pending, run.over = event, event.stop_reason is not None
@@ -342,6 +379,21 @@ class Stepper:
             **self.finished(run, n),
         }
 
+    async def home(self, shown: float, view: str, request: gr.Request) -> Update:
+        """Home: round 1 of the rounds revealed."""
+        return await self.go(1, view, request)
+
+    async def end_(self, shown: float, view: str, request: gr.Request) -> Update:
+        """End: the latest round revealed (with its successor's drafts and the guess, if they wait)."""
+        return await self.go(None, view, request)
+
+    async def go(self, k: int | None, view: str, request: gr.Request) -> Update:
+        run = self.runs.get(session_of(request))
+        if run is None or not run.rounds:
+            return unchanged()
+        async with run.beat:
+            return self.scene(run, len(run.rounds) if k is None else k, view)
+
     # ---- the bar --------------------------------------------------------------------------------
 
     def bar_update(self, run: StepRun | None, shown: int, note: str) -> Update:
@@ -356,6 +408,8 @@ class Stepper:
                 interactive=beat == REVEAL, variant="primary" if beat == REVEAL else "secondary"
             ),
             b.back: gr.Button(interactive=shown > 1),
+            b.home: gr.Button(interactive=shown > 1),
+            b.end: gr.Button(interactive=run is not None and shown < len(run.rounds)),
             b.play: gr.Button(interactive=beat != ENDED),
             b.note: note,
         }
@@ -393,11 +447,38 @@ class Stepper:
             **self.still(False),
         }
 
-    def toggle(self, on: bool, request: gr.Request) -> Update:
-        """The box: the bar shows while it is checked; unchecked, the stepping run ends."""
-        if not on:
-            self.drop(session_of(request))
-        return {self.bar.bar: gr.Group(visible=bool(on)), **self.still(False)}
+    def toggle(self, on: bool, trace: Trace | None, view: str, request: gr.Request) -> Update:
+        """The box: the bar shows while it is checked. Checked with a run shown, that run steps as a
+        recorded one from round 1; unchecked, the stepping run ends (a recorded one is shown whole
+        again)."""
+        session = session_of(request)
+        shown = {self.bar.bar: gr.Group(visible=bool(on))}
+        if on:
+            return shown | self.still(False) | (self.replaying(trace, view, session) if trace else {})
+        run = self.runs.get(session)
+        self.drop(session)
+        whole = run.recorded if run is not None else None
+        if whole is None:
+            return shown | self.still(False)
+        s, v = self.studio, self.studio.display
+        return (
+            shown
+            | self.reset()
+            | {
+                s.trace: whole,
+                **s.panels(whole, None, view),
+                v.round: views.slider_value(whole),
+                v.segment: "",
+                v.plain: views.plain_answer(whole.rounds),
+                s.controls.download: download_value(whole, session),
+            }
+        )
+
+    def opened(self, step: bool, trace: Trace | None, view: str, request: gr.Request) -> Update:
+        """A trace was uploaded (or a lesson opened): with the box checked, it steps from round 1."""
+        if not step:
+            return unchanged()
+        return self.replaying(trace, view, session_of(request))
 
     def drop(self, session: str) -> None:
         run = self.runs.pop(session, None)
@@ -409,8 +490,9 @@ class Stepper:
         self.drop(session_of(request))
 
 
-def wire_step(stepper: Stepper, concurrency_limit: int | None) -> None:
-    """The step bar's listeners, Stop's part in step mode, and the box that shows the bar."""
+def wire_step(stepper: Stepper, concurrency_limit: int | None, uploaded: Any = None) -> None:
+    """The step bar's listeners, Stop's part in step mode, and the box that shows the bar.
+    `uploaded`: the upload's event, after which a trace steps when the box is checked."""
     s, b = stepper.studio, stepper.bar
     shown = s.display
     outputs = stepper.outputs()
@@ -435,7 +517,15 @@ def wire_step(stepper: Stepper, concurrency_limit: int | None) -> None:
             concurrency_limit=None,
             **pressed,
         ),
+        b.home.click(
+            stepper.home, beat[:2], outputs, api_name="step_home", concurrency_limit=None, **pressed
+        ),
+        b.end.click(stepper.end_, beat[:2], outputs, api_name="step_end", concurrency_limit=None, **pressed),
     ]
+    if uploaded is not None:
+        uploaded.success(
+            stepper.opened, [stepper.mode, s.trace, shown.view], outputs, api_visibility="private", **quiet
+        )
     b.play.click(
         stepper.play,
         [b.playing, b.pace, shown.round],
@@ -454,6 +544,10 @@ def wire_step(stepper: Stepper, concurrency_limit: int | None) -> None:
         concurrency_limit=None,
         **quiet,
     )
-    stepper.mode.change(
-        stepper.toggle, [stepper.mode], [b.bar, b.timer, b.play, b.playing], api_visibility="private", **quiet
+    stepper.mode.input(  # a person's click only: a lesson's or a run's update never toggles it
+        stepper.toggle,
+        [stepper.mode, s.trace, shown.view],
+        [b.bar, *outputs],
+        api_name="step_mode",  # checked with a trace shown: it steps as a recorded run
+        **quiet,
     )

@@ -8,6 +8,7 @@ label goes through `esc`, every piece of the Markdown status line through `md` (
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ import plotly.graph_objects as go
 from specfuse import Round, Trace, answer_spans, report, rules
 from specfuse.records import Draft
 
+from .text_views import candidates_html, matrix_html, weights_html
 from .untrusted import esc, md
 
 # One colour per member, in ensemble order (Plotly's default qualitative palette).
@@ -128,15 +130,20 @@ def waiting_status(place: int, running: int, html: bool = False) -> str:
 
 
 def arriving_status(
-    drafts: Sequence[Draft], expected: Sequence[str], waited_s: float, loading_s: float | None = None
+    drafts: Sequence[Draft],
+    expected: Sequence[str],
+    waited_s: float,
+    loading_s: float | None = None,
+    since: float = 0.0,
 ) -> str:
-    """While round k is drafted: who is in (and when), who is still drafting."""
+    """While round k is drafted: who is in (and when: seconds into the round, the run's clock less
+    `since`, the end of the round before), who is still drafting."""
     k = drafts[-1].k
     arrived = [d.candidate.member for d in drafts]
     parts = [
         f"**Round {k}**",
         f"{len(arrived)} of {len(expected)} candidates in: "
-        + ", ".join(f"{md(d.candidate.member)} {d.elapsed:.2f} s" for d in drafts),
+        + ", ".join(f"{md(d.candidate.member)} {d.elapsed - since:.2f} s" for d in drafts),
     ]
     if k == 1:
         loading = f" (loading {loading_s:.2f} s)" if _loaded(loading_s) else ""
@@ -163,7 +170,7 @@ def heatmap_figure(rnd: Round | None, normalized: bool = True, fixed_scale: bool
     """
     fig = go.Figure()
     fig.update_layout(
-        height=320, margin=dict(l=10, r=10, t=40, b=10), uirevision="matrix", template="plotly_white"
+        height=CHART_PX, margin=MARGIN, font=CHART_FONT, uirevision="matrix", template="plotly_white"
     )
     if rnd is None:
         return nothing_to_draw(fig.update_layout(title="verification matrix"), "no round yet")
@@ -187,6 +194,7 @@ def heatmap_figure(rnd: Round | None, normalized: bool = True, fixed_scale: bool
             x=columns,
             y=[esc(v) for v in matrix.index],
             colorscale="Viridis",
+            colorbar=dict(thickness=12),
             texttemplate="%{z:.2f}",
             hovertemplate="verifier %{y}<br>candidate %{x}<br>score %{z:.4f}<extra></extra>",
             **scale,
@@ -204,7 +212,7 @@ def heatmap_figure(rnd: Round | None, normalized: bool = True, fixed_scale: bool
     )
     kind = "normalized ŝ" if normalized else "raw z"
     fig.update_layout(
-        title=f"round {rnd.k}: {kind} (verifier × candidate)",
+        title=f"round {rnd.k}: {kind}",  # the axes name verifier and candidate
         xaxis_title="candidate (drafter)",
         yaxis_title="verifier",
         yaxis_autorange="reversed",
@@ -212,12 +220,20 @@ def heatmap_figure(rnd: Round | None, normalized: bool = True, fixed_scale: bool
     return fig
 
 
+# The charts' size and type: the presenter view draws them 1.5 times as large (assets/app.css), so
+# 16 px is read as 24 px from the back of a room and 280 px tall still fits a 1280×720 projector
+# under the step bar (issue 53, D4 and D10).
+CHART_PX = 280
+CHART_FONT = dict(size=16)
+MARGIN = dict(l=10, r=10, t=44, b=10)
+
+
 def nothing_to_draw(fig: go.Figure, why: str) -> go.Figure:
     """A chart with nothing to draw says so in words, in place of bare axes that read as broken."""
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return fig.add_annotation(
-        text=why, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=16, color="#444")
+        text=why, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=18, color="#444")
     )
 
 
@@ -225,8 +241,9 @@ def weights_figure(rounds: Sequence[Round]) -> go.Figure:
     """One line per member: its weight over the rounds (0 = start), an ✕ where it exited."""
     fig = go.Figure()
     fig.update_layout(
-        height=320,
-        margin=dict(l=10, r=10, t=40, b=10),
+        height=CHART_PX,
+        margin=MARGIN,
+        font=CHART_FONT,
         title="weights",
         xaxis_title="round",
         yaxis_title="weight",
@@ -237,6 +254,8 @@ def weights_figure(rounds: Sequence[Round]) -> go.Figure:
         return nothing_to_draw(fig, "no round yet")
     history = report.weights_history(rounds)
     colors = member_colors(rounds[-1].members)
+    # Rounds are whole numbers: ticks at 0, 1, 2 … (at most about ten of them), never 0.5 (D7).
+    fig.update_xaxes(tickmode="linear", tick0=0, dtick=max(1, math.ceil(len(rounds) / 10)), tickformat="d")
     for member, rows in history.groupby("member", sort=False):
         fig.add_trace(
             go.Scatter(
@@ -333,6 +352,10 @@ def round_panels(
         "weights": weights_figure(rounds),
         "exits": exits_value(rounds),
         "summary": summary_value(rounds),
+        # the charts' text beside them (issue 53, item 5)
+        "candidates_text": candidates_html(current),
+        "matrix_text": matrix_html(current, view == NORMALIZED),
+        "weights_text": weights_html(rounds),
     }
 
 

@@ -7,9 +7,10 @@ import plotly.io as pio
 
 XSS_SCRIPT = "<script>alert(1)</script> "
 XSS_IMG = "<img src=x onerror=alert(1)> "
-ANSWER, STATUS, CANDIDATES, MATRIX, WEIGHTS, EXITS, SUMMARY, SLIDER, SEGMENT, DOWNLOAD, COMPARE, PLAIN = (
-    range(12)
-)
+# the round panels (Views.by_name: the charts' text views last), then the slider and the rest
+ANSWER, STATUS, CANDIDATES, MATRIX, WEIGHTS, EXITS, SUMMARY = range(7)
+CANDIDATES_TEXT, MATRIX_TEXT, WEIGHTS_TEXT = range(7, 10)
+SLIDER, SEGMENT, DOWNLOAD, COMPARE, PLAIN = range(10, 15)
 
 
 def submit(client, members, prompt, **settings):

@@ -6,13 +6,14 @@ two sessions' runs apart, and the scheduler's limits (paused runs at once, the i
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
-from gradio_client import Client
+from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
 import app
-from specfuse import Ensemble, EnsembleConfig
+from specfuse import Ensemble, EnsembleConfig, load_trace
 from specfuse.records import Candidate, Draft
 from studio import step_views
 from studio.serving import Schedulers
@@ -62,13 +63,13 @@ def test_a_guess_is_right_for_the_winner_and_for_a_draft_that_agrees_with_it():
     assert {step_views.guess_right(agreed, m) for m in ("x", "y")} == {True}
 
 
-def test_the_guess_offers_each_drafter_once_in_the_order_they_arrived_with_its_draft():
+def test_the_guess_offers_each_drafter_once_in_the_order_they_arrived_numbered_with_its_draft():
     texts = {"b": " one\ntwo", "a": "x" * 100, "c": " three"}
     drafts = [Draft(1, Candidate(m, texts[m], 1, False, 0.0), 0.1) for m in ("b", "a", "b", "c")]
     choices = step_views.guess_choices(drafts)
     assert [member for _, member in choices] == ["b", "a", "c"]
-    assert choices[0][0] == "b: “ one⏎two”" and choices[2][0] == "c: “ three”"
-    assert choices[1][0] == f"a: “{'x' * 59}…”"  # one line, cut
+    assert choices[0][0] == "1. b: “ one⏎two”" and choices[2][0] == "3. c: “ three”"  # its key's number
+    assert choices[1][0] == f"2. a: “{'x' * 59}…”"  # one line, cut
 
 
 def test_the_notes_say_who_won_the_verdict_the_tally_and_the_end_with_names_as_text():
@@ -255,3 +256,65 @@ def test_a_run_paused_past_the_idle_limit_ends_with_the_engines_message(strict, 
     assert "no step for 1.5 s" in out[STATUS] and "no step for 1.5 s" in out[NOTE]
     assert "The run has ended after round 1" in out[NOTE] and answer(out) == answer(kept)
     assert strict[1].paused() == 0
+
+
+# ---- a recorded run steps as a live one (issue 53, D3) --------------------------------------------
+
+LESSON = Path(__file__).resolve().parents[1] / "specfuse" / "lessons" / "traces" / "weak-member-exits.json"
+
+
+def test_a_recorded_trace_steps_like_a_live_run_guesses_and_tally_included(stepping, monkeypatch):
+    """Upload a recorded trace, check step mode: Next shows round 1's drafts (the scores hidden), the
+    guess offers its drafters, Reveal judges the guess; Back, Home, End and the end of the run, all
+    from the trace, no member loaded. Before issue 53 every step button stayed disabled."""
+    recorded = load_trace(LESSON)
+    client = client_of(stepping, monkeypatch)
+    client.predict(path=handle_file(str(LESSON)), view_name=VIEW, api_name="/load_trace")
+    ready = client.predict(on=True, view=VIEW, api_name="/step_mode")
+    assert "recorded run" in ready[NOTE] and "ready" in ready[NOTE] and answer(ready) == ""
+
+    first = recorded.rounds[0]
+    drafts = press(client, "next", 1)
+    assert f"{len(first.candidates)} drafts are in" in drafts[NOTE]
+    assert "hidden until Reveal" in figure(drafts[MATRIX]).layout.title.text and answer(drafts) == ""
+    offered = [member for _, member in drafts[GUESS]["choices"]]
+    assert sorted(offered) == sorted(c.member for c in first.candidates)
+    labels = [label for label, _ in drafts[GUESS]["choices"]]
+    assert [label.split(".")[0] for label in labels] == [str(i) for i in range(1, len(labels) + 1)]
+    # the status line times each draft from the round's start, as recorded
+    assert "s" in drafts[STATUS] and "Round 1" in drafts[STATUS]
+
+    shown = press(client, "reveal", 1, guess=first.winner.member)
+    assert answer(shown) == first.text and "✓ Your guess was right." in shown[NOTE]
+    assert "1 of 1 guess right" in shown[NOTE]
+
+    second = recorded.rounds[1]
+    loser = next((c.member for c in second.candidates if c.text != second.winner.text), None)
+    press(client, "next", 1)
+    revealed = press(client, "next", 2, guess=loser)  # → reveals once the drafts are in
+    assert answer(revealed) == second.text and int(revealed[SLIDER]["value"]) == 2
+    if loser is not None:
+        assert "✗ You guessed" in revealed[NOTE] and "1 of 2 guesses right" in revealed[NOTE]
+
+    back = press(client, "back", 2)
+    assert int(back[SLIDER]["value"]) == 1 and "looking back" in back[NOTE]
+    latest = client.predict(shown=1, view=VIEW, api_name="/step_end")
+    assert int(latest[SLIDER]["value"]) == 2
+    home = client.predict(shown=2, view=VIEW, api_name="/step_home")
+    assert int(home[SLIDER]["value"]) == 1
+
+    shown_k = 1
+    for _ in range(4 * len(recorded.rounds)):  # to the end, by Next alone (what → and Play press)
+        out = press(client, "next", shown_k)
+        shown_k = int(out[SLIDER]["value"] or shown_k)
+        if "has ended" in out[NOTE]:
+            break
+    assert "has ended" in out[NOTE] and answer(out) == recorded.rounds[-1].text
+    assert shown_k == len(recorded.rounds)
+    assert stepping[1].paused() == 0  # nothing was submitted to the scheduler
+
+
+def test_checking_step_mode_with_nothing_shown_waits_for_run(stepping, monkeypatch):
+    client = client_of(stepping, monkeypatch)
+    out = client.predict(on=True, view=VIEW, api_name="/step_mode")
+    assert "ready" not in (out[NOTE] or "")

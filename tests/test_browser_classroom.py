@@ -19,7 +19,7 @@ from .scripted import ScriptedMember, prefers, scripted_rounds
 
 pytestmark = pytest.mark.browser
 
-PANELS = ("#candidates", "#matrix", "#weights", "#exits")
+PANELS = ("#candidates", "#candidates-text", "#matrix", "#weights", "#exits")
 
 
 SCRIPTED = {"members": ("a", "b", "c"), "settings": {"segment_len": 4, "max_rounds": 4}}
@@ -204,7 +204,7 @@ def test_the_presenter_view_shows_the_answer_large_and_one_panel_and_keeps_the_r
     assert size_px >= 28 and size_px == token.evaluate(size), size_px
     assert page.locator("#answer").is_visible() and page.locator("#status").is_visible()
     assert page.inner_text("#status").startswith("Round 3 ")
-    assert shown_panels(page) == ["#candidates"]
+    assert shown_panels(page) == ["#candidates-text"]  # the candidates as a 24 px table (issue 53)
     for hidden in ("#models", "#prompt", "#class-gallery", "#summary", "#what-if", "#class-lesson"):
         assert not page.locator(hidden).is_visible(), hidden
     box = page.locator("#answer").bounding_box()
@@ -218,7 +218,7 @@ def test_the_presenter_view_shows_the_answer_large_and_one_panel_and_keeps_the_r
     assert page.locator("#class-look-exits").is_visible()  # the lesson's note for that panel stays
     page.click("#presenter-toggle")  # and back: the run and the round shown are as they were
     page.wait_for_function("!document.body.classList.contains('sf-presenter')")
-    assert shown_panels(page) == list(PANELS)
+    assert shown_panels(page) == [p for p in PANELS if p != "#candidates-text"]
     assert page.locator("#models").is_visible()
     assert page.inner_text("#status").startswith("Round 3 ")
     assert page.locator("#round input[type=number]").input_value() == "3"
@@ -276,8 +276,9 @@ def test_a_lesson_run_live_in_step_mode_steps_by_key_in_the_presenter_view(page)
     """Step mode's box checked, Run it live starts paused; the presenter view keeps the step bar,
     and → plays a round there."""
     open_lesson(page, "winners")
-    page.locator("#step-mode input").check()
+    page.locator("#step-mode input").check()  # the recorded run steps now; Run it live starts a live one
     page.click("#class-run-live")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('has not been played')")
     page.wait_for_function("(document.querySelector('#step-note')?.innerText || '').includes('ready')")
     page.evaluate("document.activeElement && document.activeElement.blur()")
     page.keyboard.press("p")

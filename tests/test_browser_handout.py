@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from specfuse import load_trace
+from specfuse import Ensemble, EnsembleConfig, Trace, load_trace
 from specfuse.handout import trace_html
+from specfuse.handout.keys import HANDOUT, key_rows
 
 from .helpers_browser import TIMEOUT_MS, sync_api
 from .helpers_handout import (
@@ -23,6 +24,7 @@ from .helpers_handout import (
     hostile_trace,
     long_trace,
 )
+from .scripted import ScriptedMember, prefers
 
 pytestmark = pytest.mark.browser
 
@@ -103,8 +105,12 @@ def test_the_keys_step_through_the_rounds_and_space_plays_and_pauses(browser, tm
         stopped_at = text(page, "#counter")
         page.wait_for_timeout(1500)  # more than a round at this pace: paused, it stays
         assert text(page, "#counter") == stopped_at
-        page.click("#back")  # the buttons, and space on a focused button: play, not a second Back
-        assert text(page, "#counter") == f"round {int(stopped_at.split()[1]) - 1} of {n}"
+        page.click("#back")  # the buttons, and Space on a focused button: that button's (issue 53)
+        at = int(stopped_at.split()[1])
+        assert text(page, "#counter") == f"round {at - 1} of {n}"
+        page.keyboard.press(" ")  # Back again, never Play while a control has the focus
+        assert text(page, "#counter") == f"round {at - 2} of {n}" and text(page, "#play-state") == "paused"
+        page.evaluate("document.activeElement.blur()")
         page.keyboard.press(" ")
         assert text(page, "#play-state") == "playing"
         page.click("#pause")
@@ -178,3 +184,56 @@ def test_the_policy_stops_a_load_slipped_into_the_page_and_the_guard_sees_one(br
     with offline(browser, bare) as page:
         page.wait_for_function("() => document.images[0].complete")
         assert page.requests == [beacon] and page.blocked == []
+
+
+def scripted_trace(names: tuple[str, ...], prompt: str, rounds: int = 2) -> Trace:
+    members = [ScriptedMember(m, [f"draft{i} "] * 9, prefers("draft0 ")) for i, m in enumerate(names)]
+    config = EnsembleConfig(max_rounds=rounds, exit=False)
+    return Trace(prompt, names, config, tuple(Ensemble(members, config).stream(prompt)))
+
+
+def test_a_5000_character_name_and_a_bidi_override_stay_in_their_place(browser, tmp_path):
+    """Issue 53, D5 and D6: a member named with 5,000 characters made the page 188,767 px wide; a
+    right-to-left override in the prompt turned "gnp.exe" into "exe.png" on screen."""
+    long_name = "m" * 5000
+    trace = scripted_trace((long_name, "b"), "open the file \u202egnp.exe now")
+    path = tmp_path / "hostile.html"
+    path.write_text(trace_html(trace), encoding="utf-8")
+    with offline(browser, path) as page:
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 2 * 1400, width
+        legend = page.locator("#legend bdi").first
+        assert legend.get_attribute("title") == long_name and len(legend.inner_text()) <= 60
+        # The override is shown as what it is, and the text after it reads left to right on screen.
+        assert "[U+202E]gnp.exe" in text(page, "#prompt")
+        order = page.evaluate(
+            """() => {
+              const node = document.querySelector("#prompt").firstChild, s = node.textContent;
+              const x = (i) => { const r = document.createRange(); r.setStart(node, i); r.setEnd(node, i + 1);
+                                 return r.getBoundingClientRect().left; };
+              const g = s.indexOf("gnp.exe");
+              return [x(g), x(g + 4), x(g + 6)];
+            }"""
+        )
+        assert order == sorted(order), order  # g, then e of ".exe", then its last e: left to right
+        assert page.errors == [] and page.requests == []
+
+
+def test_the_handouts_keys_come_from_the_one_key_map_and_a_paused_run_says_so(browser, tmp_path):
+    trace = scripted_trace(("a", "b"), "go", rounds=3)  # max_rounds=3 ends it: make it look paused
+    paused = Trace(trace.prompt, trace.members, trace.config, trace.rounds[:2])
+    path = tmp_path / "paused.html"
+    path.write_text(trace_html(paused), encoding="utf-8")
+    with offline(browser, path) as page:
+        assert "paused at round 2" in text(page, "#summary")
+        page.keyboard.press("?")
+        rows = page.locator("#keymap-table tr").all_inner_texts()
+        assert [r.split("\t")[0] for r in rows] == [keys for keys, _ in key_rows(HANDOUT)]
+        page.keyboard.press("Escape")
+        assert page.locator("#keymap").is_hidden()
+        page.keyboard.press("b")
+        assert page.locator("#black").is_visible()
+        page.keyboard.press("PageDown")  # any key brings the page back, and does only that
+        assert page.locator("#black").is_hidden() and text(page, "#counter") == "round 1 of 2"
+        page.keyboard.press("PageDown")
+        assert text(page, "#counter") == "round 2 of 2"

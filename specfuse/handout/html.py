@@ -20,6 +20,7 @@ from .. import __version__
 from ..prompts import prompt_text
 from ..trace import Trace
 from .data import embed_json, page_data
+from .keys import HANDOUT, key_actions, key_rows
 
 # Nothing may load: only the page's own inline script and style run, images only as data: URLs.
 CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
@@ -54,7 +55,8 @@ def trace_html(trace: Trace, *, title: str | None = None) -> str:
 
     It shows the prompt; the answer built up round by round, each segment in the colour of the
     member that won it (with a legend); Next / Back / Play / Pause with a pace of 1 to 10 s a round,
-    and the keys → or PageDown (next), ← or PageUp (back), space (play / pause), Home and End; the
+    and the keys of specfuse.handout.keys (→ or PageDown next, ← or PageUp back, Space play / pause,
+    Home, End, b or . a black screen, ? the key map); the
     counter "round k of n"; the round's candidates (member, text, tokens, normalized score, the
     winner); the normalized verification matrix (verifiers × candidates, coloured, values printed);
     the weights over the rounds as a line chart with the round marked; and the exits so far (member,
@@ -66,6 +68,7 @@ def trace_html(trace: Trace, *, title: str | None = None) -> str:
     ConfigError for a trace without rounds.
     """
     data = page_data(trace, title)
+    data["keys"], data["keyRows"] = key_actions(HANDOUT), key_rows(HANDOUT)  # the app's one key map
     parts = {
         "csp": CSP,
         "version": __version__,

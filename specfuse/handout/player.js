@@ -15,10 +15,29 @@
   function color(member) {
     return Object.prototype.hasOwnProperty.call(colors, member) ? colors[member] : data.other;
   }
+  // Bidi controls in trace text (a right-to-left override makes "gnp.exe" read "exe.png") are shown
+  // as what they are, and every trace string stands in its own isolate (<bdi>, dir=auto).
+  var BIDI = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+  function shown(text) {
+    return String(text).replace(BIDI, function (c) {
+      return "[U+" + c.charCodeAt(0).toString(16).toUpperCase() + "]";
+    });
+  }
+  var NAME_CHARS = 60; // a member's name past this is cut (…); its whole name is its title
+  function name(member) {
+    var s = shown(member);
+    return s.length > NAME_CHARS ? s.slice(0, NAME_CHARS - 1) + "…" : s;
+  }
   function el(tag, text, cls) {
     var node = document.createElement(tag);
-    if (text !== undefined && text !== null) node.textContent = String(text);
+    if (text !== undefined && text !== null) node.textContent = shown(text);
     if (cls) node.className = cls;
+    return node;
+  }
+  function iso(member) { // a member's name, isolated, cut, whole on hover
+    var node = document.createElement("bdi");
+    node.textContent = name(member);
+    node.title = shown(member);
     return node;
   }
   function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); }
@@ -31,7 +50,7 @@
   function memberCell(tag, member) {
     var cell = el(tag);
     cell.appendChild(swatch(member));
-    cell.appendChild(document.createTextNode(member));
+    cell.appendChild(iso(member));
     return cell;
   }
   function row(cells) {
@@ -60,18 +79,21 @@
     return hexRgb(stops[stops.length - 1][1]);
   }
 
+  // A trace whose last round set no stop reason was not finished: paused in step mode, or stopped.
+  function ended() { return data.stop === null ? "paused at round " + n : "stopped: " + data.stop; }
+
   function renderStatic() {
-    $("title").textContent = data.title;
-    document.title = data.title;
+    $("title").textContent = shown(data.title);
+    document.title = shown(data.title);
     var exits = rounds.reduce(function (s, r) { return s + r.exits.length; }, 0);
     $("summary").textContent = data.members.length + " members · " + n + " rounds · " + exits +
-      " exits · stopped: " + (data.stop === null ? "cancelled" : data.stop);
-    $("prompt").textContent = data.prompt;
+      " exits · " + ended();
+    $("prompt").textContent = shown(data.prompt);
     var legend = $("legend");
     data.members.forEach(function (m) {
       var item = el("span");
       item.appendChild(swatch(m));
-      item.appendChild(document.createTextNode(m));
+      item.appendChild(iso(m));
       legend.appendChild(item);
     });
     var pace = $("pace");
@@ -92,7 +114,7 @@
       var seg = el("span", winner.text, "seg" + (i === k - 1 ? " current" : ""));
       seg.style.background = tint(color(winner.member), 0.28);
       seg.style.borderBottomColor = color(winner.member);
-      seg.title = "round " + r.k + ": " + winner.member;
+      seg.title = "round " + r.k + ": " + shown(winner.member);
       seg.setAttribute("data-round", String(r.k));
       answer.appendChild(seg);
       current = seg;
@@ -103,10 +125,10 @@
       if (top < answer.scrollTop) answer.scrollTop = Math.max(0, top - 8);
     }
     var r = rounds[k - 1], w = r.candidates[r.chosen];
-    var note = "Round " + r.k + ": " + w.member + "'s segment was chosen from " + r.candidates.length +
+    var note = "Round " + r.k + ": " + name(w.member) + "'s segment was chosen from " + r.candidates.length +
       (r.candidates.length === 1 ? " candidate" : " candidates");
     if (r.verified && r.candidates.length > 1) note += ", by a margin of " + fmt(r.margin, 3);
-    if (k === n) note += ". The run stopped here: " + (data.stop === null ? "cancelled" : data.stop);
+    if (k === n) note += ". The run " + (data.stop === null ? "was paused here" : "stopped here: " + data.stop);
     $("round-note").textContent = note + ".";
     $("answer-note").textContent = "(rounds 1–" + k + ", round " + k + " framed)";
   }
@@ -288,21 +310,51 @@
     if (timer !== null) { clearInterval(timer); timer = setInterval(tick, pace()); }
     this.blur(); // the arrow keys step rounds again, not the pace
   });
-  var KEYS = { ArrowRight: 1, PageDown: 1, ArrowLeft: -1, PageUp: -1 };
+  // The keys: the app's one key map (specfuse.handout.keys), embedded as data.keys (key → action).
+  var black = el("div");
+  black.id = "black";
+  black.hidden = true;
+  document.body.appendChild(black);
+  var ACT = {
+    next: function () { step(1); },
+    back: function () { step(-1); },
+    play: toggle,
+    home: function () { step(1 - k); },
+    end: function () { step(n - k); },
+    black: function () { black.hidden = false; },
+    help: function () { $("keymap").hidden = !$("keymap").hidden; },
+  };
+  var swallowed = false;
   document.addEventListener("keydown", function (e) {
-    if (e.altKey || e.ctrlKey || e.metaKey || (e.target && e.target.tagName === "SELECT")) return;
-    if (Object.prototype.hasOwnProperty.call(KEYS, e.key)) step(KEYS[e.key]);
-    else if (e.key === " " || e.key === "Spacebar") { if (!e.repeat) toggle(); }
-    else if (e.key === "Home") step(1 - k);
-    else if (e.key === "End") step(n - k);
-    else return;
-    e.preventDefault(); // no scrolling, and a focused button is not pressed as well
+    swallowed = false;
+    if (!black.hidden) { black.hidden = true; e.preventDefault(); swallowed = true; return; }
+    if (e.altKey || e.ctrlKey || e.metaKey) return;
+    var t = e.target && e.target.tagName;
+    if (t === "SELECT") return;
+    if (e.key === "Escape") { $("keymap").hidden = true; return; }
+    var key = e.key === "Spacebar" ? " " : e.key;
+    // Space on a focused button is that button's press (Next, Pause …), never Play as well.
+    if (key === " " && (t === "BUTTON" || t === "INPUT" || t === "SUMMARY")) return;
+    var action = Object.prototype.hasOwnProperty.call(data.keys, key) ? data.keys[key] : null;
+    if (!action || !ACT[action]) return;
+    e.preventDefault(); // no scrolling
+    swallowed = true;
+    if (!(e.repeat && action === "play")) ACT[action]();
   });
   document.addEventListener("keyup", function (e) {
-    if (e.key === " " && !(e.target && e.target.tagName === "SELECT")) e.preventDefault();
+    if (swallowed && e.key === " ") e.preventDefault();
   });
+  function renderKeymap() {
+    var table = $("keymap-table");
+    data.keyRows.forEach(function (r) {
+      var th = el("th", r[0]);
+      th.scope = "row";
+      table.appendChild(row([th, el("td", r[1])]));
+    });
+  }
 
   renderStatic();
+  renderKeymap();
   $("player").hidden = false;
   var start = parseInt(location.hash.slice(1), 10); // file.html#5 opens at round 5
   show(isFinite(start) ? start : 1);
