@@ -170,6 +170,6 @@ def test_a_prompt_a_member_cannot_hold_is_refused_from_its_token_count_before_it
             error = got.json()["error"]
             assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
             assert error["message"].startswith(f"{small.name}: the prompt takes ")
-            assert "beyond its context of 64 tokens" in error["message"] and not submitted
+            assert "beyond the model's context of 64;" in error["message"] and not submitted
     finally:
         scheduler.close()

@@ -231,8 +231,8 @@ def _check_context(scheduler: Scheduler, ask: Ask) -> None:
         if tokens + budget > context:
             raise ApiError(
                 413,
-                f"{member.name}: the prompt takes {tokens:,} tokens and max_tokens {budget:,} more, "
-                f"beyond its context of {context:,} tokens; shorten the prompt or lower max_tokens",
+                f"{member.name}: the prompt takes {tokens} tokens and max_tokens {budget} more, beyond "
+                f"the model's context of {context}; shorten the prompt or lower max_tokens",
                 param="messages" if ask.kind == "chat" else "prompt",
                 code="context_length_exceeded",
             )

@@ -30,7 +30,7 @@ from pydantic import (
 from ..config import EnsembleConfig, Setting, check_setting, setting_named, settings
 from ..errors import ConfigError
 from ..limits import MAX_MESSAGES
-from ..prompts import ROLES, Message, Prompt, conversation, prompt_chars
+from ..prompts import ROLES, Message, Prompt, conversation, last_user_text, prompt_chars
 
 ENSEMBLE_MODEL = "specfuse"  # the model id of the ensemble of every loaded member
 MAX_STOP = 4  # OpenAI's limit on stop strings
@@ -330,6 +330,13 @@ def parse_request(
     else:
         assert isinstance(request, CompletionRequest)
         prompt = request.prompt if isinstance(request.prompt, str) else request.prompt[0]
+    if not last_user_text(prompt).strip():  # the engine's check_prompt too; here it names the field
+        what = "the last user message" if kind == "chat" else "the prompt"
+        raise ApiError(
+            400,
+            f"{what} is empty; send a question or an instruction",
+            param="messages" if kind == "chat" else "prompt",
+        )
     chars = prompt_chars(prompt)
     if chars > limits.max_prompt_chars:
         what = "the prompt has" if isinstance(prompt, str) else "the messages have, together,"
