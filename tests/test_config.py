@@ -187,3 +187,13 @@ def test_an_integer_without_an_upper_bound_takes_any_size():
     assert EnsembleConfig(seed=2**40).seed == 2**40
     with pytest.raises(ConfigError, match="seed must be a non-negative integer, got -1"):
         EnsembleConfig(seed=-1)
+
+
+def test_a_seed_past_int64_and_a_temperature_too_small_to_sample_are_refused():
+    """torch takes seeds below 2**64 (member i uses seed + i); logits / 1e-210 are infinite."""
+    assert EnsembleConfig(seed=2**63 - 1).seed == 2**63 - 1
+    with pytest.raises(ConfigError, match=r"seed must be at most 2\*\*63 - 1"):
+        EnsembleConfig(seed=2**64)
+    assert EnsembleConfig(temperature=1e-5).temperature == 1e-5
+    with pytest.raises(ConfigError, match=r"temperature must be 0 \(greedy\) or at least 1e-05, got 1e-210"):
+        EnsembleConfig(temperature=1e-210)

@@ -127,6 +127,33 @@ def test_completions_whole_and_streamed_honour_stop_and_a_subset_of_members(clie
     )
 
 
+def test_n_answers_are_n_runs_with_seeds_seed_plus_i_each_its_own_choice_and_trace(
+    client, server, tiny_members
+):
+    reply = client.chat.completions.create(
+        model="specfuse",
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=12,
+        temperature=1.0,
+        seed=5,
+        n=3,
+    )
+    config = replace(BASE, max_new_tokens=12, temperature=1.0)
+    wants = [solo(tiny_members, PROMPT, replace(config, seed=5 + i)) for i in range(3)]
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert [c.message.content for c in reply.choices] == [w.answer for w in wants]
+    assert reply.usage.completion_tokens == sum(w.tokens for w in wants)
+    runs = reply.to_dict()["specfuse"]["choices"]
+    assert len({r["trace_id"] for r in runs}) == 3
+    for i, run in enumerate(runs):
+        trace = parse_trace(httpx.get(f"{server[0]}/v1/traces/{run['trace_id']}").text)
+        assert trace.config.seed == 5 + i and trace.result.answer == wants[i].answer
+    with pytest.raises(openai.BadRequestError, match="n > 1 is answered whole"):
+        client.chat.completions.create(
+            model="specfuse", messages=[{"role": "user", "content": "x"}], n=2, stream=True
+        )
+
+
 def test_models_lists_the_ensemble_and_each_member(client, tiny_members):
     assert [m.id for m in client.models.list()] == ["specfuse", *(m.name for m in tiny_members)]
 
@@ -137,8 +164,8 @@ def test_errors_come_as_openai_error_json_with_the_right_status(client, server):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="gpt-9", messages=chat["messages"])
     assert e.value.body["code"] == "model_not_found" and "gpt-9" in e.value.body["message"]
-    with pytest.raises(openai.BadRequestError, match="n must be 1"):
-        client.chat.completions.create(model="specfuse", messages=chat["messages"], n=2)
+    with pytest.raises(openai.BadRequestError, match=r"n must be an integer in 1\.\.8"):
+        client.chat.completions.create(model="specfuse", messages=chat["messages"], n=9)
     with pytest.raises(openai.BadRequestError, match="'tool' is not supported"):
         client.chat.completions.create(model="specfuse", messages=[{"role": "tool", "content": "x"}])
     with pytest.raises(openai.BadRequestError, match="segment_len must be an integer in 1..256"):
@@ -208,7 +235,9 @@ def test_a_client_that_disconnects_cancels_its_request(server, tiny_members):
     body = {"model": "specfuse", "messages": [{"role": "user", "content": PROMPT}], "stream": True, **LONG}
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
         lines = response.iter_lines()
-        first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
+        # The role chunk comes at once (the stream is accepted); then the first round's text.
+        chunks = (json.loads(line[6:]) for line in lines if line.startswith("data: "))
+        first = next(c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content"))
         assert first["object"] == "chat.completion.chunk"
         assert httpx.get(url + "/health").json()["running"] == 1
     wait_idle(url, 10)  # the stream was closed: the request left the batch long before its 80 rounds
@@ -221,8 +250,8 @@ def test_a_client_that_disconnects_cancels_its_request(server, tiny_members):
             + f"Content-Length: {len(whole)}\r\n\r\n".encode()
             + whole
         )
-        deadline = time.monotonic() + 10
-        while httpx.get(url + "/health").json()["running"] == 0 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 20  # until its first round is played (it then has a trace)
+        while not any(t.rounds for t in list(scheduler._running.values())) and time.monotonic() < deadline:
             time.sleep(0.02)
     wait_idle(url, 10)
     deadline = time.monotonic() + 10  # the handlers keep the traces as they wind up, just after

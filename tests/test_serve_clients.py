@@ -59,7 +59,7 @@ GOOD = [
 ]
 BAD = [
     {"model": "specfuse", "messages": [{"role": "wizard", "content": "hi"}]},
-    {"model": "specfuse", "messages": [{"role": "user", "content": "hi"}], "n": 3},
+    {"model": "specfuse", "messages": [{"role": "user", "content": "hi"}], "n": 9},  # 1..8
     {"model": "nope", "messages": [{"role": "user", "content": "hi"}]},
     {"model": "specfuse", "prompt": "hi", "specfuse": {"top_p": 0}},
 ]

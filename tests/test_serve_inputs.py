@@ -120,6 +120,9 @@ def test_max_tokens_zero_names_the_field_the_client_sent(api):
         ("tools", [{"type": "function", "function": {"name": "f"}}], "tools are not supported"),
         ("tool_choice", "auto", "tool_choice is not supported"),
         ("logit_bias", {"42": 5}, "logit_bias is not supported"),
+        ("logprobs", True, "logprobs are not supported yet"),
+        ("top_logprobs", 5, "top_logprobs are not supported yet"),
+        ("echo", True, "echo is not supported yet"),
     ],
 )
 def test_fields_we_do_not_do_are_a_400_that_says_so(api, field, value, says):
@@ -129,7 +132,13 @@ def test_fields_we_do_not_do_are_a_400_that_says_so(api, field, value, says):
 
 
 def test_the_harmless_values_of_those_fields_pass(api):
-    body = {"response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "logit_bias": {}}
+    body = {
+        "response_format": {"type": "text"},
+        "tools": [],
+        "tool_choice": "none",
+        "logit_bias": {},
+        "logprobs": False,
+    }
     got = api.post(CHAT, json={"model": "specfuse", "messages": HELLO, "max_tokens": 2, **body})
     assert got.status_code == 200, got.text
 
@@ -170,6 +179,6 @@ def test_a_prompt_a_member_cannot_hold_is_refused_from_its_token_count_before_it
             error = got.json()["error"]
             assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
             assert error["message"].startswith(f"{small.name}: the prompt takes ")
-            assert "beyond its context of 64 tokens" in error["message"] and not submitted
+            assert "beyond the model's context of 64;" in error["message"] and not submitted
     finally:
         scheduler.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import secrets
 import time
@@ -188,28 +189,52 @@ async def _respond(serving: Serving, request: Request, kind: str) -> Response:
         body, kind, names=scheduler.names, base=scheduler.config, limits=serving.limits
     )
     await asyncio.to_thread(_check_context, scheduler, ask)  # before any member reads the prompt
+    prompt_tokens = sum(serving.count_tokens(m.content) for m in conversation(ask.prompt))
+    configs = [dataclasses.replace(ask.config, seed=ask.config.seed + i) for i in range(ask.n)]
+    tickets: list[Ticket] = []
     try:
-        ticket = scheduler.submit(ask.prompt, ask.config, members=ask.members)
+        for config in configs:  # n > 1: submitted together, so they join the batch's next round together
+            tickets.append(scheduler.submit(ask.prompt, config, members=ask.members))
     except QueueFull as e:
         raise ApiError(429, str(e), type="rate_limit_error", code="queue_full") from None
     except SchedulerClosed as e:
         raise ApiError(503, str(e), type="server_error") from None
     except ConfigError as e:
         raise ApiError(400, str(e), param="specfuse.members" if "member" in str(e) else None) from None
-    prompt_tokens = sum(serving.count_tokens(m.content) for m in conversation(ask.prompt))
-    watch = asyncio.create_task(_watch(request, ticket, arrived + serving.limits.request_timeout_s))
-    events = ticket.aevents()
-    run = _Response(ask, ticket, prompt_tokens, watch, events, serving)
+    finally:
+        if len(tickets) < len(configs):  # refused part-way: the others leave the line too
+            for ticket in tickets:
+                ticket.cancel()
+    deadline = arrived + serving.limits.request_timeout_s
     if ask.stream:  # accepted: the headers and the role chunk now, keep-alives while it waits in line
-        return StreamingResponse(run.sse(), media_type="text/event-stream")
+        return StreamingResponse(
+            _Response.begin(ask, tickets[0], prompt_tokens, request, deadline, serving).sse(),
+            media_type="text/event-stream",
+        )
+    answers = await asyncio.gather(
+        *(_whole(ask, t, prompt_tokens, request, deadline, serving) for t in tickets), return_exceptions=True
+    )
+    failed = next((a for a in answers if isinstance(a, BaseException)), None)
+    if failed is not None:
+        for ticket in tickets:
+            ticket.cancel()
+        raise failed
+    return JSONResponse(replies.several([a for a in answers if isinstance(a, dict)]))
+
+
+async def _whole(
+    ask: Ask, ticket: Ticket, prompt_tokens: int, request: Request, deadline: float, serving: Serving
+) -> dict[str, Any]:
+    """One ticket's whole answer; an error before its first round is a status."""
+    run = _Response.begin(ask, ticket, prompt_tokens, request, deadline, serving)
     try:
-        first = await _next_round(events, ticket, watch)  # errors before any answer: a status
+        first = await _next_round(run.events, ticket, run.watch)
     except BaseException:
-        watch.cancel()
-        await events.aclose()
+        run.watch.cancel()
+        await run.events.aclose()
         serving.keep(ticket, prompt_tokens)
         raise
-    return JSONResponse(await run.whole(first))
+    return await run.whole(first)
 
 
 def _check_context(scheduler: Scheduler, ask: Ask) -> None:
@@ -234,8 +259,8 @@ def _check_context(scheduler: Scheduler, ask: Ask) -> None:
         if tokens + budget > context:
             raise ApiError(
                 413,
-                f"{member.name}: the prompt takes {tokens:,} tokens and max_tokens {budget:,} more, "
-                f"beyond its context of {context:,} tokens; shorten the prompt or lower max_tokens",
+                f"{member.name}: the prompt takes {tokens} tokens and max_tokens {budget} more, beyond "
+                f"the model's context of {context}; shorten the prompt or lower max_tokens",
                 param="messages" if ask.kind == "chat" else "prompt",
                 code="context_length_exceeded",
             )
@@ -323,6 +348,14 @@ class _Response:
         self.watch, self.events, self.serving = watch, events, serving
         self.rid = ("chatcmpl-" if ask.kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+
+    @classmethod
+    def begin(
+        cls, ask: Ask, ticket: Ticket, prompt_tokens: int, request: Request, deadline: float, serving: Serving
+    ) -> _Response:
+        """The response to `ticket`, its watch (disconnect, deadline) started."""
+        watch = asyncio.create_task(_watch(request, ticket, deadline))
+        return cls(ask, ticket, prompt_tokens, watch, ticket.aevents(), serving)
 
     def _extra(self) -> dict[str, Any]:
         t = self.ticket

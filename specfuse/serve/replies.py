@@ -66,6 +66,26 @@ def completion(
     return {"id": rid, "object": obj, "created": created, "model": ask.model, "choices": [choice], **extra}
 
 
+def several(answers: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """n whole answers (n > 1) as one response: choice i is run i's (seed + i); the usage counts the
+    prompt once and every run's answer; `specfuse.choices` holds each run's summary (its trace id)."""
+    if len(answers) == 1:
+        return dict(answers[0])
+    first = answers[0]
+    choices = [{**a["choices"][0], "index": i} for i, a in enumerate(answers)]
+    completion_tokens = sum(a["usage"]["completion_tokens"] for a in answers)
+    prompt_tokens = first["usage"]["prompt_tokens"]
+    out = {k: v for k, v in first.items() if k not in ("choices", "usage", "specfuse")}
+    out["choices"] = choices
+    out["usage"] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    out["specfuse"] = {"choices": [a.get("specfuse") for a in answers]}
+    return out
+
+
 def chunk(
     ask: Ask,
     rid: str,

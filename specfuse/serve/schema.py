@@ -27,13 +27,14 @@ from pydantic import (
     model_validator,
 )
 
-from ..config import EnsembleConfig, Setting, check_setting, setting_named, settings
+from ..config import MAX_SEED, EnsembleConfig, Setting, check_setting, setting_named, settings
 from ..errors import ConfigError
 from ..limits import MAX_MESSAGES
-from ..prompts import ROLES, Message, Prompt, conversation, prompt_chars
+from ..prompts import ROLES, Message, Prompt, conversation, last_user_text, prompt_chars
 
 ENSEMBLE_MODEL = "specfuse"  # the model id of the ensemble of every loaded member
 MAX_STOP = 4  # OpenAI's limit on stop strings
+MAX_N = 8  # answers one request may ask for: each is a run in the batch (its default size)
 SERVER_SETTINGS = ("parallel",)  # EnsembleConfig fields that are the server's, not a request's
 
 
@@ -86,6 +87,7 @@ class Ask:
     members: tuple[str, ...] | None  # None: every loaded member
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage
+    n: int = 1  # runs of the ensemble, seeds seed + i, each its own choice and trace
 
 
 # ---- requests: pydantic models, so that /openapi.json publishes what a body may hold ----------------
@@ -206,7 +208,9 @@ class _Request(BaseModel):
 
     model_config = ConfigDict(extra="ignore", strict=True)
     model: str = Field(description="'specfuse' (the ensemble) or one member's name")
-    n: int | None = Field(1, description="must be 1: the ensemble gives one answer per request")
+    n: int | None = Field(
+        1, description=f"answers, 1..{MAX_N}: n runs of the ensemble with seeds seed + i, played together"
+    )
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None
@@ -236,8 +240,10 @@ class _Request(BaseModel):
     @field_validator("n", mode="before")
     @classmethod
     def _one(cls, n: Any) -> Any:
-        if n not in (1, None) or isinstance(n, bool):
-            raise ValueError("n must be 1: the ensemble gives one answer per request")
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N):
+            raise ValueError(
+                f"n must be an integer in 1..{MAX_N} (answers, each a run of its own); got {_short(n)}"
+            )
         return n
 
     @field_validator("stop", mode="before")
@@ -330,6 +336,13 @@ def parse_request(
     else:
         assert isinstance(request, CompletionRequest)
         prompt = request.prompt if isinstance(request.prompt, str) else request.prompt[0]
+    if not last_user_text(prompt).strip():  # the engine's check_prompt too; here it names the field
+        what = "the last user message" if kind == "chat" else "the prompt"
+        raise ApiError(
+            400,
+            f"{what} is empty; send a question or an instruction",
+            param="messages" if kind == "chat" else "prompt",
+        )
     chars = prompt_chars(prompt)
     if chars > limits.max_prompt_chars:
         what = "the prompt has" if isinstance(prompt, str) else "the messages have, together,"
@@ -363,7 +376,14 @@ def parse_request(
     except ConfigError as e:
         raise _config_error(e, sent) from None
     include_usage = request.stream_options is not None and request.stream_options.include_usage
-    return Ask(kind, model, prompt, config, members, bool(request.stream), include_usage)
+    n = request.n or 1
+    if n > 1 and request.stream:
+        raise ApiError(400, "n > 1 is answered whole: leave stream out or set n to 1", param="n")
+    if config.seed + n - 1 > MAX_SEED:
+        raise ApiError(
+            400, "seed + n - 1 must be at most 2**63 - 1 (run i samples with seed + i)", param="seed"
+        )
+    return Ask(kind, model, prompt, config, members, bool(request.stream), include_usage, n)
 
 
 def _kind(value: Any) -> str:
