@@ -27,6 +27,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PLAIN = 11  # the run's outputs, as the page's API returns them: the plain answer is the 12th
 PROMPT = "Explain in two sentences why the sky is blue."
 # app.py with its loggers at INFO on stderr: the loader's "NAME: ready in S s" lines say when each is ready
 LAUNCH = (
@@ -59,7 +60,13 @@ def first_segment(url: str, timeout: float) -> float:
     job = client.submit(prompt=PROMPT, api_name="/run")  # the form's defaults: the default members
     while time.perf_counter() - began < timeout:
         for output in job.outputs():
-            if isinstance(output, (list, tuple)) and len(output) > 11 and output[11]:  # the plain answer
+            # the plain answer (a component the update leaves alone comes as a dict: not text)
+            if (
+                isinstance(output, (list, tuple))
+                and len(output) > PLAIN
+                and isinstance(output[PLAIN], str)
+                and output[PLAIN]
+            ):
                 seconds = time.perf_counter() - began
                 job.cancel()
                 return seconds
