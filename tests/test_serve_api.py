@@ -276,3 +276,21 @@ def test_openapi_json_publishes_the_request_bodies_with_the_specfuse_fields_behi
     assert (segment["minimum"], segment["maximum"]) == (1, 256)
     assert {"enum": ["mean", "median", "filtered"], "type": "string"} in fields["aggregation"]["anyOf"]
     assert schemas["ChatMessage"]["properties"]["role"]["enum"] == ["system", "user", "assistant"]
+
+
+def test_health_says_what_the_loading_is_doing_while_the_members_load(tmp_path):
+    """Issue 58: while the members load, /health names the phase, the member and its step."""
+    from specfuse.models.preparation import Preparation
+
+    app = create_app()
+    preparation = Preparation(
+        ["smollm2-135m", "gemma3-270m"], lambda name: "none", lambda line: None, tmp_path
+    )
+    app.state.serving.preparing = preparation.snapshot
+    preparation.progress(0.3, "gemma3-270m: converting GGUF (once; this takes a while)")
+    with running(app) as url:
+        health = httpx.get(url + "/health")
+    said = health.json()
+    assert health.status_code == 503 and said["status"] == "loading"
+    assert (said["phase"], said["member"], said["step"]) == ("preparing", "gemma3-270m", "converting")
+    assert said["progress"] == 0.3 and said["usual_s"] is None  # nothing measured in this cache yet
