@@ -12,7 +12,7 @@ import contextlib
 import os
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +44,12 @@ def serve(
     run_history: bool = False,
     prevent_thread_lock: bool = False,
     api: Any = None,
+    then: Callable[[], None] | None = None,
 ) -> tuple[Any, str, str]:
     """Queue (bounded) and launch with the Gradio 6 conventions: theme and CSS in launch(), no SSR.
 
-    `api`: an ASGI app (specfuse.serve.api.create_app) answering /v1/… and /health on the same port."""
+    `api`: an ASGI app (specfuse.serve.api.create_app) answering /v1/… and /health on the same port.
+    `then`: called once the page answers (app.preparation: the members load while it is read)."""
     css_path = ASSETS / "app.css"
     keys = ASSETS / "step_keys.js"  # step mode's keys: a file of ours, no request elsewhere
     demo.queue(max_size=max_size, default_concurrency_limit=concurrency)
@@ -67,6 +69,8 @@ def serve(
     )
     if api is not None:
         ApiRoute(api).mount(launched[0])
+    if then is not None:  # after launch: loading (torch's import, conversions) then slows no page
+        then()
     if not prevent_thread_lock:
         demo.block_thread()
     return launched
@@ -193,13 +197,23 @@ def settle_quantize(args: argparse.Namespace) -> str:
     return settle_auto(args.quantize, users, args.device, lambda line: print(line, file=sys.stderr), "app.py")
 
 
-def prepare(loader: SharedLoader, members: list[str], device: str) -> None:
-    """Start loading the default members in the background (studio.loading), placed as a Run places
-    them; a device setting that cannot work here starts nothing (the Run says why)."""
+def preparation(
+    args: argparse.Namespace, loader: SharedLoader, members: list[str]
+) -> Callable[[], None] | None:
+    """What starts loading the default members in the background once the page answers (while it is
+    read; a Run pressed earlier waits for this load), placed as a Run places them; None with
+    --load-on-run, or where they load before serving (--preload, --api). A device setting that cannot
+    work here starts nothing (the Run says why)."""
     from specfuse.models.devices import plan_devices
 
-    with contextlib.suppress(SpecfuseError):
-        loader.prepare(members, plan_devices(len(members), device))
+    if args.load_on_run or args.preload or args.api:
+        return None
+
+    def start() -> None:
+        with contextlib.suppress(SpecfuseError):
+            loader.prepare(members, plan_devices(len(members), args.device))
+
+    return start
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -255,8 +269,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             from specfuse.serve.api import create_app
 
             api = create_app(schedulers.of(members), api_key=args.api_key)
-    elif not args.load_on_run:  # while the page is read; a Run pressed earlier waits for this load
-        prepare(loader, [served.get(m, m) for m in defaults], args.device)
+    preparing = preparation(args, loader, [served.get(m, m) for m in defaults])
     demo = build_demo(
         loader,
         choices=choices,
@@ -280,6 +293,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             concurrency=args.concurrency,
             run_history=args.run_history,
             api=api,
+            then=preparing,
         )
     finally:
         schedulers.close()

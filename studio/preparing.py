@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from .loading import Load
 
 POLL_S = 0.25  # how often a waiting run's status line and progress bar are refreshed
+# A wait shorter than this (members already loaded, or quick to load) keeps Gradio's own bar alone:
+# the status line's first word hides that bar, and flickering it for a moment says nothing.
+SAY_AFTER_S = 1.0
 
 # load(names, device, progress, begin): Studio.load, which calls begin(name, device) as each member starts
 PrepareLoad = Callable[..., "list[Member]"]
@@ -50,6 +53,7 @@ class Preparing:
     done: threading.Event = field(default_factory=threading.Event)
     members: list[Member] | None = None
     error: BaseException | None = None
+    created: float = field(default_factory=time.perf_counter)
 
     @classmethod
     def start(
@@ -118,8 +122,10 @@ def bar(fraction: float, cells: int = 12) -> str:
 
 def relay(job: Preparing, progress: Any, last: str | None) -> str | None:
     """Gradio's progress bar from the job (in the handler's own thread); the status text when it
-    changed since `last`, else None."""
+    changed since `last` (and the wait has lasted SAY_AFTER_S), else None."""
     if job.message:
         progress(job.fraction, desc=job.message)
+    if time.perf_counter() - job.created < SAY_AFTER_S:
+        return None
     text = job.status()
     return text if text != last else None

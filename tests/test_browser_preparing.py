@@ -41,7 +41,7 @@ STATUS = "document.querySelector('#status').innerText"
 def test_a_run_during_preparation_names_the_member_and_its_step_and_the_progress_moves(
     browser, tmp_path, record_property
 ):
-    loader = SharedLoader(slow_load)
+    loader = SharedLoader(slow_load, cache_dir=str(tmp_path / "cache"))  # its times: this test's own
     build = {"default_models": TINY[:2], "device": "cpu", "defaults": {"segment_len": 4, "max_new_tokens": 8}}
     with (
         launched(tmp_path / "gradio", dict.fromkeys(TINY[:2]), loader, **build) as url,

@@ -147,7 +147,7 @@ def test_without_the_flag_the_app_prepares_its_default_members_and_with_it_nothi
     started = []
     monkeypatch.setattr(SharedLoader, "prepare", lambda self, names, places: started.append((names, places)))
     monkeypatch.setattr(app, "build_demo", lambda loader, **kw: None)
-    monkeypatch.setattr(app, "serve", lambda demo, **kw: None)
+    monkeypatch.setattr(app, "serve", lambda demo, then=None, **kw: then and then())  # once the page answers
     monkeypatch.setattr(app, "installed_models", lambda: ["a", "b", "c"])
     monkeypatch.setattr(app, "CATALOGUE", {"a": None, "b": None, "c": None})
     app.main(["--models", "a", "b", "--device", "cpu", "--quantize", "none"])

@@ -322,3 +322,21 @@ def test_a_gated_request_says_which_rounds_the_gatekeeper_played_alone(client, t
         model="specfuse", messages=[{"role": "user", "content": PROMPT}], max_tokens=12
     )
     assert plain.to_dict()["specfuse"]["gated_rounds"] == 0 and plain.to_dict()["specfuse"]["gated"] == []
+
+
+def test_health_says_what_the_loading_is_doing_while_the_members_load(tmp_path):
+    """Issue 58: while the members load, /health names the phase, the member and its step."""
+    from specfuse.models.preparation import Preparation
+
+    app = create_app()
+    preparation = Preparation(
+        ["smollm2-135m", "gemma3-270m"], lambda name: "none", lambda line: None, tmp_path
+    )
+    app.state.serving.preparing = preparation.snapshot
+    preparation.progress(0.3, "gemma3-270m: converting GGUF (once; this takes a while)")
+    with running(app) as url:
+        health = httpx.get(url + "/health")
+    said = health.json()
+    assert health.status_code == 503 and said["status"] == "loading"
+    assert (said["phase"], said["member"], said["step"]) == ("preparing", "gemma3-270m", "converting")
+    assert said["progress"] == 0.3 and said["usual_s"] is None  # nothing measured in this cache yet
