@@ -40,11 +40,13 @@ def scrape(client) -> dict[tuple[str, tuple], float]:
 def test_metrics_count_requests_by_status_tokens_rounds_and_member_seconds(api):
     client, members = api
     before = scrape(client)
+    gated = {"gate": True, "gate_threshold": -100.0}  # the gatekeeper is always sure enough
     answers = [
         client.post(
-            CHAT, json={"model": "specfuse", "messages": [{"role": "user", "content": q}], "max_tokens": 4}
+            CHAT,
+            json={"model": "specfuse", "messages": [{"role": "user", "content": q}], "max_tokens": 4} | extra,
         )
-        for q in ("hello there", "what is two and two?")
+        for q, extra in (("hello there", {}), ("what is two and two?", {"specfuse": gated}))
     ]
     assert [a.status_code for a in answers] == [200, 200]
     assert client.post(CHAT, json={"model": "specfuse", "messages": []}).status_code == 400
@@ -70,6 +72,8 @@ def test_metrics_count_requests_by_status_tokens_rounds_and_member_seconds(api):
     assert grew("specfuse_completion_tokens_total") == sum(u["completion_tokens"] for u in usage)
     assert grew("specfuse_prompt_tokens_total") == sum(u["prompt_tokens"] for u in usage)
     assert grew("specfuse_rounds_total") == sum(a.json()["specfuse"]["rounds"] for a in answers)
+    gated_rounds = [a.json()["specfuse"]["gated_rounds"] for a in answers]
+    assert gated_rounds[0] == 0 < gated_rounds[1] and grew("specfuse_gated_rounds_total") == sum(gated_rounds)
     for m in members:
         assert grew("specfuse_member_seconds_total", member=m.name, phase="draft") > 0
     assert after[("specfuse_waiting", ())] == 0 and after[("specfuse_running", ())] == 0

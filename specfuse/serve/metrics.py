@@ -47,6 +47,11 @@ class Metrics:
             "specfuse_completion_tokens", "answer tokens of completion requests", registry=r
         )
         self.rounds = Counter("specfuse_rounds", "ensemble rounds played for completion requests", registry=r)
+        self.gated_rounds = Counter(
+            "specfuse_gated_rounds",
+            "of those rounds, the ones the gatekeeper played alone (config.gate: it was sure)",
+            registry=r,
+        )
         self.member_seconds = Counter(
             "specfuse_member_seconds",
             "seconds each member spent in each phase of the rounds (draft, verify, accept)",
@@ -63,6 +68,7 @@ class Metrics:
         self.prompt_tokens.inc(prompt_tokens)
         self.completion_tokens.inc(completion_tokens)
         self.rounds.inc(len(rounds))
+        self.gated_rounds.inc(sum(r.gated for r in rounds))
         for r in rounds:
             for t in r.timings:
                 for phase, seconds in (("draft", t.draft_s), ("verify", t.verify_s), ("accept", t.accept_s)):
