@@ -192,7 +192,7 @@ def test_two_people_step_apart_while_a_third_runs_freely(browser, url):
 def test_a_run_paused_past_the_idle_limit_says_it_ended(browser, members, tmp_path_factory):
     with (
         launched(
-            tmp_path_factory.mktemp("gradio"), members, schedulers=Schedulers(pause_idle_s=2.0), **BUILD
+            tmp_path_factory.mktemp("gradio"), members, schedulers=Schedulers(pause_idle_s=6.0), **BUILD
         ) as address,
         opened(browser, address) as page,
     ):
@@ -202,9 +202,10 @@ def test_a_run_paused_past_the_idle_limit_says_it_ended(browser, members, tmp_pa
         page.keyboard.press("ArrowRight")
         wait_in(page, "#step-note", "won")
         kept = answer_text(page)
-        time.sleep(3.5)  # no step for longer than the limit
+        # no step for longer than the limit (6 s: on a loaded machine 2 s could pass before the first key)
+        time.sleep(7.5)
         page.keyboard.press("ArrowRight")
-        wait_in(page, "#step-note", "no step for 2 s")
-        wait_in(page, "#status", "no step for 2 s")
+        wait_in(page, "#step-note", "no step for 6 s")
+        wait_in(page, "#status", "no step for 6 s")
         assert "The run has ended after round 1" in note(page) and answer_text(page) == kept
         assert page.locator("#step-next").is_disabled()
