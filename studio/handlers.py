@@ -401,8 +401,9 @@ class Studio(WhatIf):
             self.controls.download: download_value(trace, session),
         }
 
-    def replay(self, trace: Trace | None, k: float, view_name: str) -> Update:
-        if trace is None or not trace.rounds:
+    def replay(self, trace: Trace | None, k: float | None, view_name: str) -> Update:
+        # k is None or out of range while a round is typed (the box emptied first): nothing yet
+        if trace is None or not trace.rounds or k is None or not 1 <= k <= len(trace.rounds):
             return unchanged()
         return self.panels(trace, int(k), view_name)
 

@@ -17,11 +17,10 @@ from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from .browse import FailureBrowser
 from .chat_panel import chat_panel
 from .conversation import Conversing, wire_chat
-from .explain import Notes, presenter_bar, wire_presenter
+from .explain import Notes, keymap_panel, presenter_bar, wire_keys, wire_presenter
 from .failures import FILTERS, EvalRun, load_eval, problems_table
 from .gallery import Shelf, gallery_panel, handouts_panel, lesson_panel, shipped, wire_gallery, wire_handouts
 from .handlers import Studio
-from .keys import keymap_panel, wire_keys
 from .loading import DEVICES, DevicePlan, Loader, same_device
 from .panels import Failures, controls_panel, failures_panel, views_panel
 from .serving import DEFAULT_CONCURRENCY, Schedulers

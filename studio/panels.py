@@ -150,9 +150,7 @@ def views_panel(notes: Notes | None = None) -> Views:
             elem_id="plain",
         )
     segment = gr.HTML(elem_id="segment")
-    round_slider = gr.Slider(
-        1, 2, value=1, step=1, label="Round (replay)", interactive=False, elem_id="round"
-    )
+    round_slider = gr.Slider(1, 2, 1, step=1, label="Round (replay)", interactive=False, elem_id="round")
     candidates = gr.Dataframe(
         label="Candidates of the round",
         headers=report.CANDIDATE_COLUMNS,
@@ -162,8 +160,7 @@ def views_panel(notes: Notes | None = None) -> Views:
         elem_id="candidates",
         elem_classes=["sf-fit"],
     )
-    # The presenter view shows this table in the Dataframe's place (24 px, the text given the width).
-    candidates_text = gr.HTML(elem_id="candidates-text", elem_classes=["sf-text-view"])
+    candidates_text = gr.HTML(elem_id="candidates-text", elem_classes=["sf-text-view"])  # presenter view's
     notes.place("candidates")
     with gr.Row():
         with gr.Column():

@@ -1,4 +1,5 @@
-"""A recorded run (a lesson's trace, an uploaded one) played in step mode as a live run is: a
+"""A session's stepping run (StepRun: its ticket, the rounds revealed, the guesses' tally), and a
+recorded run (a lesson's trace, an uploaded one) played in step mode as a live run is: a
 ticket that gives one round per next(), its drafts first, then its Round, then Paused (or Finished
 after the last). No model is loaded and nothing leaves the process: the rounds are the trace's.
 
@@ -9,10 +10,19 @@ work on recorded rounds exactly as on live ones.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from specfuse import Round, SpecfuseError, Trace
+from specfuse import EnsembleConfig, Round, SpecfuseError, Trace
+from specfuse.prompts import Prompt
 from specfuse.records import Draft, Finished, Paused
+
+from .step_views import Tally, due
+
+if TYPE_CHECKING:
+    from specfuse.engine import Ticket
 
 Event = Draft | Round | Paused | Finished
 
@@ -74,3 +84,44 @@ class RecordedTicket:
             yield Finished("done" if rnd.stop_reason else "cancelled")
         else:
             yield Paused(rnd.k)
+
+
+@dataclass
+class StepRun:
+    """One session's stepping run, as the server keeps it between the page's presses."""
+
+    ticket: Ticket | RecordedTicket
+    prompt: Prompt
+    config: EnsembleConfig
+    rounds: list[Round] = field(default_factory=list)  # revealed
+    drafts: list[Draft] = field(default_factory=list)  # of the round played and not yet revealed
+    pending: Round | None = None  # that round's verdict, kept until Reveal
+    drafting: str = ""  # the status line that round's drafts left
+    over: bool = False  # no more rounds will come (the last one has, or the run ended)
+    why: str = ""  # what ended it early: the engine's message, or the user's Stop
+    tally: Tally = field(default_factory=Tally)
+    beat: asyncio.Lock = field(default_factory=asyncio.Lock)  # one beat at a time (Play's, a key's)
+
+    @property
+    def recorded(self) -> Trace | None:
+        """The whole recorded run this one steps through (None: a live run)."""
+        return self.ticket.trace if isinstance(self.ticket, RecordedTicket) else None
+
+    def trace(self) -> Trace | None:
+        """The revealed rounds as a trace (what replay, Back and the download show)."""
+        if not self.rounds:
+            return None
+        return Trace(self.prompt, self.ticket.members, self.config, tuple(self.rounds), id=self.ticket.id)
+
+    def since(self) -> float:
+        """The run's clock at the end of the last revealed round: a round's draft times count from it."""
+        return self.rounds[-1].elapsed if self.rounds else 0.0
+
+    def due(self, shown: float | None) -> str:
+        return due(int(shown or 0), len(self.rounds), self.pending is not None, self.over)
+
+    def end(self, why: str) -> None:
+        """Cancel its ticket (idempotent) and drop the round not yet revealed."""
+        self.ticket.cancel()
+        self.over, self.pending, self.drafts = True, None, []
+        self.why = self.why or why

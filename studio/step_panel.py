@@ -2,7 +2,7 @@
 Reveal, Back, Play / Pause, the pace, the room's guess, the note, the timer that plays).
 
 Components only: no listeners (studio.stepping wires them) and no values computed from rounds
-(studio.step_views has those). Every element id starts with `step-`; studio.keys presses
+(studio.step_views has those). Every element id starts with `step-`; studio.explain's key script presses
 these buttons for the keyboard.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from .keys import keys_line
+from .explain import keys_line
 from .step_views import PACE_S
 
 PLAY, PAUSE = "Play", "Pause"

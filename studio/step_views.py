@@ -73,7 +73,7 @@ def guess_choices(drafts: Sequence[Draft]) -> list[tuple[str, str]]:
     drafts where it picks)."""
     first = {d.candidate.member: d.candidate.text for d in reversed(drafts)}
     members = dict.fromkeys(d.candidate.member for d in drafts)
-    # numbered: the key that picks each (studio.keys), shown where the room reads it
+    # numbered: the key that picks each (studio.explain), shown where the room reads it
     return [(f"{i}. {m}: “{clip(first[m])}”", m) for i, m in enumerate(members, 1)]
 
 

@@ -69,3 +69,11 @@ def test_the_readme_layout_lists_every_module():
     modules = {str(p.relative_to(ROOT)) for pkg in ("specfuse", "studio") for p in (ROOT / pkg).rglob("*.py")}
     missing = sorted(m for m in modules if m not in listed)
     assert not missing, f"modules missing from the README's layout: {missing}"
+
+
+def test_the_docs_print_the_one_key_map():
+    """docs/app.md holds the key map exactly as specfuse.handout.keys prints it (issue 53): the app's
+    keys, the handout's and the docs' are one table."""
+    from specfuse.handout.keys import markdown
+
+    assert markdown() in (ROOT / "docs" / "app.md").read_text(encoding="utf-8")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specfuse import EnsembleConfig, SpecfuseError, dump_trace, load_trace, parse_trace
+from specfuse import EnsembleConfig, SpecfuseError, dump_trace, feedback, load_trace, parse_trace, rules
 from specfuse.lessons import (
     LESSONS,
     PANELS,
@@ -230,3 +230,57 @@ def test_the_first_picture_is_never_a_lone_draft_nor_a_one_member_answer():
     assert "moved" in str(ensemble_at_work(dataclasses.replace(trace, rounds=(trace.rounds[0],))))  # equal
     # Three scripted members, full matrices and moving weights, but "b" wins every segment.
     assert "more than one member" in str(ensemble_at_work(scripted_rounds()))
+
+
+# ---- every number a note quotes is its trace's (issue 53, D9) -------------------------------------
+
+NUMBER = re.compile(r"(?<![\d.])[−-]?\d+\.\d{2,}")
+
+
+def _floats(obj: object, out: set[float]) -> None:
+    if isinstance(obj, float):
+        out.add(obj)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            _floats(item, out)
+    elif dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            _floats(getattr(obj, f.name), out)
+
+
+def _rule_values(rnd) -> set[float]:
+    """What each selection rule computes on a recorded round (its normalized matrix and its votes),
+    from the same code the what-if panel runs: a note may quote the paper's rule."""
+    out: set[float] = set()
+    index = {m: i for i, m in enumerate(rnd.members)}
+    weights = [rnd.weights_before[index[v]] for v in rnd.verifiers]
+    drafters = [c.member for c in rnd.candidates]
+    for rule in rules.RULES:
+        try:  # a rule that cannot judge this round (no evidence, scores its normalization refuses)
+            scores = feedback.normalize(rules.raw_scores(rnd, rule.score)[0], rule.normalization)
+            y = feedback.aggregate(scores, weights, rnd.verifiers, drafters, True, rule.aggregation)
+        except (ValueError, SpecfuseError):
+            continue
+        _floats([list(r) for r in scores], out)
+        _floats(list(y), out)
+    return out
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda one: one.slug)
+def test_every_number_a_lesson_note_quotes_is_in_its_trace(lesson):
+    trace = load_lesson(lesson.slug)
+    values: set[float] = set()
+    _floats(trace.rounds, values)
+    _floats(dataclasses.astuple(trace.config), values)
+    for rnd in trace.rounds:
+        if rnd.verified:
+            values |= _rule_values(rnd)
+    texts = [*lesson.look_for.values(), lesson.takeaway]
+    missing = []
+    for text in texts:
+        for quoted in NUMBER.findall(text):
+            plain = quoted.replace("−", "-")
+            digits = len(plain.split(".")[1])
+            if not any(f"{abs(v):.{digits}f}" == plain.lstrip("-") for v in values):
+                missing.append(quoted)
+    assert not missing, f"{lesson.slug} quotes numbers its trace does not hold: {missing}"

@@ -61,12 +61,14 @@ LESSONS: tuple[Lesson, ...] = (
         summary="Gemma wins no segment; after round 4 its keep probability falls under the bar and it "
         "stops drafting.",
         look_for={
+            # The lesson opens at round 4 (its key round): each note says what that round shows, and
+            # how to reach the rounds after it (issue 53, D9).
             "exits": "After round 4 Gemma leaves: its keep probability 0.159 is under the bar δ/|A| = 0.5/3 "
-            "= 0.167. SmolLM2, which won round 1, follows after round 5 (0.107 under 0.25).",
-            "candidates": "Gemma drafts in rounds 1 to 4 and wins none of them; from round 6 only Qwen "
-            "drafts.",
-            "weights": "The weights stop moving after round 5: a lone draft is taken without a verify pass, "
-            "so there is no feedback.",
+            "= 0.167. One round on, SmolLM2, which won round 1, follows (0.107 under 0.25).",
+            "candidates": "Round 4: Gemma drafts and loses again, as in rounds 1 to 3. Move the round slider "
+            "on: from round 6 only Qwen drafts.",
+            "weights": "Up to round 4 the weights move after every round; slide on: after round 5 they stop "
+            "(a lone draft is taken without a verify pass, so no feedback).",
         },
         takeaway="Model exit saves work: a member whose candidates keep losing stops drafting and, by "
         "default, stops verifying too. Here the last five rounds are Qwen alone, with no verify pass at all.",
