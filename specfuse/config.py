@@ -38,7 +38,7 @@ DECODE_HELP = (
 )
 RETIRED_KEYS = ("parallel",)  # stored in configs by earlier versions; read and left out
 VERIFY_MODES = ("always", "contested", "disagree")  # run.py: Run.take_candidates
-# How sure the gatekeeper was of its segment (specfuse/gate.py): the mean log-probability of its
+# How sure the gatekeeper was of its segment (specfuse/engine/gate.py): the mean log-probability of its
 # tokens, the probability of its least likely token, or the least margin (nats) of a token over the
 # runner-up the drafter could have picked there. Higher is surer, for all three.
 GATE_MEASURES = ("mean_logprob", "min_prob", "margin")

@@ -21,7 +21,7 @@ STOP_REASONS = (*ROUND_STOP_REASONS, "cancelled")
 class Confidence:
     """How sure a drafter was of its own candidate, from the values it drafted it with (no extra
     pass): over the tokens it decoded and kept (a final draft: its end marker too). Higher is surer
-    for all three; config.GATE_MEASURES names them, the gated round (specfuse/gate.py) reads one."""
+    for all three; config.GATE_MEASURES names them, the gated round (specfuse/engine/gate.py) reads one."""
 
     mean_logprob: float  # mean log-probability of those tokens
     min_prob: float  # probability of the least likely of them

@@ -1,4 +1,4 @@
-"""The gated round (config.gate): the arithmetic alone (specfuse/gate.py), the round loop on
+"""The gated round (config.gate): the arithmetic alone (specfuse/engine/gate.py), the round loop on
 scripted members (who drafts, verifies, earns and exits), runs in lockstep, and tiny real models."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import torch
 
 from specfuse import EnsembleConfig
 from specfuse.engine import Ensemble, Scheduler
+from specfuse.engine.gate import decide, gatekeeper
 from specfuse.errors import ConfigError
-from specfuse.gate import confidence, decide, gatekeeper
 from specfuse.members import drafting
+from specfuse.members.drafting import confidence
 from specfuse.members.hf_drafting import _token_values
 from specfuse.members.llamacpp_decode import token_and_runner_up
 from specfuse.records import Confidence, summarize

@@ -105,8 +105,7 @@ def one_request(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
             if chunk.get("specfuse"):  # with the finish_reason chunk: the gate's share of the rounds
-                rounds = chunk["specfuse"].get("rounds", 0)
-                gated = chunk["specfuse"].get("gated_rounds", 0)
+                rounds, gated = (chunk["specfuse"].get(k, 0) for k in ("rounds", "gated_rounds"))
     return {"prompt": prompt, "first_segment_s": first, "total_s": time.perf_counter() - began,
             "tokens": tokens, "text": text, "rounds": rounds, "gated_rounds": gated}  # fmt: skip
 

@@ -5,6 +5,7 @@
     ticket.py     Ticket: one request's handle, its stream of records, cancel() and next() (step mode)
     batch.py      Batch: the round loop, the seven steps over every live run
     run.py        Run: one request's state from round to round, and its own part of each step
+    gate.py       the gated round's arithmetic: who keeps the gate, whether the others are asked
     calls.py      MemberCalls: the members' part of a step, once per member for all the runs it serves
 
 Everything here speaks in records (specfuse.records); members (specfuse.members) know nothing of it.

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .. import feedback, gate
+from .. import feedback
 from ..config import EnsembleConfig
 from ..errors import ConfigError, MemberError
 from ..loops import ends_in_loop
@@ -23,6 +23,7 @@ from ..prompts import Prompt, as_prompt, last_user_text
 from ..records import Candidate, ExitEvent, Gate, MemberTiming, Round, TokenScores
 from ..segments import agreement, echoes_prompt, repeated_fraction, stop_string_cut
 from ..trace import new_trace_id
+from . import gate
 from .calls import MemberCalls
 
 TYPED = "you"  # the origin of a segment a person typed into a branch

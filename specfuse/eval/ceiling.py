@@ -68,50 +68,8 @@ def ceiling(outcomes: Sequence[Outcome]) -> dict[str, Any] | None:
     reached = sum(any(right[m][i] for m in members) for i in range(n))
     all_wrong = n - reached
     best = max(members, key=lambda m: (sum(right[m]), -members.index(m)))
-    pairs = []
-    for a, b in itertools.combinations(members, 2):
-        both = sum(not x and not y for x, y in zip(right[a], right[b]))
-        either = sum(not x or not y for x, y in zip(right[a], right[b]))
-        low, high = wilson(both, n)
-        pairs.append(
-            {
-                "a": a.removeprefix(SINGLE),
-                "b": b.removeprefix(SINGLE),
-                "both_wrong": both,
-                "co_failure": both / n if n else 0.0,
-                "ci_low": low,
-                "ci_high": high,
-                "overlap": both / either if either else 0.0,  # of the problems either got wrong
-            }
-        )
-    discordance = []
-    for system in (s for s in by if _is_ensemble(s)):
-        common = [p for p in by[system] if p in by[best]]
-        size = len(common)
-        gained = sum(by[system][p] and not by[best][p] for p in common)
-        lost = sum(not by[system][p] and by[best][p] for p in common)
-        correct = sum(by[system][p] for p in common)
-        g_low, g_high = wilson(gained, size)
-        l_low, l_high = wilson(lost, size)
-        d_low, d_high = paired_difference_interval(gained, lost, size)
-        discordance.append(
-            {
-                "system": system,
-                "best_member": best.removeprefix(SINGLE),
-                "problems": size,
-                "accuracy": correct / size if size else 0.0,
-                "gained": gained,  # right where the best member was wrong
-                "gained_low": g_low,
-                "gained_high": g_high,
-                "lost": lost,  # wrong where the best member was right
-                "lost_low": l_low,
-                "lost_high": l_high,
-                "difference": (gained - lost) / size if size else 0.0,
-                "difference_low": d_low,
-                "difference_high": d_high,
-                "p_value": mcnemar_exact(gained, lost),
-            }
-        )
+    pairs = _pairs(members, right, n)
+    discordance = _discordance(by, best)
     o_low, o_high = wilson(reached, n)
     b_low, b_high = wilson(all_wrong, n)
     return {
@@ -129,6 +87,60 @@ def ceiling(outcomes: Sequence[Outcome]) -> dict[str, Any] | None:
         "pairs": pairs,
         "discordance": discordance,
     }
+
+
+def _pairs(members: Sequence[str], right: dict[str, list[bool]], n: int) -> list[dict[str, Any]]:
+    """Each pair of members: how often both were wrong, and the overlap of their failures."""
+    pairs = []
+    for a, b in itertools.combinations(members, 2):
+        both = sum(not x and not y for x, y in zip(right[a], right[b]))
+        either = sum(not x or not y for x, y in zip(right[a], right[b]))
+        low, high = wilson(both, n)
+        pairs.append(
+            {
+                "a": a.removeprefix(SINGLE),
+                "b": b.removeprefix(SINGLE),
+                "both_wrong": both,
+                "co_failure": both / n if n else 0.0,
+                "ci_low": low,
+                "ci_high": high,
+                "overlap": both / either if either else 0.0,  # of the problems either got wrong
+            }
+        )
+    return pairs
+
+
+def _discordance(by: dict[str, dict[str, bool]], best: str) -> list[dict[str, Any]]:
+    """Each ensemble system against the best member, on the problems both answered."""
+    rows = []
+    for system in (s for s in by if _is_ensemble(s)):
+        common = [p for p in by[system] if p in by[best]]
+        size = len(common)
+        gained = sum(by[system][p] and not by[best][p] for p in common)
+        lost = sum(not by[system][p] and by[best][p] for p in common)
+        correct = sum(by[system][p] for p in common)
+        g_low, g_high = wilson(gained, size)
+        l_low, l_high = wilson(lost, size)
+        d_low, d_high = paired_difference_interval(gained, lost, size)
+        rows.append(
+            {
+                "system": system,
+                "best_member": best.removeprefix(SINGLE),
+                "problems": size,
+                "accuracy": correct / size if size else 0.0,
+                "gained": gained,  # right where the best member was wrong
+                "gained_low": g_low,
+                "gained_high": g_high,
+                "lost": lost,  # wrong where the best member was right
+                "lost_low": l_low,
+                "lost_high": l_high,
+                "difference": (gained - lost) / size if size else 0.0,
+                "difference_low": d_low,
+                "difference_high": d_high,
+                "p_value": mcnemar_exact(gained, lost),
+            }
+        )
+    return rows
 
 
 def ceiling_lines(found: dict[str, Any]) -> list[str]:

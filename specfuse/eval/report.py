@@ -373,24 +373,7 @@ def results_page(
         ]
         if charts.get("html-paired"):
             lines += [f"Chart: [{name}-paired.html]({name}-paired.html)", ""]
-    limit = document.get("ceiling")
-    if limit:
-        lines += ["## The ceiling", ""]
-        lines += [
-            "What the members could gain together at most (`specfuse.eval.ceiling`): the oracle is the share "
-            "of problems at least one member got right, β the share all got wrong together (oracle = 1 − β; "
-            "a selector of whole answers scores at most that), co-failure the share a pair got wrong "
-            "together; gained / lost: the problems an ensemble got right where the best member was wrong, "
-            "and the reverse (95 % Wilson intervals; the difference with a paired Wald interval; p: exact "
-            "McNemar).",
-            "",
-        ]
-        lines += [f"- {_esc(line)}" for line in ceiling_lines(limit)]
-        lines += ["", markdown_table(limit["members"]), markdown_table(limit["pairs"])]
-        if limit["discordance"]:
-            lines += [markdown_table(limit["discordance"])]
-        if charts.get("html-ceiling"):
-            lines += [f"Chart: [{name}-ceiling.html]({name}-ceiling.html)", ""]
+    lines += _ceiling_section(document.get("ceiling"), charts, name)
     cases = _against_a_member(document)
     if cases:
         lines += ["## Failure cases", "", "Trace copies replay in the app (Upload a trace).", ""]
@@ -418,6 +401,29 @@ def results_page(
                     lines += [f"- `{o.system}`: {_esc(text) or '(error: ' + _esc(o.error or '') + ')'}"]
             lines += [""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _ceiling_section(limit: dict[str, Any] | None, charts: dict[str, Any], name: str) -> list[str]:
+    """The results page's ceiling: its sentences, tables and chart link (none without a ceiling)."""
+    if not limit:
+        return []
+    lines = ["## The ceiling", ""]
+    lines += [
+        "What the members could gain together at most (`specfuse.eval.ceiling`): the oracle is the share "
+        "of problems at least one member got right, β the share all got wrong together (oracle = 1 − β; "
+        "a selector of whole answers scores at most that), co-failure the share a pair got wrong "
+        "together; gained / lost: the problems an ensemble got right where the best member was wrong, "
+        "and the reverse (95 % Wilson intervals; the difference with a paired Wald interval; p: exact "
+        "McNemar).",
+        "",
+    ]
+    lines += [f"- {_esc(line)}" for line in ceiling_lines(limit)]
+    lines += ["", markdown_table(limit["members"]), markdown_table(limit["pairs"])]
+    if limit["discordance"]:
+        lines += [markdown_table(limit["discordance"])]
+    if charts.get("html-ceiling"):
+        lines += [f"Chart: [{name}-ceiling.html]({name}-ceiling.html)", ""]
+    return lines
 
 
 def _against_a_member(document: dict[str, Any]) -> dict[str, Any]:

@@ -8,10 +8,12 @@ same in-process and behind an inference server.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..prompts import Prompt, PromptFormat, last_user_text
+from ..records import Confidence
 from ..segments import REPLACEMENT, cut_at_stop, trim_to_word_boundary
 from . import templates
 from .scoring import common_prefix_len
@@ -188,6 +190,21 @@ class DraftCut:
         valid text U+FFFD."""
         text = self.text if self.final else trim_to_word_boundary(self.text)
         return self.new, text, self.final
+
+
+def confidence(logprobs: Sequence[float], runner_up: Sequence[float]) -> Confidence | None:
+    """A segment's Confidence (the gated round's, engine/gate.py) from each of its tokens'
+    log-probability and the log-probability of the likeliest other token there; None for no tokens."""
+    if len(logprobs) != len(runner_up):
+        raise ValueError(f"{len(logprobs)} log-probabilities but {len(runner_up)} runner-ups")
+    if not logprobs:
+        return None
+    return Confidence(
+        mean_logprob=sum(logprobs) / len(logprobs),
+        min_prob=math.exp(min(logprobs)),
+        margin=min(lp - other for lp, other in zip(logprobs, runner_up)),
+        tokens=len(logprobs),
+    )
 
 
 def kept_values(

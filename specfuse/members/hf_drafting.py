@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
-from .. import gate
 from ..errors import MemberError
 from ..prompts import PromptFormat
 from ..records import Candidate
@@ -108,7 +107,7 @@ class Drafting:
             if self.reuse_trimmed and state.settings.temperature <= 0 and count < len(new):
                 state.trimmed = (tuple(state.ids) + tuple(new[:count]), tuple(new[count:]))
             kept = drafting.kept_values(values, reused, count, len(new), final)
-            confidence = gate.confidence([a for a, _ in kept], [b for _, b in kept])
+            confidence = drafting.confidence([a for a, _ in kept], [b for _, b in kept])
             out.append(Candidate(self.name, text, count, final, seconds, reused, confidence))
         return out
 

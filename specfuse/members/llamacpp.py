@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import gate
 from ..config import MemberSettings
 from ..errors import ConfigError, ModelLoadError, PromptTooLongError
 from ..prompts import CHAT, Prompt, PromptFormat
@@ -360,7 +359,7 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
             new, text, final = cut.result()
             count = drafting.tokens_in(self.decode, state.ids, new, text)
             kept = drafting.kept_values(values, 0, count, len(new), final)
-            confidence = gate.confidence([a for a, _ in kept], [b for _, b in kept])
+            confidence = drafting.confidence([a for a, _ in kept], [b for _, b in kept])
             out.append(Candidate(self.name, text, count, final, seconds, confidence=confidence))
         return out
 

@@ -1,33 +1,16 @@
-"""The gated round's arithmetic (config.gate): a drafter's confidence in its segment, who keeps the
-gate, and whether the others are asked.
+"""The gated round's arithmetic (config.gate): who keeps the gate, and whether the others are asked.
 
 Where the best member is sure of a segment it is usually right, and the weaker members can only talk
 it out of it (GaC's thresholded ensembling, SAFE); such a round costs one member's draft instead of
-every member's draft and verification. Pure functions (stdlib only): the engine (engine/run.py)
-plays the round; members report the values their drafts were decoded with (records.Confidence).
+every member's draft and verification. Pure functions (stdlib only): run.py plays the round;
+members report how sure their drafts were (records.Confidence, members/drafting.confidence).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
-from .records import Confidence, Gate
-
-
-def confidence(logprobs: Sequence[float], runner_up: Sequence[float]) -> Confidence | None:
-    """A segment's Confidence from each of its tokens' log-probability and the log-probability of the
-    most likely other token at that place (the runner-up); None for no tokens."""
-    if len(logprobs) != len(runner_up):
-        raise ValueError(f"{len(logprobs)} log-probabilities but {len(runner_up)} runner-ups")
-    if not logprobs:
-        return None
-    return Confidence(
-        mean_logprob=sum(logprobs) / len(logprobs),
-        min_prob=math.exp(min(logprobs)),
-        margin=min(lp - other for lp, other in zip(logprobs, runner_up)),
-        tokens=len(logprobs),
-    )
+from ..records import Confidence, Gate
 
 
 def gatekeeper(names: Sequence[str], weights: Sequence[float], active: Sequence[str], named: str) -> str:
