@@ -12,7 +12,7 @@ import contextlib
 import os
 import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +216,19 @@ def preparation(
     return start
 
 
+def shared_loader(args: argparse.Namespace, trust: Mapping[str, float] | None) -> SharedLoader:
+    """The members every session shares, loaded as the operator's flags say."""
+    return SharedLoader(
+        allow_paths=args.allow_paths,
+        trusted=[*args.models, *args.server],
+        dtype=args.dtype,
+        quantize=args.quantize,
+        processes="auto" if args.processes is None else args.processes,
+        trust=trust,
+        decode=args.decode,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from specfuse.models.devices import plan_devices
 
@@ -233,15 +246,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.device not in ("auto", "cpu"):
             parser.exit(2, f"error: --quantize {args.quantize} runs on the CPU only; use --device cpu\n")
         args.device, devices = "cpu", ["cpu"]
-    loader = SharedLoader(
-        allow_paths=args.allow_paths,
-        trusted=[*args.models, *args.server],
-        dtype=args.dtype,
-        quantize=args.quantize,
-        processes="auto" if args.processes is None else args.processes,
-        trust=trust,
-        decode=args.decode,
-    )
+    loader = shared_loader(args, trust)
     # Offer only what can work here: installed catalogue models (plus what the operator named) and
     # the GPU device settings only where a GPU is visible. Served members by their names only.
     installed = installed_models()

@@ -457,26 +457,16 @@ def wire_step(stepper: Stepper, concurrency_limit: int | None, uploaded: Any = N
     # A key pressed again while its last press is answered is kept (the last one), not dropped.
     pressed: dict[str, Any] = {"trigger_mode": "always_last", **quiet}
     playing: dict[str, Any] = {"concurrency_limit": concurrency_limit, "concurrency_id": "step"}
+    now: dict[str, Any] = {"concurrency_limit": None, **pressed}  # answered at once, beside a playing beat
     events = [
         b.next.click(stepper.advance, beat, outputs, api_name="step_next", **playing, **pressed),
         b.timer.tick(
             stepper.advance, beat, outputs, api_visibility="private", trigger_mode="once", **playing, **quiet
         ),
-        b.reveal.click(
-            stepper.reveal, beat, outputs, api_name="step_reveal", concurrency_limit=None, **pressed
-        ),
-        b.back.click(
-            stepper.back,
-            [s.trace, *beat[:2]],
-            outputs,
-            api_name="step_back",
-            concurrency_limit=None,
-            **pressed,
-        ),
-        b.home.click(
-            stepper.home, beat[:2], outputs, api_name="step_home", concurrency_limit=None, **pressed
-        ),
-        b.end.click(stepper.end_, beat[:2], outputs, api_name="step_end", concurrency_limit=None, **pressed),
+        b.reveal.click(stepper.reveal, beat, outputs, api_name="step_reveal", **now),
+        b.back.click(stepper.back, [s.trace, *beat[:2]], outputs, api_name="step_back", **now),
+        b.home.click(stepper.home, beat[:2], outputs, api_name="step_home", **now),
+        b.end.click(stepper.end_, beat[:2], outputs, api_name="step_end", **now),
     ]
     if uploaded is not None:
         uploaded.success(

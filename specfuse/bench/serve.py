@@ -47,7 +47,7 @@ from ..members import profiling
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from . import ceiling
 from .measure import cpu_model, load_named, write_outputs
-from .profile_report import format_profile
+from .serve_report import MIN_REQUESTS, PER_CLIENT, format_table
 from .serve_shapes import load_shapes, machine, on_gpu, peak_gb, reset_peak, shapes_config
 from .shapes import SHAPES
 
@@ -57,8 +57,6 @@ log = logging.getLogger(__name__)
 # prompts, a fixed list, so that the figures do not move when the app's examples do.
 PROMPTS = OPEN_PROMPTS[:4]
 LEVELS = (1, 4, 8, 16)
-PER_CLIENT = 4  # requests each client sends in turn
-MIN_REQUESTS = 8  # the baseline's requests: each example prompt twice
 # What picks the CPU kernels: how an AVX2-only CPU's runs are reproduced on one with AVX-512 (docs/serve.md)
 KERNEL_SETTINGS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "LLAMA_CPP_LIB_PATH", "OMP_NUM_THREADS")
 TARGETS = {"aggregate_speedup_at_8": 3.0, "p95_first_segment_ratio_at_8": 3.0}  # ≥ 3, ≤ 3
@@ -285,88 +283,6 @@ def _progress(level: dict[str, Any]) -> None:
         f"{level['tokens_per_s']:.2f} tokens/s, first segment p95 {level['first_segment_p95_s']:.2f} s, "
         f"{len(level['errors'])} errors" + (" (cut short by the deadline)" if level["cut_short"] else "")
     )
-
-
-def changed_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """The settings of a report's `config` that differ from EnsembleConfig's defaults, the answer
-    budget aside (the table shows the tokens per request)."""
-    defaults = EnsembleConfig().to_dict()
-    return {k: v for k, v in config.items() if k != "max_new_tokens" and defaults.get(k, v) != v}
-
-
-def _requests_shown(report: dict[str, Any]) -> str:
-    counts = [r["requests"] for r in report["levels"].values()]
-    if len(set(counts)) == 1:  # a fixed list (--requests, and reports from before --per-client)
-        return f"{counts[0]} requests per level"
-    least = report.get("min_requests") or MIN_REQUESTS
-    return f"{report.get('per_client', PER_CLIENT)} requests per client (at least {least})"
-
-
-def _shown(value: Any) -> str:
-    return "|".join(map(str, value)) if isinstance(value, list) else str(value)  # as --set takes it
-
-
-def _where(report: dict[str, Any]) -> str:
-    """The machine of the header line: the GPU and dtype where the members ran on one, else the CPU."""
-    shapes = report.get("shapes")
-    made = f"; random weights, {shapes} shapes" if shapes else ""
-    if report.get("gpu"):
-        return f"{report['gpu']} ({report['device']}, {report['dtype']}{made})"
-    dtype = f", {report['dtype']}" if "dtype" in report else ""
-    return f"{report['cpu']} ({report['cores']} cores{dtype}{made})"
-
-
-def format_table(report: dict[str, Any]) -> str:
-    levels = report["levels"]
-    quantize = report.get("quantize", "none")  # reports from before --quantize: unquantized
-    settings = changed_settings(report.get("config", {}))
-    gpu = any(r.get("peak_gpu_gb") is not None for r in levels.values())
-    lines = [
-        f"serving {', '.join(report['members'])} on {_where(report)}"
-        + ("" if quantize == "none" else f", {quantize} weights")
-        + f", batch size {report['batch_size']}, {report['max_tokens']} tokens per request, "
-        + _requests_shown(report)
-        + (f", join wait {report['join_wait']} s" if "join_wait" in report else "")
-        + (f", members at once: {report['parallel']}" if report.get("parallel", "auto") != "auto" else "")
-        + (f"; settings: {', '.join(f'{k}={_shown(v)}' for k, v in settings.items())}" if settings else ""),
-        f"{'clients':>7} {'tok/s':>7} {'×1':>6} {'first med':>9} {'first p95':>9} {'p95/solo':>8} "
-        f"{'total med':>9} {'total p95':>9} {'same':>5} {'errors':>6}  load avg before → after"
-        + ("  peak GPU GB" if gpu else ""),
-    ]
-    for r in levels.values():
-        load = f"{r['load_before'][0]:.2f} → {r['load_after'][0]:.2f}"
-        peak = r.get("peak_gpu_gb")
-        lines.append(
-            f"{r['clients']:>7} {r['tokens_per_s']:7.2f} {r['aggregate_speedup']:6.2f} "
-            f"{r['first_segment_median_s']:9.2f} {r['first_segment_p95_s']:9.2f} "
-            f"{r['p95_first_segment_ratio']:8.2f} {r['total_median_s']:9.2f} {r['total_p95_s']:9.2f} "
-            f"{r['same_answers_as_one_at_a_time']:>2}/{r['requests']:<2} {len(r['errors']):>6}  {load}"
-            + (f"  {peak:11.1f}" if peak is not None else "")
-            + (f"  cut short: {r['requests']} of {r['requests_planned']} sent" if r.get("cut_short") else "")
-            + (f"  gated rounds {r['gated_share']:.0%} of {r['rounds']}" if r.get("gated_share") else "")
-        )
-    if report.get("skipped"):
-        lines.append(f"skipped (the deadline had passed): {', '.join(map(str, report['skipped']))} clients")
-    eight = levels.get("8")
-    if eight is not None:
-        speedup, ratio = eight["aggregate_speedup"], eight["p95_first_segment_ratio"]
-        lines += [
-            "",
-            "targets (8 clients against one at a time):",
-            f"  aggregate tokens/s ×{speedup:.2f} ≥ 3  {'PASS' if speedup >= 3 else 'MISS'}",
-            f"  p95 first segment {ratio:.2f}× the solo median ≤ 3  {'PASS' if ratio <= 3 else 'MISS'}",
-        ]
-    for r in levels.values():
-        if "profile" in r:
-            lines += ["", format_profile(r, report.get("parameters", {}))]
-    lines += ceiling.lines(report)
-    if report.get("environment"):
-        lines += ["", "kernels: " + " ".join(f"{k}={v}" for k, v in report["environment"].items())]
-    if "versions" in report:
-        lines += ["", "versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items())]
-    if "command" in report:
-        lines += ["", f"command: {report['command']}"]
-    return "\n".join(lines)
 
 
 def _parser() -> Parser:
