@@ -21,7 +21,7 @@ from specfuse.members import slots
 from specfuse.members.hf import HFMember
 from specfuse.models.loading import load_member, load_members
 
-from .conftest import TINY_SPECS, tiny_member
+from .conftest import TINY_SPECS, byte_bpe_tokenizer, tiny_member
 from .runs import PROMPTS, collect, same_rounds, solo
 
 NAMES = list(TINY_SPECS)  # llama-bytes, qwen-merges, gemma-meta
@@ -153,6 +153,27 @@ def test_sampled_drafts_on_slots_follow_each_runs_seed_as_eagerly():
     got = draft(slotted)
     assert got == draft(tiny_member("llama-bytes")) and len(set(got)) == 3
     assert slotted.slots.counts["drafts"] == 1
+
+
+def test_gemma2_with_soft_capped_eager_attention_drafts_the_same_on_slots():
+    # The GPU check's third architecture (bench/shapes.py: Gemma-2-9B), tiny: eager attention with
+    # soft-capped scores and sliding-window layers, through the slots' masks.
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    tokenizer = byte_bpe_tokenizer()
+    torch.manual_seed(4)
+    config = Gemma2Config(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+        sliding_window=6, layer_types=["sliding_attention", "full_attention"],
+        attn_logit_softcapping=50.0, final_logit_softcapping=30.0, attn_implementation="eager",
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id, bos_token_id=None,
+    )  # fmt: skip
+    model = Gemma2ForCausalLM(config).float().eval()
+    plan = [([0, 1, 2], 7), ([0, 3], 10), ([4], 9)]
+    slotted = HFMember("gemma2", model, tokenizer, device="cpu", decode="graphs")
+    assert play(slotted, plan) == play(HFMember("gemma2", model, tokenizer, device="cpu"), plan)
+    assert slotted.slots.counts["drafts"] == len(plan) and slotted.sliding_window == 6
 
 
 def test_buckets_and_widths():

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli import Parser
-from ..config import EnsembleConfig, MemberSettings
+from ..config import DECODE_MODES, EnsembleConfig, MemberSettings
 from ..engine import Ensemble
 from ..errors import SpecfuseError
 from ..members.process import ProcessMember
@@ -78,7 +78,7 @@ def build_members(
 
 
 def build_process_members(
-    shapes: str, devices: Sequence[str], dtype_name: str, compile_decode: bool = False
+    shapes: str, devices: Sequence[str], dtype_name: str, compile_decode: bool = False, decode: str = "auto"
 ) -> list[Any]:
     """The same members as build_members, each built in a worker process of its own, all at once.
     On a CPU the engine gives each process its thread share for every run (workers.MemberWorkers)."""
@@ -86,7 +86,7 @@ def build_process_members(
 
     count = len(SHAPES[shapes])
     builds = [
-        functools.partial(build_one, shapes, i, devices[i % len(devices)], dtype_name, compile_decode)
+        functools.partial(build_one, shapes, i, devices[i % len(devices)], dtype_name, compile_decode, decode)
         for i in range(count)
     ]
     with concurrent.futures.ThreadPoolExecutor(count) as pool:
@@ -304,15 +304,15 @@ def compiled_summary(
 
 @contextlib.contextmanager
 def _eager(members: Sequence[Any]) -> Iterator[None]:
-    """Members draft eagerly inside (their compiled decoders set aside, then put back)."""
-    saved = [m.compiled for m in members]
+    """Members draft eagerly inside (their compiled decoders and KV slots set aside, then put back)."""
+    saved = [(m.compiled, m.slots) for m in members]
     for m in members:
-        m.compiled = None
+        m.compiled = m.slots = None
     try:
         yield
     finally:
-        for m, decoder in zip(members, saved):
-            m.compiled = decoder
+        for m, (decoder, slots) in zip(members, saved):
+            m.compiled, m.slots = decoder, slots
 
 
 _BEGAN = time.perf_counter()
@@ -379,6 +379,14 @@ def _parser() -> Parser:
         help="members draft in a static KV cache with a torch.compile'd step (CUDA graphs on a GPU)",
     )
     parser.add_argument(
+        "--decode",
+        choices=DECODE_MODES,
+        default="eager",
+        help="how the members draft batches (config.DECODE_MODES); default eager: this benchmark's "
+        "figures stay those of eager drafting unless asked (bench serve and tools/gpu_serve_check.sh "
+        "compare the paths)",
+    )
+    parser.add_argument(
         "--workers",
         action="store_true",
         help="instead: bare decoding of the three members in turn, in threads and in one process each",
@@ -410,7 +418,7 @@ def _run(args: Any, devices: Sequence[str]) -> dict[str, Any]:
     import torch
 
     began = time.perf_counter()
-    members = build_members(args.shapes, devices, args.dtype, args.compile)
+    members = build_members(args.shapes, devices, args.dtype, args.compile, args.decode)
     _progress(f"built {len(members)} members in {time.perf_counter() - began:.1f} s")
     report = run_gpu_bench(
         members,
@@ -420,12 +428,13 @@ def _run(args: Any, devices: Sequence[str]) -> dict[str, Any]:
         modes=("off",) if args.no_threads else ("off", "on"),
     )
     report["compile_decode"] = args.compile
+    report["decode"] = args.decode
     if not args.no_processes:
         del members  # the worker processes build their own copies: free this one's first
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        workers = build_process_members(args.shapes, devices, args.dtype, args.compile)
+        workers = build_process_members(args.shapes, devices, args.dtype, args.compile, args.decode)
         try:
             add_process_mode(report, workers, repeats=args.repeats)
         finally:

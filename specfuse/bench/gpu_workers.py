@@ -30,7 +30,9 @@ def sync(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def build_one(shapes: str, index: int, device: str, dtype_name: str, compile_decode: bool = False) -> Any:
+def build_one(
+    shapes: str, index: int, device: str, dtype_name: str, compile_decode: bool = False, decode: str = "auto"
+) -> Any:
     """Member `index` of `shapes`, alone (what one worker process builds for itself)."""
     import torch
 
@@ -42,7 +44,13 @@ def build_one(shapes: str, index: int, device: str, dtype_name: str, compile_dec
     model = build_model(arch, values, device, dtype, seed=index)
     ascii_head(model, tokenizer)
     return HFMember(
-        name, model, tokenizer, prompt_format=QA_COMPLETION, device=device, compile_decode=compile_decode
+        name,
+        model,
+        tokenizer,
+        prompt_format=QA_COMPLETION,
+        device=device,
+        compile_decode=compile_decode,
+        decode=decode,
     )
 
 
