@@ -27,6 +27,7 @@ from .conversation import Conversing
 from .downloads import slide_font
 from .explain import Notes
 from .handlers import Studio
+from .links import bounded, link_handler
 from .stepping import Stepper
 from .untrusted import esc, md
 from .updates import TRACE_FILES, Update, session_of, shown_round, unchanged
@@ -131,15 +132,27 @@ class Classroom:
 
         return open_lesson
 
-    def open(self, slug: str, view_name: str, session: str = "", step: bool = False) -> Update:
-        """The lesson's recorded run in every panel (no model) at its key round, its notes beside them.
+    def open(
+        self,
+        slug: str,
+        view_name: str,
+        session: str = "",
+        step: bool = False,
+        at: int | None = None,
+        why: str = "",
+    ) -> Update:
+        """The lesson's recorded run in every panel (no model) at its key round (or round `at`, a
+        link's: the nearest there is), its notes beside them; `why`: what of the link was ignored.
         With step mode on (`step`), the recorded run steps from round 1 instead, as a live one."""
         shelf = self.gallery.shelf
         lesson, trace = shelf.find(slug), shelf.load(slug)
         studio, shown = self.studio, self.studio.display
-        note = f"lesson “{lesson.title}”, a recorded run"
-        update = studio.show_trace(trace, view_name, note, session)
         k = shelf.key_round(slug, trace) or (lesson.branch[0] if lesson.branch is not None else None)
+        if at is not None:
+            k, off = bounded(at, len(trace.rounds))
+            why = " ".join(filter(None, [why, off]))
+        note = f"lesson “{lesson.title}”, a recorded run" + (f". {why}" if why else "")
+        update = studio.show_trace(trace, view_name, note, session)
         if k is not None and 1 <= k < len(trace.rounds):
             update |= studio.panels(trace, k, view_name, note)
             update[shown.round] = views.slider_value(trace, k)
@@ -208,10 +221,12 @@ def wire_gallery(
     concurrency_limit: int | None,
     stepper: Stepper | None = None,
     conversing: Conversing | None = None,
+    page: gr.Blocks | None = None,
 ) -> None:
-    """Open (each card), Run it live (fill, then Run's own handler: stepping when step mode's box is
-    checked, a new conversation), and close on another run or trace. Opening a lesson ends the
-    session's stepping run and makes its recorded run the conversation, as an upload does."""
+    """Open (each card, and the `page`'s link on load), Run it live (fill, then Run's own handler:
+    stepping when step mode's box is checked, a new conversation), and close on another run or
+    trace. Opening a lesson ends the session's stepping run and makes its recorded run the
+    conversation, as an upload does."""
     room = Classroom(studio, gallery, notes, stepper, conversing)
     shown, controls = studio.display, studio.controls
     lesson_outputs = [*notes.outputs(), gallery.box, gallery.live, gallery.opened]
@@ -221,6 +236,10 @@ def wire_gallery(
     opened += stepper.bar.outputs() if stepper is not None else []
     opened += conversing.panel.outputs() if conversing is not None else []
     step = [stepper.mode] if stepper is not None else []
+    if page is not None:  # a link's lesson and round (studio.links), as the card opens it
+        page.load(
+            link_handler(room), [shown.view, *step], opened, api_visibility="private", show_progress="hidden"
+        ).then(None, js=INTO_VIEW)
     for slug, button in gallery.opens.items():
         button.click(
             room.open_handler(slug),
