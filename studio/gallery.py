@@ -12,7 +12,7 @@ own run handler.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Optional
 
@@ -27,7 +27,7 @@ from .conversation import Conversing
 from .downloads import slide_font
 from .explain import Notes
 from .handlers import Studio
-from .links import bounded, link_handler
+from .links import bounded, parse_link
 from .stepping import Stepper
 from .untrusted import esc, md
 from .updates import TRACE_FILES, Update, session_of, shown_round, unchanged
@@ -167,6 +167,24 @@ class Classroom:
             update |= self.conversing.shown(chat_from_prompt(trace.prompt, trace))
         return update | self.shown(lesson)
 
+    def open_link(
+        self,
+        view_name: str,
+        step: bool = False,
+        request: Optional[gr.Request] = None,  # noqa: UP045 (Gradio looks for this type)
+    ) -> Update:
+        """The page's load: the lesson its link names at the link's round (studio.links; no link:
+        nothing, a bad one: a note on the status line)."""
+        query: Mapping[str, str] = request.query_params if request is not None else {}
+        link = parse_link(query, [one.slug for one in self.gallery.shelf.lessons])
+        if link.lesson is None:
+            return (
+                {self.studio.display.status: views.status_markdown((), link.note)}
+                if link.note
+                else unchanged()
+            )
+        return self.open(link.lesson, view_name, session_of(request), step=step, at=link.round, why=link.note)
+
     def shown(self, lesson: Lesson | None, live: bool = False) -> Update:
         """The lesson's box, notes and Run it live button (without a lesson: all hidden)."""
         g = self.gallery
@@ -238,7 +256,7 @@ def wire_gallery(
     step = [stepper.mode] if stepper is not None else []
     if page is not None:  # a link's lesson and round (studio.links), as the card opens it
         page.load(
-            link_handler(room), [shown.view, *step], opened, api_visibility="private", show_progress="hidden"
+            room.open_link, [shown.view, *step], opened, api_visibility="private", show_progress="hidden"
         ).then(None, js=INTO_VIEW)
     for slug, button in gallery.opens.items():
         button.click(

@@ -3,24 +3,15 @@
 The page's address is untrusted text: only a known lesson slug opens anything, only a whole number
 picks a round (out of range: the nearest round), and whatever else the link holds is ignored with a
 note on the status line, escaped there (studio.views.status_markdown), never an error page. The
-lesson opens as its gallery card does (studio.gallery.Classroom.open). The offline handout reads
-the same round from its URL fragment (`#round=K`, specfuse/handout/player.js).
+lesson opens as its gallery card does (studio.gallery, on the page's load). The offline handout
+reads the same round from its URL fragment (`#round=K`, specfuse/handout/player.js). Pure: no Gradio.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
-
-import gradio as gr
-
-from . import views
-from .updates import Update, session_of, unchanged
-
-if TYPE_CHECKING:
-    from .gallery import Classroom
 
 WHOLE = re.compile(r"[0-9]{1,6}")  # a round number as a person types it; 6 digits outnumber any trace
 SHOWN = 40  # characters of a link's bad value quoted back in the note
@@ -66,22 +57,3 @@ def bounded(k: int, n: int) -> tuple[int, str]:
         return k, ""
     near = min(max(k, 1), n)
     return near, f"The link's round {k} is not one of the lesson's {n} rounds: round {near} is shown."
-
-
-def link_handler(room: Classroom) -> Callable[..., Update]:
-    """The page's load: the lesson its link names at the link's round (nothing without a link)."""
-
-    def open_link(
-        view_name: str,
-        step: bool = False,
-        request: Optional[gr.Request] = None,  # noqa: UP045 (Gradio looks for this type)
-    ) -> Update:
-        query: Mapping[str, Any] = request.query_params if request is not None else {}
-        link = parse_link(query, [one.slug for one in room.gallery.shelf.lessons])
-        if link.lesson is None:
-            if not link.note:
-                return unchanged()
-            return {room.studio.display.status: views.status_markdown((), link.note)}
-        return room.open(link.lesson, view_name, session_of(request), step=step, at=link.round, why=link.note)
-
-    return open_link

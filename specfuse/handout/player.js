@@ -352,11 +352,11 @@
     var key = e.key === "Spacebar" ? " " : e.key;
     // Space on a focused button is that button's press (Next, Pause …), never Play as well.
     if (key === " " && (t === "BUTTON" || t === "INPUT" || t === "SUMMARY")) return;
-    var action = Object.prototype.hasOwnProperty.call(data.keys, key) ? data.keys[key] : null;
-    if (!action || !ACT[action]) return;
+    var does = Object.prototype.hasOwnProperty.call(data.keys, key) ? data.keys[key] : null;
+    if (!does || !ACT[does]) return;
     e.preventDefault(); // no scrolling
     swallowed = true;
-    if (!(e.repeat && action === "play")) ACT[action]();
+    if (!(e.repeat && does === "play")) ACT[does]();
   });
   document.addEventListener("keyup", function (e) {
     if (swallowed && e.key === " ") e.preventDefault();
