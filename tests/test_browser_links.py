@@ -94,6 +94,14 @@ def test_a_link_opens_its_lesson_at_its_round_and_every_control_has_a_name(brows
         page.wait_for_function("document.querySelector('#class-lesson').getBoundingClientRect().top < 720")
         bare = unnamed_controls(page)
         assert not bare, "\n".join(bare)
+        # Step mode's bar too, with the room's guess asked (its radios): every control named.
+        page.locator("#step-mode input").check()
+        page.locator("#step-next").click()  # once enabled: the recorded run steps, no model
+        page.wait_for_selector("#step-guess input[type=radio]")
+        bare = unnamed_controls(page)
+        assert not bare, "\n".join(bare)
+        page.locator("#step-mode input").uncheck()
+        wait_round(page, 10)  # the recorded run shown whole again
         # The slider moved by hand still replays: the link set a round, not a lock.
         number = page.locator("#round input[type=number]")
         number.fill("5")
