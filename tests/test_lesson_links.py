@@ -1,12 +1,12 @@
 """Links that open a lesson at a round (issue 53, item 6): the page's query read as untrusted text.
-The page itself (the app's load and the handout's fragment) is test_browser_links.py's."""
+The page itself (Classroom.open_link on the app's load, the handout's fragment): test_browser_links."""
 
 from __future__ import annotations
 
 import pytest
 
 from specfuse.lessons import LESSONS
-from studio.links import Link, bounded, parse_link
+from studio.gallery import Link, bounded, parse_link
 from studio.views import status_markdown
 
 SLUGS = [one.slug for one in LESSONS]
