@@ -6,8 +6,8 @@ from specfuse.handout, served like the trace downloads (a click writes the file 
 downloads it; it also stays offered below the buttons).
 
 Lessons come from specfuse.lessons (a `Shelf`; tests pass their own), each opened at its key
-round, or at the round a link to the page asks for (`?lesson=NAME&round=K`, read on load). Knows nothing about how a run streams: "Run it live" fills the form, then chains Studio's
-own run handler.
+round, or at the round a link to the page asks for (`?lesson=NAME&round=K`, read on load). Knows
+nothing about how a run streams: "Run it live" fills the form, then chains Studio's own run handler.
 """
 
 from __future__ import annotations
@@ -280,7 +280,9 @@ class Classroom:
 # gallery above would otherwise leave only the box's first lines in view (issue 53, 1b).
 INTO_VIEW = """() => {
   const box = document.querySelector("#class-lesson");
-  if (box && !document.body.classList.contains("sf-presenter")) box.scrollIntoView({ block: "start" });
+  // offsetParent: null while the box is hidden (a page loaded with no link to a lesson stays put)
+  if (!box || !box.offsetParent || document.body.classList.contains("sf-presenter")) return;
+  box.scrollIntoView({ block: "start" });
 }"""
 
 
