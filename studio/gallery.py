@@ -6,13 +6,14 @@ from specfuse.handout, served like the trace downloads (a click writes the file 
 downloads it; it also stays offered below the buttons).
 
 Lessons come from specfuse.lessons (a `Shelf`; tests pass their own), each opened at its key
-round. Knows nothing about how a run streams: "Run it live" fills the form, then chains Studio's
-own run handler.
+round, or at the round a link to the page asks for (`?lesson=NAME&round=K`, read on load). Knows
+nothing about how a run streams: "Run it live" fills the form, then chains Studio's own run handler.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Optional
 
@@ -111,6 +112,58 @@ def lesson_html(lesson: Lesson, live: bool = False) -> str:
     )
 
 
+# ---- links that open a lesson at a round, for a teacher's slide: /?lesson=NAME&round=K ------------
+# The page's address is untrusted text: only a known lesson slug opens anything, only a whole number
+# picks a round (out of range: the nearest round), and whatever else the link holds is ignored with a
+# note on the status line, escaped there (views.status_markdown), never an error page. The offline
+# handout reads the same round from its URL fragment (#round=K, specfuse/handout/player.js).
+
+WHOLE = re.compile(r"[0-9]{1,6}")  # a round number as a person types it; 6 digits outnumber any trace
+SHOWN = 40  # characters of a link's bad value quoted back in the note
+
+
+def quoted(value: str) -> str:
+    """A link's value as the note quotes it: cut, so a pasted essay does not fill the status line."""
+    return f"“{value[:SHOWN]}{'…' if len(value) > SHOWN else ''}”"
+
+
+@dataclass(frozen=True)
+class Link:
+    """What a page's query asks for: a known lesson's slug (or None), its round as asked (not yet
+    bounded by the lesson's rounds; None: the lesson's key round), and why anything was ignored."""
+
+    lesson: str | None = None
+    round: int | None = None
+    note: str = ""
+
+
+def parse_link(query: Mapping[str, str], slugs: Collection[str]) -> Link:
+    """`lesson` and `round` of the page's query; any other parameter is not ours and left alone."""
+    slug, asked = query.get("lesson"), query.get("round")
+    if slug is None:
+        note = "The link's round needs a lesson (?lesson=NAME&round=K)." if asked is not None else ""
+        return Link(note=note)
+    slug = slug.strip()
+    if slug not in slugs:
+        known = ", ".join(sorted(slugs)) or "none here"
+        return Link(note=f"The link's lesson {quoted(slug)} is not one of these lessons ({known}).")
+    if asked is None or not asked.strip():
+        return Link(slug)
+    if not WHOLE.fullmatch(asked.strip()):
+        return Link(
+            slug, note=f"The link's round {quoted(asked)} is not a whole number: the key round is shown."
+        )
+    return Link(slug, int(asked.strip()))
+
+
+def bounded(k: int, n: int) -> tuple[int, str]:
+    """Round k of a run of n rounds: the nearest round there is, and a note when k was not one."""
+    if 1 <= k <= n:
+        return k, ""
+    near = min(max(k, 1), n)
+    return near, f"The link's round {k} is not one of the lesson's {n} rounds: round {near} is shown."
+
+
 @dataclass
 class Classroom:
     """The gallery's handlers: open a lesson, run it live, close it when another run or trace comes."""
@@ -131,15 +184,27 @@ class Classroom:
 
         return open_lesson
 
-    def open(self, slug: str, view_name: str, session: str = "", step: bool = False) -> Update:
-        """The lesson's recorded run in every panel (no model) at its key round, its notes beside them.
+    def open(
+        self,
+        slug: str,
+        view_name: str,
+        session: str = "",
+        step: bool = False,
+        at: int | None = None,
+        why: str = "",
+    ) -> Update:
+        """The lesson's recorded run in every panel (no model) at its key round (or round `at`, a
+        link's: the nearest there is), its notes beside them; `why`: what of the link was ignored.
         With step mode on (`step`), the recorded run steps from round 1 instead, as a live one."""
         shelf = self.gallery.shelf
         lesson, trace = shelf.find(slug), shelf.load(slug)
         studio, shown = self.studio, self.studio.display
-        note = f"lesson “{lesson.title}”, a recorded run"
-        update = studio.show_trace(trace, view_name, note, session)
         k = shelf.key_round(slug, trace) or (lesson.branch[0] if lesson.branch is not None else None)
+        if at is not None:
+            k, off = bounded(at, len(trace.rounds))
+            why = " ".join(filter(None, [why, off]))
+        note = f"lesson “{lesson.title}”, a recorded run" + (f". {why}" if why else "")
+        update = studio.show_trace(trace, view_name, note, session)
         if k is not None and 1 <= k < len(trace.rounds):
             update |= studio.panels(trace, k, view_name, note)
             update[shown.round] = views.slider_value(trace, k)
@@ -153,6 +218,24 @@ class Classroom:
         if self.conversing is not None:
             update |= self.conversing.shown(chat_from_prompt(trace.prompt, trace))
         return update | self.shown(lesson)
+
+    def open_link(
+        self,
+        view_name: str,
+        step: bool = False,
+        request: Optional[gr.Request] = None,  # noqa: UP045 (Gradio looks for this type)
+    ) -> Update:
+        """The page's load: the lesson its link names at the link's round (parse_link; no link:
+        nothing, a bad one: a note on the status line)."""
+        query: Mapping[str, str] = request.query_params if request is not None else {}
+        link = parse_link(query, [one.slug for one in self.gallery.shelf.lessons])
+        if link.lesson is None:
+            return (
+                {self.studio.display.status: views.status_markdown((), link.note)}
+                if link.note
+                else unchanged()
+            )
+        return self.open(link.lesson, view_name, session_of(request), step=step, at=link.round, why=link.note)
 
     def shown(self, lesson: Lesson | None, live: bool = False) -> Update:
         """The lesson's box, notes and Run it live button (without a lesson: all hidden)."""
@@ -197,7 +280,9 @@ class Classroom:
 # gallery above would otherwise leave only the box's first lines in view (issue 53, 1b).
 INTO_VIEW = """() => {
   const box = document.querySelector("#class-lesson");
-  if (box && !document.body.classList.contains("sf-presenter")) box.scrollIntoView({ block: "start" });
+  // offsetParent: null while the box is hidden (a page loaded with no link to a lesson stays put)
+  if (!box || !box.offsetParent || document.body.classList.contains("sf-presenter")) return;
+  box.scrollIntoView({ block: "start" });
 }"""
 
 
@@ -208,10 +293,12 @@ def wire_gallery(
     concurrency_limit: int | None,
     stepper: Stepper | None = None,
     conversing: Conversing | None = None,
+    page: gr.Blocks | None = None,
 ) -> None:
-    """Open (each card), Run it live (fill, then Run's own handler: stepping when step mode's box is
-    checked, a new conversation), and close on another run or trace. Opening a lesson ends the
-    session's stepping run and makes its recorded run the conversation, as an upload does."""
+    """Open (each card, and the `page`'s link on load), Run it live (fill, then Run's own handler:
+    stepping when step mode's box is checked, a new conversation), and close on another run or
+    trace. Opening a lesson ends the session's stepping run and makes its recorded run the
+    conversation, as an upload does."""
     room = Classroom(studio, gallery, notes, stepper, conversing)
     shown, controls = studio.display, studio.controls
     lesson_outputs = [*notes.outputs(), gallery.box, gallery.live, gallery.opened]
@@ -221,6 +308,10 @@ def wire_gallery(
     opened += stepper.bar.outputs() if stepper is not None else []
     opened += conversing.panel.outputs() if conversing is not None else []
     step = [stepper.mode] if stepper is not None else []
+    if page is not None:  # a link's lesson and round (parse_link), as the card opens it
+        page.load(
+            room.open_link, [shown.view, *step], opened, api_visibility="private", show_progress="hidden"
+        ).then(None, js=INTO_VIEW)
     for slug, button in gallery.opens.items():
         button.click(
             room.open_handler(slug),

@@ -101,7 +101,7 @@ def build_demo(
         stepper = Stepper(studio, step_bar, controls.step)
         conversing = Conversing(studio, chat, controls.system) if controls.system is not None else None
         # The gallery first: its "close the lesson" on Run and upload goes before a run's stream.
-        wire_gallery(studio, gallery, notes, concurrency_limit, stepper, conversing)
+        wire_gallery(studio, gallery, notes, concurrency_limit, stepper, conversing, page=demo)
         wire(studio, concurrency_limit, stepper, conversing)
         wire_handouts(studio, handouts)
         wire_presenter(demo, presenter)

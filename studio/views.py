@@ -99,11 +99,14 @@ def status_markdown(
 
 
 def _table(df: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
-    """Round the floats and blank the NaNs, so the table is readable and JSON-safe."""
+    """Round the floats and blank the NaNs, so the table is readable and JSON-safe; a yes/no column
+    in words (Gradio draws a bool cell as a checkbox with no name: a screen reader says "checkbox")."""
     out = df.copy()
     for column in out.columns:
         if pd.api.types.is_float_dtype(out[column]):
             out[column] = out[column].round(digits)
+        elif pd.api.types.is_bool_dtype(out[column]):
+            out[column] = out[column].map({True: "yes", False: "no"})
     return out.astype(object).where(out.notna(), "")
 
 

@@ -261,6 +261,22 @@
     box.appendChild(table);
   }
 
+  // The round shown is the address's fragment too (#round=K): a teacher copies it onto a slide.
+  var linkNote = "";
+  function fromLink(hash) { // #round=K (or the older #K): K, or null with linkNote saying why
+    var m = /^#(?:round=)?([0-9]{1,6})$/.exec(hash);
+    if (m) return parseInt(m[1], 10);
+    var asked = hash;
+    try { asked = decodeURIComponent(hash); } catch (err) { /* a stray % : shown as typed */ }
+    if (hash && hash !== "#") linkNote = "The link's " + shown(asked.slice(0, 40)) +
+      " is not a round (#round=K): round 1 is shown."; // textContent: never markup
+    return null;
+  }
+  function keepLink() {
+    var want = "#round=" + k;
+    if (location.hash === want) return;
+    try { history.replaceState(null, "", want); } catch (err) { /* a sandboxed page keeps its address */ }
+  }
   function show(target) {
     k = Math.min(n, Math.max(1, target));
     var r = rounds[k - 1];
@@ -272,6 +288,7 @@
     renderMatrix(r);
     renderWeights();
     renderExits();
+    keepLink();
   }
 
   function pace() { return parseInt($("pace").value, 10) * 1000; }
@@ -335,11 +352,11 @@
     var key = e.key === "Spacebar" ? " " : e.key;
     // Space on a focused button is that button's press (Next, Pause …), never Play as well.
     if (key === " " && (t === "BUTTON" || t === "INPUT" || t === "SUMMARY")) return;
-    var action = Object.prototype.hasOwnProperty.call(data.keys, key) ? data.keys[key] : null;
-    if (!action || !ACT[action]) return;
+    var does = Object.prototype.hasOwnProperty.call(data.keys, key) ? data.keys[key] : null;
+    if (!does || !ACT[does]) return;
     e.preventDefault(); // no scrolling
     swallowed = true;
-    if (!(e.repeat && action === "play")) ACT[action]();
+    if (!(e.repeat && does === "play")) ACT[does]();
   });
   document.addEventListener("keyup", function (e) {
     if (swallowed && e.key === " ") e.preventDefault();
@@ -356,7 +373,17 @@
   renderStatic();
   renderKeymap();
   $("player").hidden = false;
-  var start = parseInt(location.hash.slice(1), 10); // file.html#5 opens at round 5
-  show(isFinite(start) ? start : 1);
+  var start = fromLink(location.hash);
+  if (start !== null && (start < 1 || start > n))
+    linkNote = "The link's round " + start + " is not one of the " + n + " rounds: round " +
+      Math.min(n, Math.max(1, start)) + " is shown.";
+  var noted = linkNote;
+  show(start === null ? 1 : start);
+  $("link-note").textContent = noted;
+  $("link-note").hidden = !noted;
+  window.addEventListener("hashchange", function () { // a fragment typed into the address bar
+    var asked = fromLink(location.hash);
+    if (asked !== null && asked !== k) show(asked);
+  });
   setState();
 })();
