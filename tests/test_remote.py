@@ -4,6 +4,8 @@ the member and the server."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from specfuse.config import EnsembleConfig, MemberSettings
@@ -323,7 +325,7 @@ def test_the_app_lets_only_the_operators_servers_through():
 
     def load(name, **kwargs):
         seen[name] = kwargs["allow_servers"]
-        return object()
+        return types.SimpleNamespace(name=name)  # what the loader reads of a member it did not warm
 
     operator = "vllm:http://10.0.0.5:8000#big"
     loader = app.SharedLoader(load, allow_paths=True, trusted=[operator])
