@@ -11,7 +11,7 @@ HFMember inherits, each in a module of its own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -246,6 +246,13 @@ class HFMember(Drafting, Verifying, BaseMember):
         if keep < len(target):
             state.last_hidden = self.hidden_states(target[keep:], state.cache)[-1]
         state.ids, state.answer = target, answer
+
+    def prepare_steps(self, state: HFState, progress: Callable[[float, str], None]) -> None:
+        """Capture every step of the KV slots now, where they are captured as CUDA graphs (a GPU),
+        each said through `progress` (models.preparation.warm_up; `state`: a started request whose
+        cache the store is shaped after). Elsewhere nothing: steps run uncaptured as they come."""
+        if self.slots is not None and self.slots.capture and not self.slots.capture_off:
+            self.slots.prepare(state.cache, progress)
 
     # -- internals -----------------------------------------------------------------------------------
 
