@@ -199,7 +199,7 @@ class SharedLoader:
             clock.step("warming up")
             progress(0.92, f"{member.name}: warming up")
             # On a GPU the graphs' capture is said step by step ("capturing graphs k/n").
-            warm_up(member, progress=lambda fraction, message: report_warm(clock, progress, fraction, message))
+            warm_up(member, progress=lambda done, message: report_warm(clock, progress, done, message))
         seconds = clock.finish()
         if not server:
             Times(self.cache_dir).record(name, self._backend(name, device), clock.cold, seconds)

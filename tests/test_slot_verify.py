@@ -9,6 +9,7 @@ the `gpu` tests at the end, skipped without CUDA."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -20,6 +21,7 @@ from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Scheduler
 from specfuse.members import slot_verify, slots
 from specfuse.members.hf import HFMember
+from specfuse.members.process import ProcessMember
 from specfuse.members.scoring import Block
 from specfuse.models.preparation import step_of, warm_up
 from specfuse.records import Candidate
@@ -152,9 +154,8 @@ def test_preparing_every_bucket_says_its_progress_and_keeps_the_answers():
     captured = member.slots.prepare(state.cache, lambda f, m: said.append((f, m)), rows=(1, 2, 4))
     n = 3 + 3 * len(slots.STARTUP_VERIFY)
     assert captured == 0
-    assert [m for _, m in said] == [
-        f"gemma-meta: capturing graphs {k}/{n} (uncaptured: no CUDA graphs on this device)" for k in range(1, n + 1)
-    ]
+    how = "(uncaptured: no CUDA graphs on this device)"
+    assert [m for _, m in said] == [f"gemma-meta: capturing graphs {k}/{n} {how}" for k in range(1, n + 1)]
     assert [f for f, _ in said] == sorted(f for f, _ in said) and said[-1][0] < 1.0
     assert {step_of(m) for _, m in said} == {"capturing graphs"}
     assert (member.slots.rows, member.slots.capacity) == (4, slots.STARTUP_CAPACITY)
@@ -188,6 +189,25 @@ def test_warm_up_prepares_the_steps_where_they_are_captured_only():
     member.slots.capture = True  # as on a GPU: prepared at warm-up, and here it fails (no CUDA)
     warm_up(member, progress=lambda f, m: said.append(m))
     assert said[0].startswith("qwen-merges: capturing graphs 1/") and "failed" in said[-1]
+
+
+def capturing(name: str) -> HFMember:
+    """A member built (in a worker process) as on a GPU, told to capture: on a CPU that fails."""
+    member = tiny_member(name, decode="graphs")
+    member.slots.capture = True
+    return member
+
+
+def test_a_member_in_a_worker_process_prepares_there_and_says_how_it_went():
+    member = ProcessMember(functools.partial(capturing, "llama-bytes"), threads=1)
+    said: list[str] = []
+    try:
+        warm_up(member, progress=lambda f, m: said.append(m))
+    finally:
+        member.close()
+    assert said[0] == "llama-bytes: capturing graphs (in its worker process)"
+    assert len(said) == 2 and said[1].startswith("llama-bytes: capturing graphs failed: steps run uncaptured")
+    assert {step_of(m) for m in said} == {"capturing graphs"}
 
 
 # -- on a GPU ----------------------------------------------------------------------------------------

@@ -285,6 +285,19 @@ def _say(line: str) -> None:
     print(f"[{time.perf_counter() - _BEGAN:6.1f} s] {line}", file=sys.stderr, flush=True)
 
 
+def _capture(members: Sequence[Any]) -> None:
+    """Members whose steps are captured as CUDA graphs capture them all before the first request,
+    as the server and the app do at start-up (models.preparation.warm_up), each said in one line."""
+    from ..models.preparation import warm_up
+
+    for member in members:
+        if getattr(getattr(member, "slots", None), "capture", False):
+            said: list[str] = []
+            began = time.perf_counter()
+            warm_up(member, progress=lambda fraction, message, said=said: said.append(message))
+            _say(f"{said[-1] if said else member.name} ({time.perf_counter() - began:.1f} s)")
+
+
 def _progress(level: dict[str, Any]) -> None:
     _say(
         f"{level['clients']} clients: {level['requests']} requests in {level['wall_s']:.1f} s, "
@@ -377,6 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         levels, requests, max_tokens = [1, 4, 8], 8, 32
     try:
         members, config = _members(args, max_tokens)
+        _capture(members)
         _say(f"{len(members)} members ready in {time.perf_counter() - began:.1f} s")
         report = run_serve(
             members, levels=levels, per_client=args.per_client, requests=requests,

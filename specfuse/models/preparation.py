@@ -1,5 +1,6 @@
 """Preparing members: the steps a member goes through before its first round (copying, converting,
-loading, warming up, and on a GPU capturing its steps as CUDA graphs), how long each took, and how long the first time usually takes on this machine.
+loading, warming up, and on a GPU capturing its steps as CUDA graphs), how long each took, and how
+long the first time usually takes on this machine.
 
 A member's first load can take most of a minute (its GGUF file assembled and converted, the weights
 read, the first calls' lazy set-up), and a person waiting for it sees nothing else happen. This
