@@ -294,8 +294,12 @@ def _capture(members: Sequence[Any]) -> None:
         if getattr(getattr(member, "slots", None), "capture", False):
             said: list[str] = []
             began = time.perf_counter()
-            warm_up(member, progress=lambda fraction, message, said=said: said.append(message))
+            warm_up(member, progress=_noting(said))
             _say(f"{said[-1] if said else member.name} ({time.perf_counter() - began:.1f} s)")
+
+
+def _noting(said: list[str]) -> Callable[[float, str], None]:
+    return lambda fraction, message: said.append(message)
 
 
 def _progress(level: dict[str, Any]) -> None:

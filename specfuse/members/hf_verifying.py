@@ -87,7 +87,7 @@ class Verifying:
         if slotted is None:
             cache, pads = self._stacked_cache(states)
             packed = lay_out(blocks, [len(s.ids) for s in states], self.device)
-            hidden_all: Sequence[torch.Tensor] = self._packed_pass(cache, packed)  # [B, Q, H]
+            hidden_all: torch.Tensor | Sequence[torch.Tensor] = self._packed_pass(cache, packed)  # [B, Q, H]
             all_offsets = packed.offsets
         else:
             hidden_all, all_offsets = slotted, tuple(_offsets(b) for b in blocks)
@@ -149,7 +149,7 @@ class Verifying:
         states: Sequence[HFState],
         rows: Sequence[Sequence[tuple[Block, list[int], list[int]]]],
         offsets: Sequence[Sequence[int]],
-        hidden_all: Sequence[torch.Tensor],
+        hidden_all: torch.Tensor | Sequence[torch.Tensor],
     ) -> tuple[list[float], list[float]]:
         """The raw logit of every scored token of every request's candidates, in order, and the
         log-probabilities of those whose request scores by them. All through the output head at

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -98,10 +99,19 @@ def inputs(trees: Sequence[Tree], lengths: Sequence[int], rows: int, tokens: int
         host[r, :n, 0] = torch.tensor(t.tokens)
         host[r, :n, 1] = torch.tensor(t.positions)
         host[r, :n, 3] = torch.tensor(t.anchors)
-        for node, parent in enumerate(t.parents):  # ancestors: the parent's, and itself
-            if parent >= 0:
-                host[r, node, CHANNELS : CHANNELS + node] = host[r, parent, CHANNELS : CHANNELS + node]
+        host[r, :n, CHANNELS : CHANNELS + n] = torch.from_numpy(ancestors(t.parents))
     return host
+
+
+def ancestors(parents: Sequence[int]) -> np.ndarray:
+    """The [n, n] matrix of who sees whom in a tree: each node its ancestors and itself (parents
+    come before their children). In numpy: a few microseconds a node, where torch's indexing of
+    the input buffer row by row took tens."""
+    out = np.eye(len(parents), dtype=np.int64)
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            out[node, :node] = out[parent, :node]
+    return out
 
 
 def placeholder(store: SlotStore, rows: int, tokens: int, width: int) -> torch.Tensor:
