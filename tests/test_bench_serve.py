@@ -137,7 +137,7 @@ def test_random_weight_shapes_run_the_same_path_on_a_cpu_and_the_report_says_whe
     out = tmp_path / "gpu-serve"
     argv = ["--shapes", "tiny", "--device", "cpu", "--levels", "1,2", "--per-client", "1",
             "--min-requests", "2", "--max-tokens", "24", "--segment-len", "6", "--deadline", "600",
-            "--out", str(out)]  # fmt: skip
+            "--decode", "graphs", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["members"] == ["qwen2.5-7b", "llama-3.1-8b", "gemma-2-9b"]
@@ -161,6 +161,12 @@ def test_random_weight_shapes_run_the_same_path_on_a_cpu_and_the_report_says_whe
     table = out.with_suffix(".txt").read_text()
     assert "cores, float32; random weights, tiny shapes), batch size 2, 24 tokens" in table.splitlines()[0]
     assert "settings: segment_len=6, prior=uniform, exit=False" in table and "versions: python" in table
+    # On the KV slots (uncaptured on a CPU): every member drafted and verified there, and each
+    # level's answers are the solo ones (fp32), said in the table.
+    assert all(
+        p["path"] == "slots" and p["verifies"] > 0 and p["drafts"] > 0 for p in report["decode"].values()
+    )
+    assert report["parted_in"] == "qwen2.5-7b" and "    2 clients: 2 of 2 equal" in table
 
 
 def test_shapes_build_their_own_members(monkeypatch, capsys):
