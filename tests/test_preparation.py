@@ -210,3 +210,13 @@ def test_the_status_line_counts_the_graphs_capture_as_a_step_on_a_gpu_only():
     job.begin("b", "cpu")
     job.report(0.92, "b: warming up")
     assert "**b** (2 of 2), **warming up** (step 4 of 4)" in (job.status() or "")
+
+
+def test_the_apps_loader_times_the_capture_as_a_step_in_the_last_tenth_of_its_bar():
+    from studio.loading import report_warm
+
+    clock, bar = MemberClock("a", say=lambda line: None), []
+    clock.step("warming up")
+    report_warm(clock, lambda f, m: bar.append((round(f, 3), m)), 0.5, "a: capturing graphs 12/24")
+    assert clock.step_now == "capturing graphs" and "warming up" in clock.steps
+    assert bar == [(0.955, "a: capturing graphs 12/24")]
