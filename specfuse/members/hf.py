@@ -20,7 +20,7 @@ from transformers import DynamicCache
 from ..config import MemberSettings
 from ..errors import ConfigError, MemberError, PromptTooLongError, SpecfuseError
 from ..prompts import CHAT, Prompt, PromptFormat
-from . import compiled, drafting, prefill, profiling, slots
+from . import compiled, drafting, prefill, profiling, slot_verify, slots
 from .hf_drafting import Drafting
 from .hf_state import HFState
 from .hf_verifying import Verifying
@@ -91,7 +91,8 @@ class HFMember(Drafting, Verifying, BaseMember):
         self.decode_mode = decode
         self.slots: slots.SlotStore | None = None
         if slots.resolved(decode, self.device) == "graphs":
-            self.slots = slots.SlotStore(self, unsupported=compiled.unsupported(self))
+            unsupported = compiled.unsupported(self)
+            self.slots = slots.SlotStore(self, unsupported=unsupported, verifier=slot_verify.step)
 
     def __repr__(self) -> str:
         return f"HFMember({self.name!r}, {type(self.model).__name__}, device={self.device!r})"

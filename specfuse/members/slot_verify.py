@@ -24,7 +24,7 @@ use, verifies eagerly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -122,6 +122,13 @@ def placeholder(store: SlotStore, rows: int, tokens: int, width: int) -> torch.T
     return host.to(store.member.device)
 
 
+def step(
+    store: SlotStore, rows: int, tokens: int, width: int
+) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """The verification step for a bucket (slots.StepMaker): a placeholder buffer, and the step."""
+    return placeholder(store, rows, tokens, width), lambda buffer: forward(store, buffer)
+
+
 def forward(store: SlotStore, buffer: torch.Tensor) -> torch.Tensor:
     """The step itself, fixed in shape for a bucket of rows and tokens and a width: the input buffer
     → the final hidden states [rows, tokens, H]. Captured as is on CUDA: no host synchronisation."""
@@ -190,4 +197,15 @@ def verify(
         store.end()
 
 
-__all__ = ["VERIFY_TOKENS", "Tree", "forward", "inputs", "placeholder", "tokens_of", "tree", "verify"]
+__all__ = [
+    "VERIFY_TOKENS",
+    "Tree",
+    "ancestors",
+    "forward",
+    "inputs",
+    "placeholder",
+    "step",
+    "tokens_of",
+    "tree",
+    "verify",
+]

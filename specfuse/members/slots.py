@@ -16,12 +16,15 @@ them away.
 A step runs on a bucket of rows (BUCKETS: 1, 2, 4, 8, 16, 32, then powers of two) and a width of
 columns (a power of two from MIN_WIDTH, enough for the longest row and its draft); rows past the
 draft's own are padding (a placeholder token at position 0 of a slot no run holds this draft). On
-CUDA each (bucket, width) pair is captured once, the first time it is needed, as a
-torch.cuda.CUDAGraph around the fixed-shape forward pass and the output head (a few forward passes'
-time, not a compilation); its replays read the step's tokens and positions from one small input
-buffer. A capture that fails turns capture off for the member, with a warning, and the same step
-runs uncaptured. On a CPU the same code runs uncaptured: the greedy answers equal the eager path's
-(tests/test_slots.py). Why not transformers' own continuous batching: docs/gpu.md.
+CUDA each (bucket, width) pair is captured once as a torch.cuda.CUDAGraph around the fixed-shape
+forward pass and the output head (a few forward passes' time, not a compilation): at start-up
+(prepare, from the member's warm-up, each step said as "capturing graphs k/n") for the buckets a
+first request needs, else the first time it is needed; its replays read the step's tokens and
+positions from one small input buffer. Verification's steps (slot_verify.py) are captured the
+same way, in the same pool. A capture that fails turns capture off for the member, with a
+warning, and the same steps run uncaptured. On a CPU the same code runs uncaptured: the greedy
+answers equal the eager path's (tests/test_slots.py). Why not transformers' own continuous
+batching: docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -153,6 +156,11 @@ class _Graph:
 
 # A step's key among a member's graphs: ("draft", rows, 1, width) or ("verify", rows, tokens, width).
 Key = tuple[str, int, int, int]
+# A step of another kind (verification: slot_verify.step): for a store and a bucket of rows, tokens
+# per row and width, its input buffer filled with harmless placeholders, and the step itself.
+StepMaker = Callable[
+    ["SlotStore", int, int, int], tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
+]
 
 
 class SlotStore:
@@ -160,9 +168,17 @@ class SlotStore:
     store in use, from another thread, decodes eagerly)."""
 
     def __init__(
-        self, member: _Member, *, capture: bool | None = None, unsupported: str | None = None
+        self,
+        member: _Member,
+        *,
+        capture: bool | None = None,
+        unsupported: str | None = None,
+        verifier: StepMaker | None = None,
     ) -> None:
         self.member = member
+        # The verification step's maker (slot_verify.step, which imports this module); None: this
+        # store drafts only, and start-up prepares no verification.
+        self.verifier = verifier
         on_gpu = str(member.device).startswith("cuda")
         # CUDA graphs where there is CUDA; `capture=True` on a CPU is refused, not ignored.
         if capture and not on_gpu:
@@ -325,9 +341,8 @@ class SlotStore:
         """A step's input buffer, filled with harmless placeholders, and the step itself."""
         kind, rows, tokens, width = key
         if kind == "verify":
-            from . import slot_verify  # it imports this module
-
-            return slot_verify.placeholder(self, rows, tokens, width), lambda x: slot_verify.forward(self, x)
+            assert self.verifier is not None, "a verification step on a store made without a verifier"
+            return self.verifier(self, rows, tokens, width)
         inputs = torch.zeros(2, rows, dtype=torch.long, device=self.member.device)
         inputs[1].fill_(width - 1)  # beyond every draft's columns: nothing anyone sees is touched
         return inputs, self._forward
@@ -387,7 +402,8 @@ class SlotStore:
         unrun. Returns how many steps were captured."""
         say = progress or (lambda fraction, message: None)
         keys: list[Key] = [("draft", r, 1, MIN_WIDTH) for r in rows]
-        keys += [("verify", r, q, MIN_WIDTH) for r in rows for q in verify_tokens]
+        if self.verifier is not None:
+            keys += [("verify", r, q, MIN_WIDTH) for r in rows for q in verify_tokens]
         name, before = self.member.name, self.counts["captures"]
         with self._lock:
             self._allocate(max(rows), max(capacity, MIN_WIDTH), like)
