@@ -252,8 +252,9 @@ class HFMember(Drafting, Verifying, BaseMember):
         """Capture every step of the KV slots now, where they are captured as CUDA graphs (a GPU),
         each said through `progress` (models.preparation.warm_up; `state`: a started request whose
         cache the store is shaped after). Elsewhere nothing: steps run uncaptured as they come."""
-        if self.slots is not None and self.slots.capture and not self.slots.capture_off:
-            self.slots.prepare(state.cache, progress)
+        store = self.slots
+        if store is not None and store.capture and not store.capture_off and not store.disabled:
+            store.prepare(state.cache, progress)
 
     # -- internals -----------------------------------------------------------------------------------
 

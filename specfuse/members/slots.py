@@ -384,6 +384,7 @@ class SlotStore:
 
     # -- start-up --------------------------------------------------------------------------------
 
+    @torch.inference_mode()  # as every draft and verification: the store's tensors are theirs
     def prepare(
         self,
         like: DynamicCache,
@@ -400,6 +401,8 @@ class SlotStore:
         once uncaptured, the same code. Each step is said through `progress` ("NAME: capturing
         graphs k/n"); a failed capture is said once, logged, and the rest left uncaptured and
         unrun. Returns how many steps were captured."""
+        if self.disabled:  # this member drafts and verifies eagerly: nothing to make ready
+            return 0
         say = progress or (lambda fraction, message: None)
         keys: list[Key] = [("draft", r, 1, MIN_WIDTH) for r in rows]
         if self.verifier is not None:
