@@ -200,12 +200,16 @@ def capturing(name: str) -> HFMember:
 
 def test_a_member_in_a_worker_process_prepares_there_and_says_how_it_went():
     member = ProcessMember(functools.partial(capturing, "llama-bytes"), threads=1)
+    plain = ProcessMember(functools.partial(tiny_member, "qwen-merges", decode="graphs"), threads=1)
     said: list[str] = []
     try:
+        warm_up(plain, progress=lambda f, m: said.append(m))
+        assert said == [] and not plain.captures  # uncaptured on a CPU: nothing to say
         warm_up(member, progress=lambda f, m: said.append(m))
     finally:
         member.close()
-    assert said[0] == "llama-bytes: capturing graphs (in its worker process)"
+        plain.close()
+    assert member.captures and said[0] == "llama-bytes: capturing graphs (in its worker process)"
     assert len(said) == 2 and said[1].startswith("llama-bytes: capturing graphs failed: steps run uncaptured")
     assert {step_of(m) for m in said} == {"capturing graphs"}
 

@@ -122,6 +122,7 @@ class ProcessMember(BaseMember):
         self.host = f"process {self._process.pid}"  # the engine runs members in other places at once
         self.trust = info["trust"]
         self.parameters = info["parameters"]
+        self.captures = info["captures"]  # whether its steps are captured as CUDA graphs (slots.py)
         self._closer = weakref.finalize(self, _close, self._conn, self._process)
 
     # ---- the Member protocol ------------------------------------------------------------------------
@@ -167,7 +168,10 @@ class ProcessMember(BaseMember):
 
     def prepare_steps(self, state: ProcessState, progress: Callable[[float, str], None]) -> None:
         """The worker's member captures its steps (HFMember.prepare_steps), said here as one step:
-        its progress stays in the worker process (a pipe carries replies, not progress)."""
+        its progress stays in the worker process (a pipe carries replies, not progress). A member
+        that captures nothing (a CPU's, llama.cpp's) says nothing."""
+        if not self.captures:
+            return
         progress(0.0, f"{self.name}: capturing graphs (in its worker process)")
         said = self._call("prepare_steps", state.id)
         if said:
@@ -315,6 +319,7 @@ def _handlers(member: Member, states: dict[int, Any]) -> dict[str, Callable[...,
             "device": member.device,
             "trust": member.trust,
             "parameters": member.parameters,
+            "captures": bool(getattr(getattr(member, "slots", None), "capture", False)),
         }
 
     out: dict[str, Callable[..., Any]] = {
