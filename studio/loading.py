@@ -19,6 +19,7 @@ from specfuse.models import catalogue
 if TYPE_CHECKING:
     from specfuse.members.protocol import Member
     from specfuse.models.loading import MemberLoad
+    from specfuse.models.preparation import MemberClock
 
 log = logging.getLogger("specfuse.studio")
 
@@ -197,12 +198,22 @@ class SharedLoader:
         if self.warm and not server:
             clock.step("warming up")
             progress(0.92, f"{member.name}: warming up")
-            warm_up(member)
+            # On a GPU the graphs' capture is said step by step ("capturing graphs k/n").
+            warm_up(member, progress=lambda done, message: report_warm(clock, progress, done, message))
         seconds = clock.finish()
         if not server:
             Times(self.cache_dir).record(name, self._backend(name, device), clock.cold, seconds)
         progress(1.0, f"{member.name}: ready")
         return member
+
+
+def report_warm(
+    clock: MemberClock, progress: Callable[[float, str], None], fraction: float, message: str
+) -> None:
+    """A warm-up's progress (the graphs' capture) as a step of the member's clock and the last
+    tenth of its load's bar."""
+    clock.report(fraction, message)
+    progress(0.92 + 0.07 * fraction, message)
 
 
 def same_device(n: int, device: str) -> list[str]:

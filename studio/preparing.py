@@ -99,9 +99,11 @@ class Preparing:
         step = step_of(self.message) or "loading"
         since = load.began if load is not None else self.began
         index = self.names.index(self.member) if self.member in self.names else 0
+        # Capturing CUDA graphs is a step on a GPU only (members/slots.py): elsewhere, one fewer.
+        steps = STEPS if "cuda" in self.device or step == "capturing graphs" else STEPS[:-1]
         parts = [
             f"**Preparing the members** (once; then they stay loaded): **{md(self.member)}** "
-            f"({index + 1} of {len(self.names)}), **{step}** (step {STEPS.index(step) + 1} of {len(STEPS)})",
+            f"({index + 1} of {len(self.names)}), **{step}** (step {steps.index(step) + 1} of {len(steps)})",
             f"{bar(self.fraction)} {self.fraction:.0%}",
             f"{time.perf_counter() - since:.0f} s so far",
         ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specfuse.bench import ceiling
+from specfuse.models.preparation import warm_up
 
 from .conftest import tiny_member
 
@@ -54,6 +55,9 @@ def test_each_member_says_how_it_drafted():
     paths = ceiling.decode_paths([eager, slotted])
     assert paths["llama-bytes"] == {"path": "eager"}
     assert paths["qwen-merges"]["path"] == "slots" and paths["qwen-merges"]["captures"] == 0
+    warm_up(slotted)  # a draft and a verification, both on the slots
+    said = ceiling._path(ceiling.decode_paths([slotted])["qwen-merges"])
+    assert said == "slots (1 drafts, 3 steps, 0 replays, 1 verify passes, 0 replayed)"
 
 
 def test_the_command_line_refuses_what_it_cannot_read(capsys):

@@ -13,6 +13,7 @@ from torch import nn
 
 from specfuse.bench import serve
 from specfuse.bench.serve import PROMPTS, format_table, main, percentile, run_serve, running, warm_up
+from specfuse.bench.serve_report import parted_at, parting_lines
 from specfuse.config import VERIFY_MODES, EnsembleConfig
 from specfuse.engine import Scheduler
 from specfuse.errors import SpecfuseError
@@ -37,8 +38,36 @@ def test_the_serving_benchmark_reports_each_level_against_one_at_a_time(tiny_mem
         assert level["same_answers_as_one_at_a_time"] == 4  # fp32 greedy: batching changes nothing
         assert len(level["load_before"]) == 3
     assert levels["1"]["aggregate_speedup"] == 1.0
+    assert all(level["parted_at"] == [None] * 4 for level in levels.values())  # all equal to solo
+    assert report["parted_in"] == tiny_members[0].name
     table = format_table(report)
     assert "targets (8 clients against one at a time)" in table and "load avg" in table
+    assert "batched answers against the solo answer to the same prompt:" in table
+    assert "    8 clients: 4 of 4 equal" in table
+
+
+def test_where_a_batched_answer_parts_from_the_solo_one(tiny_members):
+    encode = tiny_members[0].encode
+    assert parted_at("The sky is blue.", "The sky is blue.", encode) is None
+    solo, batched = "The sky is blue today.", "The sky is red today."
+    index = parted_at(solo, batched, encode)
+    same = encode("The sky is ")
+    assert index is not None and encode(solo)[:index] == encode(batched)[:index]
+    assert encode(solo)[index] != encode(batched)[index] and len(same) - 1 <= index <= len(same)
+    assert parted_at("abc", "abd") == 2 and parted_at("abc", "abcd") == 3  # characters, no tokenizer
+    # A level's answers against the solo answers to the same prompts, as the table says them.
+    results = {
+        "1": {"clients": 1, "prompts": ["p", "q"], "answers": [solo, "x"], "tokens_per_s": 1.0,
+              "first_segment_p95_s": 1.0, "first_segment_median_s": 1.0},
+        "4": {"clients": 4, "prompts": ["p", "q", "p", "r"], "answers": [batched, "x", solo, "y"],
+              "tokens_per_s": 2.0, "first_segment_p95_s": 1.0, "first_segment_median_s": 1.0},
+    }  # fmt: skip
+    serve.compare_to_solo(results, encode)
+    assert results["4"]["parted_at"] == [index, None, None]  # "r" had no solo answer
+    assert results["4"]["same_answers_as_one_at_a_time"] == 2
+    lines = parting_lines({"levels": results, "parted_in": "tiny"})
+    assert lines[-1] == f"    4 clients: 2 of 3 equal; the others part at tiny tokens {index}"
+    assert lines[-2] == "    1 clients: 2 of 2 equal"
 
 
 def test_each_client_sends_its_share_so_that_levels_keep_their_clients_busy(tiny_members):
@@ -108,7 +137,7 @@ def test_random_weight_shapes_run_the_same_path_on_a_cpu_and_the_report_says_whe
     out = tmp_path / "gpu-serve"
     argv = ["--shapes", "tiny", "--device", "cpu", "--levels", "1,2", "--per-client", "1",
             "--min-requests", "2", "--max-tokens", "24", "--segment-len", "6", "--deadline", "600",
-            "--out", str(out)]  # fmt: skip
+            "--decode", "graphs", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["members"] == ["qwen2.5-7b", "llama-3.1-8b", "gemma-2-9b"]
@@ -132,6 +161,12 @@ def test_random_weight_shapes_run_the_same_path_on_a_cpu_and_the_report_says_whe
     table = out.with_suffix(".txt").read_text()
     assert "cores, float32; random weights, tiny shapes), batch size 2, 24 tokens" in table.splitlines()[0]
     assert "settings: segment_len=6, prior=uniform, exit=False" in table and "versions: python" in table
+    # On the KV slots (uncaptured on a CPU): every member drafted and verified there, and each
+    # level's answers are the solo ones (fp32), said in the table.
+    assert all(
+        p["path"] == "slots" and p["verifies"] > 0 and p["drafts"] > 0 for p in report["decode"].values()
+    )
+    assert report["parted_in"] == "qwen2.5-7b" and "    2 clients: 2 of 2 equal" in table
 
 
 def test_shapes_build_their_own_members(monkeypatch, capsys):

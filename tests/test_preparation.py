@@ -32,6 +32,10 @@ def test_the_load_messages_name_their_steps():
         "gemma3-270m: loading gemma.gguf into llama.cpp": "loading",
         "qwen: loading the tokenizer (org/qwen)": "loading",
         "gemma3-270m: warming up": "warming up",
+        "gemma3-270m: capturing graphs 3/24": "capturing graphs",  # members/slots.py, on a GPU
+        "gemma3-270m: capturing graphs failed: steps run uncaptured (CUDA graph capture failed: x)": (
+            "capturing graphs"
+        ),
         "gemma3-270m: ready on cpu": None,
     }
     assert {m: step_of(m) for m in said} == said
@@ -194,3 +198,25 @@ def test_a_servers_health_says_the_member_and_step_while_it_prepares(tmp_path):
     assert any(line.startswith("b: ready in ") for line in lines)
     assert Times(tmp_path).usual("a", "none", first=True) is not None  # remembered for next time
     assert Times(tmp_path).usual("b", "none", first=False) is not None
+
+
+def test_the_status_line_counts_the_graphs_capture_as_a_step_on_a_gpu_only():
+    from studio.preparing import Preparing
+
+    job = Preparing(["a", "b"])
+    job.begin("a", "cuda:0")
+    job.report(0.95, "a: capturing graphs 3/24")
+    assert "**a** (1 of 2), **capturing graphs** (step 5 of 5)" in (job.status() or "")
+    job.begin("b", "cpu")
+    job.report(0.92, "b: warming up")
+    assert "**b** (2 of 2), **warming up** (step 4 of 4)" in (job.status() or "")
+
+
+def test_the_apps_loader_times_the_capture_as_a_step_in_the_last_tenth_of_its_bar():
+    from studio.loading import report_warm
+
+    clock, bar = MemberClock("a", say=lambda line: None), []
+    clock.step("warming up")
+    report_warm(clock, lambda f, m: bar.append((round(f, 3), m)), 0.5, "a: capturing graphs 12/24")
+    assert clock.step_now == "capturing graphs" and "warming up" in clock.steps
+    assert bar == [(0.955, "a: capturing graphs 12/24")]

@@ -109,6 +109,8 @@ def _path(p: Mapping[str, Any]) -> str:
     if p["path"] not in ("graphs", "slots"):
         return p["path"]
     said = f"{p['path']} ({p['drafts']} drafts, {p['steps']} steps, {p['replays']} replays"
+    if "verifies" in p:  # reports from before verification ran on the slots have no such count
+        said += f", {p['verifies']} verify passes, {p['verify_replays']} replayed"
     if p["path"] == "graphs" or p["captures"]:
         said += f", {p['captures']} captures in {p['capture_s']:.1f} s"
     if p.get("capture_off"):

@@ -33,7 +33,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ from ..members import profiling
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from . import ceiling
 from .measure import cpu_model, load_named, write_outputs
-from .serve_report import MIN_REQUESTS, PER_CLIENT, format_table
+from .serve_report import MIN_REQUESTS, PER_CLIENT, format_table, parted_at
 from .serve_shapes import load_shapes, machine, on_gpu, peak_gb, reset_peak, shapes_config
 from .shapes import SHAPES
 
@@ -220,9 +220,12 @@ def run_serve(
         scheduler.close()
     if not results:
         raise SpecfuseError("the deadline passed before the first level began")
-    compare_to_solo(results)
+    first = members[0]  # its tokens count where batched answers part from solo ones
+    encode = getattr(first, "encode", None)
+    compare_to_solo(results, encode)
     return {
         "members": [m.name for m in members],
+        "parted_in": first.name if encode is not None else None,
         "parameters": {m.name: m.parameters for m in members},
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
@@ -253,9 +256,12 @@ def warm_up(url: str, config: EnsembleConfig, clients: int, max_tokens: int, ful
         raise SpecfuseError(f"the warm-up of {clients} clients at once failed: {errors[0]}")
 
 
-def compare_to_solo(results: dict[str, dict[str, Any]]) -> None:
+def compare_to_solo(
+    results: dict[str, dict[str, Any]], encode: Callable[[str], Sequence[int]] | None = None
+) -> None:
     """Each level against the first (one at a time): tokens/s, p95 first segment against the solo
-    median, and answers equal to the solo answer to the same prompt."""
+    median, answers equal to the solo answer to the same prompt, and where each other answer parts
+    from it (`parted_at`: the first differing token in `encode`'s tokens, None: equal)."""
     solo = next(iter(results.values()))
     solo_answer = dict(zip(solo["prompts"], solo["answers"]))
     for r in results.values():
@@ -266,6 +272,8 @@ def compare_to_solo(results: dict[str, dict[str, Any]]) -> None:
         r["same_answers_as_one_at_a_time"] = sum(
             solo_answer.get(p) == a for p, a in zip(r["prompts"], r["answers"])
         )
+        pairs = [(solo_answer[p], a) for p, a in zip(r["prompts"], r["answers"]) if p in solo_answer]
+        r["parted_at"] = [parted_at(alone, batched, encode) for alone, batched in pairs]
 
 
 _BEGAN = time.perf_counter()
@@ -275,6 +283,23 @@ def _say(line: str) -> None:
     """A line on stderr as the benchmark goes, with the seconds since the import (a run cut short
     still shows how far it got)."""
     print(f"[{time.perf_counter() - _BEGAN:6.1f} s] {line}", file=sys.stderr, flush=True)
+
+
+def _capture(members: Sequence[Any]) -> None:
+    """Members whose steps are captured as CUDA graphs capture them all before the first request,
+    as the server and the app do at start-up (models.preparation.warm_up), each said in one line."""
+    from ..models.preparation import warm_up
+
+    for member in members:
+        if getattr(getattr(member, "slots", None), "capture", False):
+            said: list[str] = []
+            began = time.perf_counter()
+            warm_up(member, progress=_noting(said))
+            _say(f"{said[-1] if said else member.name} ({time.perf_counter() - began:.1f} s)")
+
+
+def _noting(said: list[str]) -> Callable[[float, str], None]:
+    return lambda fraction, message: said.append(message)
 
 
 def _progress(level: dict[str, Any]) -> None:
@@ -369,6 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         levels, requests, max_tokens = [1, 4, 8], 8, 32
     try:
         members, config = _members(args, max_tokens)
+        _capture(members)
         _say(f"{len(members)} members ready in {time.perf_counter() - began:.1f} s")
         report = run_serve(
             members, levels=levels, per_client=args.per_client, requests=requests,

@@ -1,8 +1,10 @@
 """The serving benchmark's report as text (`python -m specfuse.bench serve`): the header line, a row
-per level of clients, the targets at 8, each level's profile, the GPU's ceiling, the kernels."""
+per level of clients, where batched answers part from solo ones, the targets at 8, each level's
+profile, the GPU's ceiling, the kernels."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..config import EnsembleConfig
@@ -42,6 +44,31 @@ def _where(report: dict[str, Any]) -> str:
     return f"{report['cpu']} ({report['cores']} cores{dtype}{made})"
 
 
+def parted_at(solo: str, batched: str, encode: Callable[[str], Sequence[int]] | None = None) -> int | None:
+    """Where a batched answer parts from the same prompt's solo answer: the index of the first token
+    (in `encode`'s tokens; characters without it) that differs, None where the two are equal. In
+    bf16 a batch's kernels round differently from one row's, so a near tie can go the other way."""
+    if solo == batched:
+        return None
+    a, b = (encode(solo), encode(batched)) if encode is not None else (solo, batched)
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def parting_lines(report: dict[str, Any]) -> list[str]:
+    """Per level, its answers against the solo ones: how many equal, and where the others part."""
+    unit = f"{report['parted_in']} tokens" if report.get("parted_in") else "characters"
+    lines = []
+    for r in report["levels"].values():
+        if "parted_at" not in r:  # reports from before it was measured
+            continue
+        parted = [p for p in r["parted_at"] if p is not None]
+        equal = len(r["parted_at"]) - len(parted)
+        where = f"; the others part at {unit} {', '.join(map(str, sorted(parted)))}" if parted else ""
+        lines.append(f"  {r['clients']:>3} clients: {equal} of {len(r['parted_at'])} equal{where}")
+    return ["", "batched answers against the solo answer to the same prompt:", *lines] if lines else []
+
+
 def format_table(report: dict[str, Any]) -> str:
     levels = report["levels"]
     quantize = report.get("quantize", "none")  # reports from before --quantize: unquantized
@@ -73,6 +100,7 @@ def format_table(report: dict[str, Any]) -> str:
         )
     if report.get("skipped"):
         lines.append(f"skipped (the deadline had passed): {', '.join(map(str, report['skipped']))} clients")
+    lines += parting_lines(report)
     eight = levels.get("8")
     if eight is not None:
         speedup, ratio = eight["aggregate_speedup"], eight["p95_first_segment_ratio"]

@@ -11,7 +11,7 @@ HFMember inherits, each in a module of its own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,7 +20,7 @@ from transformers import DynamicCache
 from ..config import MemberSettings
 from ..errors import ConfigError, MemberError, PromptTooLongError, SpecfuseError
 from ..prompts import CHAT, Prompt, PromptFormat
-from . import compiled, drafting, prefill, profiling, slots
+from . import compiled, drafting, prefill, profiling, slot_verify, slots
 from .hf_drafting import Drafting
 from .hf_state import HFState
 from .hf_verifying import Verifying
@@ -91,7 +91,8 @@ class HFMember(Drafting, Verifying, BaseMember):
         self.decode_mode = decode
         self.slots: slots.SlotStore | None = None
         if slots.resolved(decode, self.device) == "graphs":
-            self.slots = slots.SlotStore(self, unsupported=compiled.unsupported(self))
+            unsupported = compiled.unsupported(self)
+            self.slots = slots.SlotStore(self, unsupported=unsupported, verifier=slot_verify.step)
 
     def __repr__(self) -> str:
         return f"HFMember({self.name!r}, {type(self.model).__name__}, device={self.device!r})"
@@ -246,6 +247,14 @@ class HFMember(Drafting, Verifying, BaseMember):
         if keep < len(target):
             state.last_hidden = self.hidden_states(target[keep:], state.cache)[-1]
         state.ids, state.answer = target, answer
+
+    def prepare_steps(self, state: HFState, progress: Callable[[float, str], None]) -> None:
+        """Capture every step of the KV slots now, where they are captured as CUDA graphs (a GPU),
+        each said through `progress` (models.preparation.warm_up; `state`: a started request whose
+        cache the store is shaped after). Elsewhere nothing: steps run uncaptured as they come."""
+        store = self.slots
+        if store is not None and store.capture and not store.capture_off and not store.disabled:
+            store.prepare(state.cache, progress)
 
     # -- internals -----------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from transformers import DynamicCache
 
 from ..errors import PromptTooLongError
 from ..records import Candidate, TokenScores
-from . import drafting
+from . import drafting, slot_verify
 from .hf_state import HFState, PackedPass
 from .protocol import Verdict
 from .scoring import Block, Layout, chunk_mask, lay_out
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from .compiled import CompiledDecoder
     from .scoring import OutputHead
+    from .slots import SlotStore
 
 
 class Verifying:
@@ -45,6 +46,7 @@ class Verifying:
         end_marker: tuple[int, ...]
         chunk_tokens: int
         compiled: CompiledDecoder | None
+        slots: SlotStore | None
 
         def encode(self, text: str) -> list[int]: ...
         def _stacked_cache(self, states: Sequence[HFState]) -> tuple[DynamicCache, list[int]]: ...
@@ -78,15 +80,23 @@ class Verifying:
             self._drop_packed(state)
             rows.append(self._blocks(state, cands))
             self._check_fits([b for b, _, _ in rows[-1]])
-        cache, pads = self._stacked_cache(states)
-        packed = lay_out([[b for b, _, _ in row] for row in rows], [len(s.ids) for s in states], self.device)
-        hidden_all = self._packed_pass(cache, packed)  # [B, Q, H]; its keys and values stay in `cache`
-        logits, logprobs = self._score_rows(states, rows, packed.offsets, hidden_all)
+        blocks = [[b for b, _, _ in row] for row in rows]
+        # On the member's KV slots (slot_verify.py, the "graphs" path): each run's hidden states in
+        # the packed layout, its keys and values already appended to its own cache.
+        slotted = self._verify_on_slots(states, blocks)
+        if slotted is None:
+            cache, pads = self._stacked_cache(states)
+            packed = lay_out(blocks, [len(s.ids) for s in states], self.device)
+            hidden_all: torch.Tensor | Sequence[torch.Tensor] = self._packed_pass(cache, packed)  # [B, Q, H]
+            all_offsets = packed.offsets
+        else:
+            hidden_all, all_offsets = slotted, tuple(_offsets(b) for b in blocks)
+        logits, logprobs = self._score_rows(states, rows, all_offsets, hidden_all)
         next_logits, next_logprobs = iter(logits), iter(logprobs)  # in the order of the loops below
         results = []
         for r, (state, row) in enumerate(zip(states, rows)):
             hidden = hidden_all[r]
-            offsets = packed.offsets[r]
+            offsets = all_offsets[r]
             details, last_hidden = [], []
             for offset, (_, tail, text_ids) in zip(offsets, row):
                 logit = tuple(islice(next_logits, len(tail)))
@@ -94,7 +104,7 @@ class Verifying:
                 pieces = tuple(str(self.tokenizer.decode([t])) for t in tail)
                 details.append(TokenScores(pieces, logit, logprob))
                 last_hidden.append(hidden[offset + len(text_ids)])
-            if len(states) > 1:  # keep the pass's keys and values in the request's own cache
+            if slotted is None and len(states) > 1:  # keep the pass's keys and values in the request's cache
                 self._append_row(state.cache, cache, r, pads[r] + len(state.ids), packed.length)
             state.packed = PackedPass(
                 texts=tuple(c.text for c in candidates[r]),
@@ -106,6 +116,15 @@ class Verifying:
             )
             results.append(details)
         return results
+
+    def _verify_on_slots(
+        self, states: Sequence[HFState], blocks: Sequence[Sequence[Block]]
+    ) -> list[torch.Tensor] | None:
+        """The pass on the KV slots, where this member has them (a lone request of a member with
+        compiled decoding keeps that path); None: verify eagerly."""
+        if self.slots is None or (len(states) == 1 and self.compiled is not None):
+            return None
+        return slot_verify.verify(self.slots, [s.cache for s in states], blocks)
 
     def _packed_pass(self, cache: DynamicCache, packed: Layout) -> torch.Tensor:
         """Hidden states of the packed tokens after `cache`, which keeps their keys and values."""
@@ -130,7 +149,7 @@ class Verifying:
         states: Sequence[HFState],
         rows: Sequence[Sequence[tuple[Block, list[int], list[int]]]],
         offsets: Sequence[Sequence[int]],
-        hidden_all: torch.Tensor,
+        hidden_all: torch.Tensor | Sequence[torch.Tensor],
     ) -> tuple[list[float], list[float]]:
         """The raw logit of every scored token of every request's candidates, in order, and the
         log-probabilities of those whose request scores by them. All through the output head at
@@ -139,7 +158,7 @@ class Verifying:
         picked, tokens, wanted = [], [], []
         for r, (state, row) in enumerate(zip(states, rows)):
             for offset, (_, tail, _) in zip(offsets[r], row):
-                picked.append(hidden_all[r, offset : offset + len(tail)])  # row t predicts tail[t]
+                picked.append(hidden_all[r][offset : offset + len(tail)])  # row t predicts tail[t]
                 tokens += tail
                 wanted += [state.settings.score == "logprob"] * len(tail)
         hidden = torch.cat(picked)
@@ -210,6 +229,15 @@ class Verifying:
             for name in ("keys", "values"):
                 tail = getattr(theirs, name)[row : row + 1, :, begin : begin + count]
                 setattr(mine, name, torch.cat([getattr(mine, name), tail], dim=-2))
+
+
+def _offsets(blocks: Sequence[Block]) -> tuple[int, ...]:
+    """Where each block begins when they are packed one after another (scoring.lay_out's offsets)."""
+    out, at = [], 0
+    for block in blocks:
+        out.append(at)
+        at += len(block.tokens)
+    return tuple(out)
 
 
 __all__ = ["Verifying"]

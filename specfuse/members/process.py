@@ -122,6 +122,7 @@ class ProcessMember(BaseMember):
         self.host = f"process {self._process.pid}"  # the engine runs members in other places at once
         self.trust = info["trust"]
         self.parameters = info["parameters"]
+        self.captures = info["captures"]  # whether its steps are captured as CUDA graphs (slots.py)
         self._closer = weakref.finalize(self, _close, self._conn, self._process)
 
     # ---- the Member protocol ------------------------------------------------------------------------
@@ -164,6 +165,17 @@ class ProcessMember(BaseMember):
 
     def prompt_surprise(self, state: ProcessState) -> float | None:
         return self._call("prompt_surprise", state.id)
+
+    def prepare_steps(self, state: ProcessState, progress: Callable[[float, str], None]) -> None:
+        """The worker's member captures its steps (HFMember.prepare_steps), said here as one step:
+        its progress stays in the worker process (a pipe carries replies, not progress). A member
+        that captures nothing (a CPU's, llama.cpp's) says nothing."""
+        if not self.captures:
+            return
+        progress(0.0, f"{self.name}: capturing graphs (in its worker process)")
+        said = self._call("prepare_steps", state.id)
+        if said:
+            progress(1.0, f"{self.name}: {said}")  # its last word: "capturing graphs n/n", or a failure
 
     def set_threads(self, threads: int) -> None:
         """The worker process's torch intra-op threads: its share of a CPU it shares with others
@@ -307,6 +319,7 @@ def _handlers(member: Member, states: dict[int, Any]) -> dict[str, Callable[...,
             "device": member.device,
             "trust": member.trust,
             "parameters": member.parameters,
+            "captures": bool(getattr(getattr(member, "slots", None), "capture", False)),
         }
 
     out: dict[str, Callable[..., Any]] = {
@@ -319,11 +332,22 @@ def _handlers(member: Member, states: dict[int, Any]) -> dict[str, Callable[...,
         "draft_many": lambda handles, budgets: member.draft_many([states[h] for h in handles], budgets),
         "score_many": lambda handles, cands: member.score_many([states[h] for h in handles], cands),
         "prompt_surprise": lambda h: member.prompt_surprise(states[h]),
+        "prepare_steps": lambda h: _prepare_steps(member, states[h]),
         "threads": threads,
         "threads_now": _threads_now,
         "held": lambda: len(states),  # states not yet released (for tests and leak checks)
     }
     return out
+
+
+def _prepare_steps(member: Member, state: Any) -> str | None:
+    """A member's start-up capture in its worker (where it has one), and its last word on it."""
+    prepare = getattr(member, "prepare_steps", None)
+    if prepare is None:
+        return None
+    said: list[str] = []
+    prepare(state, lambda fraction, message: said.append(message.partition(": ")[2]))
+    return said[-1] if said else None
 
 
 def _portable(error: BaseException) -> BaseException:

@@ -16,12 +16,15 @@ them away.
 A step runs on a bucket of rows (BUCKETS: 1, 2, 4, 8, 16, 32, then powers of two) and a width of
 columns (a power of two from MIN_WIDTH, enough for the longest row and its draft); rows past the
 draft's own are padding (a placeholder token at position 0 of a slot no run holds this draft). On
-CUDA each (bucket, width) pair is captured once, the first time it is needed, as a
-torch.cuda.CUDAGraph around the fixed-shape forward pass and the output head (a few forward passes'
-time, not a compilation); its replays read the step's tokens and positions from one small input
-buffer. A capture that fails turns capture off for the member, with a warning, and the same step
-runs uncaptured. On a CPU the same code runs uncaptured: the greedy answers equal the eager path's
-(tests/test_slots.py). Why not transformers' own continuous batching: docs/gpu.md.
+CUDA each (bucket, width) pair is captured once as a torch.cuda.CUDAGraph around the fixed-shape
+forward pass and the output head (a few forward passes' time, not a compilation): at start-up
+(prepare, from the member's warm-up, each step said as "capturing graphs k/n") for the buckets a
+first request needs, else the first time it is needed; its replays read the step's tokens and
+positions from one small input buffer. Verification's steps (slot_verify.py) are captured the
+same way, in the same pool. A capture that fails turns capture off for the member, with a
+warning, and the same steps run uncaptured. On a CPU the same code runs uncaptured: the greedy
+answers equal the eager path's (tests/test_slots.py). Why not transformers' own continuous
+batching: docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -47,6 +50,11 @@ log = logging.getLogger(__name__)
 BUCKETS = (1, 2, 4, 8, 16, 32)  # rows per captured step; larger batches take the next power of two
 MIN_WIDTH = 256  # the narrowest step, in columns; wider ones double
 WARMUP_STEPS = 2  # uncaptured runs of a step before its capture (cuBLAS handles, lazy allocations)
+# Start-up (prepare): the verification buckets captured before the first request (query tokens per
+# row: N candidates of L + 1 tokens, N = 3 and L = 10 make 33), and the columns the store is made
+# with, so that runs up to that length never reallocate it (which drops every graph).
+STARTUP_VERIFY = (16, 32, 64)
+STARTUP_CAPACITY = 512
 
 
 def resolved(mode: str, device: str) -> str:
@@ -90,12 +98,13 @@ class _Member(Protocol):
 
 @dataclass
 class _Shape:
-    """The step under way: its rows and columns, and each row's write position ([rows, 1] tensor,
-    the step's own input, which the layers scatter at)."""
+    """The step under way: its rows and columns, and where each row's new tokens are written
+    ([rows, tokens] tensor of columns, the step's own input, which the layers scatter at: a draft's
+    token at its position, a verification's packed tokens after the row's committed ones)."""
 
     rows: int = 0
     width: int = 0
-    positions: torch.Tensor | None = None
+    columns: torch.Tensor | None = None
 
 
 class SlotLayer(CacheLayerMixin):
@@ -116,10 +125,10 @@ class SlotLayer(CacheLayerMixin):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        rows, width, positions = self.shape.rows, self.shape.width, self.shape.positions
-        assert self.keys is not None and self.values is not None and positions is not None
+        rows, width, columns = self.shape.rows, self.shape.width, self.shape.columns
+        assert self.keys is not None and self.values is not None and columns is not None
         keys, values = self.keys[:rows, :, :width], self.values[:rows, :, :width]
-        at = positions[:, None, :, None]  # [rows, 1, 1, 1]: each row at its own column
+        at = columns[:, None, :, None]  # [rows, 1, tokens, 1]: each row's tokens at its own columns
         keys.scatter_(2, at.expand_as(key_states), key_states)
         values.scatter_(2, at.expand_as(value_states), value_states)
         return keys, values
@@ -136,12 +145,22 @@ class SlotLayer(CacheLayerMixin):
 
 @dataclass
 class _Graph:
-    """One captured step: its graph, its input buffer ([2, rows]: tokens, positions) and its output
-    (the logits [rows, V], overwritten by the next replay of any graph of the member's pool)."""
+    """One captured step: its graph, its input buffer (a draft's [2, rows]: tokens, positions; a
+    verification's: slot_verify.py) and its output (a draft's logits [rows, V], a verification's
+    hidden states), overwritten by the next replay of the graph."""
 
     graph: Any  # torch.cuda.CUDAGraph
     inputs: torch.Tensor
-    logits: torch.Tensor
+    output: torch.Tensor
+
+
+# A step's key among a member's graphs: ("draft", rows, 1, width) or ("verify", rows, tokens, width).
+Key = tuple[str, int, int, int]
+# A step of another kind (verification: slot_verify.step): for a store and a bucket of rows, tokens
+# per row and width, its input buffer filled with harmless placeholders, and the step itself.
+StepMaker = Callable[
+    ["SlotStore", int, int, int], tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
+]
 
 
 class SlotStore:
@@ -149,9 +168,17 @@ class SlotStore:
     store in use, from another thread, decodes eagerly)."""
 
     def __init__(
-        self, member: _Member, *, capture: bool | None = None, unsupported: str | None = None
+        self,
+        member: _Member,
+        *,
+        capture: bool | None = None,
+        unsupported: str | None = None,
+        verifier: StepMaker | None = None,
     ) -> None:
         self.member = member
+        # The verification step's maker (slot_verify.step, which imports this module); None: this
+        # store drafts only, and start-up prepares no verification.
+        self.verifier = verifier
         on_gpu = str(member.device).startswith("cuda")
         # CUDA graphs where there is CUDA; `capture=True` on a CPU is refused, not ignored.
         if capture and not on_gpu:
@@ -163,9 +190,10 @@ class SlotStore:
         self.layers: list[SlotLayer] = []
         self.cache: Cache | None = None
         self.shape = _Shape()
-        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.graphs: dict[Key, _Graph] = {}
         self.pool: Any = None
         self.counts = {"drafts": 0, "steps": 0, "replays": 0, "captures": 0, "busy": 0}
+        self.counts |= {"verifies": 0, "verify_replays": 0}
         self.capture_seconds = 0.0
         self._lock = threading.Lock()
 
@@ -175,24 +203,30 @@ class SlotStore:
         """Take the store for one draft: the runs' `caches` copied into slots 0..n-1, room for
         `steps` more tokens each, the step for their bucket ready (captured on CUDA). False: the
         store cannot take it (unsupported, or in use by another thread): draft eagerly."""
+        lengths = [c.get_seq_length() for c in caches]
+        # One column past the draft's last: the column a capture writes at, never seen.
+        if not self.hold(caches, "draft", 1, width_of(max(lengths) + steps + 2)):
+            return False
+        self.counts["drafts"] += 1
+        return True
+
+    def hold(self, caches: Sequence[DynamicCache], kind: str, tokens: int, width: int) -> bool:
+        """Take the store for one call of `kind` ("draft", "verify": its step's `tokens` per row,
+        `width` columns): the runs' caches copied into slots 0..n-1, the step ready. False: the
+        store cannot take it (unsupported, or in use by another thread); True: end() it."""
         if self.disabled or not _plain(caches):
             return False
         if not self._lock.acquire(blocking=False):
             self.counts["busy"] += 1
             return False
         try:
-            lengths = [c.get_seq_length() for c in caches]
-            # One column past the draft's last: the column a capture writes at, never seen.
-            rows, width = bucket_of(len(caches)), width_of(max(lengths) + steps + 2)
+            rows = bucket_of(len(caches))
             self._allocate(rows, width, caches[0])
-            self.shape.rows, self.shape.width = rows, width
-            if self.capture and not self.capture_off and (rows, width) not in self.graphs:
-                self._capture(rows, width)
+            self.ready((kind, rows, tokens, width))
             self._load(caches)
         except BaseException:
             self._lock.release()
             raise
-        self.counts["drafts"] += 1
         return True
 
     def end(self) -> None:
@@ -209,21 +243,28 @@ class SlotStore:
         host[0, :n] = torch.tensor(list(tokens))
         host[1, :n] = torch.tensor(list(positions))
         self.counts["steps"] += 1
-        graph = self.graphs.get((rows, self.shape.width))
+        return self.run(("draft", rows, 1, self.shape.width), host, self._forward)[:n]
+
+    def run(
+        self, key: Key, host: torch.Tensor, forward: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """The step `key` on the inputs `host` (on the CPU): its graph's replay where it was
+        captured (its output is overwritten by the next replay), else `forward` uncaptured."""
+        graph = self.graphs.get(key)
         if graph is None:
-            return self._forward(host.to(self.member.device))[:n]
+            return forward(host.to(self.member.device))
         graph.inputs.copy_(host)
-        with profiling.timed("forward", self.member.name, items=rows):  # the hooks do not see a replay
+        with profiling.timed("forward", self.member.name, items=key[1]):  # the hooks do not see a replay
             graph.graph.replay()
-        self.counts["replays"] += 1
-        return graph.logits[:n]
+        self.counts["replays" if key[0] == "draft" else "verify_replays"] += 1
+        return graph.output
 
     def _forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """The step itself, fixed in shape for a bucket and width: tokens and positions [2, rows] →
         logits [rows, V] float32. Captured as is on CUDA: no host synchronisation inside."""
         member, width = self.member, self.shape.width
         tokens, positions = inputs[0][:, None], inputs[1][:, None]  # [rows, 1]
-        self.shape.positions = positions
+        self.shape.columns = positions  # a draft's token is written at its own position
         column = torch.arange(width, device=inputs.device)[None, :]
         allowed = column <= positions  # [rows, width]: each row's own columns up to its position
         full = float_mask(allowed[:, None, None, :], member.dtype)
@@ -285,18 +326,38 @@ class SlotStore:
                 mine.keys[r, :, :n].copy_(keys[0])
                 mine.values[r, :, :n].copy_(values[0])
 
-    def _capture(self, rows: int, width: int) -> None:
-        """The step for (rows, width) as a CUDA graph; a failure turns capture off for the member."""
+    def ready(self, key: Key, *, run: bool = False) -> None:
+        """Make the step `key` ready for the shape now set: captured on CUDA (once), and with `run`
+        (start-up's warm-up) run once uncaptured where it is not captured."""
+        kind, rows, _, width = key
+        self.shape.rows, self.shape.width = rows, width
+        if self.capture and not self.capture_off and key not in self.graphs:
+            self._capture(key)
+        if run and key not in self.graphs:
+            inputs, forward = self._step_of(key)
+            forward(inputs)
+
+    def _step_of(self, key: Key) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+        """A step's input buffer, filled with harmless placeholders, and the step itself."""
+        kind, rows, tokens, width = key
+        if kind == "verify":
+            assert self.verifier is not None, "a verification step on a store made without a verifier"
+            return self.verifier(self, rows, tokens, width)
+        inputs = torch.zeros(2, rows, dtype=torch.long, device=self.member.device)
+        inputs[1].fill_(width - 1)  # beyond every draft's columns: nothing anyone sees is touched
+        return inputs, self._forward
+
+    def _capture(self, key: Key) -> None:
+        """The step `key` as a CUDA graph; a failure turns capture off for the member."""
         device = torch.device(self.member.device)
         began = time.perf_counter()
         try:
-            inputs = torch.zeros(2, rows, dtype=torch.long, device=device)
-            inputs[1].fill_(width - 1)  # beyond every draft's columns: nothing anyone sees is touched
+            inputs, forward = self._step_of(key)
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side):
                 for _ in range(WARMUP_STEPS):
-                    self._forward(inputs)
+                    forward(inputs)
             torch.cuda.current_stream(device).wait_stream(side)
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
@@ -304,18 +365,64 @@ class SlotStore:
             # thread_local: another member's thread (members at once, on their CUDA streams) may
             # launch work while this one captures; only this thread's calls are checked.
             with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                logits = self._forward(inputs)
+                output = forward(inputs)
         except Exception as e:
             self.capture_off = f"CUDA graph capture failed: {type(e).__name__}: {e}"
-            log.warning("%s: drafting uncaptured on KV slots (%s)", self.member.name, self.capture_off)
+            log.warning(
+                "%s: drafting and verifying uncaptured on KV slots (%s)", self.member.name, self.capture_off
+            )
             return
         seconds = time.perf_counter() - began
-        self.graphs[rows, width] = _Graph(graph, inputs, logits)
+        self.graphs[key] = _Graph(graph, inputs, output)
         self.counts["captures"] += 1
         self.capture_seconds += seconds
+        kind, rows, tokens, width = key
         log.info(
-            "%s: captured the step for %d rows x %d columns in %.2f s", self.member.name, rows, width, seconds
+            "%s: captured the %s step for %d rows x %d tokens x %d columns in %.2f s",
+            *(self.member.name, kind, rows, tokens, width, seconds),
         )
+
+    # -- start-up --------------------------------------------------------------------------------
+
+    @torch.inference_mode()  # as every draft and verification: the store's tensors are theirs
+    def prepare(
+        self,
+        like: DynamicCache,
+        progress: Callable[[float, str], None] | None = None,
+        *,
+        rows: Sequence[int] = BUCKETS,
+        verify_tokens: Sequence[int] = STARTUP_VERIFY,
+        capacity: int = STARTUP_CAPACITY,
+    ) -> int:
+        """Every step a first request is likely to need, made ready before anyone waits for it: a
+        draft per bucket of `rows` and a verification per bucket of rows and `verify_tokens`, at
+        MIN_WIDTH columns, in a store of `capacity` columns shaped like `like` (a warm-up's cache).
+        Captured on CUDA; where capture is off (a CPU, or a capture that failed) each step runs
+        once uncaptured, the same code. Each step is said through `progress` ("NAME: capturing
+        graphs k/n"); a failed capture is said once, logged, and the rest left uncaptured and
+        unrun. Returns how many steps were captured."""
+        if self.disabled:  # this member drafts and verifies eagerly: nothing to make ready
+            return 0
+        say = progress or (lambda fraction, message: None)
+        keys: list[Key] = [("draft", r, 1, MIN_WIDTH) for r in rows]
+        if self.verifier is not None:
+            keys += [("verify", r, q, MIN_WIDTH) for r in rows for q in verify_tokens]
+        name, before = self.member.name, self.counts["captures"]
+        with self._lock:
+            self._allocate(max(rows), max(capacity, MIN_WIDTH), like)
+            for k, key in enumerate(keys, 1):
+                how = "" if self.capture else " (uncaptured: no CUDA graphs on this device)"
+                say((k - 1) / len(keys), f"{name}: capturing graphs {k}/{len(keys)}{how}")
+                trying = self.capture and not self.capture_off
+                self.ready(key, run=not self.capture)
+                if trying and self.capture_off:
+                    said = f"{name}: capturing graphs failed: steps run uncaptured ({self.capture_off})"
+                    say(k / len(keys), said)
+                    break
+        captured = self.counts["captures"] - before
+        seconds = self.capture_seconds
+        log.info("%s: %d of %d steps captured at start-up in %.1f s", name, captured, len(keys), seconds)
+        return captured
 
 
 def _plain(caches: Sequence[DynamicCache]) -> bool:

@@ -1,5 +1,6 @@
 """Preparing members: the steps a member goes through before its first round (copying, converting,
-loading, warming up), how long each took, and how long the first time usually takes on this machine.
+loading, warming up, and on a GPU capturing its steps as CUDA graphs), how long each took, and how
+long the first time usually takes on this machine.
 
 A member's first load can take most of a minute (its GGUF file assembled and converted, the weights
 read, the first calls' lazy set-up), and a person waiting for it sees nothing else happen. This
@@ -35,13 +36,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STEPS = ("copying", "converting", "loading", "warming up")
+STEPS = ("copying", "converting", "loading", "warming up", "capturing graphs")
 TIMES_FILE = "preparation-times.json"  # in the cache folder: what preparing each member took here
 KEPT = 5  # measurements kept per member, back end and kind (the usual time is their median)
 
 # Words of the load's progress messages (cache.py, loading.py, names.py) → the step they belong to.
 # The first match wins, so the more specific phrases come first.
 _STEP_WORDS: tuple[tuple[str, str], ...] = (
+    ("capturing graphs", "capturing graphs"),
     ("warming up", "warming up"),
     ("assembling", "copying"),
     ("verifying hash", "copying"),
@@ -187,12 +189,17 @@ def usual_text(usual: tuple[float, int] | None, first: bool) -> str:
 WARM_PROMPT = "Say hello."
 
 
-def warm_up(member: Member, tokens: int = 4) -> None:
+def warm_up(member: Member, tokens: int = 4, progress: Progress = no_progress) -> None:
     """A short draft and a score on a tiny prompt: the first calls' costs (lazy set-up, the first
-    pages of the weights, kernels picked) are paid here rather than in a person's first round."""
+    pages of the weights, kernels picked) are paid here rather than in a person's first round.
+    First, a member that captures its steps as CUDA graphs (members/slots.py) captures them all,
+    each said through `progress` ("NAME: capturing graphs k/n"), so that no request waits for one."""
     from specfuse.config import MemberSettings
 
     state = member.start(WARM_PROMPT, MemberSettings(max_new_tokens=tokens))
+    prepare = getattr(member, "prepare_steps", None)
+    if prepare is not None:
+        prepare(state, progress)
     candidate = member.draft(state, tokens)
     member.score(state, [candidate])
 
@@ -205,7 +212,7 @@ def warmed(name: str, *, progress: Progress = no_progress, **options: Any) -> Me
     member = load_member(name, progress=progress, **options)
     if not is_server(name):
         progress(0.95, f"{name}: warming up")
-        warm_up(member)
+        warm_up(member, progress=lambda fraction, message: progress(0.95 + 0.04 * fraction, message))
     return member
 
 

@@ -1,0 +1,211 @@
+"""Verification on static slots (issue 52): every run's candidates scored by a member in one padded
+pass on its KV slots (slots.py), captured as a CUDA graph per bucket on a GPU, the same step
+uncaptured on a CPU.
+
+The eager pass (hf_verifying.py, scoring.py) packs each run's candidates as blocks, an anchor and
+the candidate's tokens, after the run's own cache. Here each run's blocks become a prefix tree
+first: tokens that candidates reach by the same tokens from the same anchor (drafts that begin
+alike: a common first word, or whole drafts alike) are one node, read once, as llama.cpp's verify
+pass does (llamacpp_decode.candidate_items). A node sees the cached columns before its block's
+anchor and its own ancestors in the tree, nothing else, so its hidden state and its keys are those
+each block would have had alone.
+
+A step serves a bucket of runs (slots.BUCKETS), a bucket of tree nodes per run (VERIFY_TOKENS) and
+a width of columns: row r's node j is written at column len(run r) + j, after the run's committed
+keys (loaded into the slot as for a draft), at its own position for the rotary embedding; padding
+nodes and rows see only themselves. Its input is one buffer of [rows, tokens, 4 + tokens] integers
+(token, position, column, anchor, then the node's row of the ancestor matrix), so a replay costs one
+copy in. Afterwards each run's nodes are laid out again in the eager pass's order (every block
+whole, `node_of`): its hidden states for the scores, and its keys and values appended to the run's
+own cache, where the eager pass leaves them, so that accept() moves the chosen candidate's keys into
+place exactly as after an eager pass. A run with more nodes than the largest bucket, or a store in
+use, verifies eagerly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from .scoring import Block, float_mask
+from .slots import bucket_of, width_of
+
+if TYPE_CHECKING:
+    from .slots import SlotStore
+
+VERIFY_TOKENS = (16, 32, 64, 128, 256)  # tree nodes per row of a step; more: the eager pass
+CHANNELS = 4  # token, position, column, anchor; then the ancestor row
+
+
+@dataclass(frozen=True)
+class Tree:
+    """One run's candidate blocks as a prefix tree: each node's token, position, parent (-1: a root,
+    an anchor) and its block's anchor position; and, for each token of the eager layout (the blocks
+    one after another), the node that reads it."""
+
+    tokens: tuple[int, ...]
+    positions: tuple[int, ...]
+    parents: tuple[int, ...]
+    anchors: tuple[int, ...]
+    node_of: tuple[int, ...]
+
+
+def tree(blocks: Sequence[Block]) -> Tree:
+    """The prefix tree of a run's blocks: a token reached from the same anchor by the same tokens
+    is one node (its context, and so its keys and hidden state, are the same in every block)."""
+    tokens: list[int] = []
+    positions: list[int] = []
+    parents: list[int] = []
+    anchors: list[int] = []
+    node_of: list[int] = []
+    nodes: dict[tuple[int, int, int], int] = {}  # (parent, anchor position at a root, token) → node
+    for block in blocks:
+        parent = -1
+        for depth, token in enumerate(block.tokens):
+            key = (parent, block.start if parent < 0 else 0, token)
+            node = nodes.get(key)
+            if node is None:
+                node = nodes[key] = len(tokens)
+                tokens.append(token)
+                positions.append(block.start + depth)
+                parents.append(parent)
+                anchors.append(block.start)
+            node_of.append(node)
+            parent = node
+    return Tree(tuple(tokens), tuple(positions), tuple(parents), tuple(anchors), tuple(node_of))
+
+
+def tokens_of(nodes: int) -> int | None:
+    """The bucket of tree nodes per row that holds `nodes`; None: more than the largest."""
+    return next((b for b in VERIFY_TOKENS if b >= nodes), None)
+
+
+def inputs(trees: Sequence[Tree], lengths: Sequence[int], rows: int, tokens: int) -> torch.Tensor:
+    """The step's input buffer on the CPU, [rows, tokens, CHANNELS + tokens]: each run's nodes after
+    its `lengths` committed tokens; padding nodes and rows see only themselves."""
+    host = torch.zeros(rows, tokens, CHANNELS + tokens, dtype=torch.long)
+    host[:, :, 2] = torch.arange(tokens)  # padding rows: columns 0.., nothing committed
+    host[:, :, CHANNELS:] = torch.eye(tokens, dtype=torch.long)
+    for r, (t, length) in enumerate(zip(trees, lengths)):
+        n = len(t.tokens)
+        host[r, :, 1] = length  # padding nodes: at the first free position
+        host[r, :, 2] += length
+        host[r, :n, 0] = torch.tensor(t.tokens)
+        host[r, :n, 1] = torch.tensor(t.positions)
+        host[r, :n, 3] = torch.tensor(t.anchors)
+        host[r, :n, CHANNELS : CHANNELS + n] = torch.from_numpy(ancestors(t.parents))
+    return host
+
+
+def ancestors(parents: Sequence[int]) -> np.ndarray:
+    """The [n, n] matrix of who sees whom in a tree: each node its ancestors and itself (parents
+    come before their children). In numpy: a few microseconds a node, where torch's indexing of
+    the input buffer row by row took tens."""
+    out = np.eye(len(parents), dtype=np.int64)
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            out[node, :node] = out[parent, :node]
+    return out
+
+
+def placeholder(store: SlotStore, rows: int, tokens: int, width: int) -> torch.Tensor:
+    """A buffer for capturing the step: every row padding, written at the last columns (no
+    committed key of any run reaches there: the width leaves room for a run's tokens after it)."""
+    host = inputs([], [], rows, tokens)
+    host[:, :, 2] += width - tokens
+    return host.to(store.member.device)
+
+
+def step(
+    store: SlotStore, rows: int, tokens: int, width: int
+) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """The verification step for a bucket (slots.StepMaker): a placeholder buffer, and the step."""
+    return placeholder(store, rows, tokens, width), lambda buffer: forward(store, buffer)
+
+
+def forward(store: SlotStore, buffer: torch.Tensor) -> torch.Tensor:
+    """The step itself, fixed in shape for a bucket of rows and tokens and a width: the input buffer
+    → the final hidden states [rows, tokens, H]. Captured as is on CUDA: no host synchronisation."""
+    member, width = store.member, store.shape.width
+    tokens, positions, columns, anchors = (buffer[..., c] for c in range(CHANNELS))  # [rows, Q]
+    ancestors = buffer[..., CHANNELS:] != 0  # [rows, Q, Q]
+    count = tokens.shape[1]
+    store.shape.columns = columns
+    column = torch.arange(width, device=buffer.device)[None, :]  # [1, W]
+    node = column - columns[:, :1]  # [rows, W]: the node a column holds, where in [0, Q)
+    packed = (node >= 0) & (node < count)
+    node = node.clamp(0, count - 1)
+    # A node sees the committed columns before its anchor, and the columns of its ancestors.
+    allowed = torch.gather(ancestors, 2, node[:, None, :].expand(-1, count, -1)) & packed[:, None, :]
+    committed = column < columns[:, :1]  # [rows, W]: the run's own tokens (row r: its length)
+    allowed |= (column[:, None, :] < anchors[:, :, None]) & committed[:, None, :]
+    full = float_mask(allowed[:, None], member.dtype)
+    mask: torch.Tensor | dict[str, torch.Tensor] = full
+    if member.sliding_window is not None:
+        key_positions = torch.where(packed, torch.gather(positions, 1, node), column)  # [rows, W]
+        near = key_positions[:, None, :] > positions[:, :, None] - member.sliding_window
+        sliding = float_mask((allowed & near)[:, None], member.dtype)
+        mask = {"full_attention": full, "sliding_attention": sliding}
+    out = member.base(
+        input_ids=tokens,
+        position_ids=positions,
+        attention_mask=mask,
+        past_key_values=store.cache,
+        use_cache=True,
+    )
+    return cast("torch.Tensor", out.last_hidden_state)
+
+
+def verify(
+    store: SlotStore, caches: Sequence[DynamicCache], blocks: Sequence[Sequence[Block]]
+) -> list[torch.Tensor] | None:
+    """Every run's blocks read in one step on the slots (`caches`: the runs' own, holding exactly
+    their committed tokens). Returns each run's hidden states in the eager layout (its blocks one
+    after another, [tokens, H]), the keys and values of those tokens appended to its cache in the
+    same order; None: nothing done, verify eagerly (too many nodes, a store in use or unsupported)."""
+    trees = [tree(b) for b in blocks]
+    tokens = tokens_of(max(len(t.tokens) for t in trees))
+    if tokens is None:
+        return None
+    lengths = [c.get_seq_length() for c in caches]
+    width = width_of(max(lengths) + tokens)
+    if not store.hold(caches, "verify", tokens, width):
+        return None
+    try:
+        rows = bucket_of(len(caches))
+        host = inputs(trees, lengths, rows, tokens)
+        hidden = store.run(("verify", rows, tokens, width), host, lambda x: forward(store, x))
+        store.counts["verifies"] += 1
+        out = []
+        for r, (t, cache, length) in enumerate(zip(trees, caches, lengths)):
+            index = torch.tensor(t.node_of, device=hidden.device)
+            out.append(hidden[r, index])  # a copy: the next replay overwrites the graph's output
+            columns = index + length
+            for mine, theirs in zip(cast("list[DynamicLayer]", cache.layers), store.layers):
+                assert mine.keys is not None and mine.values is not None
+                assert theirs.keys is not None and theirs.values is not None
+                mine.keys = torch.cat([mine.keys, theirs.keys[r : r + 1, :, columns]], dim=-2)
+                mine.values = torch.cat([mine.values, theirs.values[r : r + 1, :, columns]], dim=-2)
+        return out
+    finally:
+        store.end()
+
+
+__all__ = [
+    "VERIFY_TOKENS",
+    "Tree",
+    "ancestors",
+    "forward",
+    "inputs",
+    "placeholder",
+    "step",
+    "tokens_of",
+    "tree",
+    "verify",
+]
