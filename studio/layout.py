@@ -24,7 +24,7 @@ from .handlers import Studio
 from .loading import DEVICES, DevicePlan, Loader, same_device
 from .panels import Failures, controls_panel, failures_panel, views_panel
 from .serving import DEFAULT_CONCURRENCY, Schedulers
-from .step_panel import step_panel, wire_step
+from .step_panel import step_panel
 from .stepping import Stepper
 from .untrusted import Servers
 
@@ -275,4 +275,57 @@ def wire_failures(studio: Studio, run: EvalRun, panel: Failures) -> None:
         ],
         api_visibility="private",
         show_progress_on=[shown.status],
+    )
+
+
+def wire_step(stepper: Stepper, concurrency_limit: int | None, uploaded: Any = None) -> None:
+    """The step bar's listeners, Stop's part in step mode, and the box that shows the bar.
+    `uploaded`: the upload's event, after which a trace steps when the box is checked."""
+    s, b = stepper.studio, stepper.bar
+    shown = s.display
+    outputs = stepper.outputs()
+    beat = [shown.round, shown.view, b.guess]
+    quiet: dict[str, Any] = {"show_progress": "hidden"}
+    # A key pressed again while its last press is answered is kept (the last one), not dropped.
+    pressed: dict[str, Any] = {"trigger_mode": "always_last", **quiet}
+    playing: dict[str, Any] = {"concurrency_limit": concurrency_limit, "concurrency_id": "step"}
+    now: dict[str, Any] = {"concurrency_limit": None, **pressed}  # answered at once, beside a playing beat
+    events = [
+        b.next.click(stepper.advance, beat, outputs, api_name="step_next", **playing, **pressed),
+        b.timer.tick(
+            stepper.advance, beat, outputs, api_visibility="private", trigger_mode="once", **playing, **quiet
+        ),
+        b.reveal.click(stepper.reveal, beat, outputs, api_name="step_reveal", **now),
+        b.back.click(stepper.back, [s.trace, *beat[:2]], outputs, api_name="step_back", **now),
+        b.home.click(stepper.home, beat[:2], outputs, api_name="step_home", **now),
+        b.end.click(stepper.end_, beat[:2], outputs, api_name="step_end", **now),
+    ]
+    if uploaded is not None:
+        uploaded.success(
+            stepper.opened, [stepper.mode, s.trace, shown.view], outputs, api_visibility="private", **quiet
+        )
+    b.play.click(
+        stepper.play,
+        [b.playing, b.pace, shown.round],
+        [b.timer, b.play, b.playing],
+        api_visibility="private",
+        concurrency_limit=None,
+        **quiet,
+    )
+    b.pace.change(stepper.set_pace, [b.playing, b.pace], [b.timer], api_visibility="private", **quiet)
+    s.controls.stop.click(
+        stepper.stop,
+        [shown.round],
+        b.outputs(),
+        cancels=events,  # type: ignore[arg-type]
+        api_name="step_stop",
+        concurrency_limit=None,
+        **quiet,
+    )
+    stepper.mode.input(  # a person's click only: a lesson's or a run's update never toggles it
+        stepper.toggle,
+        [stepper.mode, s.trace, shown.view],
+        [b.bar, *outputs],
+        api_name="step_mode",  # checked with a trace shown: it steps as a recorded run
+        **quiet,
     )

@@ -7,7 +7,7 @@ studio.recorded's ticket: no model loaded.
 Each session's stepping run is a StepRun: its ticket in the scheduler (submit(step=True)), the
 rounds revealed, the round played but not yet revealed, and the guesses' tally. A beat reads the
 ticket's stream up to its next Paused (aevents(until_pause=True)), so the next beat's handler goes on
-from there. Knows nothing about layout: studio.layout calls step_panel's `wire_step` once.
+from there. Knows nothing about layout: studio.layout's `wire_step` wires them once.
 """
 
 from __future__ import annotations

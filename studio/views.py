@@ -17,22 +17,17 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from specfuse import Round, Trace, answer_spans, report, rules
+from specfuse.handout.data import member_colors  # one colour per member, as the handout's
 from specfuse.records import Draft
 
 from .text_views import candidates_html, matrix_html, weights_html
 from .untrusted import esc, md, shown_controls
 
-# One colour per member, in ensemble order (Plotly's default qualitative palette).
-PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880")
 SELECTED = "▶ selected segment"  # the answer's label for the segment being inspected
 SELECTED_COLOR = "#FFD54F"
 # config.gate: the answer's label for a segment its gatekeeper was sure of, taken without the others
 GATED = " · sure, alone"
 NORMALIZED, RAW = "normalized ŝ", "raw z"
-
-
-def member_colors(members: Sequence[str]) -> dict[str, str]:
-    return {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(members)}
 
 
 def answer_value(rounds: Sequence[Round], selected: int | None = None) -> list[tuple[str, str]]:
@@ -41,9 +36,9 @@ def answer_value(rounds: Sequence[Round], selected: int | None = None) -> list[t
     `selected` (a 0-based segment index) relabels that one span, so the whole answer stays in view
     with the segment being inspected marked.
     """
-    spans = answer_spans(rounds)
     spans = [
-        (shown_controls(text), f"{who}{GATED}" if r.gated else who) for (text, who), r in zip(spans, rounds)
+        (shown_controls(t), f"{w}{GATED}" if r.gated else w)
+        for (t, w), r in zip(answer_spans(rounds), rounds)
     ]
     if selected is not None and 0 <= selected < len(spans):
         spans[selected] = (spans[selected][0], SELECTED)

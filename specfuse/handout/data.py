@@ -19,8 +19,8 @@ from ..trace import Trace
 
 FORMAT = 1  # the embedded document's own version, for anyone who reads it back out of a page
 
-# One colour per member, in ensemble order: the app's palette (studio/views.py), so a handout's
-# colours match what the audience saw in the app.
+# One colour per member, in ensemble order (Plotly's default qualitative palette): the app's colours
+# too (studio.views), so a handout's colours match what the audience saw in the app.
 PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880")
 OTHER = "#9E9E9E"  # a segment no member drafted (a branch's typed one, "you")
 # The matrix's colour scale (viridis, as the app's heatmap): (position 0..1, colour).
