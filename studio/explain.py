@@ -226,6 +226,8 @@ BUTTONS = {
     "home": ["step-home"],
     "end": ["step-end"],
     "play": ["step-play"],
+    "room": ["room-start"],  # a class session (studio.room_page): shown only while none is open
+    "votes": ["room-votes"],
 }
 ROWS = [{"keys": list(row.keys), "action": row.action} for row in KEYS if APP in row.where]
 KEYMAP_ID = "sf-keymap"
@@ -274,7 +276,7 @@ KEY_SCRIPT = """() => {
     next: stepping, back: stepping, home: stepping, end: stepping, play: stepping,
     guess: () => guesses().length > 0,
     panel: presenting,
-    black: () => true, help: () => true, presenter: () => true,
+    black: () => true, help: () => true, presenter: () => true, room: () => true, votes: () => true,
   };
   const act = {
     press(action) {

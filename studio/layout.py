@@ -23,6 +23,7 @@ from .gallery import Shelf, gallery_panel, handouts_panel, lesson_panel, shipped
 from .handlers import Studio
 from .loading import DEVICES, DevicePlan, Loader, same_device
 from .panels import Failures, controls_panel, failures_panel, views_panel
+from .room_page import PATH, Desk, room_panel, student_page, wire_room, wire_student
 from .serving import DEFAULT_CONCURRENCY, Schedulers
 from .step_panel import step_panel
 from .stepping import Stepper, wire_step
@@ -81,6 +82,7 @@ def build_demo(
                 handouts = handouts_panel()
             with gr.Column(scale=3, min_width=600):
                 presenter = presenter_bar()
+                room = room_panel()
                 gallery, notes = lesson_panel(shelf, opens), Notes()
                 step_bar = step_panel()
                 chat = chat_panel()
@@ -102,12 +104,16 @@ def build_demo(
         conversing = Conversing(studio, chat, controls.system) if controls.system is not None else None
         # The gallery first: its "close the lesson" on Run and upload goes before a run's stream.
         wire_gallery(studio, gallery, notes, concurrency_limit, stepper, conversing, page=demo)
-        wire(studio, concurrency_limit, stepper, conversing)
+        step_events = wire(studio, concurrency_limit, stepper, conversing)
+        desk = Desk(stepper)
+        wire_room(desk, demo, room, step_events)
         wire_handouts(studio, handouts)
         wire_presenter(demo, presenter)
         wire_keys(demo)
         demo.unload(studio.unload)  # a closed page's run leaves the batch
         demo.unload(stepper.unload)
+    with demo.route("Join", f"/{PATH}", show_in_navbar=False):  # the class session's phone page
+        wire_student(desk, demo, student_page())
     return demo
 
 
@@ -116,16 +122,16 @@ def wire(
     concurrency_limit: int | None,
     stepper: Stepper | None = None,
     conversing: Conversing | None = None,
-) -> None:
+) -> list[Any]:
     """The listeners of the run, its replay and its what-if panels, in this order (then step mode's
-    and the conversation's)."""
+    and the conversation's). Step mode's beats' events."""
     wire_run(studio, concurrency_limit, stepper, conversing)
     uploaded = wire_replay(studio)
     wire_branch(studio, concurrency_limit)
-    if stepper is not None:
-        wire_step(stepper, concurrency_limit, uploaded)
+    events = wire_step(stepper, concurrency_limit, uploaded) if stepper is not None else []
     if conversing is not None:
         wire_chat(conversing, concurrency_limit)
+    return events
 
 
 def wire_run(

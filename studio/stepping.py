@@ -18,7 +18,7 @@ import inspect
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gradio as gr
 
@@ -49,9 +49,6 @@ from .step_views import (
 )
 from .untrusted import md
 from .updates import Update, download_value, session_of, unchanged
-
-if TYPE_CHECKING:
-    pass
 
 NO_RUN = "No stepping run: check **Step mode (teach)** and press **Run**."
 
@@ -446,9 +443,10 @@ class Stepper:
         self.drop(session_of(request))
 
 
-def wire_step(stepper: Stepper, concurrency_limit: int | None, uploaded: Any = None) -> None:
+def wire_step(stepper: Stepper, concurrency_limit: int | None, uploaded: Any = None) -> list[Any]:
     """The step bar's listeners, Stop's part in step mode, and the box that shows the bar.
-    `uploaded`: the upload's event, after which a trace steps when the box is checked."""
+    `uploaded`: the upload's event, after which a trace steps when the box is checked. The beats'
+    events (a class session follows each)."""
     s, b = stepper.studio, stepper.bar
     shown = s.display
     outputs = stepper.outputs()
@@ -497,3 +495,4 @@ def wire_step(stepper: Stepper, concurrency_limit: int | None, uploaded: Any = N
         api_name="step_mode",  # checked with a trace shown: it steps as a recorded run
         **quiet,
     )
+    return events
