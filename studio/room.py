@@ -69,6 +69,8 @@ class Ballot:
     run: int  # which of the teacher's stepping runs (a new lesson or Run starts another)
     k: int
     choices: tuple[Choice, ...]
+    prompt: str = ""  # the question, and the answer so far (the rounds revealed): what they continue
+    answer: str = ""
 
     @property
     def key(self) -> str:

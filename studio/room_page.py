@@ -19,11 +19,13 @@ from typing import Any
 
 import gradio as gr
 
+from specfuse.prompts import last_user_text
+
 from .recorded import StepRun
 from .room import Ballot, Beat, RoomError, Rooms, Session, Student, choices_of, verdict_of
 from .room_views import SAY, pick_choices, student_html, teacher_html
 from .stepping import Stepper
-from .updates import Update, session_of
+from .updates import Update, session_of, unchanged
 
 TEACHER_TICK_S = 1.0  # the teacher's panel: joins and votes as they come in, and the beat if missed
 WATCHDOG_S = 4.0  # a student's page restarts its stream this often at most, if it dropped
@@ -49,7 +51,8 @@ def beat_of(run: StepRun | None, serial: int, before: Beat) -> Beat:
             verdict = verdict_of(serial, last, ballot.choices if ballot else None, last=ended)
     ballot = None
     if run.pending is not None:
-        ballot = Ballot(serial, run.pending.k, choices_of(run.drafts))
+        answer = run.rounds[-1].text if run.rounds else ""
+        ballot = Ballot(serial, run.pending.k, choices_of(run.drafts), last_user_text(run.prompt), answer)
     return Beat(serial, ballot, verdict)
 
 
@@ -122,7 +125,7 @@ class Desk:
             p.panel: gr.Group(visible=True),
             p.start: gr.Button(visible=False),
             p.view: teacher_html(session, self.link(request, session), shown),
-            p.votes: gr.Button("Hide the votes (V)" if shown else SAY["show_votes"]),
+            p.votes: gr.Button(SAY["hide_votes"] if shown else SAY["show_votes"]),
             p.timer: gr.Timer(TEACHER_TICK_S, active=True),
         }
 
@@ -196,8 +199,8 @@ class Desk:
         try:
             session, student = self.rooms.student(code, token)
         except RoomError as e:
-            if code:
-                yield {s.note: str(e), s.pick: gr.Radio(visible=False), s.timer: gr.Timer(active=False)}
+            # (a stream that yields nothing would empty its outputs: the join's note among them)
+            yield {s.note: str(e), s.pick: gr.Radio(visible=False), s.timer: gr.Timer(active=False)} if code else unchanged()
             return
         until, version = self.clock() + STREAM_S, -1
         while self.clock() < until:

@@ -45,7 +45,13 @@ SAY = {
     "link_local": "This link works on this computer only: serve the app on the network (--host) and "
     "open this page by the computer's network address.",
     "join_at": "Join at",
+    "question": "The question: {text}",
+    "so_far": "The answer so far: {text}",
+    "spread": "Round {k}: the class's votes beside the models' scores.",
+    "heads": "choice|candidate|drafted by|the class|the models",
+    "hide_votes": "Hide the votes (V)",
 }
+SO_FAR = 280  # characters of the answer so far on a phone (its end: what the candidates continue)
 
 CLIP = 90  # characters of a candidate in the teacher's table (the phones show it whole)
 
@@ -84,14 +90,19 @@ def student_html(session: Session, student: Student | None, pick: str | None = N
     """The student's page for the beat the room is at: what to do, their result, their score.
     Before a reveal it holds nothing of the verdict (the session's beat keeps it only once revealed)."""
     phase = session.phase
-    lines: list[tuple[str, str]] = []
+    lines: list[tuple[str, str]] = []  # (class, text)
     if phase == ENDED:
         lines.append(("sf-room-big", SAY["ended"]))
     elif phase == DRAFTS:
         ballot = session.beat.ballot
         assert ballot is not None
         lines.append(("sf-room-big", SAY["drafts"].format(k=ballot.k)))
-        lines.append(("", SAY["picked"].format(letter=pick) if pick else SAY["no_pick"]))
+        if ballot.prompt:
+            lines.append(("sf-room-context", SAY["question"].format(text=clip(ballot.prompt, SO_FAR))))
+        if ballot.answer:
+            tail = ballot.answer if len(ballot.answer) <= SO_FAR else "…" + ballot.answer[-SO_FAR:]
+            lines.append(("sf-room-context", SAY["so_far"].format(text=tail)))
+        lines.append(("sf-room-pick", SAY["picked"].format(letter=pick) if pick else SAY["no_pick"]))
     elif phase == VERDICT:
         verdict = session.beat.verdict
         assert verdict is not None
@@ -115,8 +126,8 @@ def student_html(session: Session, student: Student | None, pick: str | None = N
 def bar(count: int, total: int) -> str:
     share = 0 if not total else round(100 * count / total)
     return (
-        f"<span class='sf-room-bar' style='width:{share}%'></span>"
-        f"<span class='sf-room-count'>{count} ({share} %)</span>"
+        f"<span class='sf-room-track'><span class='sf-room-bar' style='width:{share}%'></span></span>"
+        f" <span class='sf-room-count'>{count} ({share} %)</span>"
     )
 
 
@@ -134,12 +145,13 @@ def join_html(session: Session, link: str, big: bool) -> str:
 
 
 def teacher_html(session: Session, link: str, show_votes: bool) -> str:
-    """The teacher's room panel: the join block, how many joined, the votes (or how many, hidden),
-    at a reveal the class's spread beside the models' scores, and the class's accuracy."""
+    """The teacher's room panel: on the left the join block and how many joined; on the right the
+    votes (or how many, hidden), at a reveal the class's spread beside the models' scores, and the
+    class's accuracy."""
     n = len(session.students)
     beat = session.beat
-    parts = [join_html(session, link, big=beat.ballot is None and beat.verdict is None)]
-    parts.append(f"<p class='sf-room-joined' id='room-joined'>{esc(SAY['teacher_joined'].format(n=n))}</p>")
+    left = join_html(session, link, big=beat.ballot is None and beat.verdict is None)
+    left += f"<p class='sf-room-joined' id='room-joined'>{esc(SAY['teacher_joined'].format(n=n))}</p>"
     if beat.ballot is not None:
         voted = sum(session.counts.values())
         if show_votes:
@@ -148,18 +160,21 @@ def teacher_html(session: Session, link: str, show_votes: bool) -> str:
                 f"<td class='sf-room-votes'>{bar(session.counts.get(c.letter, 0), voted)}</td></tr>"
                 for c in beat.ballot.choices
             )
-            parts.append(
+            right = (
                 f"<table id='room-tally'><caption>{esc(SAY['voted'].format(v=voted, n=n))}</caption>"
                 f"<tbody>{rows}</tbody></table>"
             )
         else:
-            parts.append(f"<p id='room-tally'>{esc(SAY['hidden'].format(v=voted, n=n))}</p>")
+            right = f"<p id='room-tally'>{esc(SAY['hidden'].format(v=voted, n=n))}</p>"
     elif beat.verdict is not None:
-        parts.append(spread_html(session, beat.verdict))
+        right = spread_html(session, beat.verdict)
     else:
-        parts.append(f"<p id='room-tally'>{esc(SAY['no_ballot'])}</p>")
-    parts.append(f"<p id='room-accuracy'>{esc(SAY['accuracy'].format(accuracy=session.accuracy))}</p>")
-    return f"<div id='room-teacher-view'>{''.join(parts)}</div>"
+        right = f"<p id='room-tally'>{esc(SAY['no_ballot'])}</p>"
+    right += f"<p id='room-accuracy'>{esc(SAY['accuracy'].format(accuracy=session.accuracy))}</p>"
+    return (
+        f"<div id='room-teacher-view'><div class='sf-room-left'>{left}</div>"
+        f"<div class='sf-room-right'>{right}</div></div>"
+    )
 
 
 def spread_html(session: Session, verdict: Verdict) -> str:
@@ -176,8 +191,8 @@ def spread_html(session: Session, verdict: Verdict) -> str:
             f"<td>{esc(', '.join(c.members))}</td><td class='sf-room-votes'>{bar(count, total)}</td>"
             f"<td>{esc(model)}</td></tr>"
         )
-    head = "<tr><th>choice</th><th>candidate</th><th>drafted by</th><th>the class</th><th>the models</th></tr>"
-    caption = f"Round {verdict.k}: the class's votes beside the models' scores. {verdict.sentence}"
+    head = "<tr>" + "".join(f"<th scope='col'>{esc(h)}</th>" for h in SAY["heads"].split("|")) + "</tr>"
+    caption = f"{SAY['spread'].format(k=verdict.k)} {verdict.sentence}"
     return (
         f"<table id='room-tally' class='sf-room-spread'><caption>{esc(caption)}</caption>"
         f"<thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
