@@ -23,7 +23,7 @@ from .gallery import Shelf, gallery_panel, handouts_panel, lesson_panel, shipped
 from .handlers import Studio
 from .loading import DEVICES, DevicePlan, Loader, same_device
 from .panels import Failures, controls_panel, failures_panel, views_panel
-from .room_page import PATH, Desk, room_panel, student_page, wire_room, wire_student
+from .room_page import Desk, room_panel, student_route, wire_room
 from .serving import DEFAULT_CONCURRENCY, Schedulers
 from .step_panel import step_panel
 from .stepping import Stepper, wire_step
@@ -104,16 +104,13 @@ def build_demo(
         conversing = Conversing(studio, chat, controls.system) if controls.system is not None else None
         # The gallery first: its "close the lesson" on Run and upload goes before a run's stream.
         wire_gallery(studio, gallery, notes, concurrency_limit, stepper, conversing, page=demo)
-        step_events = wire(studio, concurrency_limit, stepper, conversing)
-        desk = Desk(stepper)
-        wire_room(desk, demo, room, step_events)
+        desk = wire_room(Desk(stepper), demo, room, wire(studio, concurrency_limit, stepper, conversing))
         wire_handouts(studio, handouts)
         wire_presenter(demo, presenter)
         wire_keys(demo)
         demo.unload(studio.unload)  # a closed page's run leaves the batch
         demo.unload(stepper.unload)
-    with demo.route("Join", f"/{PATH}", show_in_navbar=False):  # the class session's phone page
-        wire_student(desk, demo, student_page())
+    student_route(desk, demo)  # the class session's phone page (/join)
     return demo
 
 

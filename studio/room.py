@@ -115,9 +115,7 @@ def choices_of(drafts: Sequence[Draft]) -> tuple[Choice, ...]:
     )
 
 
-def verdict_of(
-    run: int, rnd: Round, lettered: Sequence[Choice] | None = None, last: bool = False
-) -> Verdict:
+def verdict_of(run: int, rnd: Round, lettered: Sequence[Choice] | None = None, last: bool = False) -> Verdict:
     """Round `rnd` revealed, its choices lettered as its ballot had them (`lettered`, when they are
     this round's texts), else in the order of the round's candidates."""
     texts = {c.text for c in rnd.candidates}
@@ -128,7 +126,9 @@ def verdict_of(
     winner = next(c.letter for c in choices if c.text == rnd.winner.text)
     scored = rnd.verified and len(rnd.aggregate) == len(rnd.candidates)
     scores = tuple(
-        max(rnd.aggregate[j] for j, cand in enumerate(rnd.candidates) if cand.text == c.text) if scored else None
+        max(rnd.aggregate[j] for j, cand in enumerate(rnd.candidates) if cand.text == c.text)
+        if scored
+        else None
         for c in choices
     )
     return Verdict(run, rnd.k, choices, winner, scores, sentence(rnd, choices, winner, scores), last)

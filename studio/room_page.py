@@ -200,7 +200,11 @@ class Desk:
             session, student = self.rooms.student(code, token)
         except RoomError as e:
             # (a stream that yields nothing would empty its outputs: the join's note among them)
-            yield {s.note: str(e), s.pick: gr.Radio(visible=False), s.timer: gr.Timer(active=False)} if code else unchanged()
+            yield (
+                {s.note: str(e), s.pick: gr.Radio(visible=False), s.timer: gr.Timer(active=False)}
+                if code
+                else unchanged()
+            )
             return
         until, version = self.clock() + STREAM_S, -1
         while self.clock() < until:
@@ -265,7 +269,8 @@ PICK_KEYS = """() => {
   window.sfRoomKeys = true;
   document.addEventListener("keydown", (e) => {
     const t = document.activeElement;
-    if (e.ctrlKey || e.metaKey || e.altKey || (t && ["INPUT", "TEXTAREA"].includes(t.tagName) && t.type !== "radio")) return;
+    const typing = t && ["INPUT", "TEXTAREA"].includes(t.tagName) && t.type !== "radio";
+    if (e.ctrlKey || e.metaKey || e.altKey || typing) return;
     if (!/^[1-9]$/.test(e.key)) return;
     const r = [...document.querySelectorAll("#room-pick input[type=radio]")][Number(e.key) - 1];
     if (r) { e.preventDefault(); r.click(); }
@@ -288,21 +293,36 @@ def wire_student(desk: Desk, demo: gr.Blocks, page: StudentPage) -> None:
         )
     page.timer.tick(desk.follow, stream, shown, **follow)
     page.pick.input(
-        desk.vote, [page.joined, page.token, page.ballot, page.pick], [page.note, page.view], **quiet,
-        concurrency_limit=None, trigger_mode="always_last",
+        desk.vote,
+        [page.joined, page.token, page.ballot, page.pick],
+        [page.note, page.view],
+        **quiet,
+        concurrency_limit=None,
+        trigger_mode="always_last",
     )
     demo.load(None, js=PICK_KEYS)
 
 
-def wire_room(desk: Desk, demo: gr.Blocks, panel: RoomPanel, step_events: list[Any]) -> None:
+def student_route(desk: Desk, demo: gr.Blocks) -> None:
+    """The phones' page, a route of the app (called after its Blocks is built)."""
+    with demo.route("Join", f"/{PATH}", show_in_navbar=False):
+        wire_student(desk, demo, student_page())
+
+
+def wire_room(desk: Desk, demo: gr.Blocks, panel: RoomPanel, step_events: list[Any]) -> Desk:
     """The teacher's panel's events, and the room's sync after each of step mode's events."""
     desk.ui = panel
     quiet: dict[str, Any] = {"show_progress": "hidden", "concurrency_limit": None}
     outputs = panel.outputs()
     panel.start.click(desk.start, [panel.shown], outputs, api_name="room_start", **quiet)
     panel.end.click(desk.end, [panel.shown], outputs, api_name="room_end", **quiet)
-    panel.votes.click(desk.toggle_votes, [panel.shown], [*outputs, panel.shown], api_visibility="private", **quiet)
-    panel.timer.tick(desk.tick, [panel.shown], outputs, api_visibility="private", trigger_mode="once", **quiet)
+    panel.votes.click(
+        desk.toggle_votes, [panel.shown], [*outputs, panel.shown], api_visibility="private", **quiet
+    )
+    panel.timer.tick(
+        desk.tick, [panel.shown], outputs, api_visibility="private", trigger_mode="once", **quiet
+    )
     for event in step_events:
         event.then(desk.stepped, None, None, api_visibility="private", **quiet)
     demo.unload(desk.unload)
+    return desk

@@ -65,6 +65,11 @@ def clip(text: str, chars: int = CLIP) -> str:
     return flat if len(flat) <= chars else flat[: chars - 1] + "…"
 
 
+def text_cell(text: str) -> str:
+    """A candidate in the teacher's table: one line, cut by the style sheet (whole in its title)."""
+    return f"<span class='sf-room-text' title='{esc(text)}'>{esc(clip(text))}</span>"
+
+
 def qr_data_uri(link: str) -> str:
     """The join link's QR code as an SVG data URI (segno; drawn dark on light with a quiet zone)."""
     return str(segno.make_qr(link, error="m").svg_data_uri(scale=8, border=2))
@@ -156,7 +161,7 @@ def teacher_html(session: Session, link: str, show_votes: bool) -> str:
         voted = sum(session.counts.values())
         if show_votes:
             rows = "".join(
-                f"<tr><th scope='row'>{esc(c.letter)}</th><td>{esc(clip(c.text))}</td>"
+                f"<tr><th scope='row'>{esc(c.letter)}</th><td>{text_cell(c.text)}</td>"
                 f"<td class='sf-room-votes'>{bar(session.counts.get(c.letter, 0), voted)}</td></tr>"
                 for c in beat.ballot.choices
             )
@@ -187,7 +192,7 @@ def spread_html(session: Session, verdict: Verdict) -> str:
         mark = "✓" if c.letter == verdict.winner else ""
         model = "—" if score is None else f"{score:.2f}"
         rows.append(
-            f"<tr><th scope='row'>{esc(c.letter)} {mark}</th><td>{esc(clip(c.text))}</td>"
+            f"<tr><th scope='row'>{esc(c.letter)} {mark}</th><td>{text_cell(c.text)}</td>"
             f"<td>{esc(', '.join(c.members))}</td><td class='sf-room-votes'>{bar(count, total)}</td>"
             f"<td>{esc(model)}</td></tr>"
         )
