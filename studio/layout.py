@@ -23,7 +23,7 @@ from .gallery import Shelf, gallery_panel, handouts_panel, lesson_panel, shipped
 from .handlers import Studio
 from .loading import DEVICES, DevicePlan, Loader, same_device
 from .panels import Failures, controls_panel, failures_panel, views_panel
-from .room_page import Desk, room_panel, student_route, wire_room
+from .room_page import Desk, room_button, room_panel, student_route, wire_room
 from .serving import DEFAULT_CONCURRENCY, Schedulers
 from .step_panel import step_panel
 from .stepping import Stepper, wire_step
@@ -81,8 +81,8 @@ def build_demo(
                 controls = controls_panel(choices, default_models, allow_paths, devices, device, config)
                 handouts = handouts_panel()
             with gr.Column(scale=3, min_width=600):
-                presenter = presenter_bar()
-                room = room_panel()
+                presenter, start = presenter_bar(room_button)  # a class session's button beside P
+                room = room_panel(start)
                 gallery, notes = lesson_panel(shelf, opens), Notes()
                 step_bar = step_panel()
                 chat = chat_panel()

@@ -70,9 +70,14 @@ class RoomPanel:
         return [self.panel, self.start, self.end, self.votes, self.view, self.timer]
 
 
-def room_panel() -> RoomPanel:
-    """The teacher's side: the start button always; the rest while a session is open."""
-    start = gr.Button(SAY["start"], size="sm", elem_id="room-start", elem_classes=["sf-presenter-keep"])
+def room_button() -> gr.Button:
+    """Start a class session: in the presenter bar's row (kept in the presenter view, so C works there)."""
+    return gr.Button(SAY["start"], size="sm", scale=0, min_width=220, elem_id="room-start")
+
+
+def room_panel(start: object) -> RoomPanel:
+    """The teacher's panel, shown while a session is open (`start`: room_button's button)."""
+    assert isinstance(start, gr.Button)
     with gr.Group(visible=False, elem_id="room-panel", elem_classes=["sf-presenter-keep"]) as panel:
         view = gr.HTML("", elem_id="room-teacher", padding=False)
         with gr.Row():
