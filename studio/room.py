@@ -10,7 +10,7 @@ What the server keeps, and for how long (docs/app.md's privacy statement): per s
 the teacher's page session, and per student only a random id this server signed (no name, no
 address), their vote in the round open and their running score; per round, the counts per
 candidate. All of it is dropped when the session ends: the teacher ends it, closes the page, or no
-one acts on it for `IDLE_S`.
+one acts on it for `IDLE_S` (`EMPTY_IDLE_S` while no student has joined).
 
 Bounds: `MAX_STUDENTS` per session, `MAX_ROOMS` at once, one vote per student per round (a later
 vote replaces it; `VOTES_PER_S` a second at most), a vote only for a candidate on the table and only
@@ -36,6 +36,7 @@ CODE_LEN = 6
 MAX_STUDENTS = 200
 MAX_ROOMS = 20
 IDLE_S = 30 * 60.0  # no beat, join or vote for this long: the session ends
+EMPTY_IDLE_S = 5 * 60.0  # … or this long with no student joined (a session opened and left holds no place)
 FAIL_WINDOW_S = 60.0
 FAILS_PER_CLIENT = 10  # wrong codes from one client per window; then even a right one is refused
 FAILS_IN_ALL = 300  # wrong codes from everyone per window (many clients guessing together)
@@ -344,7 +345,9 @@ class Rooms:
 
     def sweep(self, now: float) -> list[Session]:
         """End the sessions idle for IDLE_S (their state freed)."""
-        idle = [s for s in self.by_code.values() if now - s.touched >= IDLE_S]
+        idle = [
+            s for s in self.by_code.values() if now - s.touched >= (IDLE_S if s.students else EMPTY_IDLE_S)
+        ]
         for s in idle:
             self.close(s.teacher)
         return idle

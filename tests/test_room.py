@@ -193,7 +193,7 @@ def test_nothing_of_the_verdict_reaches_a_student_before_the_reveal(rooms, trace
     _, student = rooms.student(session.code, token)
     b = session.beat.ballot
     # The ballot itself is texts and letters (the members are there for the teacher only).
-    assert {f.name for f in dataclasses.fields(Ballot)} == {"run", "k", "choices"}
+    assert {f.name for f in dataclasses.fields(Ballot)} == {"run", "k", "choices", "prompt", "answer"}
     page = student_html(session, student) + repr(pick_choices(b.choices))
     assert all(c.text.strip() in page for c in rnd.candidates)
     for secret in ("member-", "won", "drafted", "right", f"{rnd.aggregate[rnd.chosen]:.2f}", "✓"):
@@ -265,6 +265,13 @@ def test_an_idle_session_ends_and_its_state_is_freed(rooms, trace):
     with pytest.raises(RoomError, match="No class session"):
         rooms.join(session.code, token, "p", T0 + IDLE_S + 20)
     assert "ended" in student_html(session, None)
+
+
+def test_a_session_no_student_joined_ends_sooner_and_frees_its_place(rooms):
+    empty, used = rooms.open("left open", T0), rooms.open("teaching", T0)
+    rooms.join(used.code, None, "p", T0)
+    assert rooms.sweep(T0 + room.EMPTY_IDLE_S) == [empty]
+    assert rooms.of_teacher("teaching", T0 + room.EMPTY_IDLE_S) is used
 
 
 def test_the_teacher_ends_the_session(rooms):
