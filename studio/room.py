@@ -38,7 +38,8 @@ MAX_ROOMS = 20
 IDLE_S = 30 * 60.0  # no beat, join or vote for this long: the session ends
 EMPTY_IDLE_S = 5 * 60.0  # … or this long with no student joined (a session opened and left holds no place)
 FAIL_WINDOW_S = 60.0
-FAILS_PER_CLIENT = 10  # wrong codes from one client per window; then even a right one is refused
+FAILS_PER_CLIENT = 20  # wrong codes from one client (address) per window; then even a right one is
+# refused (else a right code would still show through); 20: a class behind one school address types some wrong
 FAILS_IN_ALL = 300  # wrong codes from everyone per window (many clients guessing together)
 VOTES_PER_S = 5  # per student: more in one second are refused (the vote kept is the last accepted)
 MAX_CHOICE_CHARS = 8  # a vote names a letter: anything longer is refused before it is looked at
@@ -47,6 +48,21 @@ MAX_CLIENTS_KEPT = 10_000  # clients whose failures are remembered (the oldest a
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 WAITING, DRAFTS, VERDICT, ENDED = "waiting", "drafts", "verdict", "ended"
+
+# Every refusal a person reads (the phones' note, the teacher's error): here only, for translation.
+REFUSED = {
+    "ended": "This class session has ended.",
+    "closed": "Voting on that round is closed: it has been revealed (or has not begun).",
+    "no_such": "There is no such candidate in this round.",
+    "too_fast": f"Too many votes in one second (at most {VOTES_PER_S}): your last one counts.",
+    "no_id": "This page has no id from this server: open the join link again.",
+    "forged": "This page's id was not given by this server: open the join link again.",
+    "busy": f"This server already holds {MAX_ROOMS} class sessions: try again later.",
+    "guessing": f"Too many wrong codes: wait a minute (at most {FAILS_PER_CLIENT} a minute).",
+    "no_code": "No class session has that code: check it on the teacher's screen.",
+    "full": f"This class session is full ({MAX_STUDENTS} students).",
+    "not_joined": "You have not joined this class session: open the join link again.",
+}
 
 
 class RoomError(ValueError):
@@ -242,15 +258,15 @@ class Session:
         """The student's pick for the ballot `key` (their earlier pick in it is replaced)."""
         ballot = self.beat.ballot
         if self.ended:
-            raise RoomError("This class session has ended.")
+            raise RoomError(REFUSED["ended"])
         if ballot is None or ballot.key != key:
-            raise RoomError("Voting on that round is closed: it has been revealed (or has not begun).")
+            raise RoomError(REFUSED["closed"])
         if not isinstance(letter, str) or letter not in {c.letter for c in ballot.choices}:
-            raise RoomError("There is no such candidate in this round.")
+            raise RoomError(REFUSED["no_such"])
         while student.stamps and now - student.stamps[0] >= 1.0:
             student.stamps.popleft()
         if len(student.stamps) >= VOTES_PER_S:
-            raise RoomError(f"Too many votes in one second (at most {VOTES_PER_S}): your last one counts.")
+            raise RoomError(REFUSED["too_fast"])
         student.stamps.append(now)
         before = self.votes.get(student.id)
         if before is not None:
@@ -311,10 +327,10 @@ class Rooms:
     def student_id(self, token: object) -> str:
         """The id a token names, if this server signed it; else RoomError."""
         if not isinstance(token, str) or len(token) > MAX_TOKEN_CHARS or token.count(".") != 1:
-            raise RoomError("This page has no id from this server: open the join link again.")
+            raise RoomError(REFUSED["no_id"])
         sid, mac = token.split(".")
         if not sid or not hmac.compare_digest(mac, self.mac(sid)):
-            raise RoomError("This page's id was not given by this server: open the join link again.")
+            raise RoomError(REFUSED["forged"])
         return sid
 
     # -- sessions --
@@ -324,7 +340,7 @@ class Rooms:
         if teacher in self.by_teacher:
             return self.by_teacher[teacher]
         if len(self.by_code) >= MAX_ROOMS:
-            raise RoomError(f"This server already holds {MAX_ROOMS} class sessions: try again later.")
+            raise RoomError(REFUSED["busy"])
         code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LEN))
         while code in self.by_code:
             code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LEN))
@@ -371,13 +387,13 @@ class Rooms:
         """A student joins (or rejoins, keeping their score) the session of the code typed: the
         session and their token (a new one when they brought none this server signed)."""
         if self.refused(client, now):
-            raise RoomError(f"Too many wrong codes: wait a minute (at most {FAILS_PER_CLIENT} a minute).")
+            raise RoomError(REFUSED["guessing"])
         self.sweep(now)
         code = normal_code(typed)
         session = self.by_code.get(code)
         if session is None:
             self.failed(client, now)
-            raise RoomError("No class session has that code: check it on the teacher's screen.")
+            raise RoomError(REFUSED["no_code"])
         try:
             sid = self.student_id(token)
         except RoomError:
@@ -385,7 +401,7 @@ class Rooms:
             sid = self.student_id(token)
         if sid not in session.students:
             if len(session.students) >= MAX_STUDENTS:
-                raise RoomError(f"This class session is full ({MAX_STUDENTS} students).")
+                raise RoomError(REFUSED["full"])
             session.students[sid] = Student(sid)
         session.touched = now
         assert isinstance(token, str)
@@ -396,16 +412,16 @@ class Rooms:
         student who never joined it)."""
         session = self.by_code.get(normal_code(code))
         if session is None or session.ended:
-            raise RoomError("This class session has ended.")
+            raise RoomError(REFUSED["ended"])
         sid = self.student_id(token)
         student = session.students.get(sid)
         if student is None:
-            raise RoomError("You have not joined this class session: open the join link again.")
+            raise RoomError(REFUSED["not_joined"])
         return session, student
 
     def vote(self, code: str, token: object, key: object, letter: object, now: float) -> Student:
         if not isinstance(letter, str) or len(letter) > MAX_CHOICE_CHARS or not isinstance(key, str):
-            raise RoomError("There is no such candidate in this round.")
+            raise RoomError(REFUSED["no_such"])
         session, student = self.student(code, token)
         session.vote(student, key[:40], letter, now)
         return student

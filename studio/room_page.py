@@ -166,8 +166,11 @@ class Desk:
     # ---- the student -----------------------------------------------------------------------------
 
     def client(self, request: gr.Request) -> str:
+        """Whom failed joins count against: the first forwarded address behind a proxy (a Space),
+        else the peer's. A forged header only moves a guesser to the server-wide limit."""
+        forwarded = (request.headers.get("x-forwarded-for") or "").split(",")[0].strip()
         host = getattr(request, "client", None)
-        return str(getattr(host, "host", "") or "?")
+        return (forwarded or str(getattr(host, "host", "") or "?"))[:64]
 
     async def join(self, typed: str, token: str, request: gr.Request) -> Update:
         """Join by the code typed (or the link's): the token kept in the browser, the page at the beat."""
