@@ -15,7 +15,7 @@ from specfuse.lessons import load_lesson
 from studio.recorded import arrivals
 from studio.room import choices_of
 
-from .helpers_browser import launched, opened
+from .helpers_browser import launched, opened, use_members
 from .scripted import ScriptedMember, prefers
 
 pytestmark = pytest.mark.browser
@@ -26,7 +26,8 @@ PHONE = {"width": 390, "height": 844}
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    members = {m: ScriptedMember(m, ["x "] * 9, prefers("x ")) for m in ("a", "b")}
+    # two members that draft differently, judged alike: a's candidates win (the live test)
+    members = {m: ScriptedMember(m, [f"{text} "] * 9, prefers("x ")) for m, text in (("a", "x"), ("b", "y"))}
     loaded: list[str] = []
 
     def loader(name, device, progress):
@@ -197,3 +198,38 @@ def test_two_phones_vote_on_a_recorded_lesson_and_the_teacher_sees_the_spread(br
         finally:
             for phone in phones:
                 phone.context.close()
+
+
+def test_a_phone_votes_on_a_live_run_too(browser, served):
+    """A live stepping run (the scripted members, no model files): the phone gets the drafts, votes,
+    and hears the verdict; it sees no step control of the teacher's page."""
+    address, _ = served
+    with opened(browser, address) as teacher:
+        use_members(teacher, "a", "b")
+        teacher.locator("#step-mode input").check()
+        teacher.fill("#prompt textarea", "Say x")
+        teacher.click("#run")
+        wait_text(teacher, "#step-note", "ready")
+        teacher.click("#room-start")
+        teacher.wait_for_selector("#room-link")
+        phone = browser.new_context(viewport=PHONE).new_page()
+        try:
+            phone.set_default_timeout(30_000)
+            phone.goto(teacher.get_attribute("#room-link", "href"))
+            wait_text(phone, "#room-student", "You are in")
+            assert phone.locator("#step-next, #step-reveal, #run, #room-start").count() == 0
+            teacher.click("#step-next")
+            phone.wait_for_selector("#room-pick input[type=radio]")
+            labels = phone.locator("#room-pick label").all_inner_texts()
+            assert sorted(t.strip() for t in labels) == ["A. x", "B. y"] or sorted(labels) == sorted(
+                ["A. y", "B. x"]
+            ), labels
+            mine = 1 + [t.strip().endswith("x") for t in labels].index(True)
+            key(phone, str(mine))
+            wait_text(teacher, "#room-tally", "1 of 1 voted")
+            teacher.click("#step-reveal")
+            wait_text(phone, "#room-student", "✓ You were right.")
+            wait_text(phone, "#room-student", "drafted by a")
+            wait_text(teacher, "#room-accuracy", "1 of 1 votes right (100 %)")
+        finally:
+            phone.context.close()
