@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("prompt", nargs="?", help="the prompt; '-' reads it from stdin")
     add = parser.add_argument
-    add("--models", default="smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b", help="comma-separated members")
+    add("--models", default=",".join(DEFAULT_MEMBERS), help="comma-separated members")
     add_settings(parser)
     add_loading_flags(parser)
     add("--device-map", default=None, help="accelerate device map for large models, e.g. auto")

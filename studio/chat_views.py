@@ -17,7 +17,7 @@ from specfuse import ConfigError, Round, Trace, answer_spans
 from specfuse.limits import MAX_MESSAGES
 from specfuse.prompts import Conversation, Message, Prompt, conversation
 
-from .untrusted import esc
+from .untrusted import esc, shown_controls
 from .views import member_colors
 
 NO_TURNS = "Ask a question (Run), then a follow-up: the conversation shows here."
@@ -129,25 +129,26 @@ def turn_choices(chat: Chat) -> list[tuple[str, int]]:
 
 
 def _cut(text: str, width: int = 48) -> str:
-    line = " ".join(text.split())
+    line = shown_controls(" ".join(text.split()))
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
 def bubbles_html(chat: Chat, selected: int | None = None) -> str:
     """The conversation as chat bubbles: the system prompt, then each question and answer; each
     answer's segments coloured by the member that won them (the answer view's colours), the turn
-    whose panels show (`selected`, default the latest) marked. Every text is escaped."""
+    whose panels show (`selected`, default the latest) marked. Every text is escaped and isolated
+    (<bdi>, its directional formatting characters written out: untrusted.esc)."""
     if not chat.turns:
         return f'<div class="sf-chat" id="chat-log"><p class="sf-chat-empty">{esc(NO_TURNS)}</p></div>'
     shown = len(chat.turns) - 1 if selected is None else max(0, min(int(selected), len(chat.turns) - 1))
     parts = ['<div class="sf-chat" id="chat-log">']
     if chat.system.strip():
-        parts.append(f'<div class="sf-bubble sf-system"><b>System</b> {esc(chat.system)}</div>')
+        parts.append(f'<div class="sf-bubble sf-system"><b>System</b> <bdi>{esc(chat.system)}</bdi></div>')
     for i, turn in enumerate(chat.turns):
         mark = " sf-shown" if i == shown else ""
         parts.append(
             f'<div class="sf-turn{mark}" data-turn="{i + 1}">'
-            f'<div class="sf-bubble sf-user"><b>Turn {i + 1}</b> {esc(turn.question)}</div>'
+            f'<div class="sf-bubble sf-user"><b>Turn {i + 1}</b> <bdi>{esc(turn.question)}</bdi></div>'
             f'<div class="sf-bubble sf-assistant">{_answer_html(turn)}</div></div>'
         )
     parts.append("</div>")
@@ -158,10 +159,14 @@ def _answer_html(turn: Turn) -> str:
     """An answer's segments, each in its winner's colour (the member named in its title); the
     text of a turn read back without rounds plain; a turn still drafting says so."""
     if turn.trace is None or not turn.trace.rounds:
-        return esc(turn.text) if turn.text else '<i class="sf-chat-wait">…answering</i>'
+        return f"<bdi>{esc(turn.text)}</bdi>" if turn.text else '<i class="sf-chat-wait">…answering</i>'
     colors = member_colors(turn.trace.members)  # as the answer view colours this run
-    return "".join(
-        f'<span class="sf-seg" style="border-bottom: 3px solid {colors.get(member, "#999")}" '
-        f'title="{esc(member)}">{esc(text)}</span>'
-        for text, member in answer_spans(turn.trace.rounds)
+    return (
+        "<bdi>"
+        + "".join(
+            f'<span class="sf-seg" style="border-bottom: 3px solid {colors.get(member, "#999")}" '
+            f'title="{esc(member)}">{esc(text)}</span>'
+            for text, member in answer_spans(turn.trace.rounds)
+        )
+        + "</bdi>"
     )

@@ -118,6 +118,16 @@ def lesson_html(lesson: Lesson, live: bool = False) -> str:
 # note on the status line, escaped there (views.status_markdown), never an error page. The offline
 # handout reads the same round from its URL fragment (#round=K, specfuse/handout/player.js).
 
+STEP = {
+    "1": True,
+    "on": True,
+    "true": True,
+    "yes": True,
+    "0": False,
+    "off": False,
+    "false": False,
+    "no": False,
+}
 WHOLE = re.compile(r"[0-9]{1,6}")  # a round number as a person types it; 6 digits outnumber any trace
 SHOWN = 40  # characters of a link's bad value quoted back in the note
 
@@ -135,11 +145,18 @@ class Link:
     lesson: str | None = None
     round: int | None = None
     note: str = ""
+    step: bool = False  # &step=1: in step mode, the rounds before `round` revealed, Next plays it
 
 
 def parse_link(query: Mapping[str, str], slugs: Collection[str]) -> Link:
-    """`lesson` and `round` of the page's query; any other parameter is not ours and left alone."""
+    """`lesson`, `round` and `step` of the page's query; any other parameter is not ours and left alone."""
     slug, asked = query.get("lesson"), query.get("round")
+    step, bad_step = STEP.get((query.get("step") or "0").strip().lower()), ""
+    if step is None:
+        step, bad_step = (
+            False,
+            f"The link's step {quoted(query.get('step') or '')} is not 1 or 0: not stepping.",
+        )
     if slug is None:
         note = "The link's round needs a lesson (?lesson=NAME&round=K)." if asked is not None else ""
         return Link(note=note)
@@ -148,12 +165,11 @@ def parse_link(query: Mapping[str, str], slugs: Collection[str]) -> Link:
         known = ", ".join(sorted(slugs)) or "none here"
         return Link(note=f"The link's lesson {quoted(slug)} is not one of these lessons ({known}).")
     if asked is None or not asked.strip():
-        return Link(slug)
+        return Link(slug, note=bad_step, step=step)
     if not WHOLE.fullmatch(asked.strip()):
-        return Link(
-            slug, note=f"The link's round {quoted(asked)} is not a whole number: the key round is shown."
-        )
-    return Link(slug, int(asked.strip()))
+        note = f"The link's round {quoted(asked)} is not a whole number: the key round is shown."
+        return Link(slug, note=" ".join(filter(None, [note, bad_step])), step=step)
+    return Link(slug, int(asked.strip()), bad_step, step)
 
 
 def bounded(k: int, n: int) -> tuple[int, str]:
@@ -195,7 +211,8 @@ class Classroom:
     ) -> Update:
         """The lesson's recorded run in every panel (no model) at its key round (or round `at`, a
         link's: the nearest there is), its notes beside them; `why`: what of the link was ignored.
-        With step mode on (`step`), the recorded run steps from round 1 instead, as a live one."""
+        With step mode on (`step`), the recorded run steps from round 1 instead, as a live one (from
+        round `at`, a link's, when it names one)."""
         shelf = self.gallery.shelf
         lesson, trace = shelf.find(slug), shelf.load(slug)
         studio, shown = self.studio, self.studio.display
@@ -211,7 +228,7 @@ class Classroom:
         if lesson.branch is not None:
             update[shown.what_if.branch_text] = lesson.branch[1]
         if self.stepper is not None and step:
-            update |= self.stepper.replaying(trace, view_name, session)
+            update |= self.stepper.replaying(trace, view_name, session, at=k if at is not None else None)
         elif self.stepper is not None:
             self.stepper.drop(session)
             update |= self.stepper.reset()
@@ -226,7 +243,7 @@ class Classroom:
         request: Optional[gr.Request] = None,  # noqa: UP045 (Gradio looks for this type)
     ) -> Update:
         """The page's load: the lesson its link names at the link's round (parse_link; no link:
-        nothing, a bad one: a note on the status line)."""
+        nothing, a bad one: a note on the status line); `&step=1` turns step mode on there."""
         query: Mapping[str, str] = request.query_params if request is not None else {}
         link = parse_link(query, [one.slug for one in self.gallery.shelf.lessons])
         if link.lesson is None:
@@ -235,7 +252,13 @@ class Classroom:
                 if link.note
                 else unchanged()
             )
-        return self.open(link.lesson, view_name, session_of(request), step=step, at=link.round, why=link.note)
+        step = step or link.step
+        update = self.open(
+            link.lesson, view_name, session_of(request), step=step, at=link.round, why=link.note
+        )
+        if self.stepper is not None and link.step:  # the box checked and the bar shown, as a click does
+            update |= {self.stepper.mode: True, self.stepper.bar.bar: gr.Group(visible=True)}
+        return update
 
     def shown(self, lesson: Lesson | None, live: bool = False) -> Update:
         """The lesson's box, notes and Run it live button (without a lesson: all hidden)."""
@@ -309,8 +332,9 @@ def wire_gallery(
     opened += conversing.panel.outputs() if conversing is not None else []
     step = [stepper.mode] if stepper is not None else []
     if page is not None:  # a link's lesson and round (parse_link), as the card opens it
+        linked = opened + ([stepper.mode, stepper.bar.bar] if stepper is not None else [])
         page.load(
-            room.open_link, [shown.view, *step], opened, api_visibility="private", show_progress="hidden"
+            room.open_link, [shown.view, *step], linked, api_visibility="private", show_progress="hidden"
         ).then(None, js=INTO_VIEW)
     for slug, button in gallery.opens.items():
         button.click(

@@ -25,8 +25,8 @@ from .loading import DEVICES, DevicePlan, Loader, same_device
 from .panels import Failures, controls_panel, failures_panel, views_panel
 from .room_page import Desk, room_button, room_panel, student_route, wire_room
 from .serving import DEFAULT_CONCURRENCY, Schedulers
-from .step_panel import step_panel
-from .stepping import Stepper, wire_step
+from .step_panel import step_panel, wire_step
+from .stepping import Stepper
 from .untrusted import Servers
 
 CACHE_LIFETIME = (3600, 86400)  # Gradio's delete_cache: every hour, files older than a day

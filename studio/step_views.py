@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from specfuse import Round
 from specfuse.records import Draft
 
-from .untrusted import esc, md
+from .untrusted import esc, md, shown_controls
 from .views import CHART_FONT, CHART_PX, MARGIN
 
 # What Next (→, PageDown) does, by what the page shows and what the run holds (`due`).
@@ -63,7 +63,7 @@ SHOWN_CHARS = 60  # of a candidate's text in the guess and the verdict (the tabl
 
 def clip(text: str, chars: int = SHOWN_CHARS) -> str:
     """A candidate's text on one line: line breaks as ⏎, cut with … past `chars`."""
-    flat = text.replace("\r\n", "\n").replace("\n", "⏎")
+    flat = shown_controls(text.replace("\r\n", "\n").replace("\n", "⏎"))
     return flat if len(flat) <= chars else flat[: chars - 1] + "…"
 
 

@@ -7,7 +7,7 @@ studio.recorded's ticket: no model loaded.
 Each session's stepping run is a StepRun: its ticket in the scheduler (submit(step=True)), the
 rounds revealed, the round played but not yet revealed, and the guesses' tally. A beat reads the
 ticket's stream up to its next Paused (aevents(until_pause=True)), so the next beat's handler goes on
-from there. Knows nothing about layout: studio.layout calls `wire_step` once.
+from there. Knows nothing about layout: studio.layout calls step_panel's `wire_step` once.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import inspect
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
@@ -49,6 +49,9 @@ from .step_views import (
 )
 from .untrusted import md
 from .updates import Update, download_value, session_of, unchanged
+
+if TYPE_CHECKING:
+    pass
 
 NO_RUN = "No stepping run: check **Step mode (teach)** and press **Run**."
 
@@ -144,15 +147,26 @@ class Stepper:
             **self.still(True),
         }
 
-    def replaying(self, trace: Trace | None, view: str, session: str) -> Update:
+    def replaying(self, trace: Trace | None, view: str, session: str, at: int | None = None) -> Update:
         """Step mode over a recorded run: the panels emptied, round 1 not yet played, Next plays it
-        from the trace (no model). Without a trace with rounds: the bar as no run leaves it."""
+        from the trace (no model); from round `at` (a link's): the rounds before it revealed, Next
+        plays it. Without a trace with rounds: the bar as no run leaves it."""
         self.drop(session)
         if trace is None or not trace.rounds:
             return self.reset()
         s, v = self.studio, self.studio.display
         run = StepRun(RecordedTicket(trace), trace.prompt, trace.config)
         self.runs[session] = run
+        before = min(max(at or 1, 1), len(trace.rounds)) - 1
+        if before:  # as if Next and Reveal had been pressed that often, with no guesses
+            run.rounds, run.ticket.played = list(trace.rounds[:before]), before  # type: ignore[union-attr]
+            return self.scene(run, before, view) | {
+                v.plain: views.plain_answer(run.rounds),
+                s.controls.download: download_value(None),
+                v.status: f"**Step mode**, a recorded run of {len(trace.rounds)} rounds: the rounds "
+                f"before round {before + 1} are shown, Next plays it.",
+                **self.still(True),
+            }
         return {
             s.trace: None,
             **s.panels(None, view=view),
@@ -441,58 +455,3 @@ class Stepper:
     async def unload(self, request: gr.Request) -> None:
         """The page was closed: its stepping run ends now, not at the server's idle limit."""
         self.drop(session_of(request))
-
-
-def wire_step(stepper: Stepper, concurrency_limit: int | None, uploaded: Any = None) -> list[Any]:
-    """The step bar's listeners, Stop's part in step mode, and the box that shows the bar.
-    `uploaded`: the upload's event, after which a trace steps when the box is checked. The beats'
-    events (a class session follows each)."""
-    s, b = stepper.studio, stepper.bar
-    shown = s.display
-    outputs = stepper.outputs()
-    beat = [shown.round, shown.view, b.guess]
-    quiet: dict[str, Any] = {"show_progress": "hidden"}
-    # A key pressed again while its last press is answered is kept (the last one), not dropped.
-    pressed: dict[str, Any] = {"trigger_mode": "always_last", **quiet}
-    playing: dict[str, Any] = {"concurrency_limit": concurrency_limit, "concurrency_id": "step"}
-    now: dict[str, Any] = {"concurrency_limit": None, **pressed}  # answered at once, beside a playing beat
-    events = [
-        b.next.click(stepper.advance, beat, outputs, api_name="step_next", **playing, **pressed),
-        b.timer.tick(
-            stepper.advance, beat, outputs, api_visibility="private", trigger_mode="once", **playing, **quiet
-        ),
-        b.reveal.click(stepper.reveal, beat, outputs, api_name="step_reveal", **now),
-        b.back.click(stepper.back, [s.trace, *beat[:2]], outputs, api_name="step_back", **now),
-        b.home.click(stepper.home, beat[:2], outputs, api_name="step_home", **now),
-        b.end.click(stepper.end_, beat[:2], outputs, api_name="step_end", **now),
-    ]
-    if uploaded is not None:
-        uploaded.success(
-            stepper.opened, [stepper.mode, s.trace, shown.view], outputs, api_visibility="private", **quiet
-        )
-    b.play.click(
-        stepper.play,
-        [b.playing, b.pace, shown.round],
-        [b.timer, b.play, b.playing],
-        api_visibility="private",
-        concurrency_limit=None,
-        **quiet,
-    )
-    b.pace.change(stepper.set_pace, [b.playing, b.pace], [b.timer], api_visibility="private", **quiet)
-    s.controls.stop.click(
-        stepper.stop,
-        [shown.round],
-        b.outputs(),
-        cancels=events,  # type: ignore[arg-type]
-        api_name="step_stop",
-        concurrency_limit=None,
-        **quiet,
-    )
-    stepper.mode.input(  # a person's click only: a lesson's or a run's update never toggles it
-        stepper.toggle,
-        [stepper.mode, s.trace, shown.view],
-        [b.bar, *outputs],
-        api_name="step_mode",  # checked with a trace shown: it steps as a recorded run
-        **quiet,
-    )
-    return events

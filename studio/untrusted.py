@@ -14,6 +14,10 @@ from collections.abc import Mapping
 
 import gradio as gr
 
+from specfuse.handout.data import shown_controls
+
+__all__ = ["Servers", "error", "esc", "md", "shown_controls"]
+
 # Characters Markdown (with GitHub's extensions and Gradio's LaTeX delimiters) acts on anywhere in a
 # line. As numeric entities they render as themselves and mean nothing: `[a](b)` is no link,
 # `http://x` and `a@b.c` are no autolinks (their `:` and `@` are entities), `$$` starts no formula.
@@ -22,8 +26,9 @@ MARKDOWN_LINE_START = frozenset("-=+.>")  # a list, a heading underline, a quote
 
 
 def esc(text: object) -> str:
-    """A label for HTML or Plotly (which renders <b>, <a href> and friends in its text): escaped."""
-    return html.escape(str(text), quote=True)
+    """A label for HTML or Plotly (which renders <b>, <a href> and friends in its text): escaped, its
+    directional formatting characters written out (a right-to-left override cannot reorder it)."""
+    return html.escape(shown_controls(str(text)), quote=True)
 
 
 def md(text: object) -> str:
@@ -35,7 +40,7 @@ def md(text: object) -> str:
     """
     out: list[str] = []
     lead, last = True, ""  # only spaces or digits so far on this line; the 3 characters before
-    for c in str(text):
+    for c in shown_controls(str(text)):
         special = c in MARKDOWN_SPECIALS or (lead and c in MARKDOWN_LINE_START)
         out.append(f"&#{ord(c)};" if special or (c == "." and last.lower() == "www") else c)
         lead = c == "\n" or (lead and c in " \t0123456789")

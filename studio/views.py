@@ -20,7 +20,7 @@ from specfuse import Round, Trace, answer_spans, report, rules
 from specfuse.records import Draft
 
 from .text_views import candidates_html, matrix_html, weights_html
-from .untrusted import esc, md
+from .untrusted import esc, md, shown_controls
 
 # One colour per member, in ensemble order (Plotly's default qualitative palette).
 PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880")
@@ -42,7 +42,9 @@ def answer_value(rounds: Sequence[Round], selected: int | None = None) -> list[t
     with the segment being inspected marked.
     """
     spans = answer_spans(rounds)
-    spans = [(text, f"{who}{GATED}" if r.gated else who) for (text, who), r in zip(spans, rounds)]
+    spans = [
+        (shown_controls(text), f"{who}{GATED}" if r.gated else who) for (text, who), r in zip(spans, rounds)
+    ]
     if selected is not None and 0 <= selected < len(spans):
         spans[selected] = (spans[selected][0], SELECTED)
     return spans
@@ -100,13 +102,16 @@ def status_markdown(
 
 def _table(df: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
     """Round the floats and blank the NaNs, so the table is readable and JSON-safe; a yes/no column
-    in words (Gradio draws a bool cell as a checkbox with no name: a screen reader says "checkbox")."""
+    in words (Gradio draws a bool cell as a checkbox with no name: a screen reader says "checkbox"),
+    directional formatting characters in text written out."""
     out = df.copy()
     for column in out.columns:
         if pd.api.types.is_float_dtype(out[column]):
             out[column] = out[column].round(digits)
         elif pd.api.types.is_bool_dtype(out[column]):
             out[column] = out[column].map({True: "yes", False: "no"})
+        elif not pd.api.types.is_numeric_dtype(out[column]):  # trace text: no override reorders a cell
+            out[column] = out[column].map(lambda v: shown_controls(v) if isinstance(v, str) else v)
     return out.astype(object).where(out.notna(), "")
 
 

@@ -68,7 +68,7 @@ def solo(members, names, prompt, config=CONFIG) -> str:
     return Ensemble([members[n] for n in names], config).run(prompt).answer
 
 
-def wait_for(condition, seconds=30.0) -> None:
+def wait_for(condition, seconds=90.0) -> None:  # generous: a loaded machine, not a timing test
     deadline = time.monotonic() + seconds
     while not condition():
         assert time.monotonic() < deadline, "timed out"

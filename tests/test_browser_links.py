@@ -109,6 +109,25 @@ def test_a_link_opens_its_lesson_at_its_round_and_every_control_has_a_name(brows
         wait_status(page, "Round 5 ")
 
 
+def test_a_step_link_opens_step_mode_with_the_rounds_before_its_round_revealed(browser, address):
+    """`&step=1`: the box checked, the bar shown, rounds 1–3 revealed; → plays round 4's drafts (the
+    room guesses with a key), Reveal decides it: a teacher's slide starts the class at round 4."""
+    with opened(browser, f"{address}/?lesson={SLUG}&round=4&step=1") as page:
+        wait_round(page, 3)
+        wait_status(page, "the rounds before round 4 are shown")
+        assert page.locator("#step-mode input").is_checked()
+        assert page.locator("#step-next").is_visible() and page.locator("#step-next").is_enabled()
+        page.locator("body").click(position={"x": 5, "y": 5})  # the keys act on the page, not a control
+        page.keyboard.press("ArrowRight")
+        page.wait_for_selector("#step-guess input[type=radio]")
+        assert "Round 4" in page.inner_text("#step-note")
+        page.keyboard.press("1")  # the room's guess, by its key
+        page.wait_for_function("document.querySelector('#step-guess input[type=radio]:checked') !== null")
+        page.keyboard.press("PageDown")  # Reveal (→ would move within the guesses, where the focus is)
+        wait_round(page, 4)
+        assert not page.locator("#step-guess").is_visible()
+
+
 def test_a_round_beyond_the_lesson_shows_the_nearest_one_and_says_so(browser, address):
     with opened(browser, f"{address}/?lesson={SLUG}&round=99") as page:
         wait_round(page, 10)

@@ -102,6 +102,31 @@ def presenting(page, panel: str) -> None:
     assert smallest_label(page, panel) >= LABEL_PX * 0.95, (panel, smallest_label(page, panel))
 
 
+# Gradio's own progress ("processing | 1.9/0.3s", its ETA bar) drawn inside the step bar (D8): every
+# change to the bar is checked as it happens, so a flash between two beats is caught too.
+WATCH_PROGRESS = """() => {
+  window.sfProgressSeen = [];
+  const look = () => {
+    const bar = document.querySelector("#step-bar");
+    if (!bar) return;
+    const tracker = ".progress-text, .meta-text, .meta-text-center, .eta-bar, .progress-level";
+    for (const e of bar.querySelectorAll(tracker)) {
+      let shown = e.getClientRects().length > 0 && getComputedStyle(e).visibility !== "hidden";
+      for (let a = e; shown && a && a !== bar; a = a.parentElement) {
+        shown = Number(getComputedStyle(a).opacity) > 0.05;  // Gradio hides a done tracker by opacity
+      }
+      if (shown) {
+        const near = e.parentElement.closest("[id]");
+        const where = near ? "#" + near.id : "";
+        window.sfProgressSeen.push(where + " " + e.className + ": " + e.textContent.trim());
+      }
+    }
+  };
+  const all = {subtree: true, childList: true, characterData: true, attributes: true};
+  new MutationObserver(look).observe(document.body, all);
+}"""
+
+
 def shot(page, name: str) -> None:
     where = os.environ.get("SPECFUSE_SHOTS")
     if where:
@@ -121,6 +146,7 @@ def test_a_teacher_walks_a_recorded_lesson_by_keyboard_alone_at_1280x720(browser
         page.wait_for_function("document.querySelector('#status').innerText.includes('recorded run')")
         page.wait_for_timeout(300)
         inside(page, "#class-lesson", scrolled=True)  # the lesson comes into view (1b)
+        page.evaluate(WATCH_PROGRESS)
         shot(page, "lesson-opened-1280")
         # Step mode by key: Space on the box checks it, and the recorded run waits before round 1.
         page.locator("#step-mode input").focus()
@@ -224,4 +250,6 @@ def test_a_teacher_walks_a_recorded_lesson_by_keyboard_alone_at_1280x720(browser
             shot(page, "presenter-1920-weights")
         key(page, "Escape")
         page.wait_for_function("!document.body.classList.contains('sf-presenter')")
+        seen = page.evaluate("[...new Set(window.sfProgressSeen)]")
+        assert seen == [], seen[:10]  # no Gradio progress in the step bar (D8)
     assert loaded == []  # no model loaded, the whole lesson long

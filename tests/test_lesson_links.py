@@ -58,3 +58,19 @@ def test_a_round_beyond_the_lesson_is_the_nearest_one_with_a_note(k, n, shown):
     assert (note == "") == (k == shown)
     if note:
         assert f"round {k} is not one of the lesson's {n} rounds: round {shown} is shown" in note
+
+
+@pytest.mark.parametrize(
+    ("value", "step"), [("1", True), ("on", True), (" TRUE ", True), ("0", False), ("no", False)]
+)
+def test_step_in_a_link_turns_step_mode_on_or_off(value, step):
+    assert parse_link({"lesson": SLUG, "round": "4", "step": value}, SLUGS) == Link(SLUG, 4, step=step)
+    assert parse_link({"lesson": SLUG, "step": value}, SLUGS) == Link(SLUG, step=step)
+
+
+@pytest.mark.parametrize("bad", ["2", "maybe", "<b>x</b>" * 20])
+def test_a_step_that_is_not_1_or_0_is_a_note_and_no_stepping(bad):
+    link = parse_link({"lesson": SLUG, "round": "4", "step": bad}, SLUGS)
+    assert link == Link(SLUG, 4, link.note, step=False) and "is not 1 or 0" in link.note
+    both = parse_link({"lesson": SLUG, "round": "x", "step": bad}, SLUGS).note
+    assert "not a whole number" in both and "is not 1 or 0" in both

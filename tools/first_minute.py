@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PLAIN = 11  # the run's outputs, as the page's API returns them: the plain answer is the 12th
+PLAIN_LABEL = "Answer (plain text)"  # the run's output read as the first segment (found by its label)
 PROMPT = "Explain in two sentences why the sky is blue."
 # app.py with its loggers at INFO on stderr: the loader's "NAME: ready in S s" lines say when each is ready
 LAUNCH = (
@@ -56,6 +56,8 @@ def first_segment(url: str, timeout: float) -> float:
     from gradio_client import Client
 
     client = Client(url, verbose=False)
+    returns = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/run"]["returns"]
+    plain = [r.get("label") for r in returns].index(PLAIN_LABEL)
     began = time.perf_counter()
     job = client.submit(prompt=PROMPT, api_name="/run")  # the form's defaults: the default members
     while time.perf_counter() - began < timeout:
@@ -63,9 +65,9 @@ def first_segment(url: str, timeout: float) -> float:
             # the plain answer (a component the update leaves alone comes as a dict: not text)
             if (
                 isinstance(output, (list, tuple))
-                and len(output) > PLAIN
-                and isinstance(output[PLAIN], str)
-                and output[PLAIN]
+                and len(output) > plain
+                and isinstance(output[plain], str)
+                and output[plain]
             ):
                 seconds = time.perf_counter() - began
                 job.cancel()

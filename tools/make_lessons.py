@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specfuse.config import EnsembleConfig  # noqa: E402
 from specfuse.lessons import LESSONS, Lesson, key_round, load_lesson, shows, trace_path  # noqa: E402
+from specfuse.lessons.catalogue import TRIO  # noqa: E402  (the members every shipped trace was made with)
 from specfuse.records import Branch, Round  # noqa: E402
 from specfuse.trace import Trace, new_trace_id, save_trace  # noqa: E402
 
-TRIO = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
 OPEN_TARGET_S = 2.0  # a lesson opens in the app from its trace alone: no model, on a 2-core CPU
 
 

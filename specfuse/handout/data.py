@@ -35,6 +35,18 @@ DIGITS = 4  # decimals kept of every score, weight and probability: the page pri
 TITLE_CHARS = 80  # a default title is the prompt's first line, cut to this
 
 
+# Directional formatting characters (marks, embeddings, overrides, isolates): in trace text a
+# right-to-left override makes "gnp.exe" read "exe.png". Wherever trace or model text is shown (the
+# page, the PNG, the app) each is shown as what it is, "[U+202E]", so nothing can reorder what
+# follows it; player.js holds the same class for the page.
+BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def shown_controls(text: str) -> str:
+    """`text` with every directional formatting character written out as [U+XXXX]."""
+    return BIDI_CONTROLS.sub(lambda m: f"[U+{ord(m.group()):04X}]", text)
+
+
 def member_colors(members: tuple[str, ...] | list[str]) -> dict[str, str]:
     return {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(members)}
 

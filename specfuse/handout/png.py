@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import ConfigError, SpecfuseError
 from ..trace import Trace
-from .data import SCALE, page_data
+from .data import SCALE, page_data, shown_controls
 
 WIDTH, HEIGHT = 1920, 1080
 LEFT = (40, 1060)  # x span of the left column (answer, candidates)
@@ -63,9 +63,11 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 def clean(text: str, one_line: bool = False) -> str:
     """Text as it can be drawn: tabs as spaces, line and paragraph separators as line breaks (or, on
-    one line, every run of white space as one space), other control characters dropped."""
+    one line, every run of white space as one space), other control characters dropped, directional
+    ones written out (data.shown_controls). Each string is drawn by its own call, so a right-to-left
+    name is laid out apart from the text beside it: isolated as <bdi> isolates it on a page."""
     text = text.replace("\r\n", "\n").replace("\t", "    ").replace("\u2028", "\n").replace("\u2029", "\n")
-    text = _CONTROL.sub("", text)
+    text = shown_controls(_CONTROL.sub("", text))
     return " ".join(text.split()) if one_line else text
 
 

@@ -252,6 +252,29 @@ LESSONS: tuple[Lesson, ...] = (
         members=TRIO,
         settings={"max_new_tokens": 96},
     ),
+    Lesson(
+        slug="best-member-sure",
+        title="The best member was sure: the others were not asked",
+        summary="With the gate on, Qwen drafts first; four of its five segments are sure enough to be "
+        "taken alone, and only round 2 asks the others.",
+        look_for={
+            "answer": "Rounds taken on Qwen's word alone are marked gated in the answer; round 2's segment "
+            "was decided by all three.",
+            "candidates": "Round 3 (shown): one candidate, Qwen's, with a mean log probability of -0.003, "
+            "above the gate's -0.1. Step back to round 2: Qwen was unsure (-0.142), so SmolLM2 and Gemma "
+            "drafted too and all three verified.",
+            "matrix": "Round 3 has no matrix: nobody verified a segment the gatekeeper was sure of. "
+            "Round 2's is a full 3×3 matrix.",
+            "weights": "The weights move only after round 2, the one full round (Qwen 0.608 to 0.604, Gemma "
+            "0.137 to 0.147): a gated round gives no rewards.",
+        },
+        takeaway="Most of an answer's segments are ones the best member is sure of, and there the weaker "
+        "members can only talk it out of a right answer. The gate (off by default) asks the others only "
+        "where the gatekeeper is unsure: here one round in five paid for three drafts and a verification.",
+        prompt="Name the planets of the solar system in order from the Sun.",
+        members=TRIO,
+        settings={"max_new_tokens": 64, "gate": True, "exit": False},
+    ),
 )
 
 

@@ -231,6 +231,18 @@ def ensemble_at_work(trace: Trace) -> Finding:
     return mixed[-1].k
 
 
+def best_member_sure(trace: Trace) -> Finding:
+    """The gate at work both ways: a round whose gatekeeper was sure (taken alone) right after one
+    where it was not (the others asked); the key round is the first such sure one (one step back
+    shows the contrast)."""
+    unsure = {r.k for r in trace.rounds if r.gate is not None and not r.gate.passed}
+    after = [r for r in trace.rounds if r.gated and r.k - 1 in unsure]
+    if not after:
+        gated = sum(r.gated for r in trace.rounds)
+        return f"no sure round follows an unsure one ({gated} sure, {len(unsure)} unsure)"
+    return after[0].k
+
+
 CHECKS: dict[str, Callable[[Trace], Finding]] = {
     "weak-member-exits": weak_member_exits,
     "weights-move": weights_move,
@@ -241,4 +253,5 @@ CHECKS: dict[str, Callable[[Trace], Finding]] = {
     "typed-wrong-number": typed_segment,
     "paper-vs-ours": paper_differs,
     "best-member-dominates": one_member_dominates,
+    "best-member-sure": best_member_sure,
 }

@@ -35,7 +35,7 @@ from ..prompts import ROLES, Message, Prompt, conversation, last_user_text, prom
 ENSEMBLE_MODEL = "specfuse"  # the model id of the ensemble of every loaded member
 MAX_STOP = 4  # OpenAI's limit on stop strings
 MAX_N = 8  # answers one request may ask for: each is a run in the batch (its default size)
-SERVER_SETTINGS = ("parallel",)  # EnsembleConfig fields that are the server's, not a request's
+SERVER_SETTINGS = ("parallel",)  # once a run setting (config.RETIRED_KEYS), now the operator's flag alone
 
 
 class ApiError(Exception):
@@ -171,7 +171,7 @@ class _CheckedSettings(BaseModel):
 
 def _specfuse_model() -> type[BaseModel]:
     """The `specfuse` object of a request: `members`, and every run setting (config.settings(): the
-    same declaration the CLI's flags and the app's form come from) but the server's own. Checked by
+    same declaration the CLI's flags and the app's form come from). Checked by
     config.check_setting first, so that a bad value gets the message the CLI and the app give."""
 
     def annotation(setting: Setting) -> Any:
@@ -180,11 +180,7 @@ def _specfuse_model() -> type[BaseModel]:
 
     fields: dict[str, Any] = {
         "members": (list[str] | None, Field(None, description="the members that play this request")),
-        **{
-            s.name: (annotation(s), Field(None, description=s.help, ge=s.low, le=s.high))
-            for s in settings()
-            if s.name not in SERVER_SETTINGS
-        },
+        **{s.name: (annotation(s), Field(None, description=s.help, ge=s.low, le=s.high)) for s in settings()},
     }
     return create_model(
         "SpecfuseOptions",
