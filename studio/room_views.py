@@ -50,6 +50,7 @@ SAY = {
     "spread": "Round {k}: the class's votes beside the models' scores.",
     "heads": "choice|candidate|drafted by|the class|the models",
     "hide_votes": "Hide the votes (V)",
+    "qr_alt": "QR code of the join link",
 }
 SO_FAR = 280  # characters of the answer so far on a phone (its end: what the candidates continue)
 
@@ -143,7 +144,7 @@ def join_html(session: Session, link: str, big: bool) -> str:
     size = "sf-room-qr-big" if big else "sf-room-qr-small"
     return (
         f"<div class='sf-room-join'><img class='{size}' src='{esc(qr_data_uri(link))}' "
-        f"alt='QR code of the join link'><div><p class='sf-room-code' id='room-code'>"
+        f"alt='{esc(SAY['qr_alt'])}'><div><p class='sf-room-code' id='room-code'>"
         f"{esc(shown_code(session.code))}</p><p>{esc(SAY['join_at'])} <a id='room-link' href='{esc(link)}' "
         f"target='_blank' rel='noopener'>{esc(link)}</a></p>{warn}</div></div>"
     )
