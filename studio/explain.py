@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import gradio as gr
@@ -187,10 +187,12 @@ class Presenter:
     panel: gr.Radio
 
 
-def presenter_bar() -> Presenter:
-    """The toggle, and (in the view only) which panel it shows."""
+def presenter_bar(beside: Callable[[], object] | None = None) -> tuple[Presenter, object]:
+    """The toggle, and (in the view only) which panel it shows; `beside` builds more of the
+    classroom's controls in the same row (what it returns comes back with the Presenter)."""
     with gr.Row(elem_id="presenter-bar", elem_classes=["sf-presenter-keep"]):
         toggle = gr.Button(LABEL, size="sm", scale=0, min_width=200, elem_id="presenter-toggle")
+        extra = beside() if beside is not None else None
         panel = gr.Radio(
             list(PRESENTED),
             value=PRESENTED[0],
@@ -198,7 +200,7 @@ def presenter_bar() -> Presenter:
             container=False,
             elem_id="presenter-panel",
         )
-    return Presenter(toggle, panel)
+    return Presenter(toggle, panel), extra
 
 
 def wire_presenter(demo: gr.Blocks, presenter: Presenter) -> None:
@@ -226,6 +228,8 @@ BUTTONS = {
     "home": ["step-home"],
     "end": ["step-end"],
     "play": ["step-play"],
+    "room": ["room-start"],  # a class session (studio.room_page): shown only while none is open
+    "votes": ["room-votes"],
 }
 ROWS = [{"keys": list(row.keys), "action": row.action} for row in KEYS if APP in row.where]
 KEYMAP_ID = "sf-keymap"
@@ -274,7 +278,7 @@ KEY_SCRIPT = """() => {
     next: stepping, back: stepping, home: stepping, end: stepping, play: stepping,
     guess: () => guesses().length > 0,
     panel: presenting,
-    black: () => true, help: () => true, presenter: () => true,
+    black: () => true, help: () => true, presenter: () => true, room: () => true, votes: () => true,
   };
   const act = {
     press(action) {

@@ -23,6 +23,7 @@ from .gallery import Shelf, gallery_panel, handouts_panel, lesson_panel, shipped
 from .handlers import Studio
 from .loading import DEVICES, DevicePlan, Loader, same_device
 from .panels import Failures, controls_panel, failures_panel, views_panel
+from .room_page import Desk, room_button, room_panel, student_route, wire_room
 from .serving import DEFAULT_CONCURRENCY, Schedulers
 from .step_panel import step_panel
 from .stepping import Stepper
@@ -80,7 +81,8 @@ def build_demo(
                 controls = controls_panel(choices, default_models, allow_paths, devices, device, config)
                 handouts = handouts_panel()
             with gr.Column(scale=3, min_width=600):
-                presenter = presenter_bar()
+                presenter, start = presenter_bar(room_button)  # a class session's button beside P
+                room = room_panel(start)
                 gallery, notes = lesson_panel(shelf, opens), Notes()
                 step_bar = step_panel()
                 chat = chat_panel()
@@ -102,12 +104,13 @@ def build_demo(
         conversing = Conversing(studio, chat, controls.system) if controls.system is not None else None
         # The gallery first: its "close the lesson" on Run and upload goes before a run's stream.
         wire_gallery(studio, gallery, notes, concurrency_limit, stepper, conversing, page=demo)
-        wire(studio, concurrency_limit, stepper, conversing)
+        desk = wire_room(Desk(stepper), demo, room, wire(studio, concurrency_limit, stepper, conversing))
         wire_handouts(studio, handouts)
         wire_presenter(demo, presenter)
         wire_keys(demo)
         demo.unload(studio.unload)  # a closed page's run leaves the batch
         demo.unload(stepper.unload)
+    student_route(desk, demo)  # the class session's phone page (/join)
     return demo
 
 
@@ -116,16 +119,16 @@ def wire(
     concurrency_limit: int | None,
     stepper: Stepper | None = None,
     conversing: Conversing | None = None,
-) -> None:
+) -> list[Any]:
     """The listeners of the run, its replay and its what-if panels, in this order (then step mode's
-    and the conversation's)."""
+    and the conversation's). Step mode's beats' events."""
     wire_run(studio, concurrency_limit, stepper, conversing)
     uploaded = wire_replay(studio)
     wire_branch(studio, concurrency_limit)
-    if stepper is not None:
-        wire_step(stepper, concurrency_limit, uploaded)
+    events = wire_step(stepper, concurrency_limit, uploaded) if stepper is not None else []
     if conversing is not None:
         wire_chat(conversing, concurrency_limit)
+    return events
 
 
 def wire_run(
@@ -278,9 +281,10 @@ def wire_failures(studio: Studio, run: EvalRun, panel: Failures) -> None:
     )
 
 
-def wire_step(stepper: Stepper, concurrency_limit: int | None, uploaded: Any = None) -> None:
+def wire_step(stepper: Stepper, concurrency_limit: int | None, uploaded: Any = None) -> list[Any]:
     """The step bar's listeners, Stop's part in step mode, and the box that shows the bar.
-    `uploaded`: the upload's event, after which a trace steps when the box is checked."""
+    `uploaded`: the upload's event, after which a trace steps when the box is checked. The beats'
+    events (a class session follows each)."""
     s, b = stepper.studio, stepper.bar
     shown = s.display
     outputs = stepper.outputs()
@@ -329,3 +333,4 @@ def wire_step(stepper: Stepper, concurrency_limit: int | None, uploaded: Any = N
         api_name="step_mode",  # checked with a trace shown: it steps as a recorded run
         **quiet,
     )
+    return events

@@ -36,6 +36,8 @@ KEYS: tuple[Key, ...] = (
     Key(("?",), "help", "Show or hide this key map (Esc hides it)"),
     Key(("p", "P"), "presenter", "Presenter view on / off (Esc leaves it)", (APP,)),
     Key(DIGITS[:4], "panel", "In the presenter view, when no guess is open: panel 1–4", (APP,)),
+    Key(("c", "C"), "room", "Start a class session: students vote on their phones by its code", (APP,)),
+    Key(("v", "V"), "votes", "In a class session: show / hide the room's votes as they come in", (APP,)),
 )
 
 NAMES = {"ArrowRight": "→", "ArrowLeft": "←", " ": "Space", "PageDown": "PageDown", "PageUp": "PageUp"}
