@@ -7,12 +7,13 @@ Results are keyed by (member name, run id): a run's id is its trace id, unique f
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
 from .. import feedback
-from ..config import EnsembleConfig
+from ..config import EnsembleConfig, MemberSettings
 from ..errors import MemberError, SpecfuseError
 from ..members import profiling
 from ..members.protocol import Member, Verdict
@@ -43,6 +44,15 @@ def without_prompt(m: str) -> str:
     return f"{m}\x00without the prompt"
 
 
+def asked(run: Request, settings: MemberSettings) -> MemberSettings:
+    """A member's settings for this run, with what its API request asked beyond the run settings:
+    the alternatives per scored token (logprobs) and the plain-text context (echo)."""
+    top, raw = getattr(run, "logprobs", None), getattr(run, "echo", False)
+    if top is None and not raw:
+        return settings
+    return dataclasses.replace(settings, logprobs=True, top_logprobs=top or 0, raw=raw)
+
+
 Work = tuple[str, "Request", Any]  # (member name, run, the step's argument for that run)
 Done = tuple[tuple[str, str], tuple[T, float]]  # ((member name, run id), (result, seconds))
 
@@ -71,7 +81,7 @@ class MemberCalls:
         starts each member with the prompt left out (its state under without_prompt(m))."""
 
         def begin(m: str, group: list[Request], left_out: list[bool]) -> list[tuple[bool, Any]]:
-            settings = [r.config.member_settings(r.names.index(m)) for r in group]
+            settings = [asked(r, r.config.member_settings(r.names.index(m))) for r in group]
             prompts = [PROMPT_LEFT_OUT if out else r.prompt for r, out in zip(group, left_out)]
             return list(zip(left_out, self.members[m].start_many(prompts, settings)))
 
