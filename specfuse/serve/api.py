@@ -268,6 +268,8 @@ async def _respond(serving: Serving, request: Request, kind: str) -> Response:
         runs = [
             Answer.begin(ask, t, prompt_tokens, request, deadline, serving, i) for i, t in enumerate(tickets)
         ]
+        for run in runs[1:]:  # one response: every chunk carries its id, whatever its choice
+            run.rid, run.created = runs[0].rid, runs[0].created
         return StreamingResponse(sse(runs), media_type="text/event-stream")
     answers = await asyncio.gather(
         *(_whole(ask, t, prompt_tokens, request, deadline, serving) for t in tickets), return_exceptions=True

@@ -10,6 +10,7 @@ verifier's token counts toward the reference token in which it ends. Pure: no mo
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,9 +41,10 @@ RESYNC_CHARS = 8  # how far a piece that does not follow on is looked for (after
 
 def spans_in(pieces: Sequence[str], text: str) -> list[Span]:
     """Each piece's span in `text`, which the pieces spell from its start. A piece holding part of a
-    multi-byte character (U+FFFD in it) covers its whole characters, and the last of a run of such
-    pieces the character they make; a piece found a little further on takes the characters skipped
-    onto the piece before it; a piece not found (an end marker) is empty, where the text stopped."""
+    multi-byte character (U+FFFD in it) covers its whole characters and the character it is part
+    of (every part of one character ends where it ends); a piece found a little further on gives the
+    characters skipped to the piece before it; a piece not in the text (an end marker) is (where the
+    text stopped, -1): it begins there and counts toward no character."""
     out: list[Span] = []
     pos = 0
     for i, piece in enumerate(pieces):
@@ -52,21 +54,20 @@ def spans_in(pieces: Sequence[str], text: str) -> list[Span]:
             continue
         if REPLACEMENT in piece:
             clean = piece.replace(REPLACEMENT, "")
-            end = pos + len(clean) if text.startswith(clean, pos) else pos
+            begin = pos
+            pos += len(clean) if text.startswith(clean, pos) else 0
+            out.append((begin, min(len(text), pos + 1)))
             following = pieces[i + 1] if i + 1 < len(pieces) else ""
-            if end < len(text) and REPLACEMENT not in following[:1]:
-                end += 1  # the last part of the character
-            out.append((pos, end))
-            pos = end
+            if pos < len(text) and REPLACEMENT not in following[:1]:
+                pos += 1  # the last part of the character
             continue
         found = text.find(piece, pos, pos + RESYNC_CHARS + len(piece)) if piece else -1
         if found > pos and out:
             out[-1] = (out[-1][0], found)
-            pos = found
-            out.append((pos, pos + len(piece)))
-            pos += len(piece)
+            out.append((found, found + len(piece)))
+            pos = found + len(piece)
         else:
-            out.append((pos, pos))
+            out.append((pos, -1))
     return out
 
 
@@ -89,19 +90,27 @@ def _row(ts: TokenScores, before: str, segment: str) -> tuple[TokenScores, list[
 
 
 def _on_reference(ts: TokenScores, spans: Sequence[Span], shift: int, ref: Sequence[Span]) -> list[float]:
-    """A verifier's log-probabilities laid on the reference tokens: each of its tokens counts toward
-    the reference token in which it ends (none: 0.0, log 1); a token ending before the segment or
-    after its last reference token (the end marker, text cut at a stop string) counts nowhere."""
+    """A verifier's log-probabilities laid on the reference tokens: each of its tokens shares its
+    log-probability among the reference tokens it overlaps, by characters (so a verifier's total over
+    any stretch of whole tokens is its own); a token outside the segment (the end of the answer
+    before it, its end marker, text cut at a stop string) counts nowhere."""
     out = [0.0] * len(ref)
-    r = 0
-    for (_, end), value in zip(spans, ts.logprobs):
-        end -= shift
-        while r < len(ref) and ref[r][1] < end:
+    ends = [b for _, b in ref]  # non-decreasing: the reference tokens are in order
+    for (start, end), value in zip(spans, ts.logprobs):
+        if end < 0:
+            continue
+        start, end = start - shift, end - shift
+        width = end - start
+        r = bisect.bisect_right(ends, start)  # the first reference token ending after `start`
+        while r < len(ref) and ref[r][0] < max(end, start + 1):
+            a, b = ref[r]
+            if width <= 0:  # an empty piece: to the token it stands in
+                out[r] += value if a <= start < b else 0.0
+                break
+            overlap = min(end, b) - max(start, a)
+            if overlap > 0:
+                out[r] += value * overlap / width
             r += 1
-        if r == len(ref):
-            break
-        if end > ref[r][0]:
-            out[r] += value
     return out
 
 
@@ -150,10 +159,11 @@ def round_tokens(
     if not rnd.token_scores or any(not row[rnd.chosen].logprobs for row in rnd.token_scores):
         return [Scored(segment, base, None)]
     rows = [_row(row[rnd.chosen], before, segment) for row in rnd.token_scores]
-    if reference is None:
-        ts, spans, shift = rows[0]
-        reference = [(max(0, a - shift), min(len(segment), b - shift)) for a, b in spans]
-        reference = [(a, b) for a, b in reference if b > a]
+    if reference is None:  # the first verifier's tokens of the segment, cut to it
+        _, spans, shift = rows[0]
+        cut = [(max(0, a - shift), min(len(segment), b - shift)) for a, b in spans if b >= 0]
+        reference = [(a, b) for a, b in cut if b > a]
+    reference = [(min(a, len(segment)), min(max(a, b), len(segment))) for a, b in reference]
     index = {m: i for i, m in enumerate(rnd.members)}
     weights = [rnd.weights_before[index[v]] for v in rnd.verifiers]
     on_ref = [_on_reference(ts, spans, shift, reference) for ts, spans, shift in rows]
@@ -167,14 +177,17 @@ def round_tokens(
         cfg.outlier_gap,
     )
     out = []
+    done = 0  # the answer's characters given to a token so far: the tokens' texts make the segment
     for (a, b), value in zip(reference, values):
-        text = segment[a:b]
+        begin = max(a, done)
+        text = segment[begin:b]
+        done = max(done, b)
         alternatives: tuple[tuple[str, float], ...] = ()
         if top:
             found = _alternatives(rows, a, weights, cfg)
             found[text] = value  # the chosen token's own entry is its log-probability
             alternatives = tuple(sorted(found.items(), key=lambda kv: -kv[1])[:top])
-        out.append(Scored(text, base + a, value, alternatives))
+        out.append(Scored(text, base + begin, value, alternatives))
     return out
 
 
@@ -238,13 +251,6 @@ def asked_for(request: Any, kind: str, sent: dict[str, str]) -> tuple[int | None
         if budget == 0:
             raise ApiError(400, f"{budget_field} must be at least 1", param=budget_field)
         return (request.top_logprobs or 0) if request.logprobs else None, False, budget
-    extra = request.model_extra or {}
-    if extra.get("top_logprobs") not in (None, 0):
-        raise ApiError(
-            400,
-            "top_logprobs is a chat field; on /v1/completions, logprobs is the number of alternatives",
-            param="top_logprobs",
-        )
     echo = bool(request.echo)
     if budget == 0 and not echo:
         raise ApiError(

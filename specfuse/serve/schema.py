@@ -366,6 +366,12 @@ def parse_request(
         raise ApiError(400, "the request body must be a JSON object")
     if kind == "chat" and body.get("echo") not in (None, False):
         raise ApiError(400, "echo is a /v1/completions field: it scores a prompt's text", param="echo")
+    if kind == "text" and body.get("top_logprobs") not in (None, 0):
+        raise ApiError(
+            400,
+            "top_logprobs is a chat field; on /v1/completions, logprobs is the number of alternatives",
+            param="top_logprobs",
+        )
     try:
         request = REQUESTS[kind].model_validate(body)
     except ValidationError as e:
