@@ -24,6 +24,9 @@ from specfuse.serve.schema import Limits
 from specfuse.trace import parse_trace
 
 from .conftest import TINY_SPECS, tiny_member
+from .helpers_clients import ROOT, run_lm_eval
+
+MC_TASK = ROOT / "tests" / "data" / "lm_eval_mc"  # specfuse_mc40.yaml: docs/evaluation.md runs it whole
 
 BASE = EnsembleConfig(segment_len=5, max_new_tokens=20)
 CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
@@ -251,3 +254,26 @@ def test_gated_rounds_are_scored_by_the_gatekeeper_alone(server):
     content = reply["choices"][0]["logprobs"]["content"]
     assert "".join(t["token"] for t in content) == trace.result.answer
     assert replace(trace.config, gate=False) != trace.config
+
+
+@pytest.mark.slow
+def test_lm_eval_runs_a_multiple_choice_loglikelihood_task_against_the_served_ensemble(server, tmp_path):
+    # lm-eval's local-completions: /tokenizer_info and /tokenize found (its remote tokenizer), each
+    # choice sent as the ids of context + continuation with echo, max_tokens 1, logprobs 1.
+    url, _ = server
+    out = tmp_path / "out"
+    done = run_lm_eval(url, MC_TASK, "specfuse_mc40", out, "--limit", "4", completions=True, concurrent=1)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "remote tokenizer" in done.stdout + done.stderr
+    (results,) = out.rglob("results_*.json")
+    scores = json.loads(results.read_text())["results"]["specfuse_mc40"]
+    assert 0.0 <= scores["acc,none"] <= 1.0 and "acc_norm,none" in scores
+    (samples,) = out.rglob("samples_specfuse_mc40_*.jsonl")
+    rows = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert len(rows) == 4
+    for row in rows:  # each choice: (its continuation's summed log-probability, is_greedy)
+        assert len(row["resps"]) == 4
+        for ((total, greedy),) in row["resps"]:
+            assert (
+                math.isfinite(float(total)) and float(total) < 0 and greedy in (True, False, "True", "False")
+            )
