@@ -127,7 +127,7 @@ def test_chat_logprobs_equal_the_weighted_median_of_the_traces_verifier_scores(s
             before, segment = rnd.text[:base], rnd.winner.text
             for row in rnd.token_scores:
                 ts = row[rnd.chosen]
-                shift = logprobs._shift(ts.tokens, before, segment)
+                shift = logprobs.shift_of(ts.tokens, before, segment)
                 spans = logprobs.spans_in(ts.tokens, before[base - shift :] + segment)
                 lo, hi = token.offset, token.offset + len(token.text)
                 share = 0.0  # each of its tokens' log-probability, shared out by characters
@@ -235,7 +235,7 @@ def test_spans_lay_split_characters_and_end_markers_where_they_belong():
     assert spans[5] == (12, 14) and spans[6] == spans[7] == (13, 14)  # 日's three parts
     assert spans[-1] == (14, -1)  # the end marker: where the text stopped, counting toward nothing
     # A verifier that re-read the end of the answer (a merge across the boundary) scored its tail first.
-    assert logprobs._shift(["is", " Paris"], "It is", " Paris") == 2
+    assert logprobs.shift_of(["is", " Paris"], "It is", " Paris") == 2
 
 
 def test_logprobs_requests_play_the_same_answer(server):

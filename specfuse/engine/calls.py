@@ -32,6 +32,8 @@ class Request(Protocol):
     config: EnsembleConfig
     names: tuple[str, ...]  # the request's own members, in its order (a subset of those loaded)
     states: dict[str, Any]  # each member's state for this request
+    logprobs: int | None  # the API's log-probabilities: None, or the alternatives per token
+    echo: bool  # the API's echo: the prompt scored from a plain-text context
 
 
 # prompt_contrast: each member's second context, the same answer after this prompt instead of the
@@ -47,10 +49,9 @@ def without_prompt(m: str) -> str:
 def asked(run: Request, settings: MemberSettings) -> MemberSettings:
     """A member's settings for this run, with what its API request asked beyond the run settings:
     the alternatives per scored token (logprobs) and the plain-text context (echo)."""
-    top, raw = getattr(run, "logprobs", None), getattr(run, "echo", False)
-    if top is None and not raw:
+    if run.logprobs is None and not run.echo:
         return settings
-    return dataclasses.replace(settings, logprobs=True, top_logprobs=top or 0, raw=raw)
+    return dataclasses.replace(settings, logprobs=True, top_logprobs=run.logprobs or 0, raw=run.echo)
 
 
 Work = tuple[str, "Request", Any]  # (member name, run, the step's argument for that run)

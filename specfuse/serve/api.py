@@ -200,7 +200,7 @@ def _add_tokenizer_routes(app: FastAPI, serving: Serving) -> None:
     async def detokenize(request: Request) -> JSONResponse:
         ref, given = reference(request), await body(request)
         ids = given.get("tokens")
-        if not isinstance(ids, list) or not all(schema._is_id(t) for t in ids) or len(ids) > 1_000_000:
+        if not isinstance(ids, list) or not all(schema.is_token_id(t) for t in ids) or len(ids) > 1_000_000:
             raise ApiError(400, "tokens must be a list of token ids", param="tokens")
         try:
             return JSONResponse({"prompt": ref.decode(ids)})

@@ -18,7 +18,6 @@ from typing import Any
 from .. import feedback
 from ..config import EnsembleConfig
 from ..records import Round, TokenScores
-from .schema import ApiError
 
 Span = tuple[int, int]  # [start, end) in characters
 
@@ -71,7 +70,7 @@ def spans_in(pieces: Sequence[str], text: str) -> list[Span]:
     return out
 
 
-def _shift(pieces: Sequence[str], before: str, segment: str) -> int:
+def shift_of(pieces: Sequence[str], before: str, segment: str) -> int:
     """How many characters of the answer before the segment a verifier's pieces begin with: one that
     re-tokenized the end of the answer (a merge across the boundary) scored that tail first."""
     joined = "".join(pieces)
@@ -85,7 +84,7 @@ def _shift(pieces: Sequence[str], before: str, segment: str) -> int:
 def _row(ts: TokenScores, before: str, segment: str) -> tuple[TokenScores, list[Span], int]:
     """A verifier's token evidence, its tokens' spans (in its own coordinates) and the shift to the
     segment's (a span minus the shift: characters from the segment's start)."""
-    shift = _shift(ts.tokens, before, segment)
+    shift = shift_of(ts.tokens, before, segment)
     return ts, spans_in(ts.tokens, before[len(before) - shift :] + segment), shift
 
 
@@ -240,26 +239,45 @@ def legacy(tokens: Sequence[Scored], top: int) -> dict[str, object]:
 # ---- what a request asks ------------------------------------------------------------------------
 
 
-def asked_for(request: Any, kind: str, sent: dict[str, str]) -> tuple[int | None, bool, int | None]:
+class Refused(ValueError):
+    """A request's log-probability fields refused: schema.py answers it as its ApiError (this module
+    is read by schema.py, so it does not read schema.py)."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def asked_for(
+    request: Any, kind: str, sent: dict[str, str], body: dict[str, Any]
+) -> tuple[int | None, bool, int | None]:
     """(alternatives per token, or None when no log-probability is asked; echo; the max_tokens
     sent), the combinations OpenAI refuses refused by name."""
     budget_field = sent.get("max_new_tokens", "max_tokens")
     budget = getattr(request, budget_field, None)
+    if kind == "chat" and body.get("echo") not in (None, False):
+        raise Refused(400, "echo is a /v1/completions field: it scores a prompt's text", param="echo")
+    if kind == "text" and body.get("top_logprobs") not in (None, 0):
+        raise Refused(
+            400,
+            "top_logprobs is a chat field; on /v1/completions, logprobs is the number of alternatives",
+            param="top_logprobs",
+        )
     if kind == "chat":
         if request.top_logprobs and not request.logprobs:
-            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+            raise Refused(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         if budget == 0:
-            raise ApiError(400, f"{budget_field} must be at least 1", param=budget_field)
+            raise Refused(400, f"{budget_field} must be at least 1", param=budget_field)
         return (request.top_logprobs or 0) if request.logprobs else None, False, budget
     echo = bool(request.echo)
     if budget == 0 and not echo:
-        raise ApiError(
+        raise Refused(
             400,
             f"{budget_field} must be at least 1 (0 only with echo: the prompt scored)",
             param=budget_field,
         )
     if echo and budget is not None and budget > 1:
-        raise ApiError(
+        raise Refused(
             400,
             f"echo scores the prompt: {budget_field} must be 0 (the prompt alone) or 1 (and the "
             "ensemble's likeliest next token)",
@@ -271,11 +289,11 @@ def asked_for(request: Any, kind: str, sent: dict[str, str]) -> tuple[int | None
 def detokenized(ids: tuple[int, ...], detokenize: Callable[[list[int]], str] | None, limit: int) -> str:
     """A prompt sent as token ids, as text: the server's reference tokenizer's (/tokenize)."""
     if detokenize is None:
-        raise ApiError(
+        raise Refused(
             400, "this server takes prompts as text only (it has no reference tokenizer)", param="prompt"
         )
     if len(ids) > limit:  # a token is at least one character
-        raise ApiError(
+        raise Refused(
             413,
             f"the prompt has {len(ids):,} tokens; the limit is {limit:,} characters",
             param="prompt",
@@ -284,7 +302,7 @@ def detokenized(ids: tuple[int, ...], detokenize: Callable[[list[int]], str] | N
     try:
         return detokenize(list(ids))
     except Exception as e:  # an id beyond the vocabulary
-        raise ApiError(
+        raise Refused(
             400, f"the prompt's token ids are not the reference tokenizer's: {e}", param="prompt"
         ) from None
 

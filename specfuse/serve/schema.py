@@ -31,6 +31,7 @@ from ..config import MAX_SEED, EnsembleConfig, Setting, check_setting, setting_n
 from ..errors import ConfigError
 from ..limits import MAX_MESSAGES
 from ..prompts import ROLES, Message, Prompt, conversation, last_user_text, prompt_chars
+from .logprobs import Refused, asked_for, detokenized
 
 ENSEMBLE_MODEL = "specfuse"  # the model id of the ensemble of every loaded member
 MAX_STOP = 4  # OpenAI's limit on stop strings
@@ -318,12 +319,12 @@ class CompletionRequest(_Request):
             prompt = prompt[0]
         if isinstance(prompt, str):
             return prompt
-        if isinstance(prompt, list) and prompt and all(_is_id(t) for t in prompt):
+        if isinstance(prompt, list) and prompt and all(is_token_id(t) for t in prompt):
             return prompt
         raise ValueError("prompt must be one string, or one list of token ids (one prompt per request)")
 
 
-def _is_id(value: Any) -> bool:
+def is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
 
 
@@ -364,14 +365,6 @@ def parse_request(
     tokenizer); None: such a prompt is refused."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    if kind == "chat" and body.get("echo") not in (None, False):
-        raise ApiError(400, "echo is a /v1/completions field: it scores a prompt's text", param="echo")
-    if kind == "text" and body.get("top_logprobs") not in (None, 0):
-        raise ApiError(
-            400,
-            "top_logprobs is a chat field; on /v1/completions, logprobs is the number of alternatives",
-            param="top_logprobs",
-        )
     try:
         request = REQUESTS[kind].model_validate(body)
     except ValidationError as e:
@@ -394,9 +387,10 @@ def parse_request(
             prompt = request.prompt
         else:
             ids = tuple(t for t in request.prompt if isinstance(t, int))
-            from .logprobs import detokenized
-
-            prompt = detokenized(ids, detokenize, limits.max_prompt_chars)
+            try:
+                prompt = detokenized(ids, detokenize, limits.max_prompt_chars)
+            except Refused as e:
+                raise ApiError(e.status, e.message, param=e.param, code=e.code) from None
     if not last_user_text(prompt).strip():  # the engine's check_prompt too; here it names the field
         what = "the last user message" if kind == "chat" else "the prompt"
         raise ApiError(
@@ -426,9 +420,10 @@ def parse_request(
         members = chosen
     values.update(extra)
     sent.update({key: f"specfuse.{key}" for key in extra})
-    from .logprobs import asked_for  # here: logprobs.py reads this module's ApiError
-
-    logprobs, echo, asked = asked_for(request, kind, sent)
+    try:
+        logprobs, echo, asked = asked_for(request, kind, sent, body)
+    except Refused as e:
+        raise ApiError(e.status, e.message, param=e.param, code=e.code) from None
     if echo:  # nothing is drafted: the budget is the one next token (asked 1) or none
         values["max_new_tokens"] = 1
     budget = values.get("max_new_tokens", base.max_new_tokens)

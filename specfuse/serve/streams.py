@@ -14,7 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi import Request
 
@@ -23,10 +23,17 @@ from ..errors import ConfigError, PromptTooLongError, SpecfuseError
 from ..records import Finished, Round
 from . import logprobs, replies
 from .logprobs import Scored
-from .schema import ApiError, Ask
+from .schema import ApiError, Ask, Limits
 
-if TYPE_CHECKING:
-    from .api import Serving
+
+class Serving(Protocol):
+    """What an answer needs of the app's shared state (api.Serving): the limits, and where a
+    finished request's trace and counts go."""
+
+    limits: Limits
+
+    def keep(self, ticket: Ticket, prompt_tokens: int) -> None: ...
+
 
 POLL_S = 0.25  # how often a request in progress checks for its client's disconnect and its deadline
 
