@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from ..prompts import conversation
 from ..trace import Trace, dump_trace
 from . import bodies, replies, schema
-from .logprobs import Reference
+from .logprobs import Reference, is_token_id
 from .metrics import CONTENT_TYPE, CountResponses, Metrics
 from .schema import ApiError, Ask, Limits
 from .streams import Answer, next_round, sse
@@ -200,7 +200,7 @@ def _add_tokenizer_routes(app: FastAPI, serving: Serving) -> None:
     async def detokenize(request: Request) -> JSONResponse:
         ref, given = reference(request), await body(request)
         ids = given.get("tokens")
-        if not isinstance(ids, list) or not all(schema.is_token_id(t) for t in ids) or len(ids) > 1_000_000:
+        if not isinstance(ids, list) or not all(is_token_id(t) for t in ids) or len(ids) > 1_000_000:
             raise ApiError(400, "tokens must be a list of token ids", param="tokens")
         try:
             return JSONResponse({"prompt": ref.decode(ids)})

@@ -239,6 +239,21 @@ def legacy(tokens: Sequence[Scored], top: int) -> dict[str, object]:
 # ---- what a request asks ------------------------------------------------------------------------
 
 
+MAX_TOP_LOGPROBS = 20  # alternatives per token (OpenAI's limit on chat's top_logprobs)
+
+
+def is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
+
+
+def alternatives_field(field: str, value: Any) -> Any:
+    if value is not None and (
+        not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TOP_LOGPROBS
+    ):
+        raise ValueError(f"{field} must be an integer in 0..{MAX_TOP_LOGPROBS}; got {repr(value)[:40]}")
+    return value
+
+
 class Refused(ValueError):
     """A request's log-probability fields refused: schema.py answers it as its ApiError (this module
     is read by schema.py, so it does not read schema.py)."""

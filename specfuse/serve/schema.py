@@ -31,12 +31,11 @@ from ..config import MAX_SEED, EnsembleConfig, Setting, check_setting, setting_n
 from ..errors import ConfigError
 from ..limits import MAX_MESSAGES
 from ..prompts import ROLES, Message, Prompt, conversation, last_user_text, prompt_chars
-from .logprobs import Refused, asked_for, detokenized
+from .logprobs import MAX_TOP_LOGPROBS, Refused, alternatives_field, asked_for, detokenized, is_token_id
 
 ENSEMBLE_MODEL = "specfuse"  # the model id of the ensemble of every loaded member
 MAX_STOP = 4  # OpenAI's limit on stop strings
 MAX_N = 8  # answers one request may ask for: each is a run in the batch (its default size)
-MAX_TOP_LOGPROBS = 20  # alternatives per token (OpenAI's limit on chat's top_logprobs)
 SERVER_SETTINGS = ("parallel",)  # EnsembleConfig fields that are the server's, not a request's
 
 
@@ -280,7 +279,7 @@ class ChatRequest(_Request):
     @field_validator("top_logprobs", mode="before")
     @classmethod
     def _top(cls, value: Any) -> Any:
-        return _alternatives("top_logprobs", value)
+        return alternatives_field("top_logprobs", value)
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -310,7 +309,7 @@ class CompletionRequest(_Request):
     @field_validator("logprobs", mode="before")
     @classmethod
     def _top(cls, value: Any) -> Any:
-        return _alternatives("logprobs", value)
+        return alternatives_field("logprobs", value)
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -322,18 +321,6 @@ class CompletionRequest(_Request):
         if isinstance(prompt, list) and prompt and all(is_token_id(t) for t in prompt):
             return prompt
         raise ValueError("prompt must be one string, or one list of token ids (one prompt per request)")
-
-
-def is_token_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
-
-
-def _alternatives(field: str, value: Any) -> Any:
-    if value is not None and (
-        not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TOP_LOGPROBS
-    ):
-        raise ValueError(f"{field} must be an integer in 0..{MAX_TOP_LOGPROBS}; got {_short(value)}")
-    return value
 
 
 REQUESTS: dict[str, type[_Request]] = {"chat": ChatRequest, "text": CompletionRequest}
@@ -377,37 +364,7 @@ def parse_request(
             param="model",
             code="model_not_found",
         )
-    prompt: Prompt
-    ids: tuple[int, ...] | None = None
-    if isinstance(request, ChatRequest):
-        prompt = chat_prompt(request.messages)
-    else:
-        assert isinstance(request, CompletionRequest)
-        if isinstance(request.prompt, str):
-            prompt = request.prompt
-        else:
-            ids = tuple(t for t in request.prompt if isinstance(t, int))
-            try:
-                prompt = detokenized(ids, detokenize, limits.max_prompt_chars)
-            except Refused as e:
-                raise ApiError(e.status, e.message, param=e.param, code=e.code) from None
-    if not last_user_text(prompt).strip():  # the engine's check_prompt too; here it names the field
-        what = "the last user message" if kind == "chat" else "the prompt"
-        raise ApiError(
-            400,
-            f"{what} is empty; send a question or an instruction",
-            param="messages" if kind == "chat" else "prompt",
-        )
-    chars = prompt_chars(prompt)
-    if chars > limits.max_prompt_chars:
-        what = "the prompt has" if isinstance(prompt, str) else "the messages have, together,"
-        raise ApiError(
-            413,
-            f"{what} {chars:,} characters; this server takes at most {limits.max_prompt_chars:,} "
-            "(--max-prompt-chars)",
-            param="messages" if kind == "chat" else "prompt",
-            code="context_length_exceeded",
-        )
+    prompt, ids = _prompt(request, kind, limits, detokenize)
     values, sent = _standard(request, base, limits)
     members: tuple[str, ...] | None = None if model == ENSEMBLE_MODEL else (model,)
     extra: dict[str, Any] = {}
@@ -449,6 +406,44 @@ def parse_request(
         kind, model, prompt, config, members, bool(request.stream), include_usage, n, logprobs, echo,
         echo and asked == 1, ids,
     )  # fmt: skip
+
+
+def _prompt(
+    request: _Request, kind: str, limits: Limits, detokenize: Callable[[list[int]], str] | None
+) -> tuple[Prompt, tuple[int, ...] | None]:
+    """The request's prompt, checked (not empty, within the limit), and the ids it came as, if any."""
+    prompt: Prompt
+    ids: tuple[int, ...] | None = None
+    if isinstance(request, ChatRequest):
+        prompt = chat_prompt(request.messages)
+    else:
+        assert isinstance(request, CompletionRequest)
+        if isinstance(request.prompt, str):
+            prompt = request.prompt
+        else:
+            ids = tuple(t for t in request.prompt if isinstance(t, int))
+            try:
+                prompt = detokenized(ids, detokenize, limits.max_prompt_chars)
+            except Refused as e:
+                raise ApiError(e.status, e.message, param=e.param, code=e.code) from None
+    if not last_user_text(prompt).strip():  # the engine's check_prompt too; here it names the field
+        what = "the last user message" if kind == "chat" else "the prompt"
+        raise ApiError(
+            400,
+            f"{what} is empty; send a question or an instruction",
+            param="messages" if kind == "chat" else "prompt",
+        )
+    chars = prompt_chars(prompt)
+    if chars > limits.max_prompt_chars:
+        what = "the prompt has" if isinstance(prompt, str) else "the messages have, together,"
+        raise ApiError(
+            413,
+            f"{what} {chars:,} characters; this server takes at most {limits.max_prompt_chars:,} "
+            "(--max-prompt-chars)",
+            param="messages" if kind == "chat" else "prompt",
+            code="context_length_exceeded",
+        )
+    return prompt, ids
 
 
 def _kind(value: Any) -> str:
