@@ -327,6 +327,14 @@ class MemberSettings:
     measure_prompt: bool = False  # start() also measures the member's surprise at the prompt
     own_draft_scores: bool = False  # score its own draft as drafted (llama.cpp members)
     measure_confidence: bool = False  # a draft also says how sure it was (Candidate.confidence; the gate)
+    # A request that asks for log-probabilities (the API's logprobs/top_logprobs/echo), not a run
+    # setting: each scored token's log-probability kept whatever `score` is, and its k likeliest
+    # alternatives (TokenScores.top; 0: none).
+    logprobs: bool = False
+    top_logprobs: int = 0
+    # The API's echo: the context is the prefix token alone (BOS, else EOS), no template; the text to
+    # score comes as a candidate, so each of its tokens is scored after the plain text before it.
+    raw: bool = False
 
 
 def _finite_number(value: Any) -> bool:

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 # a Result adds "cancelled" when the consumer closed the stream before the engine stopped.
 ROUND_STOP_REASONS = ("final", "budget", "stop", "rounds", "empty")
 STOP_REASONS = (*ROUND_STOP_REASONS, "cancelled")
+# The drafter named by a text given to be scored (the API's echo): the one candidate of a round
+# nobody drafted, scored by every member.
+ECHO = "echo"
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,10 @@ class TokenScores:
     tokens: tuple[str, ...]
     logits: tuple[float, ...]  # raw logit of each token
     logprobs: tuple[float, ...]  # log-probability of each token (same length)
+    # Asked for by a request that wants log-probabilities with alternatives (top_logprobs): at each
+    # token's position, this verifier's k likeliest tokens as (decoded piece, log-probability),
+    # likeliest first; () when not asked.
+    top: tuple[tuple[tuple[str, float], ...], ...] = ()
 
     def mean(self, score: str) -> float:
         """z_ij: the mean of the per-token values the score mode names ("logit" or "logprob")."""

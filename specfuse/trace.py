@@ -33,7 +33,7 @@ from pydantic_core import CoreConfig, CoreSchema, ErrorDetails
 from .config import RETIRED_KEYS, EnsembleConfig
 from .errors import ConfigError, TraceError
 from .prompts import Conversation, Message, Prompt, as_prompt, conversation
-from .records import ROUND_STOP_REASONS, Branch, Result, Round, summarize
+from .records import ECHO, ROUND_STOP_REASONS, Branch, Result, Round, summarize
 
 SCHEMA = "specfuse.trace"
 VERSION = 3  # CHANGELOG.md records what each version added
@@ -389,10 +389,12 @@ def _check_round(r: Round, where: str, members: Sequence[str], typed: str | None
         or not set(r.verifiers) <= set(members)
     ):
         raise TraceError(f"{where}: members do not match the trace's members")
-    if not r.verified and r.verifiers:
-        raise TraceError(f"{where}: an unverified round (a lone or agreed draft) has no verifiers")
+    if not r.verified and not set(r.verifiers) <= set(r.active):
+        # Scored only for a request's log-probabilities (the API's logprobs): by its own drafters.
+        raise TraceError(f"{where}: an unverified round (a lone or agreed draft) is scored by its drafters")
     drafters = tuple(x.member for x in r.candidates)
     extra = typed is not None and typed not in members and drafters == (*r.active, typed)
+    extra = extra or (not r.active and drafters == (ECHO,) and ECHO not in members)  # a scored text
     if c == 0 or (drafters != r.active and not extra):
         raise TraceError(f"{where}: expected one candidate per active member, in the same order")
     if not 0 <= r.chosen < c:
@@ -418,7 +420,11 @@ def _check_round(r: Round, where: str, members: Sequence[str], typed: str | None
         _shape(r.token_scores, f"{where}.token_scores", v, c)
         for i, row in enumerate(r.token_scores):
             for j, ts in enumerate(row):
-                if len(ts.tokens) != len(ts.logits) or len(ts.logprobs) not in (0, len(ts.tokens)):
+                if (
+                    len(ts.tokens) != len(ts.logits)
+                    or len(ts.logprobs) not in (0, len(ts.tokens))
+                    or len(ts.top) not in (0, len(ts.tokens))
+                ):
                     raise TraceError(
                         f"{where}.token_scores[{i}][{j}]: tokens, logits and logprobs (when kept) "
                         "differ in length"

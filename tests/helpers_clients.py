@@ -73,10 +73,19 @@ def gsm8k_task(folder: Path, name: str, rows: int, shots: int = 0, shortest: boo
 
 
 def run_lm_eval(
-    url: str, folder: Path, name: str, out: Path, *extra: str, concurrent: int = 3, timeout: float = 240
+    url: str,
+    folder: Path,
+    name: str,
+    out: Path,
+    *extra: str,
+    concurrent: int = 3,
+    timeout: float = 240,
+    completions: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """`lm_eval` against the server's chat endpoint on the task in `folder`, offline, its caches
-    under out's parent; `extra`: more of its flags (--num_fewshot, --limit, …)."""
+    under out's parent; `extra`: more of its flags (--num_fewshot, --limit, …). `completions`: its
+    `local-completions` model on /v1/completions instead (loglikelihood tasks: echo, and the
+    server's /tokenize as its tokenizer)."""
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -85,12 +94,16 @@ def run_lm_eval(
         "PYTHONDONTWRITEBYTECODE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
-    model_args = (
-        f"model=specfuse,base_url={url}/v1/chat/completions,num_concurrent={concurrent},max_retries=1"
+    path, model = (
+        ("completions", "local-completions")
+        if completions
+        else ("chat/completions", "local-chat-completions")
     )
+    model_args = f"model=specfuse,base_url={url}/v1/{path},num_concurrent={concurrent},max_retries=1"
+    chat = () if completions else ("--apply_chat_template",)
     args = [
-        *(sys.executable, "-m", "lm_eval", "--model", "local-chat-completions"),
-        *("--model_args", f"{model_args},timeout=120", "--apply_chat_template"),
+        *(sys.executable, "-m", "lm_eval", "--model", model),
+        *("--model_args", f"{model_args},timeout=120", *chat),
         *("--tasks", name, "--include_path", str(folder), "--output_path", str(out), "--log_samples"),
         *extra,
     ]

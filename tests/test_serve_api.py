@@ -148,10 +148,27 @@ def test_n_answers_are_n_runs_with_seeds_seed_plus_i_each_its_own_choice_and_tra
     for i, run in enumerate(runs):
         trace = parse_trace(httpx.get(f"{server[0]}/v1/traces/{run['trace_id']}").text)
         assert trace.config.seed == 5 + i and trace.result.answer == wants[i].answer
-    with pytest.raises(openai.BadRequestError, match="n > 1 is answered whole"):
-        client.chat.completions.create(
-            model="specfuse", messages=[{"role": "user", "content": "x"}], n=2, stream=True
-        )
+    # Streamed, the same n runs: each chunk says its choice's index, all under one response id.
+    stream = client.chat.completions.create(
+        model="specfuse",
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=12,
+        temperature=1.0,
+        seed=5,
+        n=3,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    texts, finished = ["", "", ""], set()
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason is not None:
+                finished.add(choice.index)
+    assert texts == [w.answer for w in wants] and finished == {0, 1, 2}
+    assert len({c.id for c in chunks}) == 1
+    assert chunks[-1].usage.completion_tokens == sum(w.tokens for w in wants)
 
 
 def test_models_lists_the_ensemble_and_each_member(client, tiny_members):

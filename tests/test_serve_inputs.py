@@ -120,9 +120,6 @@ def test_max_tokens_zero_names_the_field_the_client_sent(api):
         ("tools", [{"type": "function", "function": {"name": "f"}}], "tools are not supported"),
         ("tool_choice", "auto", "tool_choice is not supported"),
         ("logit_bias", {"42": 5}, "logit_bias is not supported"),
-        ("logprobs", True, "logprobs are not supported yet"),
-        ("top_logprobs", 5, "top_logprobs are not supported yet"),
-        ("echo", True, "echo is not supported yet"),
     ],
 )
 def test_fields_we_do_not_do_are_a_400_that_says_so(api, field, value, says):

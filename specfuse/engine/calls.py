@@ -7,12 +7,13 @@ Results are keyed by (member name, run id): a run's id is its trace id, unique f
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
 from .. import feedback
-from ..config import EnsembleConfig
+from ..config import EnsembleConfig, MemberSettings
 from ..errors import MemberError, SpecfuseError
 from ..members import profiling
 from ..members.protocol import Member, Verdict
@@ -31,6 +32,8 @@ class Request(Protocol):
     config: EnsembleConfig
     names: tuple[str, ...]  # the request's own members, in its order (a subset of those loaded)
     states: dict[str, Any]  # each member's state for this request
+    logprobs: int | None  # the API's log-probabilities: None, or the alternatives per token
+    echo: bool  # the API's echo: the prompt scored from a plain-text context
 
 
 # prompt_contrast: each member's second context, the same answer after this prompt instead of the
@@ -41,6 +44,14 @@ PROMPT_LEFT_OUT = ""
 
 def without_prompt(m: str) -> str:
     return f"{m}\x00without the prompt"
+
+
+def asked(run: Request, settings: MemberSettings) -> MemberSettings:
+    """A member's settings for this run, with what its API request asked beyond the run settings:
+    the alternatives per scored token (logprobs) and the plain-text context (echo)."""
+    if run.logprobs is None and not run.echo:
+        return settings
+    return dataclasses.replace(settings, logprobs=True, top_logprobs=run.logprobs or 0, raw=run.echo)
 
 
 Work = tuple[str, "Request", Any]  # (member name, run, the step's argument for that run)
@@ -71,7 +82,7 @@ class MemberCalls:
         starts each member with the prompt left out (its state under without_prompt(m))."""
 
         def begin(m: str, group: list[Request], left_out: list[bool]) -> list[tuple[bool, Any]]:
-            settings = [r.config.member_settings(r.names.index(m)) for r in group]
+            settings = [asked(r, r.config.member_settings(r.names.index(m))) for r in group]
             prompts = [PROMPT_LEFT_OUT if out else r.prompt for r, out in zip(group, left_out)]
             return list(zip(left_out, self.members[m].start_many(prompts, settings)))
 

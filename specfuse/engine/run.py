@@ -20,7 +20,7 @@ from ..errors import ConfigError, MemberError
 from ..loops import ends_in_loop
 from ..members.protocol import Verdict
 from ..prompts import Prompt, as_prompt, last_user_text
-from ..records import Candidate, ExitEvent, Gate, MemberTiming, Round, TokenScores
+from ..records import ECHO, Candidate, ExitEvent, Gate, MemberTiming, Round, TokenScores
 from ..segments import agreement, echoes_prompt, repeated_fraction, stop_string_cut
 from ..trace import new_trace_id
 from . import gate
@@ -90,6 +90,15 @@ class Run:
     pause: bool = False
     played_s: float = 0.0  # seconds played before it (re)joined: its clock stops while it is paused
     play: Play = field(default_factory=lambda: Play(0.0, [], [], 0))
+    # The API's log-probabilities: None, not asked; else how many alternatives each verifier gives
+    # per token (0: the chosen tokens' only). A round taken unscored (a lone draft, drafts that
+    # agreed, a gated round) is then scored after its choice by its own drafters, the members that
+    # took it, so that every token of the answer has a score; the choice, weights and exits are
+    # those of the same run without it.
+    logprobs: int | None = None
+    # The API's echo: the prompt (a string) is not answered but scored, in one round, by every
+    # member from its plain-text context (MemberSettings.raw): the verification pass alone.
+    echo: bool = False
 
     def __post_init__(self) -> None:
         self.prompt = as_prompt(self.prompt)  # a list of messages (dicts) as a checked Conversation
@@ -138,7 +147,10 @@ class Run:
         verifiers = [m for m in self.names if m in self.active or (cfg.exited_verify and m in self.exited)]
         budget = min(cfg.segment_len, cfg.max_new_tokens - self.tokens)
         self.play = play = Play(time.perf_counter(), list(self.active), verifiers, budget)
-        if cfg.loop_guard and self.exited and ends_in_loop(self.answer, copies=LOOP_GUARD_COPIES):
+        if self.echo:  # nobody drafts: the given text is the round's one candidate
+            play.drafting = []
+            play.verifiers = list(self.names)
+        elif cfg.loop_guard and self.exited and ends_in_loop(self.answer, copies=LOOP_GUARD_COPIES):
             # A lone drafter stuck in a loop has no way out; the ensemble has: the others' drafts.
             play.rejoining = list(self.exited)
             play.drafting = [m for m in self.names if m in self.active or m in self.exited]
@@ -172,6 +184,12 @@ class Run:
 
     def take_candidates(self, drafted: dict[tuple[str, str], tuple[Candidate, float]]) -> None:
         play = self.play
+        if self.echo:  # final: each verifier also scores its end marker, so the text's last position
+            # (what would follow it) is scored too
+            assert isinstance(self.prompt, str)
+            play.candidates = (Candidate(ECHO, self.prompt, count_tokens(self.prompt), True, 0.0),)
+            play.scorable = True
+            return
         candidates = [drafted[(m, self.id)][0] for m in play.drafting]
         play.draft_s = {c.member: c.seconds for c in candidates}
         if self.forced is not None and not any(c.text == self.forced for c in candidates):
@@ -189,6 +207,8 @@ class Run:
                 play.agreed = agreement([(c.text, c.final) for c in candidates])
             if play.agreed is not None:
                 play.verifiers = []  # nothing to decide: no verify pass
+        if play.agreed is not None and self.logprobs is not None:
+            play.verifiers = list(play.drafting)  # scored for the log-probabilities only (see logprobs)
 
     def take_scores(self, verdicts: dict[tuple[str, str], tuple[Verdict, float]]) -> None:
         play = self.play
@@ -206,9 +226,11 @@ class Run:
         """3. Choose: normalize each verifier's row, aggregate with the weights learned so far, pick."""
         cfg, play = self.config, self.play
         candidates = play.candidates
-        if play.agreed is not None:
+        if play.agreed is not None or self.echo:
             play.y, play.eligible = [0.0] * len(candidates), [True] * len(candidates)
-            play.chosen, play.margin = play.agreed, 0.0
+            play.chosen, play.margin = play.agreed or 0, 0.0
+            if play.raw:  # scored for the log-probabilities only: kept, never chosen by
+                play.scores = feedback.normalize(play.raw, cfg.normalization)
             return
         raw = (
             feedback.contrast(play.raw, play.verifiers, [c.member for c in candidates])
@@ -261,7 +283,7 @@ class Run:
         drafted = len(play.drafting)  # a typed candidate (last) earns no reward
         play.rewards = [0.0] * len(play.candidates)
         play.after = self.weights
-        if not cfg.feedback or play.agreed is not None:  # an unscored round carries no evidence
+        if not cfg.feedback or play.agreed is not None or self.echo:  # no evidence: unscored, or no drafts
             return
         drafted_scores = [row[:drafted] for row in play.scores]
         judges = self._voting() if cfg.weighted_rewards else None
@@ -276,6 +298,9 @@ class Run:
         """5. Stop: append the winner to the answer and decide whether the run ends here."""
         cfg, play = self.config, self.play
         winner = play.candidates[play.chosen]
+        if self.echo:  # the given text, whole, whatever it holds; it is no answer: no budget spent
+            self.answer, play.stop_reason = winner.text, "budget"
+            return
         stop_reason: str | None = None
         cut = stop_string_cut(self.answer, winner.text, cfg.stop_strings)
         if cut is not None:

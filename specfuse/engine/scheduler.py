@@ -156,17 +156,25 @@ class Scheduler:
         forced: str | None = None,
         origin: str = TYPED,
         step: bool = False,
+        logprobs: int | None = None,
+        echo: bool = False,
     ) -> Ticket:
         """Queue a request: `members` (default all loaded, in the loaded order) play it with `config`
         (default the operator's); `start`/`forced` branch it as Ensemble.stream does. Refused at once
         (ConfigError) for a bad prompt or member list, QueueFull when the line is full,
         SchedulerClosed after close(). Errors found while starting it end the ticket instead.
         `step`: step mode; the ticket starts paused before round 1 (nothing read yet), and each
-        Ticket.next() plays one round. Refused with TooManyPaused beyond `max_paused` of them."""
+        Ticket.next() plays one round. Refused with TooManyPaused beyond `max_paused` of them.
+        `logprobs`: every round scored, each verifier's `logprobs` alternatives per token kept (Run's
+        logprobs); `echo`: the prompt (a string) is scored, not answered, in one round (Run's echo)."""
         names = self._subset(members)
         config = config or self.config
         check_request(prompt, config, tuple(start), forced, names)  # the engine's own pre-flight
-        run = Run(prompt, config, names, tuple(start), forced, origin, pause=step)
+        if echo and (not isinstance(prompt, str) or start or forced is not None or step):
+            raise ConfigError("echo scores a text prompt (a string), in a run of its own")
+        run = Run(
+            prompt, config, names, tuple(start), forced, origin, pause=step, logprobs=logprobs, echo=echo
+        )
         ticket = Ticket(self, run)
         with self._cond:
             if self._closed:

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ConfigError
 from ..prompts import Prompt, PromptFormat, last_user_text
 from ..records import Confidence
 from ..segments import REPLACEMENT, cut_at_stop, trim_to_word_boundary
@@ -47,6 +48,16 @@ def prompt_ids(tokenizer: PreTrainedTokenizerBase, fmt: PromptFormat, prompt: Pr
     if fmt.kind == "chat":
         return templates.chat_ids(tokenizer, fmt.messages(prompt))
     return templates.completion_ids(tokenizer, fmt.completion(prompt))
+
+
+def raw_context(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The context of a text scored as plain text (MemberSettings.raw, the API's echo): the prefix
+    token alone, BOS, or EOS for a tokenizer without one (as lm-eval's own models do), so that the
+    text's first token is scored too."""
+    token = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    if token is None:
+        raise ConfigError("the tokenizer has neither a BOS nor an EOS token to begin a plain text with")
+    return [int(token)]
 
 
 def template_head(tokenizer: PreTrainedTokenizerBase, fmt: PromptFormat) -> list[int]:

@@ -170,7 +170,7 @@ class HFMember(Drafting, Verifying, BaseMember):
 
     def _begin(self, prompt: Prompt, settings: MemberSettings) -> HFState:
         """A request's state before its prompt is read: the prompt's tokens, checked, and its generator."""
-        ids = self.prompt_ids(prompt)
+        ids = drafting.raw_context(self.tokenizer) if settings.raw else self.prompt_ids(prompt)
         if not ids:
             raise ConfigError(f"{self.name}: the prompt formats to no tokens")
         if len(ids) + settings.max_new_tokens > self.max_positions:
@@ -207,7 +207,7 @@ class HFMember(Drafting, Verifying, BaseMember):
             hiddens = [torch.cat([head.hidden, hidden]) for hidden in hiddens]
         for state, prompt, hidden in zip(states, prompts, hiddens):
             state.last_hidden = hidden[-1].clone()  # not a view that keeps the batch's states alive
-            if state.settings.measure_prompt:
+            if state.settings.measure_prompt and not state.settings.raw:
                 state.surprise = self._surprise(prompt, state.ids, hidden)
 
     def _template_head(self, states: Sequence[HFState]) -> prefill.Head | None:

@@ -91,8 +91,9 @@ class Verifying:
             all_offsets = packed.offsets
         else:
             hidden_all, all_offsets = slotted, tuple(_offsets(b) for b in blocks)
-        logits, logprobs = self._score_rows(states, rows, all_offsets, hidden_all)
-        next_logits, next_logprobs = iter(logits), iter(logprobs)  # in the order of the loops below
+        logits, logprobs, tops = self._score_rows(states, rows, all_offsets, hidden_all)
+        # in the order of the loops below
+        next_logits, next_logprobs, next_top = iter(logits), iter(logprobs), iter(tops)
         results = []
         for r, (state, row) in enumerate(zip(states, rows)):
             hidden = hidden_all[r]
@@ -100,9 +101,10 @@ class Verifying:
             details, last_hidden = [], []
             for offset, (_, tail, text_ids) in zip(offsets, row):
                 logit = tuple(islice(next_logits, len(tail)))
-                logprob = tuple(islice(next_logprobs, len(tail))) if state.settings.score == "logprob" else ()
+                logprob = tuple(islice(next_logprobs, len(tail))) if _needs_logprobs(state) else ()
+                top = tuple(islice(next_top, len(tail))) if state.settings.top_logprobs else ()
                 pieces = tuple(str(self.tokenizer.decode([t])) for t in tail)
-                details.append(TokenScores(pieces, logit, logprob))
+                details.append(TokenScores(pieces, logit, logprob, top))
                 last_hidden.append(hidden[offset + len(text_ids)])
             if slotted is None and len(states) > 1:  # keep the pass's keys and values in the request's cache
                 self._append_row(state.cache, cache, r, pads[r] + len(state.ids), packed.length)
@@ -150,24 +152,34 @@ class Verifying:
         rows: Sequence[Sequence[tuple[Block, list[int], list[int]]]],
         offsets: Sequence[Sequence[int]],
         hidden_all: torch.Tensor | Sequence[torch.Tensor],
-    ) -> tuple[list[float], list[float]]:
-        """The raw logit of every scored token of every request's candidates, in order, and the
-        log-probabilities of those whose request scores by them. All through the output head at
+    ) -> tuple[list[float], list[float], list[tuple[tuple[str, float], ...]]]:
+        """The raw logit of every scored token of every request's candidates, in order, the
+        log-probabilities of those whose request needs them, and the alternatives (piece,
+        log-probability) of those whose request asks for them. All through the output head at
         once: a log-probability needs the full vocabulary row, and the head's weights (Gemma 3's
         262k tokens: 335 MB in bf16) are then read once a pass rather than once a candidate."""
-        picked, tokens, wanted = [], [], []
+        picked, tokens, wanted, tops = [], [], [], []
         for r, (state, row) in enumerate(zip(states, rows)):
             for offset, (_, tail, _) in zip(offsets[r], row):
                 picked.append(hidden_all[r][offset : offset + len(tail)])  # row t predicts tail[t]
                 tokens += tail
-                wanted += [state.settings.score == "logprob"] * len(tail)
+                wanted += [_needs_logprobs(state)] * len(tail)
+                if _needs_logprobs(state):
+                    tops += [state.settings.top_logprobs] * len(tail)
         hidden = torch.cat(picked)
         targets = torch.tensor(tokens, device=hidden.device)
         logits = self.head.token_logits(hidden, targets).tolist()
         if not any(wanted):
-            return logits, []
+            return logits, [], []
         keep = torch.tensor(wanted, device=hidden.device)
-        return logits, self.head.token_logprobs(hidden[keep], targets[keep]).tolist()
+        k = max(tops)
+        logprobs, top_lp, top_ids = self.head.token_logprobs_top(hidden[keep], targets[keep], k)
+        alternatives = [
+            tuple((str(self.tokenizer.decode([t])), v) for t, v in zip(ids[:n], values[:n]))
+            for n, ids, values in zip(tops, top_ids.tolist(), top_lp.tolist())
+            if n
+        ]
+        return logits, logprobs.tolist(), alternatives
 
     def _check_fits(self, blocks: Sequence[Block]) -> None:
         """Refuse, before the pass, a candidate that would run past the model's context (a long typed
@@ -238,6 +250,12 @@ def _offsets(blocks: Sequence[Block]) -> tuple[int, ...]:
         out.append(at)
         at += len(block.tokens)
     return tuple(out)
+
+
+def _needs_logprobs(state: HFState) -> bool:
+    """Whether a request needs each scored token's log-probability: it scores by them, or its API
+    request asked for them (MemberSettings.logprobs)."""
+    return state.settings.score == "logprob" or state.settings.logprobs
 
 
 __all__ = ["Verifying"]

@@ -44,6 +44,7 @@ from .llamacpp_decode import (
     logit_and_logprob,
     pick,
     token_and_runner_up,
+    top_tokens,
 )
 from .protocol import BaseMember, Verdict
 from .scoring import common_prefix_len
@@ -222,7 +223,7 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
             raise type(e)(f"{self.name}: {e}") from None
 
     def start(self, prompt: Prompt, settings: MemberSettings) -> LlamaState:
-        ids = self.prompt_ids(prompt)
+        ids = drafting.raw_context(self.tokenizer) if settings.raw else self.prompt_ids(prompt)
         if not ids:
             raise ConfigError(f"{self.name}: the prompt formats to no tokens")
         limit = min(self.context_tokens, self.trained_context or self.context_tokens)
@@ -233,7 +234,7 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
                 "shorten the prompt or lower max_new_tokens"
             )
         state = LlamaState(settings, len(ids), ids, "")
-        if settings.measure_prompt:
+        if settings.measure_prompt and not settings.raw:
             state.surprise = self._surprise(prompt, state)
         return state
 
@@ -395,6 +396,7 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
         wanted: list[list[tuple[int, int, int]]] = []  # per item: the (request, candidate, tail index)s
         kept: list[list[tuple[int, tuple[int, ...]]]] = []  # per request: (sequence, its tokens)
         values: list[list[list[tuple[float, float]]]] = []
+        tops: dict[tuple[int, int, int], tuple[tuple[str, float], ...]] = {}  # asked: alternatives
         items = []
         for r, (state, slot, (shared, rows)) in enumerate(zip(states, slots, plans)):
             kept.append([])
@@ -415,19 +417,23 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
             for i, row in self._decode(items, "verify"):
                 for r, c, t in wanted[i]:
                     values[r][c][t] = logit_and_logprob(row, plans[r][1][c][1][t])
+                    if k := states[r].settings.top_logprobs:
+                        found = top_tokens(row, k)
+                        tops[r, c, t] = tuple((str(self.tokenizer.decode([a])), v) for a, v in found)
         except BaseException:
             self._drop_candidates()
             raise
         out: list[Verdict] = []
-        for state, (_, rows), per_candidate, held in zip(states, plans, values, kept):
+        for r, (state, (_, rows), per_candidate, held) in enumerate(zip(states, plans, values, kept)):
             state.verified = (self.generation, tuple(held)) if held else None
             details = tuple(
                 TokenScores(
                     tuple(str(self.tokenizer.decode([t])) for t in tail),
                     tuple(v[0] for v in scores),
                     tuple(v[1] for v in scores),
+                    tuple(tops[r, c, t] for t in range(len(tail))) if state.settings.top_logprobs else (),
                 )
-                for (_, tail, _), scores in zip(rows, per_candidate)
+                for c, ((_, tail, _), scores) in enumerate(zip(rows, per_candidate))
             )
             out.append(([d.mean(state.settings.score) for d in details], details))
         return out
@@ -439,7 +445,8 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
         reads the candidate as the very tokens it drafted, in the same context; None: decode it.
         Under a quantized model's batched kernels these differ from a verify pass's in the last bits
         (up to 0.2 of a logit measured, as a request's logits already do with what shares its batch)."""
-        own = state.settings.own_draft_scores and cand.member == self.name
+        # Alternatives were not kept while drafting: a request that asks for them decodes its own too.
+        own = state.settings.own_draft_scores and cand.member == self.name and not state.settings.top_logprobs
         if not own or state.drafted is None or keep != len(state.ids):
             return None
         tokens, values = state.drafted

@@ -234,6 +234,15 @@ def logit_and_logprob(row: np.ndarray, token: int) -> tuple[float, float]:
     return logit, logit - top - float(np.log(np.exp(row - top).sum()))
 
 
+def top_tokens(row: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The row's k likeliest tokens with their log-probabilities, likeliest first."""
+    top = float(row.max())
+    norm = top + float(np.log(np.exp(row - top).sum()))
+    best = np.argpartition(row, -k)[-k:] if k < len(row) else np.arange(len(row))
+    ranked = sorted((int(t) for t in best), key=lambda t: -float(row[t]))
+    return [(t, float(row[t]) - norm) for t in ranked]
+
+
 def token_and_runner_up(row: np.ndarray, token: int) -> tuple[float, float]:
     """The log-probability of `token` and of the most likely other token, under the row's softmax
     (a draft's confidence, for the gate)."""
@@ -269,4 +278,5 @@ __all__ = [
     "logit_and_logprob",
     "pick",
     "sequences_of",
+    "top_tokens",
 ]

@@ -273,18 +273,32 @@ class OutputHead:
         """Log-probabilities of `targets`: [T, H], [T] → [T], float32: each target's logit less the
         log-sum-exp of its row, both from the same products, made LOGPROB_ROWS × VOCAB_SLICE at a
         time (each row's normalizer is its own, so the chunking changes nothing but rounding)."""
+        return self.token_logprobs_top(hidden, targets, 0)[0]
+
+    def token_logprobs_top(
+        self, hidden: torch.Tensor, targets: torch.Tensor, k: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """token_logprobs, and each row's k likeliest tokens: ([T], [T, k] log-probabilities, [T, k]
+        token ids), likeliest first, from the same products (a running top-k across the slices)."""
         hidden, targets = hidden.to(self.weight.device), targets.to(self.weight.device)
         out = [
-            self._row_logprobs(hidden[begin : begin + LOGPROB_ROWS], targets[begin : begin + LOGPROB_ROWS])
-            for begin in range(0, len(hidden), LOGPROB_ROWS)
+            self._row_logprobs(hidden[b : b + LOGPROB_ROWS], targets[b : b + LOGPROB_ROWS], k)
+            for b in range(0, len(hidden), LOGPROB_ROWS)
         ]
-        return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
+        if not out:
+            empty = hidden.new_zeros((0, k), dtype=torch.float32)
+            return hidden.new_zeros(0, dtype=torch.float32), empty, empty.long()
+        return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out]), torch.cat([o[2] for o in out])
 
-    def _row_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def _row_logprobs(
+        self, hidden: torch.Tensor, targets: torch.Tensor, k: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = len(hidden)
         top = torch.full((rows,), -torch.inf, device=hidden.device)  # running max of each row
         total = torch.zeros(rows, device=hidden.device)  # Σ exp(logit - top)
         picked = torch.zeros(rows, device=hidden.device)  # the target's logit
+        best = torch.full((rows, k), -torch.inf, device=hidden.device)  # running top-k logits …
+        best_ids = torch.zeros((rows, k), dtype=torch.long, device=hidden.device)  # … and their ids
         for begin in range(0, len(self.weight), VOCAB_SLICE):
             end = begin + VOCAB_SLICE
             bias = self.bias[begin:end] if self.bias is not None else None
@@ -293,10 +307,15 @@ class OutputHead:
             if bool(inside.any()):
                 where = inside.nonzero()[:, 0]
                 picked[where] = logits[where, targets[where] - begin]
+            if k:  # before the slice is turned into exponentials in place
+                values, ids = logits.topk(min(k, logits.shape[-1]), dim=-1)
+                merged, order = torch.cat([best, values], -1).topk(k, dim=-1)
+                best, best_ids = merged, torch.cat([best_ids, ids + begin], -1).gather(-1, order)
             new_top = torch.maximum(top, logits.amax(dim=-1))
             total = total * torch.exp(top - new_top) + logits.sub_(new_top[:, None]).exp_().sum(dim=-1)
             top = new_top
-        return picked - top - torch.log(total)
+        norm = top + torch.log(total)
+        return picked - norm, best - norm[:, None], best_ids
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
-import json
 import secrets
 import time
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -26,15 +23,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
 from ..engine import QueueFull, Scheduler, SchedulerClosed, Ticket
-from ..errors import ConfigError, PromptTooLongError, SpecfuseError
+from ..errors import ConfigError
 from ..prompts import conversation
-from ..records import Finished, Round
 from ..trace import Trace, dump_trace
 from . import bodies, replies, schema
+from .logprobs import Reference, is_token_id
 from .metrics import CONTENT_TYPE, CountResponses, Metrics
 from .schema import ApiError, Ask, Limits
-
-POLL_S = 0.25  # how often a request in progress checks for its client's disconnect and its deadline
+from .streams import Answer, next_round, sse
 
 
 class Serving:
@@ -52,6 +48,7 @@ class Serving:
         self.count_tokens: Callable[[str], int] = lambda text: len(text.split())
         # While the members load: what /health says they are doing (models.preparation.Preparation)
         self.preparing: Callable[[], dict[str, Any]] | None = None
+        self.reference: Reference | None = None  # None: a served lead member, no tokenizer here
 
     def attach(self, scheduler: Scheduler) -> None:
         """The members are loaded: requests are served from now on."""
@@ -59,6 +56,9 @@ class Serving:
         encode = getattr(lead, "encode", None)  # HFMember's tokenizer; a served member has none here
         if callable(encode):
             self.count_tokens = lambda text: len(encode(text))
+        tokenizer = getattr(lead, "tokenizer", None)  # the reference tokenizer (logprobs.Reference)
+        if tokenizer is not None and callable(getattr(tokenizer, "decode", None)):
+            self.reference = Reference(tokenizer, getattr(lead, "max_positions", None))
         self.scheduler = scheduler
 
     def ready(self) -> Scheduler:
@@ -98,6 +98,7 @@ def create_app(
     app.add_middleware(CountResponses, metrics=serving.metrics)
     _add_error_handlers(app)
     _add_info_routes(app, serving)
+    _add_tokenizer_routes(app, serving)
     _add_completion_routes(app, serving)
     return app
 
@@ -161,6 +162,52 @@ def _add_info_routes(app: FastAPI, serving: Serving) -> None:
         return Response(dump_trace(trace), media_type="application/json")
 
 
+def _add_tokenizer_routes(app: FastAPI, serving: Serving) -> None:
+    """vLLM's /tokenizer_info, /tokenize and /detokenize with the reference tokenizer: what lm-eval's
+    remote tokenizer reads (its context lengths are then counted in the tokens we answer with)."""
+
+    def reference(request: Request) -> Reference:
+        serving.authorize(request)
+        serving.ready()
+        if serving.reference is None:
+            raise ApiError(404, "this server's first member has no tokenizer here (a served model)")
+        return serving.reference
+
+    async def body(request: Request) -> dict[str, Any]:
+        raw = await serving.reading.read(
+            request.stream(), request.headers.get("content-length"), serving.limits.max_body_bytes
+        )
+        parsed = bodies.parse(raw)
+        bodies.screen(parsed)
+        if not isinstance(parsed, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        return parsed
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info(request: Request) -> JSONResponse:
+        return JSONResponse(reference(request).info())
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> JSONResponse:
+        ref, given = reference(request), await body(request)
+        text = given.get("prompt")
+        if not isinstance(text, str) or len(text) > serving.limits.max_prompt_chars:
+            raise ApiError(400, "prompt must be a string within the prompt limit", param="prompt")
+        tokens = await asyncio.to_thread(ref.encode, text)
+        return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": ref.context})
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> JSONResponse:
+        ref, given = reference(request), await body(request)
+        ids = given.get("tokens")
+        if not isinstance(ids, list) or not all(is_token_id(t) for t in ids) or len(ids) > 1_000_000:
+            raise ApiError(400, "tokens must be a list of token ids", param="tokens")
+        try:
+            return JSONResponse({"prompt": ref.decode(ids)})
+        except ValueError as e:
+            raise ApiError(400, str(e), param="tokens") from None
+
+
 def _add_completion_routes(app: FastAPI, serving: Serving) -> None:
     """/v1/chat/completions and /v1/completions."""
 
@@ -185,16 +232,27 @@ async def _respond(serving: Serving, request: Request, kind: str) -> Response:
     bodies.screen(body)
     if isinstance(body, dict):
         bodies.unsupported(body)
+    reference = serving.reference
     ask = schema.parse_request(
-        body, kind, names=scheduler.names, base=scheduler.config, limits=serving.limits
+        body,
+        kind,
+        names=scheduler.names,
+        base=scheduler.config,
+        limits=serving.limits,
+        detokenize=reference.decode if reference is not None else None,
     )
     await asyncio.to_thread(_check_context, scheduler, ask)  # before any member reads the prompt
     prompt_tokens = sum(serving.count_tokens(m.content) for m in conversation(ask.prompt))
     configs = [dataclasses.replace(ask.config, seed=ask.config.seed + i) for i in range(ask.n)]
     tickets: list[Ticket] = []
+    top = ask.logprobs
+    if ask.echo:  # the next token (max_tokens 1) is the likeliest of the verifiers' alternatives
+        top = max(top or 0, 1 if ask.echo_next else 0)
     try:
         for config in configs:  # n > 1: submitted together, so they join the batch's next round together
-            tickets.append(scheduler.submit(ask.prompt, config, members=ask.members))
+            tickets.append(
+                scheduler.submit(ask.prompt, config, members=ask.members, logprobs=top, echo=ask.echo)
+            )
     except QueueFull as e:
         raise ApiError(429, str(e), type="rate_limit_error", code="queue_full") from None
     except SchedulerClosed as e:
@@ -206,11 +264,13 @@ async def _respond(serving: Serving, request: Request, kind: str) -> Response:
             for ticket in tickets:
                 ticket.cancel()
     deadline = arrived + serving.limits.request_timeout_s
-    if ask.stream:  # accepted: the headers and the role chunk now, keep-alives while it waits in line
-        return StreamingResponse(
-            _Response.begin(ask, tickets[0], prompt_tokens, request, deadline, serving).sse(),
-            media_type="text/event-stream",
-        )
+    if ask.stream:  # accepted: the headers and the role chunks now, keep-alives while they wait in line
+        runs = [
+            Answer.begin(ask, t, prompt_tokens, request, deadline, serving, i) for i, t in enumerate(tickets)
+        ]
+        for run in runs[1:]:  # one response: every chunk carries its id, whatever its choice
+            run.rid, run.created = runs[0].rid, runs[0].created
+        return StreamingResponse(sse(runs), media_type="text/event-stream")
     answers = await asyncio.gather(
         *(_whole(ask, t, prompt_tokens, request, deadline, serving) for t in tickets), return_exceptions=True
     )
@@ -226,9 +286,13 @@ async def _whole(
     ask: Ask, ticket: Ticket, prompt_tokens: int, request: Request, deadline: float, serving: Serving
 ) -> dict[str, Any]:
     """One ticket's whole answer; an error before its first round is a status."""
-    run = _Response.begin(ask, ticket, prompt_tokens, request, deadline, serving)
+    run = Answer.begin(ask, ticket, prompt_tokens, request, deadline, serving)
+    if ask.echo and serving.reference is not None:
+        run.reference = serving.reference.spans(
+            ask.prompt if isinstance(ask.prompt, str) else "", ask.prompt_ids
+        )
     try:
-        first = await _next_round(run.events, ticket, run.watch)
+        first = await next_round(run.events, ticket, run.watch)
     except BaseException:
         run.watch.cancel()
         await run.events.aclose()
@@ -284,145 +348,3 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
             "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
         }
     return spec
-
-
-async def _watch(request: Request, ticket: Ticket, deadline: float) -> str | None:
-    """Cancel the ticket when its client goes away or its time is up; say which."""
-    while not ticket.ended:
-        if await request.is_disconnected():
-            ticket.cancel()
-            return "disconnected"
-        if time.monotonic() > deadline:
-            ticket.cancel()
-            return "timeout"
-        await asyncio.sleep(POLL_S)
-    return None
-
-
-async def _next_round(
-    events: AsyncGenerator[Any, None], ticket: Ticket, watch: asyncio.Task[str | None]
-) -> Round | None:
-    """The next Round (Drafts are the app's, not the API's); None when the stream has ended."""
-    ended = None
-    try:
-        async for event in events:
-            if isinstance(event, Round):
-                return event
-            if isinstance(event, Finished):
-                ended = event.state
-    except SpecfuseError as e:
-        raise _as_api_error(e) from None
-    if ended == "cancelled":
-        reason = await watch if watch.done() else None
-        if reason == "timeout":
-            raise ApiError(
-                504, "the request ran past this server's time limit", type="timeout", code="timeout"
-            )
-        raise ApiError(499, "the request was cancelled", code="cancelled")
-    return None
-
-
-def _as_api_error(e: SpecfuseError) -> ApiError:
-    if isinstance(e, PromptTooLongError):  # over a member's context window with the budget
-        return ApiError(413, str(e), code="context_length_exceeded")
-    if isinstance(e, ConfigError):
-        return ApiError(400, str(e))
-    if isinstance(e, SchedulerClosed):
-        return ApiError(503, str(e), type="server_error")
-    return ApiError(500, str(e), type="server_error", code="member_error")
-
-
-class _Response:
-    """One request's answer, sent whole or as server-sent events, and its trace kept at the end."""
-
-    def __init__(
-        self,
-        ask: Ask,
-        ticket: Ticket,
-        prompt_tokens: int,
-        watch: asyncio.Task[str | None],
-        events: AsyncGenerator[Any, None],
-        serving: Serving,
-    ) -> None:
-        self.ask, self.ticket, self.prompt_tokens = ask, ticket, prompt_tokens
-        self.watch, self.events, self.serving = watch, events, serving
-        self.rid = ("chatcmpl-" if ask.kind == "chat" else "cmpl-") + uuid.uuid4().hex
-        self.created = int(time.time())
-
-    @classmethod
-    def begin(
-        cls, ask: Ask, ticket: Ticket, prompt_tokens: int, request: Request, deadline: float, serving: Serving
-    ) -> _Response:
-        """The response to `ticket`, its watch (disconnect, deadline) started."""
-        watch = asyncio.create_task(_watch(request, ticket, deadline))
-        return cls(ask, ticket, prompt_tokens, watch, ticket.aevents(), serving)
-
-    def _extra(self) -> dict[str, Any]:
-        t = self.ticket
-        result = t.result() if t.rounds else None
-        extra: dict[str, Any] = {"usage": replies.usage(self.prompt_tokens, result)}
-        if result is not None:
-            extra["specfuse"] = replies.summary(t.id, t.members, t.rounds, result)
-        return extra
-
-    async def whole(self, first: Round | None) -> dict[str, Any]:
-        try:
-            last = first
-            while last is not None and last.stop_reason is None:
-                last = await _next_round(self.events, self.ticket, self.watch)
-            text = self.ticket.rounds[-1].text if self.ticket.rounds else ""
-            finish = replies.finish_reason(
-                self.ticket.result().stop_reason if self.ticket.rounds else "final"
-            )
-            return replies.completion(self.ask, self.rid, self.created, text, finish, self._extra())
-        finally:
-            await self._close()
-
-    async def sse(self) -> AsyncIterator[str]:
-        """The stream: the role chunk at once, then one chunk per round, the final chunk (and the
-        usage chunk) and [DONE]; while a round is awaited (in line, or a long first round), a
-        keep-alive comment every `keepalive_s`, so that clients and proxies with short read timeouts
-        keep the connection. An error once the stream has begun is its last event."""
-        ask, rid, created = self.ask, self.rid, self.created
-        pending: asyncio.Future[Round | None] | None = None
-        try:
-            yield _data(replies.chunk(ask, rid, created, "", first=True))
-            current = None
-            while True:
-                pending = asyncio.ensure_future(_next_round(self.events, self.ticket, self.watch))
-                while not (await asyncio.wait({pending}, timeout=self.serving.limits.keepalive_s))[0]:
-                    yield ": keep-alive\n\n"
-                try:
-                    current = pending.result()
-                except ApiError as e:  # the answer has begun: the error ends the stream
-                    yield _data(e.body())
-                    current = None
-                    break
-                if current is None:
-                    break
-                yield _data(replies.chunk(ask, rid, created, current.winner.text))
-                if current.stop_reason is not None:
-                    break
-            if current is not None and current.stop_reason is not None:  # it ran to its end
-                extra = self._extra()
-                finish = replies.finish_reason(self.ticket.result().stop_reason)
-                final_extra = {"specfuse": extra["specfuse"]} if "specfuse" in extra else {}
-                yield _data(replies.chunk(ask, rid, created, "", finish, final_extra))
-                if ask.include_usage:
-                    yield _data(replies.chunk(ask, rid, created, None, extra={"usage": extra["usage"]}))
-            yield "data: [DONE]\n\n"
-        finally:
-            if pending is not None and not pending.done():  # the client left while it waited
-                pending.cancel()
-            await self._close()
-
-    async def _close(self) -> None:
-        self.ticket.cancel()  # a no-op once it has ended; a client gone mid-stream ends its run
-        self.watch.cancel()
-        with contextlib.suppress(Exception):
-            await self.events.aclose()
-        self.serving.keep(self.ticket, self.prompt_tokens)
-
-
-def _data(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"

@@ -149,13 +149,6 @@ _UNSUPPORTED = {
     "logit_bias": "logit_bias is not supported: each member has its own tokenizer, so no token id "
     "means the same to all of them",
     "suffix": "suffix (fill in the middle) is not supported",
-    # Not yet (issue 56, item 4): the ensemble's log-probabilities (the verifiers' weighted aggregate)
-    # are not served; refused rather than answered without them.
-    "logprobs": "logprobs are not supported yet: this server does not return the ensemble's "
-    "log-probabilities",
-    "top_logprobs": "top_logprobs are not supported yet: this server does not return the ensemble's "
-    "log-probabilities",
-    "echo": "echo is not supported yet: this server does not score a given text",
     "best_of": "best_of is not supported: ask for n answers instead",
 }
 _HARMLESS: dict[str, tuple[Any, ...]] = {
@@ -166,9 +159,6 @@ _HARMLESS: dict[str, tuple[Any, ...]] = {
     "modalities": (["text"],),
     "logit_bias": ({},),
     "suffix": ("",),
-    "logprobs": (False, 0),
-    "top_logprobs": (0,),
-    "echo": (False,),
     "best_of": (1,),
 }
 _PART_KINDS = {

@@ -49,19 +49,26 @@ def usage(prompt_tokens: int, result: Result | None) -> dict[str, int]:
 
 
 def completion(
-    ask: Ask, rid: str, created: int, text: str, finish: str, extra: dict[str, Any]
+    ask: Ask,
+    rid: str,
+    created: int,
+    text: str,
+    finish: str,
+    extra: dict[str, Any],
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A whole (non-streamed) response: chat.completion or text_completion."""
+    """A whole (non-streamed) response: chat.completion or text_completion; `logprobs` its choice's
+    (logprobs.py's shapes), when asked."""
     if ask.kind == "chat":
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": text},
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": finish,
         }
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
         obj = "text_completion"
     return {"id": rid, "object": obj, "created": created, "model": ask.model, "choices": [choice], **extra}
 
@@ -95,16 +102,24 @@ def chunk(
     extra: dict[str, Any] | None = None,
     *,
     first: bool = False,
+    index: int = 0,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One streamed chunk; text None: a chunk without a choice (the usage chunk)."""
+    """One streamed chunk of choice `index` (n > 1: run index's), with its tokens' `logprobs` when
+    asked; text None: a chunk without a choice (the usage chunk)."""
     choices: list[dict[str, Any]] = []
     if text is not None and ask.kind == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
         choices = [
-            {"index": 0, "delta": delta if text or first else {}, "logprobs": None, "finish_reason": finish}
+            {
+                "index": index,
+                "delta": delta if text or first else {},
+                "logprobs": logprobs,
+                "finish_reason": finish,
+            }
         ]
     elif text is not None:
-        choices = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
+        choices = [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]
     obj = "chat.completion.chunk" if ask.kind == "chat" else "text_completion"
     return {
         "id": rid,

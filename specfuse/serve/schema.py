@@ -12,7 +12,7 @@ sends what they return. Errors are ApiError, which carries OpenAI's error JSON a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,6 +31,7 @@ from ..config import MAX_SEED, EnsembleConfig, Setting, check_setting, setting_n
 from ..errors import ConfigError
 from ..limits import MAX_MESSAGES
 from ..prompts import ROLES, Message, Prompt, conversation, last_user_text, prompt_chars
+from .logprobs import MAX_TOP_LOGPROBS, Refused, alternatives_field, asked_for, detokenized, is_token_id
 
 ENSEMBLE_MODEL = "specfuse"  # the model id of the ensemble of every loaded member
 MAX_STOP = 4  # OpenAI's limit on stop strings
@@ -88,6 +89,10 @@ class Ask:
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage
     n: int = 1  # runs of the ensemble, seeds seed + i, each its own choice and trace
+    logprobs: int | None = None  # None: not asked; else the alternatives per token (0: none)
+    echo: bool = False  # /v1/completions' echo: the prompt scored (and with max_tokens 1, one token more)
+    echo_next: bool = False  # echo with max_tokens 1: the ensemble's likeliest next token follows
+    prompt_ids: tuple[int, ...] | None = None  # a prompt sent as the reference tokenizer's ids
 
 
 # ---- requests: pydantic models, so that /openapi.json publishes what a body may hold ----------------
@@ -227,7 +232,8 @@ class _Request(BaseModel):
     @field_validator("max_tokens", "max_completion_tokens", mode="before")
     @classmethod
     def _budget(cls, value: Any, info: ValidationInfo) -> Any:
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        # 0 is /v1/completions' echo alone (the prompt scored, nothing added); parse_request says so
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ValueError(
                 f"{info.field_name} must be a whole number of tokens, at least 1; got {_short(value)}"
             )
@@ -259,6 +265,17 @@ class ChatRequest(_Request):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool | None = Field(
+        None, description="return each answer token's log-probability: the ensemble's (docs/api.md)"
+    )
+    top_logprobs: int | None = Field(
+        None, description=f"alternatives per token, 0..{MAX_TOP_LOGPROBS}; needs logprobs: true"
+    )
+
+    @field_validator("top_logprobs", mode="before")
+    @classmethod
+    def _top(cls, value: Any) -> Any:
+        return alternatives_field("top_logprobs", value)
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -273,18 +290,33 @@ class ChatRequest(_Request):
 
 
 class CompletionRequest(_Request):
-    """POST /v1/completions: one prompt per request."""
+    """POST /v1/completions: one prompt per request, text or the reference tokenizer's ids (/tokenize)."""
 
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(
+        None,
+        description=f"return each token's log-probability (the ensemble's, docs/api.md) and this many "
+        f"alternatives, 0..{MAX_TOP_LOGPROBS}",
+    )
+    echo: bool | None = Field(
+        None, description="score the prompt and return it first: with max_tokens 0 (or 1), logprobs"
+    )
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _top(cls, value: Any) -> Any:
+        return alternatives_field("logprobs", value)
 
     @field_validator("prompt", mode="before")
     @classmethod
     def _one_prompt(cls, prompt: Any) -> Any:
-        if isinstance(prompt, str) or (
-            isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str)
-        ):
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
             return prompt
-        raise ValueError("prompt must be one string (one prompt per request)")
+        if isinstance(prompt, list) and prompt and all(is_token_id(t) for t in prompt):
+            return prompt
+        raise ValueError("prompt must be one string, or one list of token ids (one prompt per request)")
 
 
 REQUESTS: dict[str, type[_Request]] = {"chat": ChatRequest, "text": CompletionRequest}
@@ -307,11 +339,13 @@ def parse_request(
     names: Sequence[str],
     base: EnsembleConfig,
     limits: Limits,
+    detokenize: Callable[[list[int]], str] | None = None,
 ) -> Ask:
     """Read and validate a /v1/chat/completions ("chat") or /v1/completions ("text") body.
 
     400 for anything malformed, 404 for an unknown model, 413 for a prompt (all its messages'
-    text) over the limit."""
+    text) over the limit. `detokenize`: a prompt of token ids as text (the server's reference
+    tokenizer); None: such a prompt is refused."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     try:
@@ -326,12 +360,68 @@ def parse_request(
             param="model",
             code="model_not_found",
         )
+    prompt, ids = _prompt(request, kind, limits, detokenize)
+    values, sent = _standard(request, base, limits)
+    members: tuple[str, ...] | None = None if model == ENSEMBLE_MODEL else (model,)
+    extra: dict[str, Any] = {}
+    if request.specfuse is not None:
+        extra = request.specfuse.model_dump(exclude_unset=True)
+    if "members" in extra:  # a list of names (SpecfuseOptions checked it)
+        chosen = tuple(extra.pop("members"))
+        if members is not None and chosen != members:
+            raise ApiError(400, f"model {model!r} is one member; leave specfuse.members out", param="model")
+        members = chosen
+    values.update(extra)
+    sent.update({key: f"specfuse.{key}" for key in extra})
+    try:
+        logprobs, echo, asked = asked_for(request, kind, sent, body)
+    except Refused as e:
+        raise ApiError(e.status, e.message, param=e.param, code=e.code) from None
+    if echo:  # nothing is drafted: the budget is the one next token (asked 1) or none
+        values["max_new_tokens"] = 1
+    budget = values.get("max_new_tokens", base.max_new_tokens)
+    if budget > limits.max_tokens:
+        field = sent.get("max_new_tokens", "max_tokens")
+        raise ApiError(
+            400, f"{field} {budget} is over this server's limit of {limits.max_tokens}", param=field
+        )
+    try:
+        config = dataclasses.replace(base, **values)
+    except ConfigError as e:
+        raise _config_error(e, sent) from None
+    include_usage = request.stream_options is not None and request.stream_options.include_usage
+    n = request.n or 1
+    if config.seed + n - 1 > MAX_SEED:
+        raise ApiError(
+            400, "seed + n - 1 must be at most 2**63 - 1 (run i samples with seed + i)", param="seed"
+        )
+    if echo and (n > 1 or request.stream):
+        field = "n" if n > 1 else "stream"
+        raise ApiError(400, f"echo is answered whole, in one answer: leave {field} out", param=field)
+    return Ask(
+        kind, model, prompt, config, members, bool(request.stream), include_usage, n, logprobs, echo,
+        echo and asked == 1, ids,
+    )  # fmt: skip
+
+
+def _prompt(
+    request: _Request, kind: str, limits: Limits, detokenize: Callable[[list[int]], str] | None
+) -> tuple[Prompt, tuple[int, ...] | None]:
+    """The request's prompt, checked (not empty, within the limit), and the ids it came as, if any."""
     prompt: Prompt
+    ids: tuple[int, ...] | None = None
     if isinstance(request, ChatRequest):
         prompt = chat_prompt(request.messages)
     else:
         assert isinstance(request, CompletionRequest)
-        prompt = request.prompt if isinstance(request.prompt, str) else request.prompt[0]
+        if isinstance(request.prompt, str):
+            prompt = request.prompt
+        else:
+            ids = tuple(t for t in request.prompt if isinstance(t, int))
+            try:
+                prompt = detokenized(ids, detokenize, limits.max_prompt_chars)
+            except Refused as e:
+                raise ApiError(e.status, e.message, param=e.param, code=e.code) from None
     if not last_user_text(prompt).strip():  # the engine's check_prompt too; here it names the field
         what = "the last user message" if kind == "chat" else "the prompt"
         raise ApiError(
@@ -349,37 +439,7 @@ def parse_request(
             param="messages" if kind == "chat" else "prompt",
             code="context_length_exceeded",
         )
-    values, sent = _standard(request, base, limits)
-    members: tuple[str, ...] | None = None if model == ENSEMBLE_MODEL else (model,)
-    extra: dict[str, Any] = {}
-    if request.specfuse is not None:
-        extra = request.specfuse.model_dump(exclude_unset=True)
-    if "members" in extra:  # a list of names (SpecfuseOptions checked it)
-        chosen = tuple(extra.pop("members"))
-        if members is not None and chosen != members:
-            raise ApiError(400, f"model {model!r} is one member; leave specfuse.members out", param="model")
-        members = chosen
-    values.update(extra)
-    sent.update({key: f"specfuse.{key}" for key in extra})
-    budget = values.get("max_new_tokens", base.max_new_tokens)
-    if budget > limits.max_tokens:
-        field = sent.get("max_new_tokens", "max_tokens")
-        raise ApiError(
-            400, f"{field} {budget} is over this server's limit of {limits.max_tokens}", param=field
-        )
-    try:
-        config = dataclasses.replace(base, **values)
-    except ConfigError as e:
-        raise _config_error(e, sent) from None
-    include_usage = request.stream_options is not None and request.stream_options.include_usage
-    n = request.n or 1
-    if n > 1 and request.stream:
-        raise ApiError(400, "n > 1 is answered whole: leave stream out or set n to 1", param="n")
-    if config.seed + n - 1 > MAX_SEED:
-        raise ApiError(
-            400, "seed + n - 1 must be at most 2**63 - 1 (run i samples with seed + i)", param="seed"
-        )
-    return Ask(kind, model, prompt, config, members, bool(request.stream), include_usage, n)
+    return prompt, ids
 
 
 def _kind(value: Any) -> str:
