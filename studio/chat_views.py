@@ -17,6 +17,7 @@ from specfuse import ConfigError, Round, Trace, answer_spans
 from specfuse.limits import MAX_MESSAGES
 from specfuse.prompts import Conversation, Message, Prompt, conversation
 
+from .i18n import _
 from .untrusted import esc
 from .views import member_colors
 
@@ -125,7 +126,9 @@ def chat_from_prompt(prompt: Prompt, trace: Trace) -> Chat:
 
 def turn_choices(chat: Chat) -> list[tuple[str, int]]:
     """The turn selector's choices: "Turn 2: <the question, cut>" → its index."""
-    return [(f"Turn {i + 1}: {_cut(t.question)}", i) for i, t in enumerate(chat.turns)]
+    return [
+        (_("Turn {n}: {question}", n=i + 1, question=_cut(t.question)), i) for i, t in enumerate(chat.turns)
+    ]
 
 
 def _cut(text: str, width: int = 48) -> str:
@@ -147,7 +150,7 @@ def bubbles_html(chat: Chat, selected: int | None = None) -> str:
         mark = " sf-shown" if i == shown else ""
         parts.append(
             f'<div class="sf-turn{mark}" data-turn="{i + 1}">'
-            f'<div class="sf-bubble sf-user"><b>Turn {i + 1}</b> {esc(turn.question)}</div>'
+            f'<div class="sf-bubble sf-user"><b>{_("Turn {n}", n=i + 1)}</b> {esc(turn.question)}</div>'
             f'<div class="sf-bubble sf-assistant">{_answer_html(turn)}</div></div>'
         )
     parts.append("</div>")

@@ -78,7 +78,7 @@ def plain(value: str) -> str:
     """A note's text without its HTML tags and Markdown marks, for the catalogue test's eyes."""
     text = re.sub(r"<(script|style)\b.*?</\1>", " ", value, flags=re.S | re.I)
     text = re.sub(r"<[^>]+>", " ", text)
-    return html.unescape(re.sub(r"[*_`#>|]", " ", text))
+    return html.unescape(re.sub(r"[*`#>|]", " ", text))
 
 
 def texts(component: Any) -> dict[str, Any]:
@@ -139,7 +139,7 @@ class Localizer:
         with speaking(lang):
             for component in self.components(demo):
                 props = translated(texts(component), lang)
-                if component in skip:  # another load handler sets its value
+                if component in skip and not isinstance(component, gr.Button):  # another load sets it
                     props.pop("value", None)
                 if component in self.made:
                     props.update(self.made[component]())

@@ -153,7 +153,7 @@ def scores_table(rnd: Round) -> str:
 def ended_line(rnd: Round | None) -> str:
     if rnd is None:
         return _("**The run has ended.**")
-    reason = _(" (stopped: {reason})", reason=md(rnd.stop_reason)) if rnd.stop_reason else ""
+    reason = _(" (stopped: {reason})", reason=md(_(rnd.stop_reason))) if rnd.stop_reason else ""
     return _("**The run has ended after round {k}**{reason}.", k=rnd.k, reason=reason)
 
 

@@ -9,6 +9,7 @@ label goes through `esc`, every piece of the Markdown status line through `md` (
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -164,8 +165,26 @@ def arriving_status(
     return " · ".join(parts)
 
 
+# The engine's recorded reason for an exit (specfuse/engine/run.py), said again in the page's language.
+EXIT_REASON = re.compile(
+    r"keep-probability (\S+) < δ/\|A\| = (\S+) after (\d+) rounds \(cumulative quality (\S+)\)"
+)
+
+
+def exit_reason(text: str) -> str:
+    found = EXIT_REASON.fullmatch(text)
+    if found is None:  # a reason of another form is the trace's text, shown as it is
+        return text
+    p, d, k, q = found.groups()
+    return _(
+        "keep-probability {p} < δ/|A| = {d} after {k} rounds (cumulative quality {q})", p=p, d=d, k=k, q=q
+    )
+
+
 def exits_value(rounds: Sequence[Round]) -> pd.DataFrame:
-    return _table(report.exit_table(rounds))
+    table = report.exit_table(rounds)
+    table["reason"] = [exit_reason(str(r)) for r in table["reason"]]
+    return _table(table)
 
 
 def summary_value(rounds: Sequence[Round]) -> pd.DataFrame:

@@ -18,11 +18,11 @@ STOP_REASONS = ("stop", "empty", "final", "budget", "rounds")  # the engine's, s
 # English a Chinese page may keep: names (the method, the app, the members and their makers), keys
 # on the keyboard, units, file kinds, and the settings' code names (their values, not their labels).
 ALLOWED = {
-    *"specem specfuse studio gradio sweetspan".split(),
-    *"smollm smollm2 gemma qwen qwen2 coder huggingfacetb google".split(),
-    *"pagedown pageup esc home end space enter tab".split(),
-    *"json png html url api gpu cpu cuda auto gsm8k ifeval".split(),
-    *"zsoftmax minmax softmax logit logprob mean_logprob min_prob log exp".split(),
+    *["specem", "specfuse", "studio", "gradio", "sweetspan"],
+    *["smollm", "smollm2", "gemma", "qwen", "qwen2", "coder", "huggingfacetb", "google"],
+    *["pagedown", "pageup", "esc", "home", "end", "space", "enter", "tab"],
+    *["json", "png", "html", "url", "api", "gpu", "cpu", "cuda", "auto", "gsm8k", "ifeval"],
+    *["zsoftmax", "minmax", "softmax", "logit", "logprob", "log", "exp", "top", "llama", "cpp", "docs", "md"],
 }
 WORD = re.compile(r"[A-Za-z][A-Za-z0-9_]+")
 
@@ -32,11 +32,12 @@ def english_words(text: str, allowed: set[str] | frozenset[str] = frozenset()) -
     more, less names, keys and code names (ALLOWED, and `allowed`: member names, model text)."""
     keep = {w.lower() for w in allowed} | ALLOWED
     out = []
+    text = re.sub(r"[\w./-]+\.(md|json|html|png)\b", " ", text)  # a file's name (docs/evaluation.md)
     for word in WORD.findall(text):
         low = word.lower()
         if low in keep or any(low in name for name in keep if len(low) > 2 and "-" in name):
             continue
-        if re.fullmatch(r"[a-z]?[0-9_.]+[a-z]?", low):  # 1.5b, z_ij-style indices
+        if "_" in low or re.fullmatch(r"[a-z]?[0-9.]+[a-z]?", low):  # code names (loop_guard, z_ij), 1.5b
             continue
         out.append(word)
     return out
@@ -54,7 +55,11 @@ def _constants(tree: ast.Module) -> dict[str, str]:
                 elif isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
                     pairs = list(zip(target.elts, node.value.elts))
                 for name, value in pairs:
-                    if isinstance(name, ast.Name) and isinstance(value, ast.Constant) and isinstance(value.value, str):
+                    if (
+                        isinstance(name, ast.Name)
+                        and isinstance(value, ast.Constant)
+                        and isinstance(value.value, str)
+                    ):
                         out[name.id] = value.value
     return out
 
@@ -66,7 +71,12 @@ def asked(paths: list[Path] | None = None) -> Iterator[tuple[str, str]]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         names = _constants(tree)
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "_" and node.args:
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "_"
+                and node.args
+            ):
                 arg = node.args[0]
                 where = f"{path.relative_to(ROOT)}:{node.lineno}"
                 if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
