@@ -159,8 +159,7 @@ def language_switch() -> gr.Radio:
         value=ENGLISH,
         show_label=False,
         container=False,
-        elem_id=SWITCH_ID,
-        elem_classes=["sf-presenter-keep"],
+        elem_id=SWITCH_ID,  # not kept in the presenter view: a 720 px projector has no line to spare
     )
 
 

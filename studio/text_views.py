@@ -10,6 +10,7 @@ Knows nothing about components or events; studio.views.round_panels puts these i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from specfuse import Round, report
@@ -172,3 +173,19 @@ def token_html(rnd: Round | None, i: int | None, j: int | None, score: str = "lo
         kind=esc(kind),
     )
     return f"<p>{said}</p><div class='sf-tokens'>{spans}</div>"
+
+
+# The engine's recorded reason for an exit (specfuse/engine/run.py), said again in the page's language.
+EXIT_REASON = re.compile(
+    r"keep-probability (\S+) < δ/\|A\| = (\S+) after (\d+) rounds \(cumulative quality (\S+)\)"
+)
+
+
+def exit_reason(text: str) -> str:
+    found = EXIT_REASON.fullmatch(text)
+    if found is None:  # a reason of another form is the trace's text, shown as it is
+        return text
+    p, d, k, q = found.groups()
+    return _(
+        "keep-probability {p} < δ/|A| = {d} after {k} rounds (cumulative quality {q})", p=p, d=d, k=k, q=q
+    )

@@ -9,7 +9,6 @@ label goes through `esc`, every piece of the Markdown status line through `md` (
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +20,7 @@ from specfuse import Round, Trace, answer_spans, report, rules
 from specfuse.records import Draft
 
 from .i18n import _
-from .text_views import candidates_html, matrix_html, token_html, weights_html  # noqa: F401 (views.token_html)
+from .text_views import candidates_html, exit_reason, matrix_html, token_html, weights_html  # noqa: F401 (views.token_html)
 from .untrusted import esc, md
 
 # One colour per member, in ensemble order (Plotly's default qualitative palette).
@@ -163,22 +162,6 @@ def arriving_status(
     if waiting:
         parts.append(_("still drafting: ") + ", ".join(md(m) for m in waiting))
     return " · ".join(parts)
-
-
-# The engine's recorded reason for an exit (specfuse/engine/run.py), said again in the page's language.
-EXIT_REASON = re.compile(
-    r"keep-probability (\S+) < δ/\|A\| = (\S+) after (\d+) rounds \(cumulative quality (\S+)\)"
-)
-
-
-def exit_reason(text: str) -> str:
-    found = EXIT_REASON.fullmatch(text)
-    if found is None:  # a reason of another form is the trace's text, shown as it is
-        return text
-    p, d, k, q = found.groups()
-    return _(
-        "keep-probability {p} < δ/|A| = {d} after {k} rounds (cumulative quality {q})", p=p, d=d, k=k, q=q
-    )
 
 
 def exits_value(rounds: Sequence[Round]) -> pd.DataFrame:
