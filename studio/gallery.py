@@ -12,6 +12,7 @@ nothing about how a run streams: "Run it live" fills the form, then chains Studi
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -81,7 +82,7 @@ def gallery_panel(shelf: Shelf) -> dict[str, gr.Button]:
             for one in shelf.lessons:
                 with gr.Column(min_width=220, elem_classes=["sf-card"], elem_id=f"class-card-{one.slug}"):
                     card = gr.Markdown(card_text(one))
-                    localize(card, lambda one=one: {"value": card_text(in_language(one, current()))})
+                    localize(card, functools.partial(card_value, one))
                     opens[one.slug] = gr.Button("Open", size="sm", elem_id=f"class-open-{one.slug}")
     return opens
 
@@ -89,6 +90,10 @@ def gallery_panel(shelf: Shelf) -> dict[str, gr.Button]:
 def card_text(one: Lesson) -> str:
     """A gallery card: the lesson's title and its one line."""
     return f"### {md(one.title)}\n{md(one.summary)}"
+
+
+def card_value(one: Lesson) -> dict[str, object]:
+    return {"value": card_text(in_language(one, current()))}
 
 
 def lesson_panel(shelf: Shelf, opens: dict[str, gr.Button]) -> Gallery:
@@ -408,7 +413,7 @@ def handout_file(trace: Trace | None, session: str = "") -> str:
 
     if trace is None or not trace.rounds:
         raise gr.Error(_(NOTHING))
-    return TRACE_FILES.write_file(trace_html(trace, lang=current()), session, "handout", "html")
+    return TRACE_FILES.write_file(trace_html(trace), session, "handout", "html")
 
 
 def round_file(trace: Trace | None, k: float | None, session: str = "") -> str:
