@@ -95,3 +95,11 @@ def key_texts() -> Iterator[str]:
         yield does
         if english_words(shown):
             yield shown
+
+
+def trace_words(trace) -> set[str]:
+    """Words a page may show untranslated: the run's members, prompt and every candidate's text."""
+    text = " ".join(
+        [*trace.members, str(trace.prompt)] + [c.text for r in trace.rounds for c in r.candidates]
+    )
+    return set(re.findall(r"[A-Za-z][A-Za-z0-9_]+", text))

@@ -13,9 +13,8 @@ from specfuse.lessons import LESSONS, load_lesson
 from studio.panels import EXAMPLES
 
 from .helpers_browser import launched, opened
-from .i18n_keys import english_words
+from .i18n_keys import english_words, trace_words
 from .scripted import ScriptedMember, prefers
-from .test_i18n import trace_words
 
 pytestmark = pytest.mark.browser
 

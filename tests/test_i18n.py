@@ -20,7 +20,7 @@ import pytest
 from specfuse.handout.i18n import LANGS, accepted, catalogue, fields, pick, t
 from specfuse.lessons import LESSONS, in_language, key_round, load_lesson
 
-from .i18n_keys import STOP_REASONS, asked, english_words, key_texts, lesson_texts
+from .i18n_keys import STOP_REASONS, asked, english_words, key_texts, lesson_texts, trace_words
 
 gr = pytest.importorskip("gradio")
 
@@ -116,14 +116,6 @@ def test_the_page_a_chinese_session_loads_has_no_english(demo):
             for text in items:
                 found += [(prop, w, str(text)[:60]) for w in english_words(i18n.plain(str(text)), names)]
     assert not found, found[:20]
-
-
-def trace_words(trace) -> set[str]:
-    """Words a page may show untranslated: the run's members, prompt and every candidate's text."""
-    text = " ".join(
-        [*trace.members, str(trace.prompt)] + [c.text for r in trace.rounds for c in r.candidates]
-    )
-    return set(re.findall(r"[A-Za-z][A-Za-z0-9_]+", text))
 
 
 def rendered(value) -> str:
