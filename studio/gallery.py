@@ -413,7 +413,7 @@ def handout_file(trace: Trace | None, session: str = "") -> str:
 
     if trace is None or not trace.rounds:
         raise gr.Error(_(NOTHING))
-    return TRACE_FILES.write_file(trace_html(trace), session, "handout", "html")
+    return TRACE_FILES.write_file(trace_html(trace, lang=current()), session, "handout", "html")
 
 
 def round_file(trace: Trace | None, k: float | None, session: str = "") -> str:

@@ -125,3 +125,28 @@ def test_the_switch_reloads_the_page_in_the_language_picked(browser, served):
         page.locator("#sf-lang label", has_text="English").click()
         page.wait_for_url("**lang=en**")
         wait_text(page, "#step-mode", "Step mode")
+
+
+def test_the_handout_opens_in_chinese_and_its_switch_shows_english(browser, tmp_path):
+    from specfuse.handout import trace_html
+
+    trace = load_lesson(SLUG)
+    path = tmp_path / "handout.html"
+    path.write_text(trace_html(trace, lang="zh"), encoding="utf-8")
+    context = browser.new_context(viewport={"width": 1280, "height": 720})
+    try:
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(path.as_uri() + "#round=4")
+        wait_text(page, "#counter", "第 4 轮")
+        page.keyboard.press("?")
+        found = english_left(page, trace_words(trace) | {"English"})
+        assert not found, f"{len(found)} English words in the Chinese handout: {found[:40]}"
+        assert page.evaluate("document.documentElement.lang") == "zh-CN"
+        page.click("#lang")  # the switch: the same round in English, offline
+        wait_text(page, "#counter", "round 4 of")
+        assert "Prompt" in page.inner_text("#prompt-panel") and "中文" in page.inner_text("#lang")
+        assert not errors
+    finally:
+        context.close()

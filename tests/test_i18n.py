@@ -155,3 +155,17 @@ def test_a_lesson_rendered_in_chinese_shows_no_english(slug):
         texts["keymap"] = explain.keymap_html()
     found = {name: english_words(i18n.plain(text), allowed) for name, text in texts.items()}
     assert not {name: words for name, words in found.items() if words}
+
+
+def test_the_handout_texts_are_in_the_catalogue_and_embedded():
+    from specfuse.handout.html import player_keys, trace_html
+
+    keys = player_keys()
+    assert {"round {k} of {n}", "Prompt", "Space"} <= keys  # the scan found the player's and the page's
+    missing = sorted(k for k in keys if english_words(k) and k not in catalogue(ZH))
+    assert not missing, missing
+    page = trace_html(load_lesson("weak-member-exits"), lang=ZH)
+    assert '"lang": "zh"' in page or '"lang":"zh"' in page
+    assert "第 {k} 轮，共 {n} 轮" in page  # the player's table travels with the page
+    with pytest.raises(ValueError, match="unknown UI language"):
+        trace_html(load_lesson("weak-member-exits"), lang="xx")
