@@ -64,9 +64,13 @@ class Chat:
         """Refuse a follow-up the engine's message limit has no room for, saying what to do."""
         if self.messages() + 1 > MAX_MESSAGES:
             raise ConfigError(
-                f"This conversation holds {self.messages()} messages and a follow-up would make "
-                f"{self.messages() + 1}; the limit is {MAX_MESSAGES} (MAX_MESSAGES). "
-                "Press New conversation to start another."
+                _(
+                    "This conversation holds {n} messages and a follow-up would make {m}; the limit is "
+                    "{limit} (MAX_MESSAGES). Press New conversation to start another.",
+                    n=self.messages(),
+                    m=self.messages() + 1,
+                    limit=MAX_MESSAGES,
+                )
             )
 
     def prompt(self, question: str) -> Prompt:
@@ -141,11 +145,11 @@ def bubbles_html(chat: Chat, selected: int | None = None) -> str:
     answer's segments coloured by the member that won them (the answer view's colours), the turn
     whose panels show (`selected`, default the latest) marked. Every text is escaped."""
     if not chat.turns:
-        return f'<div class="sf-chat" id="chat-log"><p class="sf-chat-empty">{esc(NO_TURNS)}</p></div>'
+        return f'<div class="sf-chat" id="chat-log"><p class="sf-chat-empty">{esc(_(NO_TURNS))}</p></div>'
     shown = len(chat.turns) - 1 if selected is None else max(0, min(int(selected), len(chat.turns) - 1))
     parts = ['<div class="sf-chat" id="chat-log">']
     if chat.system.strip():
-        parts.append(f'<div class="sf-bubble sf-system"><b>System</b> {esc(chat.system)}</div>')
+        parts.append(f'<div class="sf-bubble sf-system"><b>{_("System")}</b> {esc(chat.system)}</div>')
     for i, turn in enumerate(chat.turns):
         mark = " sf-shown" if i == shown else ""
         parts.append(

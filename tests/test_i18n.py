@@ -19,6 +19,7 @@ import pytest
 
 from specfuse.handout.i18n import LANGS, accepted, catalogue, fields, pick, t
 from specfuse.lessons import LESSONS, in_language, key_round, load_lesson
+from specfuse.models.preparation import STEPS, usual_text
 
 from .i18n_keys import STOP_REASONS, asked, english_words, key_texts, lesson_texts, trace_words
 
@@ -60,7 +61,7 @@ def test_every_text_the_ui_shows_is_in_the_catalogue_in_every_language(demo):
     wanted = {text for _c, text in page_texts(demo) if english_words(i18n.plain(text), {"English", *MEMBERS})}
     wanted |= {key for _where, key in asked()}
     wanted |= set(lesson_texts()) | set(key_texts()) | set(STOP_REASONS)
-    wanted |= {explain.LEAVE, explain.LABEL, "black screen: press any key"}
+    wanted |= {explain.LEAVE, explain.LABEL, "black screen: press any key", *STEPS}
     assert len(wanted) > 300  # the walk found the page (a broken walk finds nothing and passes)
     for lang in LANGS:
         if lang == "en":
@@ -169,3 +170,12 @@ def test_the_handout_texts_are_in_the_catalogue_and_embedded():
     assert "第 {k} 轮，共 {n} 轮" in page  # the player's table travels with the page
     with pytest.raises(ValueError, match="unknown UI language"):
         trace_html(load_lesson("weak-member-exits"), lang="xx")
+
+
+def test_the_status_line_while_members_are_prepared_speaks_chinese():
+    from studio.preparing import usual_said
+
+    for said in (usual_text(None, True), usual_text((12.4, 1), False), usual_text((30.0, 3), True)):
+        with i18n.speaking(ZH):
+            assert not english_words(usual_said(said)), usual_said(said)
+        assert usual_said(said) == said  # English: the loader's own sentence
