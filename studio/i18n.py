@@ -157,6 +157,7 @@ def language_switch() -> gr.Radio:
     return gr.Radio(
         [(name, code) for code, name in LANGS.items()],
         value=ENGLISH,
+        label=" / ".join(LANGS.values()),  # its accessible name, in both languages
         show_label=False,
         container=False,
         elem_id=SWITCH_ID,  # not kept in the presenter view: a 720 px projector has no line to spare

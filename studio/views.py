@@ -403,18 +403,18 @@ def rules_value(rnd: Round | None, score: str | None = None) -> pd.DataFrame:
     kind (the paper's on mean logits) is judged on that kind, rebuilt from the token evidence.
     """
     if rnd is None:
-        return pd.DataFrame(columns=RULE_COLUMNS)
+        return pd.DataFrame(columns=[_(c) for c in RULE_COLUMNS])
     rows = [
         {
             "rule": c.rule,
             "judged on": c.scores,
-            "would choose": c.member if c.member is not None else "— (cannot judge)",
+            "would choose": c.member if c.member is not None else _("— (cannot judge)"),
             "candidate": rnd.candidates[c.chosen].text if c.chosen is not None else f"({c.note})",
             "as recorded": CHECK if c.chosen == rnd.chosen else "",
         }
         for c in rules.rule_choices(rnd, recorded=score)
     ]
-    return pd.DataFrame(rows, columns=RULE_COLUMNS)
+    return pd.DataFrame(rows, columns=RULE_COLUMNS).rename(columns=_)
 
 
 CHECK = report.CHOSEN_MARK
