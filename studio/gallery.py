@@ -423,7 +423,8 @@ def round_file(trace: Trace | None, k: float | None, session: str = "") -> str:
     rnd = shown_round(trace, k)
     if trace is None or rnd is None:
         raise gr.Error(_(NOTHING))
-    png = round_png(trace, rnd.k, font=slide_font(trace))
+    lang = current()
+    png = round_png(trace, rnd.k, font=slide_font(trace, cjk=lang != "en"), lang=lang)
     return TRACE_FILES.write_file(png, session, f"round{rnd.k}", "png")
 
 

@@ -65,16 +65,17 @@ def _constants(tree: ast.Module) -> dict[str, str]:
 
 
 def asked(paths: list[Path] | None = None) -> Iterator[tuple[str, str]]:
-    """(where, key) for every `_(…)` in the app's source whose text is a literal or a module
-    constant; `_(name)` of anything else is left to the rendered-page test."""
-    for path in paths or sorted((ROOT / "studio").glob("*.py")):
+    """(where, key) for every `_(…)` in the app's source and `say(…)` in the slide's (png.py) whose
+    text is a literal or a module constant; of anything else, left to the rendered-page tests."""
+    handout = ROOT / "specfuse" / "handout"
+    for path in paths or [*sorted((ROOT / "studio").glob("*.py")), handout / "png.py"]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         names = _constants(tree)
         for node in ast.walk(tree):
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Name)
-                and node.func.id == "_"
+                and node.func.id in ("_", "say")
                 and node.args
             ):
                 arg = node.args[0]

@@ -111,6 +111,12 @@ def test_a_lesson_stepped_in_chinese_shows_no_english(browser, served):
         page.wait_for_selector("#sf-keymap", state="visible")
         assert "下一步" in page.inner_text("#sf-keymap")
         assert not english_left(page, allowed)
+        page.keyboard.press("Escape")
+        page.keyboard.press("p")  # the presenter view: its toggle says how to leave, in Chinese
+        page.wait_for_function("document.body.classList.contains('sf-presenter')")
+        wait_text(page, "#presenter-toggle", "退出演示视图")
+        page.wait_for_timeout(300)
+        assert not english_left(page, allowed)
     assert loaded == []
 
 

@@ -179,3 +179,17 @@ def test_the_status_line_while_members_are_prepared_speaks_chinese():
         with i18n.speaking(ZH):
             assert not english_words(usual_said(said)), usual_said(said)
         assert usual_said(said) == said  # English: the loader's own sentence
+
+
+def test_a_round_slide_draws_in_chinese_with_a_cjk_font():
+    from specfuse.handout.png import round_png
+    from studio.downloads import slide_font
+
+    trace = load_lesson("weak-member-exits")
+    font = slide_font(trace, cjk=True)
+    if font is None:
+        pytest.skip("needs a CJK font (fonts-wqy-zenhei)")
+    english, chinese = round_png(trace, 4, font=font), round_png(trace, 4, font=font, lang=ZH)
+    assert chinese.startswith(b"\x89PNG") and chinese != english
+    with pytest.raises(ValueError, match="unknown UI language"):
+        round_png(trace, 4, lang="xx")
