@@ -24,7 +24,7 @@ from specfuse import EnsembleConfig, SpecfuseError, Trace
 from specfuse.lessons import LESSONS, Lesson, in_language, key_round, load_lesson
 
 from . import settings, views
-from .chat_views import chat_from_prompt
+from .chat_views import Chat, chat_from_prompt
 from .conversation import Conversing
 from .downloads import slide_font
 from .explain import Notes
@@ -261,12 +261,11 @@ class Classroom:
         nothing, a bad one: a note on the status line)."""
         query: Mapping[str, str] = request.query_params if request is not None else {}
         link = parse_link(query, [one.slug for one in self.gallery.shelf.lessons])
-        if link.lesson is None:
-            return (
-                {self.studio.display.status: views.status_markdown((), link.note)}
-                if link.note
-                else unchanged()
-            )
+        if link.lesson is None:  # the status line (and an empty conversation) in the session's language
+            update = {self.studio.display.status: views.status_markdown((), link.note)}
+            if self.conversing is not None:
+                update |= self.conversing.shown(Chat())
+            return update
         return self.open(link.lesson, view_name, session_of(request), step=step, at=link.round, why=link.note)
 
     def shown(self, lesson: Lesson | None, live: bool = False) -> Update:

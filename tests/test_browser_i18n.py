@@ -90,6 +90,9 @@ def test_a_lesson_stepped_in_chinese_shows_no_english(browser, served):
     allowed |= set(re.findall(r"[A-Za-z][A-Za-z0-9_]+", " ".join(map(str, EXAMPLES))))
     with opened(browser, address, locale="zh-CN") as page:
         wait_text(page, "#step-mode", "分步模式")
+        wait_text(page, "#status", "选择两个或更多成员")  # the status line as the page opens
+        found = english_left(page, allowed)
+        assert not found, f"{len(found)} English words in the Chinese page as it opens: {found[:40]}"
         page.locator(f"#class-open-{SLUG}").focus()
         page.keyboard.press("Enter")
         page.wait_for_selector("#class-lesson", state="visible")
