@@ -261,8 +261,9 @@ class Classroom:
         nothing, a bad one: a note on the status line)."""
         query: Mapping[str, str] = request.query_params if request is not None else {}
         link = parse_link(query, [one.slug for one in self.gallery.shelf.lessons])
-        if link.lesson is None:  # the status line (and an empty conversation) in the session's language
-            update = {self.studio.display.status: views.status_markdown((), link.note)}
+        if link.lesson is None:  # the empty panels, status line and conversation in the session's language
+            update = self.studio.panels(None, view=view_name)
+            update[self.studio.display.status] = views.status_markdown((), link.note)
             if self.conversing is not None:
                 update |= self.conversing.shown(Chat())
             return update

@@ -66,6 +66,7 @@ GRADIO_OWN = (
     "Copy table data",
     "Fullscreen",
     "Gradio footer navigation",
+    "Empty value",
 )
 PROMPTS = [str(x) for e in EXAMPLES for x in (e if isinstance(e, (list, tuple)) else [e])]
 
