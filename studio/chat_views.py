@@ -17,6 +17,7 @@ from specfuse import ConfigError, Round, Trace, answer_spans
 from specfuse.limits import MAX_MESSAGES
 from specfuse.prompts import Conversation, Message, Prompt, conversation
 
+from .i18n import _
 from .untrusted import esc, shown_controls
 from .views import member_colors
 
@@ -63,9 +64,13 @@ class Chat:
         """Refuse a follow-up the engine's message limit has no room for, saying what to do."""
         if self.messages() + 1 > MAX_MESSAGES:
             raise ConfigError(
-                f"This conversation holds {self.messages()} messages and a follow-up would make "
-                f"{self.messages() + 1}; the limit is {MAX_MESSAGES} (MAX_MESSAGES). "
-                "Press New conversation to start another."
+                _(
+                    "This conversation holds {n} messages and a follow-up would make {m}; the limit is "
+                    "{limit} (MAX_MESSAGES). Press New conversation to start another.",
+                    n=self.messages(),
+                    m=self.messages() + 1,
+                    limit=MAX_MESSAGES,
+                )
             )
 
     def prompt(self, question: str) -> Prompt:
@@ -125,7 +130,9 @@ def chat_from_prompt(prompt: Prompt, trace: Trace) -> Chat:
 
 def turn_choices(chat: Chat) -> list[tuple[str, int]]:
     """The turn selector's choices: "Turn 2: <the question, cut>" → its index."""
-    return [(f"Turn {i + 1}: {_cut(t.question)}", i) for i, t in enumerate(chat.turns)]
+    return [
+        (_("Turn {n}: {question}", n=i + 1, question=_cut(t.question)), i) for i, t in enumerate(chat.turns)
+    ]
 
 
 def _cut(text: str, width: int = 48) -> str:
@@ -139,16 +146,19 @@ def bubbles_html(chat: Chat, selected: int | None = None) -> str:
     whose panels show (`selected`, default the latest) marked. Every text is escaped and isolated
     (<bdi>, its directional formatting characters written out: untrusted.esc)."""
     if not chat.turns:
-        return f'<div class="sf-chat" id="chat-log"><p class="sf-chat-empty">{esc(NO_TURNS)}</p></div>'
+        return f'<div class="sf-chat" id="chat-log"><p class="sf-chat-empty">{esc(_(NO_TURNS))}</p></div>'
     shown = len(chat.turns) - 1 if selected is None else max(0, min(int(selected), len(chat.turns) - 1))
     parts = ['<div class="sf-chat" id="chat-log">']
     if chat.system.strip():
-        parts.append(f'<div class="sf-bubble sf-system"><b>System</b> <bdi>{esc(chat.system)}</bdi></div>')
+        parts.append(
+            f'<div class="sf-bubble sf-system"><b>{_("System")}</b> <bdi>{esc(chat.system)}</bdi></div>'
+        )
     for i, turn in enumerate(chat.turns):
         mark = " sf-shown" if i == shown else ""
         parts.append(
             f'<div class="sf-turn{mark}" data-turn="{i + 1}">'
-            f'<div class="sf-bubble sf-user"><b>Turn {i + 1}</b> <bdi>{esc(turn.question)}</bdi></div>'
+            f'<div class="sf-bubble sf-user"><b>{_("Turn {n}", n=i + 1)}</b> '
+            f"<bdi>{esc(turn.question)}</bdi></div>"
             f'<div class="sf-bubble sf-assistant">{_answer_html(turn)}</div></div>'
         )
     parts.append("</div>")

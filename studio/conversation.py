@@ -24,6 +24,7 @@ from . import views
 from .chat_panel import ChatPanel
 from .chat_views import Chat, bubbles_html, chat_from_prompt, turn_choices
 from .handlers import Studio, limits
+from .i18n import _
 from .updates import Update, download_value, session_of, unchanged
 
 NEW = "New conversation: type a question and press **Run**; then ask follow-ups under the answer."
@@ -113,7 +114,7 @@ class Conversing:
             chat = replace(chat or Chat(), system=system or "")
             question = given[1]
             if not isinstance(question, str) or not question.strip():
-                raise self.studio.error("Type a follow-up question first.")
+                raise self.studio.error(_("Type a follow-up question first."))
             try:
                 chat.room()
                 given[1] = chat.prompt(question)
@@ -166,7 +167,7 @@ class Conversing:
             **s.clear_branch(),
             **self.shown(Chat(system or "")),
             v.round: views.slider_value(None),
-            v.status: NEW,
+            v.status: _(NEW),
             self.panel.followup: "",
         }
 

@@ -87,8 +87,9 @@ CJK_FONTS = (
 CJK = re.compile("[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uff00-\uffef]")
 
 
-def slide_font(trace: Trace) -> str | None:
-    """A font on this system that draws the trace's text (a CJK one when it holds CJK), or None."""
+def slide_font(trace: Trace, cjk: bool = False) -> str | None:
+    """A font on this system that draws the trace's text (a CJK one when it holds CJK, or `cjk`: a
+    slide in Chinese), or None."""
     texts = [prompt_text(trace.prompt), *(c.text for r in trace.rounds for c in r.candidates)]
-    wanted = CJK_FONTS if any(CJK.search(t) for t in texts) else FONTS
+    wanted = CJK_FONTS if cjk or any(CJK.search(t) for t in texts) else FONTS
     return next((f for f in wanted if Path(f).is_file()), None)

@@ -24,6 +24,7 @@ import gradio as gr
 
 from specfuse.handout.keys import APP, KEYS, key_rows
 
+from .i18n import _, js_texts, localize
 from .untrusted import md
 from .views import SELECTED
 
@@ -104,7 +105,7 @@ class Notes:
         """Each note: a lesson's text for its panel, shown; without a lesson (or a text), hidden."""
         look_for = look_for or {}
         return {
-            note: gr.Markdown(f"**Look for:** {md(look_for[name])}", visible=True)
+            note: gr.Markdown(f"**{_('Look for:')}** {md(_(look_for[name]))}", visible=True)
             if look_for.get(name)
             else gr.Markdown("", visible=False)
             for name, note in self.look.items()
@@ -120,7 +121,7 @@ LEAVE = "Leave presenter view (P or Esc)"
 # Installed once on page load: window.sfPresenter.toggle(on?) and .show(panel), and the keys.
 SCRIPT = f"""() => {{
   if (window.sfPresenter) return;
-  const panels = {list(PRESENTED)!r};
+  {js_texts(LABEL, LEAVE)}  const panels = {list(PRESENTED)!r};
   const body = document.body;
   const on = () => body.classList.contains("sf-presenter");
   body.dataset.sfPanel = panels[0];
@@ -131,7 +132,7 @@ SCRIPT = f"""() => {{
   fit();
   const label = () => {{
     const button = document.querySelector("#presenter-toggle");
-    if (button) button.textContent = on() ? {LEAVE!r} : {LABEL!r};
+    if (button) button.textContent = on() ? sfT({LEAVE!r}) : sfT({LABEL!r});
   }};
   // The answer scrolls in the view: keep the segment marked (a replayed round), else its end, in sight.
   const follow = () => {{
@@ -236,7 +237,7 @@ KEYMAP_ID = "sf-keymap"
 
 KEY_SCRIPT = """() => {
   if (window.sfKeys) return;
-  const ROWS = __ROWS__;
+  __TEXTS__  const ROWS = __ROWS__;
   const BUTTONS = __BUTTONS__;
   const body = document.body;
   const TYPED = new Set(["text", "search", "email", "url", "tel", "password", "number", "range",
@@ -271,7 +272,7 @@ KEY_SCRIPT = """() => {
   const map = () => document.getElementById(__MAP__);
   const black = document.createElement("div");
   black.id = "sf-black";
-  black.setAttribute("aria-label", "black screen: press any key");
+  black.setAttribute("aria-label", sfT("black screen: press any key"));
   black.style.cssText = "position:fixed;inset:0;background:#000;z-index:2147483647;display:none";
   body.appendChild(black);
   const applies = {
@@ -333,25 +334,27 @@ KEY_SCRIPT = """() => {
 }"""
 for _name, _value in (("__ROWS__", ROWS), ("__BUTTONS__", BUTTONS), ("__MAP__", KEYMAP_ID)):
     KEY_SCRIPT = KEY_SCRIPT.replace(_name, json.dumps(_value))
+KEY_SCRIPT = KEY_SCRIPT.replace("__TEXTS__", js_texts("black screen: press any key"))
 
 
 def keymap_html() -> str:
     """The map "?" shows: the app's rows of the one key map, as a table."""
     rows = "".join(
-        f"<tr><th scope='row'><kbd>{html.escape(keys)}</kbd></th><td>{html.escape(does)}</td></tr>"
+        f"<tr><th scope='row'><kbd>{html.escape(_(keys))}</kbd></th><td>{html.escape(_(does))}</td></tr>"
         for keys, does in key_rows(APP)
     )
     return (
-        f"<div role='dialog' aria-label='Keyboard keys' class='sf-keymap-box'>"
-        f"<table><caption>Keys (? shows or hides this map, Esc hides it)</caption>"
-        f"<thead><tr><th scope='col'>keys</th><th scope='col'>what they do</th></tr></thead>"
+        f"<div role='dialog' aria-label='{html.escape(_('Keyboard keys'))}' class='sf-keymap-box'>"
+        f"<table><caption>{html.escape(_('Keys (? shows or hides this map, Esc hides it)'))}</caption>"
+        f"<thead><tr><th scope='col'>{_('keys')}</th><th scope='col'>{_('what they do')}</th></tr></thead>"
         f"<tbody>{rows}</tbody></table></div>"
     )
 
 
 def keymap_panel() -> gr.HTML:
     """The key map, hidden until "?" (assets/app.css shows it over the page)."""
-    return gr.HTML(keymap_html(), elem_id=KEYMAP_ID, elem_classes=["sf-presenter-keep"])
+    keymap = gr.HTML(keymap_html(), elem_id=KEYMAP_ID, elem_classes=["sf-presenter-keep"])
+    return localize(keymap, lambda: {"value": keymap_html()})
 
 
 def keys_line() -> str:

@@ -12,6 +12,7 @@ nothing about how a run streams: "Run it live" fills the form, then chains Studi
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -20,14 +21,15 @@ from typing import Optional
 import gradio as gr
 
 from specfuse import EnsembleConfig, SpecfuseError, Trace
-from specfuse.lessons import LESSONS, Lesson, key_round, load_lesson
+from specfuse.lessons import LESSONS, Lesson, in_language, key_round, load_lesson
 
 from . import settings, views
-from .chat_views import chat_from_prompt
+from .chat_views import Chat, chat_from_prompt
 from .conversation import Conversing
 from .downloads import slide_font
 from .explain import Notes
 from .handlers import Studio
+from .i18n import _, current, localize
 from .stepping import Stepper
 from .untrusted import esc, md
 from .updates import TRACE_FILES, Update, session_of, shown_round, unchanged
@@ -79,9 +81,19 @@ def gallery_panel(shelf: Shelf) -> dict[str, gr.Button]:
         with gr.Row(equal_height=True, elem_classes=["sf-cards"]):
             for one in shelf.lessons:
                 with gr.Column(min_width=220, elem_classes=["sf-card"], elem_id=f"class-card-{one.slug}"):
-                    gr.Markdown(f"### {md(one.title)}\n{md(one.summary)}")
+                    card = gr.Markdown(card_text(one))
+                    localize(card, functools.partial(card_value, one))
                     opens[one.slug] = gr.Button("Open", size="sm", elem_id=f"class-open-{one.slug}")
     return opens
+
+
+def card_text(one: Lesson) -> str:
+    """A gallery card: the lesson's title and its one line."""
+    return f"### {md(one.title)}\n{md(one.summary)}"
+
+
+def card_value(one: Lesson) -> dict[str, object]:
+    return {"value": card_text(in_language(one, current()))}
 
 
 def lesson_panel(shelf: Shelf, opens: dict[str, gr.Button]) -> Gallery:
@@ -92,23 +104,29 @@ def lesson_panel(shelf: Shelf, opens: dict[str, gr.Button]) -> Gallery:
 
 
 def lesson_html(lesson: Lesson, live: bool = False) -> str:
-    """The box above the panels: title, prompt, key takeaway, and what a live run may change."""
-    branch = ""
+    """The box above the panels: title, prompt, key takeaway, and what a live run may change (in
+    the current language; the prompt is the run's own)."""
+    lesson, branch = in_language(lesson, current()), ""
     if lesson.branch is not None:
         k, text = lesson.branch
         branch = (
-            f"<p class='sf-lesson-branch'>Round {int(k)} of this run was typed by a person, not drafted: "
-            f"<code>{esc(text)}</code>. To do it yourself: Run it live, show round {int(k)}, open "
-            "<i>What if another candidate had won?</i> (the segment is typed in for you) and press "
-            "<b>Branch from this round</b>.</p>"
+            "<p class='sf-lesson-branch'>"
+            + _(
+                "Round {k} of this run was typed by a person, not drafted: <code>{text}</code>. To do it "
+                "yourself: Run it live, show round {k}, open <i>What if another candidate had won?</i> (the "
+                "segment is typed in for you) and press <b>Branch from this round</b>.",
+                k=int(k),
+                text=esc(text),
+            )
+            + "</p>"
         )
-    head = "Live run of the lesson" if live else "Lesson"
-    note = lesson.live_note or "A live run may answer differently from the recorded one."
+    head = _("Live run of the lesson") if live else _("Lesson")
+    note = lesson.live_note or _("A live run may answer differently from the recorded one.")
     return (
-        f"<div class='sf-lesson'><h3>{head}: {esc(lesson.title)}</h3>"
-        f"<p class='sf-lesson-prompt'><b>Prompt:</b> {esc(lesson.prompt)}</p>"
-        f"<p class='sf-takeaway'><b>Key takeaway:</b> {esc(lesson.takeaway)}</p>{branch}"
-        f"<p class='sf-live-note'><b>{'Live' if live else 'Run it live'}:</b> {esc(note)}</p></div>"
+        f"<div class='sf-lesson'><h3>{head}{_(': ')}{esc(lesson.title)}</h3>"
+        f"<p class='sf-lesson-prompt'><b>{_('Prompt:')}</b> <bdi>{esc(lesson.prompt)}</bdi></p>"
+        f"<p class='sf-takeaway'><b>{_('Key takeaway:')}</b> {esc(lesson.takeaway)}</p>{branch}"
+        f"<p class='sf-live-note'><b>{_('Live:') if live else _('Run it live:')}</b> {esc(note)}</p></div>"
     )
 
 
@@ -155,19 +173,25 @@ def parse_link(query: Mapping[str, str], slugs: Collection[str]) -> Link:
     if step is None:
         step, bad_step = (
             False,
-            f"The link's step {quoted(query.get('step') or '')} is not 1 or 0: not stepping.",
+            _("The link's step {v} is not 1 or 0: not stepping.", v=quoted(query.get("step") or "")),
         )
     if slug is None:
-        note = "The link's round needs a lesson (?lesson=NAME&round=K)." if asked is not None else ""
+        note = _("The link's round needs a lesson (?lesson=NAME&round=K).") if asked is not None else ""
         return Link(note=note)
     slug = slug.strip()
     if slug not in slugs:
-        known = ", ".join(sorted(slugs)) or "none here"
-        return Link(note=f"The link's lesson {quoted(slug)} is not one of these lessons ({known}).")
+        known = ", ".join(sorted(slugs)) or _("none here")
+        return Link(
+            note=_(
+                "The link's lesson {slug} is not one of these lessons ({known}).",
+                slug=quoted(slug),
+                known=known,
+            )
+        )
     if asked is None or not asked.strip():
         return Link(slug, note=bad_step, step=step)
     if not WHOLE.fullmatch(asked.strip()):
-        note = f"The link's round {quoted(asked)} is not a whole number: the key round is shown."
+        note = _("The link's round {k} is not a whole number: the key round is shown.", k=quoted(asked))
         return Link(slug, note=" ".join(filter(None, [note, bad_step])), step=step)
     return Link(slug, int(asked.strip()), bad_step, step)
 
@@ -177,7 +201,12 @@ def bounded(k: int, n: int) -> tuple[int, str]:
     if 1 <= k <= n:
         return k, ""
     near = min(max(k, 1), n)
-    return near, f"The link's round {k} is not one of the lesson's {n} rounds: round {near} is shown."
+    return near, _(
+        "The link's round {k} is not one of the lesson's {n} rounds: round {near} is shown.",
+        k=k,
+        n=n,
+        near=near,
+    )
 
 
 @dataclass
@@ -220,7 +249,9 @@ class Classroom:
         if at is not None:
             k, off = bounded(at, len(trace.rounds))
             why = " ".join(filter(None, [why, off]))
-        note = f"lesson “{lesson.title}”, a recorded run" + (f". {why}" if why else "")
+        note = _("lesson “{title}”, a recorded run", title=in_language(lesson, current()).title) + (
+            f". {why}" if why else ""
+        )
         update = studio.show_trace(trace, view_name, note, session)
         if k is not None and 1 <= k < len(trace.rounds):
             update |= studio.panels(trace, k, view_name, note)
@@ -246,12 +277,12 @@ class Classroom:
         nothing, a bad one: a note on the status line); `&step=1` turns step mode on there."""
         query: Mapping[str, str] = request.query_params if request is not None else {}
         link = parse_link(query, [one.slug for one in self.gallery.shelf.lessons])
-        if link.lesson is None:
-            return (
-                {self.studio.display.status: views.status_markdown((), link.note)}
-                if link.note
-                else unchanged()
-            )
+        if link.lesson is None:  # the empty panels, status line and conversation in the session's language
+            update = self.studio.panels(None, view=view_name)
+            update[self.studio.display.status] = views.status_markdown((), link.note)
+            if self.conversing is not None:
+                update |= self.conversing.shown(Chat())
+            return update
         step = step or link.step
         update = self.open(
             link.lesson, view_name, session_of(request), step=step, at=link.round, why=link.note
@@ -286,8 +317,12 @@ class Classroom:
         missing = [m for m in lesson.members if m not in studio.choices]
         if missing and not studio.allow_paths:
             raise studio.error(
-                f"This lesson runs on {', '.join(lesson.members)}, and {', '.join(missing)} is not "
-                "installed here. Its recorded run needs no model: it is shown already."
+                _(
+                    "This lesson runs on {members}, and {missing} is not installed here. Its recorded run "
+                    "needs no model: it is shown already.",
+                    members=", ".join(lesson.members),
+                    missing=", ".join(missing),
+                )
             )
         # The recorded run's settings exactly: the lesson's, over EnsembleConfig's defaults (not the app's).
         form = settings.form_values(EnsembleConfig(**dict(lesson.settings)))
@@ -400,8 +435,8 @@ def handout_file(trace: Trace | None, session: str = "") -> str:
     from specfuse.handout import trace_html
 
     if trace is None or not trace.rounds:
-        raise gr.Error(NOTHING)
-    return TRACE_FILES.write_file(trace_html(trace), session, "handout", "html")
+        raise gr.Error(_(NOTHING))
+    return TRACE_FILES.write_file(trace_html(trace, lang=current()), session, "handout", "html")
 
 
 def round_file(trace: Trace | None, k: float | None, session: str = "") -> str:
@@ -410,8 +445,9 @@ def round_file(trace: Trace | None, k: float | None, session: str = "") -> str:
 
     rnd = shown_round(trace, k)
     if trace is None or rnd is None:
-        raise gr.Error(NOTHING)
-    png = round_png(trace, rnd.k, font=slide_font(trace))
+        raise gr.Error(_(NOTHING))
+    lang = current()
+    png = round_png(trace, rnd.k, font=slide_font(trace, cjk=lang != "en"), lang=lang)
     return TRACE_FILES.write_file(png, session, f"round{rnd.k}", "png")
 
 

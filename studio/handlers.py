@@ -24,6 +24,7 @@ from specfuse.records import Draft, Queued
 from specfuse.trace import MAX_TRACE_BYTES, load_trace
 
 from . import settings, views
+from .i18n import _
 from .loading import DevicePlan, Load, Loader, check_members
 from .panels import Controls, Views
 from .preparing import POLL_S, Preparing, relay
@@ -393,11 +394,11 @@ class Studio(WhatIf):
         """The status and the trace download of a run the user stopped."""
         if trace is None or not trace.rounds:  # stopped while round 1 was still being drafted
             return {
-                self.display.status: "Nothing to keep: stopped by the user before round 1 was decided.",
+                self.display.status: _("Nothing to keep: stopped by the user before round 1 was decided."),
                 self.controls.download: download_value(None),
             }
         return {
-            self.display.status: views.status_markdown(trace.rounds, "stopped by the user"),
+            self.display.status: views.status_markdown(trace.rounds, _("stopped by the user")),
             self.controls.download: download_value(trace, session),
         }
 
@@ -428,10 +429,10 @@ class Studio(WhatIf):
         try:
             trace = load_trace(path, max_bytes=limits["trace_bytes"])
         except TraceError as e:
-            raise self.error(f"Cannot replay this file: {e}") from e
+            raise self.error(_("Cannot replay this file: {e}", e=e)) from e
         if not trace.rounds:
-            raise self.error("The trace has no rounds to replay.")
-        note = f"replayed from a trace of {len(trace.members)} members"
+            raise self.error(_("The trace has no rounds to replay."))
+        note = _("replayed from a trace of {n} members", n=len(trace.members))
         return self.show_trace(trace, view_name, note, session_of(request))
 
     def show_trace(self, trace: Trace, view_name: str, note: str, session: str = "") -> Update:

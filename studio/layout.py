@@ -21,6 +21,7 @@ from .explain import Notes, keymap_panel, presenter_bar, wire_keys, wire_present
 from .failures import FILTERS, EvalRun, load_eval, problems_table
 from .gallery import Shelf, gallery_panel, handouts_panel, lesson_panel, shipped, wire_gallery, wire_handouts
 from .handlers import Studio
+from .i18n import language_switch, wire_language
 from .loading import DEVICES, DevicePlan, Loader, same_device
 from .panels import Failures, controls_panel, failures_panel, views_panel
 from .room_page import Desk, room_button, room_panel, student_route, wire_room
@@ -66,6 +67,7 @@ def build_demo(
 
     # Gradio keeps a copy of every file it serves (trace downloads, uploads): a day's worth at most.
     with gr.Blocks(title="SpecFuse Studio", delete_cache=CACHE_LIFETIME) as demo:
+        switch = language_switch()  # English / 中文: the page reloads in the language picked
         gr.Markdown(
             "# SpecFuse Studio\nSeveral small language models answer together, one segment per round: "
             "each drafts a candidate, all score all, the best weighted candidate is appended."
@@ -110,6 +112,7 @@ def build_demo(
         wire_keys(demo)
         demo.unload(studio.unload)  # a closed page's run leaves the batch
         demo.unload(stepper.unload)
+        wire_language(demo, switch)  # last: it sends every component its text in the session's language
     student_route(desk, demo)  # the class session's phone page (/join)
     return demo
 

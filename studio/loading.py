@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from specfuse.errors import ConfigError, UnknownModelError
 from specfuse.models import catalogue
 
+from .i18n import _
+
 if TYPE_CHECKING:
     from specfuse.members.protocol import Member
     from specfuse.models.loading import MemberLoad
@@ -261,13 +263,17 @@ def check_members(names: Any, choices: Sequence[str], allow_paths: bool) -> list
         names = [names]
     names = [str(n).strip() for n in names or [] if str(n).strip()]
     if len(set(names)) < 2:
-        raise ConfigError("Pick two or more different members: an ensemble of one is that model alone.")
+        raise ConfigError(_("Pick two or more different members: an ensemble of one is that model alone."))
     if len(set(names)) != len(names):
-        raise ConfigError(f"Each member may be picked once; got {', '.join(names)}.")
+        raise ConfigError(_("Each member may be picked once; got {names}.", names=", ".join(names)))
     unknown = [n for n in names if n not in choices]
     if unknown and not allow_paths:
         raise UnknownModelError(
-            f"Unknown model {unknown[0]!r}; known: {', '.join(choices)}. "
-            "Start the app with --allow-paths to use local folders or hub ids."
+            _(
+                "Unknown model {name}; known: {known}. Start the app with --allow-paths to use local folders "
+                "or hub ids.",
+                name=repr(unknown[0]),
+                known=", ".join(choices),
+            )
         )
     return names

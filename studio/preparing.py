@@ -11,6 +11,7 @@ Knows nothing about components: the handlers put the text where it goes.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from specfuse.models.preparation import STEPS, step_of
 
+from .i18n import _
 from .untrusted import md
 
 if TYPE_CHECKING:
@@ -96,23 +98,59 @@ class Preparing:
         if self.member is None:
             return None
         load = self.under_way(self.member, self.device)
-        step = step_of(self.message) or "loading"
+        step = step_of(self.message) or "loading"  # the step's English name, STEPS' key
         since = load.began if load is not None else self.began
         index = self.names.index(self.member) if self.member in self.names else 0
         # Capturing CUDA graphs is a step on a GPU only (members/slots.py): elsewhere, one fewer.
         steps = STEPS if "cuda" in self.device or step == "capturing graphs" else STEPS[:-1]
         parts = [
-            f"**Preparing the members** (once; then they stay loaded): **{md(self.member)}** "
-            f"({index + 1} of {len(self.names)}), **{step}** (step {steps.index(step) + 1} of {len(steps)})",
+            _(
+                "**Preparing the members** (once; then they stay loaded): **{member}** ({i} of {n}), "
+                "**{step}** (step {s} of {steps})",
+                member=md(self.member),
+                i=index + 1,
+                n=len(self.names),
+                step=_(step),
+                s=steps.index(step) + 1,
+                steps=len(steps),
+            ),
             f"{bar(self.fraction)} {self.fraction:.0%}",
-            f"{time.perf_counter() - since:.0f} s so far",
+            _("{s} s so far", s=f"{time.perf_counter() - since:.0f}"),
         ]
         if load is not None and load.usual:
-            parts.append(md(load.usual))
+            parts.append(md(usual_said(load.usual)))
         after = [md(n) for n in self.names[index + 1 :]]
         if after:
-            parts.append(f"then {', '.join(after)}")
+            parts.append(_("then {names}", names=", ".join(after)))
         return " · ".join(parts)
+
+
+# specfuse.models.preparation.usual_text's two sentences, said again in the page's language.
+WHEN = r"(the first time \(converting\)|from the cache)"
+USUAL = re.compile(WHEN + r" it usually takes about (\d+) s on this machine \(measured (once|\d+ times)\)")
+UNMEASURED = re.compile(
+    r"no measurement yet on this machine of preparing it " + WHEN + ": this one is being timed"
+)
+
+
+def usual_said(text: str) -> str:
+    """How long preparing usually takes here (the loader's English sentence) in the current language."""
+    found, none = USUAL.fullmatch(text), UNMEASURED.fullmatch(text)
+    if none is not None:
+        return _(
+            "no measurement yet on this machine of preparing it {when}: this one is being timed",
+            when=_(none[1]),
+        )
+    if found is None:
+        return text
+    count = found[3].split()[0]
+    times = _("once") if count == "once" else _("{n} times", n=count)
+    return _(
+        "{when} it usually takes about {s} s on this machine (measured {times})",
+        when=_(found[1]),
+        s=found[2],
+        times=times,
+    )
 
 
 def bar(fraction: float, cells: int = 12) -> str:

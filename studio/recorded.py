@@ -19,6 +19,7 @@ from specfuse import EnsembleConfig, Round, SpecfuseError, Trace
 from specfuse.prompts import Prompt
 from specfuse.records import Draft, Finished, Paused
 
+from .i18n import _
 from .step_views import Tally, due
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ class RecordedTicket:
 
     def __init__(self, trace: Trace) -> None:
         if not trace.rounds:
-            raise SpecfuseError("The trace has no rounds to step through.")
+            raise SpecfuseError(_("The trace has no rounds to step through."))
         self.trace = trace
         self.id = trace.id
         self.members = tuple(trace.members)
@@ -58,7 +59,7 @@ class RecordedTicket:
         """Play exactly one more round (a no-op while one is asked and not yet read, as a live
         ticket's next() during its round); on an ended ticket, SpecfuseError as a live one."""
         if self.ended:
-            raise SpecfuseError("This recorded run has no more rounds.")
+            raise SpecfuseError(_("This recorded run has no more rounds."))
         self.asked = True
 
     def cancel(self) -> None:

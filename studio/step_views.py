@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from specfuse import Round
 from specfuse.records import Draft
 
+from .i18n import _
 from .untrusted import esc, md, shown_controls
 from .views import CHART_FONT, CHART_PX, MARGIN
 
@@ -54,8 +55,10 @@ class Tally:
 
     def __str__(self) -> str:
         if not self.made:
-            return "no guesses yet"
-        return f"{self.right} of {self.made} {'guess' if self.made == 1 else 'guesses'} right"
+            return _("no guesses yet")
+        if self.made == 1:
+            return _("{right} of {made} guess right", right=self.right, made=self.made)
+        return _("{right} of {made} guesses right", right=self.right, made=self.made)
 
 
 SHOWN_CHARS = 60  # of a candidate's text in the guess and the verdict (the tables below hold it whole)
@@ -90,47 +93,56 @@ def guess_right(rnd: Round, guess: str | None) -> bool | None:
 def ready_note(members: Sequence[str], recorded: int | None = None) -> str:
     """Before round 1: who answers; `recorded`: the rounds of a recorded run stepped (no model)."""
     names = ", ".join(md(m) for m in members)
-    what = f"A recorded run of {recorded} rounds (no model needed): " if recorded is not None else ""
-    return (
-        f"**Step mode: ready.** {what}{len(members)} members ({names}) answer one segment per round. "
-        "Press **Next** (→) to see round 1's drafts, or **Play**."
+    what = _("A recorded run of {n} rounds (no model needed): ", n=recorded) if recorded is not None else ""
+    return _(
+        "**Step mode: ready.** {what}{n} members ({names}) answer one segment per round. "
+        "Press **Next** (→) to see round 1's drafts, or **Play**.",
+        what=what,
+        n=len(members),
+        names=names,
     )
 
 
 def drafting_note(k: int) -> str:
-    return f"**Round {k}**: the members are drafting…"
+    return _("**Round {k}**: the members are drafting…", k=k)
 
 
 def drafts_note(k: int, drafts: Sequence[Draft]) -> str:
     n = len(drafts)
+    head = (
+        _("**Round {k}: {n} draft is in.**", k=k, n=n)
+        if n == 1
+        else _("**Round {k}: {n} drafts are in.**", k=k, n=n)
+    )
     return (
-        f"**Round {k}: {n} {'draft is' if n == 1 else 'drafts are'} in.** Which one will the ensemble "
-        "choose? Pick your guess below, then press **Reveal** (→)."
+        head
+        + " "
+        + _("Which one will the ensemble choose? Pick your guess below, then press **Reveal** (→).")
     )
 
 
 def verdict_note(rnd: Round, guess: str | None, tally: Tally, over: bool) -> str:
     """After Reveal: who won, whether the room's guess was right, the tally, and whether it ended."""
-    won = f"**Round {rnd.k}: {md(rnd.winner.member)}'s candidate won**"
+    won = _("**Round {k}: {member}'s candidate won**", k=rnd.k, member=md(rnd.winner.member))
     if rnd.gated and rnd.gate is not None:
-        won += f" (gated: {md(rnd.gate.reason)})"
+        won += _(" (gated: {reason})", reason=md(rnd.gate.reason))
     elif not rnd.verified:
-        why = "the only draft" if len(rnd.candidates) == 1 else "the drafts agreed"
-        won += f" ({why}: taken without scoring)"
+        why = _("the only draft") if len(rnd.candidates) == 1 else _("the drafts agreed")
+        won += _(" ({why}: taken without scoring)", why=why)
     verdict = guess_right(rnd, guess)
     said = {
-        None: "No guess this round.",
-        True: "✓ Your guess was right.",
-        False: f"✗ You guessed {md(guess or '')}.",
+        None: _("No guess this round."),
+        True: _("✓ Your guess was right."),
+        False: _("✗ You guessed {member}.", member=md(guess or "")),
     }[verdict]
-    parts = [f"{won}.", said, f"{tally}."]
-    parts.append(ended_line(rnd) if over else "Press **Next** (→) for round " + f"{rnd.k + 1}.")
+    parts = [won + _("."), said, f"{tally}" + _(".")]
+    parts.append(ended_line(rnd) if over else _("Press **Next** (→) for round {k}.", k=rnd.k + 1))
     return " ".join(parts) + "\n\n" + scores_table(rnd)
 
 
 def scores_table(rnd: Round) -> str:
     """The round's candidates as a small Markdown table: member, text, score y_j, the winner's ✓."""
-    rows = ["| member | candidate | score | |", "|---|---|---|---|"]
+    rows = [f"| {_('member')} | {_('candidate')} | {_('score')} | |", "|---|---|---|---|"]
     for j, c in enumerate(rnd.candidates):
         score = f"{rnd.aggregate[j]:.3f}" if rnd.verified and j < len(rnd.aggregate) else "—"
         mark = "✓" if j == rnd.chosen else ""
@@ -140,27 +152,27 @@ def scores_table(rnd: Round) -> str:
 
 def ended_line(rnd: Round | None) -> str:
     if rnd is None:
-        return "**The run has ended.**"
-    reason = f" (stopped: {md(rnd.stop_reason)})" if rnd.stop_reason else ""
-    return f"**The run has ended after round {rnd.k}**{reason}."
+        return _("**The run has ended.**")
+    reason = _(" (stopped: {reason})", reason=md(_(rnd.stop_reason))) if rnd.stop_reason else ""
+    return _("**The run has ended after round {k}**{reason}.", k=rnd.k, reason=reason)
 
 
 def ended_note(rnd: Round | None, tally: Tally, why: str = "") -> str:
     """The run is over: why (the engine's message, when it ended it), where, and the tally."""
     parts = [md(why)] if why else []
-    parts += [ended_line(rnd), f"{tally}." if tally.made else ""]
+    parts += [ended_line(rnd), f"{tally}" + _(".") if tally.made else ""]
     return " ".join(p for p in parts if p)
 
 
 def looking_note(shown: int, revealed: int, drafted: bool, over: bool = False) -> str:
     """After Back (or forward again): which round is shown, and what → does from there."""
     if shown < revealed:
-        return f"**Round {shown} of {revealed}** (looking back): → goes forward, ← further back."
+        return _("**Round {k} of {n}** (looking back): → goes forward, ← further back.", k=shown, n=revealed)
     if drafted:
-        then = f"round {revealed + 1}'s drafts are waiting"
+        then = _("round {k}'s drafts are waiting", k=revealed + 1)
     else:
-        then = "the run has ended" if over else f"→ plays round {revealed + 1}"
-    return f"**Round {shown} of {revealed}**, the latest: {then}."
+        then = _("the run has ended") if over else _("→ plays round {k}", k=revealed + 1)
+    return _("**Round {k} of {n}**, the latest: {then}.", k=shown, n=revealed, then=then)
 
 
 def hidden_matrix(k: int) -> go.Figure:
@@ -172,7 +184,7 @@ def hidden_matrix(k: int) -> go.Figure:
         font=CHART_FONT,
         uirevision="matrix",
         template="plotly_white",
-        title=esc(f"round {k}: the scores are hidden until Reveal"),
+        title=esc(_("round {k}: the scores are hidden until Reveal", k=k)),
         xaxis_visible=False,
         yaxis_visible=False,
     )

@@ -18,7 +18,7 @@ import inspect
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gradio as gr
 
@@ -28,6 +28,7 @@ from specfuse.records import Draft, Finished, Queued
 
 from . import settings, views
 from .handlers import Studio
+from .i18n import _
 from .loading import check_members
 from .preparing import POLL_S, Preparing, relay
 from .recorded import RecordedTicket, StepRun
@@ -49,9 +50,6 @@ from .step_views import (
 )
 from .untrusted import md
 from .updates import Update, download_value, session_of, unchanged
-
-if TYPE_CHECKING:
-    pass
 
 NO_RUN = "No stepping run: check **Step mode (teach)** and press **Run**."
 
@@ -142,7 +140,7 @@ class Stepper:
             **s.clear_branch(),
             v.round: views.slider_value(None),
             v.compared: "",
-            v.status: "**Step mode**: round 1 has not been played yet.",
+            v.status: _("**Step mode**: round 1 has not been played yet."),
             **self.bar_update(run, 0, ready_note(ticket.members)),
             **self.still(True),
         }
@@ -174,7 +172,9 @@ class Stepper:
             v.segment: "",
             v.plain: "",
             s.controls.download: download_value(None),
-            v.status: f"**Step mode**, a recorded run of {len(trace.rounds)} rounds: round 1 is not shown.",
+            v.status: _(
+                "**Step mode**, a recorded run of {n} rounds: round 1 is not shown.", n=len(trace.rounds)
+            ),
             self.bar.guess: gr.Radio(visible=False, value=None),
             **self.bar_update(run, 0, ready_note(trace.members, recorded=len(trace.rounds))),
             **self.still(True),
@@ -195,7 +195,7 @@ class Stepper:
         if run is None:
             yield {
                 **self.reset(),
-                self.bar.note: "No stepping run: check **Step mode (teach)** and press **Run**.",
+                self.bar.note: _(NO_RUN),
             }
             return
         async with run.beat:  # after the beat under way, if any (Play's, or the key pressed before)
@@ -229,7 +229,7 @@ class Stepper:
         try:
             run.ticket.next()
             yield {
-                v.status: f"**Round {k}**: the members are drafting…",
+                v.status: drafting_note(k),
                 b.note: drafting_note(k),
                 b.next: gr.Button(interactive=False),
                 b.guess: gr.Radio(visible=False),
@@ -254,7 +254,7 @@ class Stepper:
             yield self.gone(run, view, run.ticket.error or e)
             return
         if run.pending is None:  # ended without a round: stopped
-            run.end("The run ended before this round was decided.")
+            run.end(_("The run ended before this round was decided."))
             yield self.finished(run, len(run.rounds))
             return
         yield self.scene(run, len(run.rounds), view, fresh=True)
@@ -386,7 +386,7 @@ class Stepper:
         b = self.bar
         return {
             b.timer: gr.Timer(active=False),
-            b.play: gr.Button(PLAY, interactive=playable),
+            b.play: gr.Button(_(PLAY), interactive=playable),
             b.playing: False,
         }
 
@@ -396,7 +396,7 @@ class Stepper:
         if playing or run is None or run.due(shown) == ENDED:
             return self.still(run is not None and run.due(shown) != ENDED)
         b = self.bar
-        return {b.timer: gr.Timer(float(pace) / 2, active=True), b.play: gr.Button(PAUSE), b.playing: True}
+        return {b.timer: gr.Timer(float(pace) / 2, active=True), b.play: gr.Button(_(PAUSE)), b.playing: True}
 
     def set_pace(self, playing: bool, pace: float) -> Update:
         return {self.bar.timer: gr.Timer(float(pace) / 2, active=bool(playing))}
@@ -406,7 +406,7 @@ class Stepper:
         run = self.runs.get(session_of(request))
         if run is None:
             return self.still(False)
-        run.end("Stopped by the user.")
+        run.end(_("Stopped by the user."))
         last = run.rounds[-1] if run.rounds else None
         return {
             **self.bar_update(run, int(shown), ended_note(last, run.tally, run.why)),

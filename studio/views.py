@@ -20,7 +20,8 @@ from specfuse import Round, Trace, answer_spans, report, rules
 from specfuse.handout.data import member_colors  # one colour per member, as the handout's
 from specfuse.records import Draft
 
-from .text_views import candidates_html, matrix_html, weights_html
+from .i18n import _
+from .text_views import candidates_html, exit_reason, matrix_html, token_html, weights_html  # noqa: F401 (views.token_html)
 from .untrusted import esc, md, shown_controls
 
 SELECTED = "▶ selected segment"  # the answer's label for the segment being inspected
@@ -37,11 +38,11 @@ def answer_value(rounds: Sequence[Round], selected: int | None = None) -> list[t
     with the segment being inspected marked.
     """
     spans = [
-        (shown_controls(t), f"{w}{GATED}" if r.gated else w)
+        (shown_controls(t), f"{w}{_(GATED)}" if r.gated else w)
         for (t, w), r in zip(answer_spans(rounds), rounds)
     ]
     if selected is not None and 0 <= selected < len(spans):
-        spans[selected] = (spans[selected][0], SELECTED)
+        spans[selected] = (spans[selected][0], _(SELECTED))
     return spans
 
 
@@ -50,9 +51,9 @@ def answer_component(trace: Trace | None, selected: int | None = None) -> gr.Hig
     rounds: Sequence[Round] = trace.rounds if trace is not None else ()
     colors = member_colors(trace.members if trace is not None else ())
     if any(r.gated for r in rounds):  # a gated segment keeps its member's colour, its label says so
-        colors |= {f"{m}{GATED}": c for m, c in list(colors.items())}
+        colors |= {f"{m}{_(GATED)}": c for m, c in list(colors.items())}
     if selected is not None:
-        colors[SELECTED] = SELECTED_COLOR
+        colors[_(SELECTED)] = SELECTED_COLOR
     spans: Any = answer_value(rounds, selected)
     return gr.HighlightedText(value=spans, color_map=colors)
 
@@ -71,25 +72,30 @@ def status_markdown(
     and `loading_s` the part of it spent loading members; the engine's own figure is "round 1".
     """
     if not rounds:
-        return md(note) if note else "Pick two or more members, type a prompt and press **Run**."
+        return md(note) if note else _("Pick two or more members, type a prompt and press **Run**.")
     s = report.status(rounds)
     if waited_s is not None:
-        loading = f"loading {loading_s:.2f} s + " if _loaded(loading_s) else ""
-        first = f"first segment after {waited_s:.2f} s ({loading}round 1 {s.first_segment_latency_s:.2f} s)"
+        loading = _("loading {s} s + ", s=f"{loading_s:.2f}") if _loaded(loading_s) else ""
+        first = _(
+            "first segment after {s} s ({loading}round 1 {r} s)",
+            s=f"{waited_s:.2f}",
+            loading=loading,
+            r=f"{s.first_segment_latency_s:.2f}",
+        )
     else:
-        first = f"round 1 took {s.first_segment_latency_s:.2f} s"
+        first = _("round 1 took {s} s", s=f"{s.first_segment_latency_s:.2f}")
     parts = [
-        f"**Round {s.round}**",
-        f"{s.tokens} tokens",
-        f"{s.tokens_per_s:.1f} tokens/s",
+        _("**Round {k}**", k=s.round),
+        _("{n} tokens", n=s.tokens),
+        _("{n} tokens/s", n=f"{s.tokens_per_s:.1f}"),
         first,
-        f"{s.calls_saved} of {s.calls_made + s.calls_saved} model calls saved by exit",
+        _("{n} of {m} model calls saved by exit", n=s.calls_saved, m=s.calls_made + s.calls_saved),
     ]
     gated = sum(r.gated for r in rounds)
     if gated:
-        parts.append(f"{gated} of {len(rounds)} rounds gated (a sure member alone)")
+        parts.append(_("{n} of {m} rounds gated (a sure member alone)", n=gated, m=len(rounds)))
     if s.stop_reason:
-        parts.append(f"stopped: {md(s.stop_reason)}")
+        parts.append(_("stopped: {reason}", reason=md(_(s.stop_reason))))
     if note:
         parts.append(md(note))
     return " · ".join(parts)
@@ -104,15 +110,16 @@ def _table(df: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
         if pd.api.types.is_float_dtype(out[column]):
             out[column] = out[column].round(digits)
         elif pd.api.types.is_bool_dtype(out[column]):
-            out[column] = out[column].map({True: "yes", False: "no"})
+            out[column] = out[column].map({True: _("yes"), False: _("no")})
         elif not pd.api.types.is_numeric_dtype(out[column]):  # trace text: no override reorders a cell
             out[column] = out[column].map(lambda v: shown_controls(v) if isinstance(v, str) else v)
+    out.columns = [_(str(c)) for c in out.columns]  # the headers, in the page's language
     return out.astype(object).where(out.notna(), "")
 
 
 def candidates_value(rnd: Round | None) -> pd.DataFrame:
     if rnd is None:
-        return pd.DataFrame(columns=report.CANDIDATE_COLUMNS)
+        return pd.DataFrame(columns=[_(c) for c in report.CANDIDATE_COLUMNS])
     return _table(report.candidates_table(rnd))
 
 
@@ -128,8 +135,8 @@ def _loaded(loading_s: float | None) -> bool:
 
 def waiting_status(place: int, running: int, html: bool = False) -> str:
     """While a run waits for a place in the batch (the scheduler's line): its place, and why."""
-    text = f"place {place} in line ({running} runs under way); yours starts as soon as one ends."
-    return f"<p>Waiting: {text}</p>" if html else f"**Waiting**: {text}"
+    text = _("place {p} in line ({n} runs under way); yours starts as soon as one ends.", p=place, n=running)
+    return f"<p>{_('Waiting:')} {text}</p>" if html else f"**{_('Waiting')}**: {text}"
 
 
 def arriving_status(
@@ -144,21 +151,23 @@ def arriving_status(
     k = drafts[-1].k
     arrived = [d.candidate.member for d in drafts]
     parts = [
-        f"**Round {k}**",
-        f"{len(arrived)} of {len(expected)} candidates in: "
+        _("**Round {k}**", k=k),
+        _("{n} of {m} candidates in: ", n=len(arrived), m=len(expected))
         + ", ".join(f"{md(d.candidate.member)} {d.elapsed - since:.2f} s" for d in drafts),
     ]
     if k == 1:
-        loading = f" (loading {loading_s:.2f} s)" if _loaded(loading_s) else ""
-        parts.append(f"first candidate after {waited_s:.2f} s{loading}")
+        loading = _(" (loading {s} s)", s=f"{loading_s:.2f}") if _loaded(loading_s) else ""
+        parts.append(_("first candidate after {s} s{loading}", s=f"{waited_s:.2f}", loading=loading))
     waiting = [m for m in expected if m not in arrived]
     if waiting:
-        parts.append("still drafting: " + ", ".join(md(m) for m in waiting))
+        parts.append(_("still drafting: ") + ", ".join(md(m) for m in waiting))
     return " · ".join(parts)
 
 
 def exits_value(rounds: Sequence[Round]) -> pd.DataFrame:
-    return _table(report.exit_table(rounds))
+    table = report.exit_table(rounds)
+    table["reason"] = [exit_reason(str(r)) for r in table["reason"]]
+    return _table(table)
 
 
 def summary_value(rounds: Sequence[Round]) -> pd.DataFrame:
@@ -176,16 +185,24 @@ def heatmap_figure(rnd: Round | None, normalized: bool = True, fixed_scale: bool
         height=CHART_PX, margin=MARGIN, font=CHART_FONT, uirevision="matrix", template="plotly_white"
     )
     if rnd is None:
-        return nothing_to_draw(fig.update_layout(title="verification matrix"), "no round yet")
+        return nothing_to_draw(fig.update_layout(title=_("verification matrix")), _("no round yet"))
+    who = esc(rnd.winner.member)
     if rnd.gated and rnd.gate is not None:
-        fig.update_layout(title=f"round {rnd.k}: gated: {esc(rnd.winner.member)} was sure, nobody verified")
-        return nothing_to_draw(fig, f"why the others were not asked: {esc(rnd.gate.reason)}")
+        fig.update_layout(
+            title=_("round {k}: gated: {member} was sure, nobody verified", k=rnd.k, member=who)
+        )
+        return nothing_to_draw(fig, _("why the others were not asked: {why}", why=esc(rnd.gate.reason)))
     if not rnd.verified:
-        why = "a lone draft" if len(rnd.candidates) == 1 else "the drafts agreed"
-        fig.update_layout(title=f"round {rnd.k}: not verified: {why}, {esc(rnd.winner.member)}'s was taken")
         lone = len(rnd.candidates) == 1
+        why = _("a lone draft") if lone else _("the drafts agreed")
+        fig.update_layout(
+            title=_("round {k}: not verified: {why}, {member}'s was taken", k=rnd.k, why=why, member=who)
+        )
         return nothing_to_draw(
-            fig, "one draft this round: nothing to verify" if lone else "the drafts agreed: nothing to verify"
+            fig,
+            _("one draft this round: nothing to verify")
+            if lone
+            else _("the drafts agreed: nothing to verify"),
         )
     matrix = report.score_matrix(rnd, normalized)
     # Two members may share a name only by accident; the column number keeps the x labels distinct.
@@ -199,7 +216,7 @@ def heatmap_figure(rnd: Round | None, normalized: bool = True, fixed_scale: bool
             colorscale="Viridis",
             colorbar=dict(thickness=12),
             texttemplate="%{z:.2f}",
-            hovertemplate="verifier %{y}<br>candidate %{x}<br>score %{z:.4f}<extra></extra>",
+            hovertemplate=_("verifier %{y}<br>candidate %{x}<br>score %{z:.4f}<extra></extra>"),
             **scale,
         )
     )
@@ -213,11 +230,11 @@ def heatmap_figure(rnd: Round | None, normalized: bool = True, fixed_scale: bool
         y1=1,
         line=dict(color="#d62728", width=3),
     )
-    kind = "normalized ŝ" if normalized else "raw z"
+    kind = _("normalized ŝ") if normalized else _("raw z")
     fig.update_layout(
-        title=f"round {rnd.k}: {kind}",  # the axes name verifier and candidate
-        xaxis_title="candidate (drafter)",
-        yaxis_title="verifier",
+        title=_("round {k}: {kind}", k=rnd.k, kind=kind),  # the axes name verifier and candidate
+        xaxis_title=_("candidate (drafter)"),
+        yaxis_title=_("verifier"),
         yaxis_autorange="reversed",
     )
     return fig
@@ -247,14 +264,14 @@ def weights_figure(rounds: Sequence[Round]) -> go.Figure:
         height=CHART_PX,
         margin=MARGIN,
         font=CHART_FONT,
-        title="weights",
-        xaxis_title="round",
-        yaxis_title="weight",
+        title=_("weights"),
+        xaxis_title=_("round"),
+        yaxis_title=_("weight"),
         uirevision="weights",
         template="plotly_white",
     )
     if not rounds:
-        return nothing_to_draw(fig, "no round yet")
+        return nothing_to_draw(fig, _("no round yet"))
     history = report.weights_history(rounds)
     colors = member_colors(rounds[-1].members)
     # Rounds are whole numbers: ticks at 0, 1, 2 … (at most about ten of them), never 0.5 (D7).
@@ -266,7 +283,7 @@ def weights_figure(rounds: Sequence[Round]) -> go.Figure:
                 y=rows["weight"].tolist(),
                 mode="lines+markers",
                 name=esc(member),
-                hovertemplate=f"{esc(member)}<br>round %{{x}}<br>weight %{{y:.4f}}<extra></extra>",
+                hovertemplate=esc(member) + _("<br>round %{x}<br>weight %{y:.4f}<extra></extra>"),
                 line=dict(color=colors[str(member)]),
             )
         )
@@ -282,7 +299,7 @@ def weights_figure(rounds: Sequence[Round]) -> go.Figure:
                 x=x,
                 y=exits["weight"].tolist(),
                 mode="markers",
-                name="exit",
+                name=_("exit"),
                 text=[esc(m) for m in exits["member"]],
                 customdata=exits["round"].tolist(),
                 marker=dict(
@@ -291,7 +308,7 @@ def weights_figure(rounds: Sequence[Round]) -> go.Figure:
                     color=[colors.get(str(m), "black") for m in exits["member"]],
                     line=dict(color="black", width=1),
                 ),
-                hovertemplate="%{text} exited after round %{customdata}<extra></extra>",
+                hovertemplate=_("%{text} exited after round %{customdata}<extra></extra>"),
             )
         )
     return fig
@@ -322,14 +339,21 @@ def segment_html(rounds: Sequence[Round], index: int) -> str:
         for j, c in enumerate(rnd.candidates)
     )
     gated = (
-        f"<p>A gated round: why the others were not asked: {esc(rnd.gate.reason)}.</p>"
+        "<p>" + _("A gated round: why the others were not asked: {why}.", why=esc(rnd.gate.reason)) + "</p>"
         if rnd.gated and rnd.gate is not None
         else ""
     )
     return (
-        f"<p>Segment {index + 1} was won in <b>round {rnd.k}</b> by <b>{esc(rnd.winner.member)}</b> "
-        f"(margin {rnd.margin:.3f}).</p>{gated}"
-        f"<table class='sf-segment'><tr><th>member</th><th>candidate</th><th>score</th><th></th></tr>"
+        "<p>"
+        + _(
+            "Segment {i} was won in <b>round {k}</b> by <b>{member}</b> (margin {margin}).",
+            i=index + 1,
+            k=rnd.k,
+            member=esc(rnd.winner.member),
+            margin=f"{rnd.margin:.3f}",
+        )
+        + f"</p>{gated}<table class='sf-segment'><tr><th>{_('member')}</th><th>{_('candidate')}</th>"
+        f"<th>{_('score')}</th><th></th></tr>"
         f"{rows}</table>"
     )
 
@@ -379,18 +403,18 @@ def rules_value(rnd: Round | None, score: str | None = None) -> pd.DataFrame:
     kind (the paper's on mean logits) is judged on that kind, rebuilt from the token evidence.
     """
     if rnd is None:
-        return pd.DataFrame(columns=RULE_COLUMNS)
+        return pd.DataFrame(columns=[_(c) for c in RULE_COLUMNS])
     rows = [
         {
             "rule": c.rule,
             "judged on": c.scores,
-            "would choose": c.member if c.member is not None else "— (cannot judge)",
+            "would choose": c.member if c.member is not None else _("— (cannot judge)"),
             "candidate": rnd.candidates[c.chosen].text if c.chosen is not None else f"({c.note})",
             "as recorded": CHECK if c.chosen == rnd.chosen else "",
         }
         for c in rules.rule_choices(rnd, recorded=score)
     ]
-    return pd.DataFrame(rows, columns=RULE_COLUMNS)
+    return pd.DataFrame(rows, columns=RULE_COLUMNS).rename(columns=_)
 
 
 CHECK = report.CHOSEN_MARK
@@ -406,36 +430,6 @@ def pair_choices(rnd: Round | None) -> tuple[list[tuple[str, int]], list[tuple[s
         for j, c in enumerate(rnd.candidates)
     ]
     return verifiers, candidates
-
-
-def token_html(rnd: Round | None, i: int | None, j: int | None, score: str = "logit") -> str:
-    """Candidate j's tokens as verifier i read them, each shaded by that verifier's score of it.
-
-    Darker is a higher raw logit (score "logit") or log-probability (score "logprob"), relative to
-    the candidate's own tokens; hover shows the value. Every token is escaped (model text).
-    """
-    if rnd is None or i is None or j is None:
-        return ""
-    if not rnd.token_scores:
-        return (
-            "<p class='sf-note'>This round has no token-level detail (an older trace, or members "
-            "that do not report it): only the mean scores in the matrix were recorded.</p>"
-        )
-    if not (0 <= i < len(rnd.token_scores) and 0 <= j < len(rnd.token_scores[i])):
-        return ""
-    detail = rnd.token_scores[i][j]
-    values = detail.logprobs if score == "logprob" and detail.logprobs else detail.logits
-    kind = "log-probability" if values is detail.logprobs else "raw logit"
-    spans = "".join(
-        f"<span class='sf-token' title='{esc(kind)} {value:.3f}' "
-        f"style='background: rgba(99, 110, 250, {0.1 + 0.8 * shade:.2f})'>{esc(token)}</span>"
-        for token, value, shade in report.token_shades(detail.tokens, values)
-    )
-    return (
-        f"<p>Round {rnd.k}: <b>{esc(rnd.verifiers[i])}</b> reading <b>{esc(rnd.candidates[j].member)}</b>'s "
-        f"candidate, each token shaded by its {esc(kind)} (darker = higher; hover for the value).</p>"
-        f"<div class='sf-tokens'>{spans}</div>"
-    )
 
 
 def parting_round(original: Sequence[Round], branch: Sequence[Round]) -> int | None:

@@ -17,6 +17,7 @@ from specfuse.limits import check_request
 from specfuse.records import Branch, Queued
 
 from . import views
+from .i18n import _
 from .loading import check_members
 from .panels import Views
 from .serving import Held, Schedulers, gpu, in_worker
@@ -102,7 +103,7 @@ class WhatIf:
         held = held or Held()
         yield self.clear_branch()  # the previous branch (its view, its download) goes at once
         if trace is None or not trace.rounds:
-            raise self.error("Run the ensemble or upload a trace first: a branch starts from a run.")
+            raise self.error(_("Run the ensemble or upload a trace first: a branch starts from a run."))
         k = max(1, min(int(k), len(trace.rounds)))
         rnd = trace.rounds[k - 1]
         if typed and typed.strip():
@@ -110,7 +111,7 @@ class WhatIf:
         elif pick is not None and 0 <= int(pick) < len(rnd.candidates):
             forced, origin = rnd.candidates[int(pick)].text, rnd.candidates[int(pick)].member
         else:
-            raise self.error("Pick a candidate to force, or type a segment.")
+            raise self.error(_("Pick a candidate to force, or type a segment."))
         start = trace.rounds[: k - 1]
         try:  # the engine checks it too; this refuses a bad segment before any loading
             check_request(trace.prompt, trace.config, start, forced)
@@ -121,8 +122,12 @@ class WhatIf:
             loaded = self.load(names, device, progress)
         except SpecfuseError as e:
             raise self.error(
-                f"Branching runs the trace's members ({', '.join(trace.members)}) again, and this app "
-                f"cannot load them: {e} The replay works without them; branching does not."
+                _(
+                    "Branching runs the trace's members ({members}) again, and this app cannot load them: "
+                    "{e} The replay works without them; branching does not.",
+                    members=", ".join(trace.members),
+                    e=e,
+                )
             ) from e
         rounds = list(start)
         try:  # through the same batch as every run

@@ -17,6 +17,7 @@ from typing import TextIO
 from ..errors import ConfigError, SpecfuseError
 from ..trace import load_trace
 from .html import trace_html
+from .i18n import ENGLISH, LANGS
 from .png import round_png
 
 HELP_WIDTH = 100  # as specfuse's own --help: the same in every terminal
@@ -46,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--title",
         metavar="TEXT",
         help="the page's heading (default: 'SpecFuse run: ' and the prompt's first line)",
+    )
+    add(
+        "--lang",
+        choices=sorted(LANGS),
+        default=ENGLISH,
+        help="the page's language when it opens (its switch shows the others): "
+        + ", ".join(f"{code} ({name})" for code, name in LANGS.items()),
     )
     add(
         "--font",
@@ -86,7 +94,7 @@ def _export(args: argparse.Namespace, out: TextIO) -> int:
         _check_target(flag, path)
     made: list[tuple[str, bytes, str]] = []  # everything is made before anything is written
     if args.html is not None:
-        page = trace_html(trace, title=args.title).encode("utf-8")
+        page = trace_html(trace, title=args.title, lang=args.lang).encode("utf-8")
         made.append((args.html, page, f"the run's {n} rounds, to open in any browser"))
     if args.png is not None:
         made.append((args.png, round_png(trace, k, font=args.font), f"round {k} of {n}, 1920x1080"))

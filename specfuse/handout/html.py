@@ -20,6 +20,7 @@ from .. import __version__
 from ..prompts import prompt_text
 from ..trace import Trace
 from .data import embed_json, page_data
+from .i18n import ENGLISH, LANGS, catalogue
 from .keys import HANDOUT, key_actions, key_rows
 
 # Nothing may load: only the page's own inline script and style run, images only as data: URLs.
@@ -50,7 +51,26 @@ def _noscript(trace: Trace) -> str:
     )
 
 
-def trace_html(trace: Trace, *, title: str | None = None) -> str:
+# The texts the player asks for: T("…") in player.js and data-t… attributes in page.html.
+_ASKED = re.compile(r'\bT\(\s*"((?:[^"\\]|\\.)*)"|data-t(?:-title|-label)?="([^"]*)"')
+
+
+def player_keys() -> set[str]:
+    """Every English text the handout's page and player show through the catalogue."""
+    found = {a or b for a, b in _ASKED.findall(asset("player.js") + asset("page.html"))}
+    rows = {text for row in key_rows(HANDOUT) for text in row}
+    return {k for k in found | rows if k} | {"SpecFuse run", "stop", "empty", "final", "budget", "rounds"}
+
+
+def player_texts() -> dict[str, dict[str, str]]:
+    """The player's texts in every language but English (the page switches offline)."""
+    keys = player_keys()
+    return {
+        code: {k: v for k, v in catalogue(code).items() if k in keys} for code in LANGS if code != ENGLISH
+    }
+
+
+def trace_html(trace: Trace, *, title: str | None = None, lang: str = ENGLISH) -> str:
     """The run as one HTML page to take home: open it from disk in any browser, offline.
 
     It shows the prompt; the answer built up round by round, each segment in the colour of the
@@ -66,8 +86,13 @@ def trace_html(trace: Trace, *, title: str | None = None) -> str:
     panels need is kept (no raw scores, token evidence or timings): 60 rounds of 8 members with
     long segments stay well under 3 MB. Every string from the trace is shown as text. Raises
     ConfigError for a trace without rounds.
+
+    `lang` (a code of specfuse.handout.i18n.LANGS) is the page's language when it opens; its switch
+    shows it in the others, all embedded (the player's texts only).
     """
+    catalogue(lang)  # an unknown language fails before any work
     data = page_data(trace, title)
+    data["lang"], data["languages"], data["texts"] = lang, LANGS, player_texts()
     data["keys"], data["keyRows"] = key_actions(HANDOUT), key_rows(HANDOUT)  # the app's one key map
     parts = {
         "csp": CSP,

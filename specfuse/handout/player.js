@@ -11,6 +11,16 @@
   var svg = $("weights");
   var SVG_NS = svg.namespaceURI; // the inline <svg>'s own namespace: no address written out here
   var colors = data.colors;
+  // The page's language: the one it was exported in, then its switch; texts from the one catalogue
+  // (specfuse/handout/i18n.py), English text → translation, {name} fields filled after the lookup.
+  var lang = data.lang;
+  function T(text, fields) {
+    var table = Object.prototype.hasOwnProperty.call(data.texts, lang) ? data.texts[lang] : {};
+    var out = Object.prototype.hasOwnProperty.call(table, text) ? table[text] : text;
+    return out.replace(/\{(\w+)\}/g, function (m, f) {
+      return fields && Object.prototype.hasOwnProperty.call(fields, f) ? String(fields[f]) : m;
+    });
+  }
 
   function color(member) {
     return Object.prototype.hasOwnProperty.call(colors, member) ? colors[member] : data.other;
@@ -80,14 +90,11 @@
   }
 
   // A trace whose last round set no stop reason was not finished: paused in step mode, or stopped.
-  function ended() { return data.stop === null ? "paused at round " + n : "stopped: " + data.stop; }
+  function ended() {
+    return data.stop === null ? T("paused at round {k}", { k: n }) : T("stopped: {reason}", { reason: T(data.stop) });
+  }
 
   function renderStatic() {
-    $("title").textContent = shown(data.title);
-    document.title = shown(data.title);
-    var exits = rounds.reduce(function (s, r) { return s + r.exits.length; }, 0);
-    $("summary").textContent = data.members.length + " members · " + n + " rounds · " + exits +
-      " exits · " + ended();
     $("prompt").textContent = shown(data.prompt);
     var legend = $("legend");
     data.members.forEach(function (m) {
@@ -98,11 +105,39 @@
     });
     var pace = $("pace");
     for (var s = 1; s <= 10; s++) {
-      var option = el("option", s + " s a round");
+      var option = el("option");
       option.value = String(s);
       pace.appendChild(option);
     }
     pace.value = "3";
+  }
+
+  // Every text of the page in the language chosen (the switch calls it again, then shows the round).
+  function renderTexts() {
+    document.documentElement.lang = lang === "zh" ? "zh-CN" : lang;
+    var title = data.title.indexOf("SpecFuse run") === 0
+      ? T("SpecFuse run") + data.title.slice("SpecFuse run".length) : data.title;
+    $("title").textContent = shown(title);
+    document.title = shown(title);
+    var exits = rounds.reduce(function (s, r) { return s + r.exits.length; }, 0);
+    $("summary").textContent = T("{m} members · {n} rounds · {e} exits · {ended}",
+      { m: data.members.length, n: n, e: exits, ended: ended() });
+    [].forEach.call(document.querySelectorAll("[data-t]"), function (node) {
+      node.textContent = T(node.getAttribute("data-t"));
+    });
+    [].forEach.call(document.querySelectorAll("[data-t-title]"), function (node) {
+      node.title = T(node.getAttribute("data-t-title"));
+    });
+    [].forEach.call(document.querySelectorAll("[data-t-label]"), function (node) {
+      node.setAttribute("aria-label", T(node.getAttribute("data-t-label")));
+    });
+    [].forEach.call($("pace").options, function (option) {
+      option.textContent = T("{s} s a round", { s: option.value });
+    });
+    var other = Object.keys(data.languages).filter(function (code) { return code !== lang; })[0];
+    $("lang").textContent = data.languages[other];
+    $("lang").setAttribute("data-lang", other);
+    renderKeymap();
   }
 
   function renderAnswer() {
@@ -114,7 +149,7 @@
       var seg = el("span", winner.text, "seg" + (i === k - 1 ? " current" : ""));
       seg.style.background = tint(color(winner.member), 0.28);
       seg.style.borderBottomColor = color(winner.member);
-      seg.title = "round " + r.k + ": " + shown(winner.member);
+      seg.title = T("round {k}: {member}", { k: r.k, member: shown(winner.member) });
       seg.setAttribute("data-round", String(r.k));
       answer.appendChild(seg);
       current = seg;
@@ -125,22 +160,26 @@
       if (top < answer.scrollTop) answer.scrollTop = Math.max(0, top - 8);
     }
     var r = rounds[k - 1], w = r.candidates[r.chosen];
-    var note = "Round " + r.k + ": " + name(w.member) + "'s segment was chosen from " + r.candidates.length +
-      (r.candidates.length === 1 ? " candidate" : " candidates");
-    if (r.verified && r.candidates.length > 1) note += ", by a margin of " + fmt(r.margin, 3);
-    if (k === n) note += ". The run " + (data.stop === null ? "was paused here" : "stopped here: " + data.stop);
-    $("round-note").textContent = note + ".";
-    $("answer-note").textContent = "(rounds 1–" + k + ", round " + k + " framed)";
+    var fields = { k: r.k, member: name(w.member), n: r.candidates.length, margin: fmt(r.margin, 3) };
+    var note = r.candidates.length === 1 ? T("Round {k}: {member}'s segment was chosen from {n} candidate", fields)
+      : T("Round {k}: {member}'s segment was chosen from {n} candidates", fields);
+    if (r.verified && r.candidates.length > 1) note += T(", by a margin of {margin}", fields);
+    if (k === n) {
+      note += data.stop === null ? T(". The run was paused here")
+        : T(". The run stopped here: {reason}", { reason: T(data.stop) });
+    }
+    $("round-note").textContent = note + T(".");
+    $("answer-note").textContent = T("(rounds 1–{k}, round {k} framed)", { k: k });
   }
 
   function renderCandidates(r) {
     var table = $("candidates");
     clear(table);
-    table.appendChild(row([el("th", "member"), el("th", "candidate"), el("th", "tokens", "num"),
-      el("th", "score", "num"), el("th", "")]));
+    table.appendChild(row([el("th", T("member")), el("th", T("candidate")), el("th", T("tokens"), "num"),
+      el("th", T("score"), "num"), el("th", "")]));
     r.candidates.forEach(function (c, j) {
-      var text = el("td", c.text === "" ? "(empty)" : c.text, c.text === "" ? "text empty" : "text");
-      var verdict = j === r.chosen ? "✓ won" : (c.eligible ? "" : "not eligible");
+      var text = el("td", c.text === "" ? T("(empty)") : c.text, c.text === "" ? "text empty" : "text");
+      var verdict = j === r.chosen ? T("✓ won") : (c.eligible ? "" : T("not eligible"));
       var tr = row([memberCell("td", c.member), text, el("td", c.tokens, "num"),
         el("td", r.verified ? fmt(c.score, 3) : "—", "num"), el("td", verdict)]);
       if (j === r.chosen) tr.className = "won";
@@ -153,16 +192,18 @@
     clear(box);
     if (!r.verified || r.verifiers.length === 0) {
       var winner = r.candidates[r.chosen].member;
-      var why = r.candidates.length === 1 ? "a lone draft (only " + winner + " drafted)" : "the drafts agreed";
-      box.appendChild(el("p", "Round " + r.k + " was not verified: " + why + ", so " + winner +
-        "'s segment was taken without scoring. There is no matrix for this round.", "note"));
+      var why = r.candidates.length === 1 ? T("a lone draft (only {member} drafted)", { member: winner })
+        : T("the drafts agreed");
+      var said = T("Round {k} was not verified: {why}, so {member}'s segment was taken without scoring. There is no matrix for this round.",
+        { k: r.k, why: why, member: winner });
+      box.appendChild(el("p", said, "note"));
       $("matrix-note").textContent = "";
       return;
     }
     var values = [].concat.apply([], r.matrix).filter(function (v) { return v !== null; });
     var lo = data.fixed ? 0 : Math.min.apply(null, values), hi = data.fixed ? 1 : Math.max.apply(null, values);
     var table = el("table");
-    var head = [el("th", "verifier ↓ candidate →")];
+    var head = [el("th", T("verifier ↓ candidate →"))];
     r.candidates.forEach(function (c, j) {
       var th = memberCell("th", c.member);
       if (j === r.chosen) { th.appendChild(document.createTextNode(" ✓")); th.className = "won"; }
@@ -183,11 +224,12 @@
       table.appendChild(row(cells));
     });
     var caption = el("caption", data.fixed
-      ? "normalized scores ŝ (" + data.normalization + "), each verifier's row sums to 1; colour scale 0..1"
-      : "raw scores (normalization none), coloured from this round's lowest to its highest");
+      ? T("normalized scores ŝ ({normalization}), each verifier's row sums to 1; colour scale 0..1",
+        { normalization: data.normalization })
+      : T("raw scores (normalization none), coloured from this round's lowest to its highest"));
     table.appendChild(caption);
     box.appendChild(table);
-    $("matrix-note").textContent = "(round " + r.k + ")";
+    $("matrix-note").textContent = T("(round {k})", { k: r.k });
   }
 
   function svgEl(tag, attrs, text) {
@@ -219,7 +261,7 @@
       svg.appendChild(svgEl("text", { x: x(t), y: H - bottom + 20, "text-anchor": "middle" }, t));
     }
     svg.appendChild(svgEl("text", { x: (left + W - right) / 2, y: H - 6, "text-anchor": "middle" },
-      "round (0 = the starting weights)"));
+      T("round (0 = the starting weights)")));
     svg.appendChild(svgEl("line", { x1: x(k), y1: top, x2: x(k), y2: y(0), stroke: "#111",
       "stroke-width": 2, "stroke-dasharray": "6 4" }));
     data.members.forEach(function (m, i) {
@@ -248,12 +290,12 @@
     var exits = [];
     rounds.slice(0, k).forEach(function (r) { exits = exits.concat(r.exits); });
     if (exits.length === 0) {
-      box.appendChild(el("p", "No member has left the drafting set by round " + k + ".", "note"));
+      box.appendChild(el("p", T("No member has left the drafting set by round {k}.", { k: k }), "note"));
       return;
     }
     var table = el("table");
-    table.appendChild(row([el("th", "member"), el("th", "after round", "num"),
-      el("th", "keep probability", "num"), el("th", "threshold", "num")]));
+    table.appendChild(row([el("th", T("member")), el("th", T("after round"), "num"),
+      el("th", T("keep probability"), "num"), el("th", T("threshold"), "num")]));
     exits.forEach(function (e) {
       table.appendChild(row([memberCell("td", e.member), el("td", e.k, "num"),
         el("td", fmt(e.keep, 3), "num"), el("td", fmt(e.threshold, 3), "num")]));
@@ -268,8 +310,9 @@
     if (m) return parseInt(m[1], 10);
     var asked = hash;
     try { asked = decodeURIComponent(hash); } catch (err) { /* a stray % : shown as typed */ }
-    if (hash && hash !== "#") linkNote = "The link's " + shown(asked.slice(0, 40)) +
-      " is not a round (#round=K): round 1 is shown."; // textContent: never markup
+    if (hash && hash !== "#") { // textContent: never markup
+      linkNote = T("The link's {asked} is not a round (#round=K): round 1 is shown.", { asked: shown(asked.slice(0, 40)) });
+    }
     return null;
   }
   function keepLink() {
@@ -280,7 +323,7 @@
   function show(target) {
     k = Math.min(n, Math.max(1, target));
     var r = rounds[k - 1];
-    $("counter").textContent = "round " + k + " of " + n;
+    $("counter").textContent = T("round {k} of {n}", { k: k, n: n });
     $("back").disabled = k === 1;
     $("next").disabled = k === n;
     renderAnswer();
@@ -295,7 +338,7 @@
   function setState() {
     $("play").disabled = timer !== null;
     $("pause").disabled = timer === null;
-    $("play-state").textContent = timer === null ? "paused" : "playing";
+    $("play-state").textContent = timer === null ? T("paused") : T("playing");
   }
   function tick() {
     if (k >= n) { pause(); return; }
@@ -363,20 +406,27 @@
   });
   function renderKeymap() {
     var table = $("keymap-table");
+    [].slice.call(table.querySelectorAll("tr")).forEach(function (tr) { tr.remove(); });
     data.keyRows.forEach(function (r) {
-      var th = el("th", r[0]);
+      var th = el("th", T(r[0]));
       th.scope = "row";
-      table.appendChild(row([th, el("td", r[1])]));
+      table.appendChild(row([th, el("td", T(r[1]))]));
     });
   }
 
   renderStatic();
-  renderKeymap();
+  renderTexts();
+  $("lang").addEventListener("click", function () { // the switch: the page in the other language
+    lang = this.getAttribute("data-lang");
+    renderTexts();
+    show(k);
+    setState();
+  });
   $("player").hidden = false;
   var start = fromLink(location.hash);
   if (start !== null && (start < 1 || start > n))
-    linkNote = "The link's round " + start + " is not one of the " + n + " rounds: round " +
-      Math.min(n, Math.max(1, start)) + " is shown.";
+    linkNote = T("The link's round {k} is not one of the {n} rounds: round {near} is shown.",
+      { k: start, n: n, near: Math.min(n, Math.max(1, start)) });
   var noted = linkNote;
   show(start === null ? 1 : start);
   $("link-note").textContent = noted;

@@ -19,6 +19,8 @@ from typing import Any
 from ..errors import ConfigError, SpecfuseError
 from ..trace import Trace
 from .data import SCALE, page_data, shown_controls
+from .i18n import ENGLISH, catalogue
+from .i18n import t as say
 
 WIDTH, HEIGHT = 1920, 1080
 LEFT = (40, 1060)  # x span of the left column (answer, candidates)
@@ -152,7 +154,9 @@ def wrap_pieces(segments: Sequence[tuple[str, int]], pen: Pen, size: int, width:
     return lines
 
 
-def round_png(trace: Trace, k: int, *, font: str | os.PathLike[str] | None = None) -> bytes:
+def round_png(
+    trace: Trace, k: int, *, font: str | os.PathLike[str] | None = None, lang: str = ENGLISH
+) -> bytes:
     """Round k (from 1) of `trace` as one 1920×1080 PNG, for a slide.
 
     It shows the answer up to round k (each segment tinted in its member's colour, round k's
@@ -166,7 +170,8 @@ def round_png(trace: Trace, k: int, *, font: str | os.PathLike[str] | None = Non
     empty box, so the layout holds but that text cannot be read. `font`, a TrueType or OpenType file
     (a path, or a name Pillow finds in the system's font folders, such as "DejaVuSans.ttf"), draws
     with that font instead. An answer too long for its box shows its end. Raises ConfigError for a
-    k outside the trace and SpecfuseError where Pillow is not installed.
+    k outside the trace and SpecfuseError where Pillow is not installed. `lang`: the slide's
+    language (specfuse.handout.i18n; Chinese needs a `font` that draws it).
     """
     try:
         from PIL import Image, ImageDraw
@@ -177,6 +182,7 @@ def round_png(trace: Trace, k: int, *, font: str | os.PathLike[str] | None = Non
         held = f"it has rounds 1 to {n}" if n else "it has no rounds"
         raise ConfigError(f"round {k!r} is not in this trace: {held}")
     data = page_data(trace)
+    data["lang"] = lang if catalogue(lang) is not None else ENGLISH  # an unknown language fails here
     image = Image.new("RGB", (WIDTH, HEIGHT), "white")
     try:
         pen = Pen(ImageDraw.Draw(image), font)
@@ -199,10 +205,13 @@ def _color(data: dict[str, Any], member: str) -> RGB:
 
 
 def _header(pen: Pen, data: dict[str, Any], k: int) -> None:
-    counter = f"round {k} of {len(data['rounds'])}"
+    counter = say("round {k} of {n}", data["lang"], k=k, n=len(data["rounds"]))
     pen.text((RIGHT[1], 24), counter, 40, anchor="ra")
     room = RIGHT[1] - LEFT[0] - pen.width(counter, 40) - 60
-    pen.text((LEFT[0], 24), pen.fit(data["title"], 36, room), 36)
+    title = data["title"]
+    if title.startswith("SpecFuse run"):
+        title = say("SpecFuse run", data["lang"]) + title[len("SpecFuse run") :]
+    pen.text((LEFT[0], 24), pen.fit(title, 36, room), 36)
     x = float(LEFT[0])
     for member in data["members"]:
         name = pen.fit(member, 24, 320)
@@ -217,8 +226,11 @@ def _header(pen: Pen, data: dict[str, Any], k: int) -> None:
 
 def _answer(pen: Pen, data: dict[str, Any], k: int, top: int, bottom: int) -> None:
     rounds = data["rounds"]
-    stopped = f" (the run stopped here: {data['stop'] or 'cancelled'})" if k == len(rounds) else ""
-    pen.text((LEFT[0], top), pen.fit(f"Answer up to round {k}{stopped}", 26, LEFT[1] - LEFT[0]), 26, MUTED)
+    lang = data["lang"]
+    reason = say(data["stop"], lang) if data["stop"] else say("cancelled", lang)
+    stopped = say(" (the run stopped here: {reason})", lang, reason=reason) if k == len(rounds) else ""
+    said = say("Answer up to round {k}{stopped}", lang, k=k, stopped=stopped)
+    pen.text((LEFT[0], top), pen.fit(said, 26, LEFT[1] - LEFT[0]), 26, MUTED)
     size, line_h, pad = 30, 44, 12
     box = (LEFT[0], top + 40, LEFT[1], bottom)
     pen.draw.rectangle(box, outline=RULE, width=2)
@@ -243,7 +255,7 @@ def _answer(pen: Pen, data: dict[str, Any], k: int, top: int, bottom: int) -> No
 
 
 def _candidates(pen: Pen, data: dict[str, Any], r: dict[str, Any], top: int, bottom: int) -> None:
-    pen.text((LEFT[0], top), f"Candidates of round {r['k']}", 26, MUTED)
+    pen.text((LEFT[0], top), say("Candidates of round {k}", data["lang"], k=r["k"]), 26, MUTED)
     cands = r["candidates"]
     row_h = min(48, (bottom - top - 84) // max(1, len(cands)))
     size = max(12, min(24, row_h - 16))
@@ -255,7 +267,7 @@ def _candidates(pen: Pen, data: dict[str, Any], r: dict[str, Any], top: int, bot
         (tokens_x, "tokens", "ra"),
         (score_x, "score", "ra"),
     ):
-        pen.text((x, y), label, 22, MUTED, anchor)
+        pen.text((x, y), say(label, data["lang"]), 22, MUTED, anchor)
     y += 36
     pen.draw.line((LEFT[0], y, LEFT[1], y), fill=RULE, width=2)
     for j, c in enumerate(cands):
@@ -274,20 +286,35 @@ def _candidates(pen: Pen, data: dict[str, Any], r: dict[str, Any], top: int, bot
         pen.text((tokens_x, middle), str(c["tokens"]), size, anchor="rm")
         score = "-" if c["score"] is None or not r["verified"] else f"{c['score']:.3f}"
         pen.text((score_x, middle), score, size, anchor="rm")
-        mark = "WON" if won else ("not eligible" if not c["eligible"] else "")
+        mark = (
+            say("WON", data["lang"])
+            if won
+            else (say("not eligible", data["lang"]) if not c["eligible"] else "")
+        )
         pen.text((mark_x, middle), mark, size if won else max(12, size - 6), ACCENT if won else MUTED, "rm")
         y += row_h
 
 
 def _matrix(pen: Pen, data: dict[str, Any], r: dict[str, Any], top: int, bottom: int) -> None:
-    pen.text((RIGHT[0], top), f"Verification matrix of round {r['k']} (verifier x candidate)", 26, MUTED)
+    lang = data["lang"]
+    pen.text(
+        (RIGHT[0], top),
+        say("Verification matrix of round {k} (verifier x candidate)", lang, k=r["k"]),
+        26,
+        MUTED,
+    )
     cands, verifiers = r["candidates"], r["verifiers"]
     winner = cands[r["chosen"]]["member"]
     if not r["verified"] or not verifiers:
-        why = f"a lone draft (only {winner} drafted)" if len(cands) == 1 else "the drafts agreed"
-        words = (
-            f"Round {r['k']} was not verified: {why}, so {winner}'s segment was taken without scoring. "
-            "There is no matrix for this round."
+        lone = say("a lone draft (only {member} drafted)", lang, member=winner)
+        why = lone if len(cands) == 1 else say("the drafts agreed", lang)
+        words = say(
+            "Round {k} was not verified: {why}, so {member}'s segment was taken without scoring. There is no "
+            "matrix for this round.",
+            lang,
+            k=r["k"],
+            why=why,
+            member=winner,
         )
         for i, line in enumerate(pen.wrap(words, 32, RIGHT[1] - RIGHT[0])[:8]):
             pen.text((RIGHT[0], top + 70 + 46 * i), line, 32)
@@ -313,17 +340,21 @@ def _matrix(pen: Pen, data: dict[str, Any], r: dict[str, Any], top: int, bottom:
     j = r["chosen"]
     frame = (x0 + j * cell_w - 3, y0 - 36, x0 + (j + 1) * cell_w + 1, y0 + len(verifiers) * cell_h + 1)
     pen.draw.rectangle(frame, outline=ACCENT, width=4)
-    pen.text(((frame[0] + frame[2]) / 2, frame[1] - 4), "WON", 20, ACCENT, "md")
+    pen.text(((frame[0] + frame[2]) / 2, frame[1] - 4), say("WON", lang), 20, ACCENT, "md")
     caption = (
-        f"normalized scores ({data['normalization']}): each verifier's row sums to 1; colour scale 0 to 1"
+        say(
+            "normalized scores ({normalization}): each verifier's row sums to 1; colour scale 0 to 1",
+            lang,
+            normalization=data["normalization"],
+        )
         if data["fixed"]
-        else "raw scores (normalization none), coloured from this round's lowest to its highest"
+        else say("raw scores (normalization none), coloured from this round's lowest to its highest", lang)
     )
     pen.text((RIGHT[0], frame[3] + 14), pen.fit(caption, 20, RIGHT[1] - RIGHT[0]), 20, MUTED)
 
 
 def _weights(pen: Pen, data: dict[str, Any], k: int, top: int, bottom: int) -> None:
-    pen.text((RIGHT[0], top), f"Weights over the rounds, up to round {k}", 26, MUTED)
+    pen.text((RIGHT[0], top), say("Weights over the rounds, up to round {k}", data["lang"], k=k), 26, MUTED)
     rounds, members = data["rounds"], data["members"]
     n = len(rounds)
     history = [data["start"], *(r["weights"] for r in rounds)]
@@ -345,7 +376,9 @@ def _weights(pen: Pen, data: dict[str, Any], k: int, top: int, bottom: int) -> N
     step = max(1, math.ceil(n / 10))
     for t in range(0, n + 1, step):
         pen.text((x(t), chart_bottom + 8), str(t), 20, MUTED, "ma")
-    pen.text(((left + right) / 2, bottom), "round (0 = the starting weights)", 20, MUTED, "md")
+    pen.text(
+        ((left + right) / 2, bottom), say("round (0 = the starting weights)", data["lang"]), 20, MUTED, "md"
+    )
     pen.draw.line((x(k), chart_top, x(k), chart_bottom), fill=INK, width=2)
     for i, member in enumerate(members):
         points = [(x(t), y(history[t][i])) for t in range(k + 1)]

@@ -8,8 +8,10 @@ The package's map. `LESSONS` (catalogue.py) says what each lesson is about and w
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+from ..handout.i18n import t
 from ..trace import Trace, load_trace
 from .catalogue import LESSONS, PANELS, Lesson, UnknownLessonError, lesson
 from .checks import CHECKS
@@ -40,12 +42,26 @@ def key_round(slug: str, trace: Trace) -> int | None:
     return found if isinstance(found, int) else None
 
 
+def in_language(one: Lesson, lang: str) -> Lesson:
+    """The lesson's texts (title, summary, notes, takeaway, live note) in UI language `lang`, from
+    the one catalogue (specfuse.handout.i18n). The prompt is the recorded run's and stays as it is."""
+    return replace(
+        one,
+        title=t(one.title, lang),
+        summary=t(one.summary, lang),
+        look_for={panel: t(text, lang) for panel, text in one.look_for.items()},
+        takeaway=t(one.takeaway, lang),
+        live_note=t(one.live_note, lang),
+    )
+
+
 __all__ = [
     "LESSONS",
     "PANELS",
     "TRACES",
     "Lesson",
     "UnknownLessonError",
+    "in_language",
     "key_round",
     "lesson",
     "load_lesson",
