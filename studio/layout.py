@@ -89,16 +89,9 @@ def build_demo(
                 step_bar = step_panel()
                 chat = chat_panel()
                 shown = views_panel(notes)
+        runs = schedulers or Schedulers(config)
         studio = Studio(
-            loader,
-            choices,
-            allow_paths,
-            plan_devices,
-            controls,
-            shown,
-            trace,
-            Servers(served),
-            schedulers or Schedulers(config),
+            loader, choices, allow_paths, plan_devices, controls, shown, trace, Servers(served), runs
         )
         if study is not None and panel is not None:
             wire_failures(studio, study, panel)

@@ -17,6 +17,7 @@ from specfuse import Round
 from specfuse.records import Draft
 
 from .i18n import _
+from .text_views import gate_reason
 from .untrusted import esc, md, shown_controls
 from .views import CHART_FONT, CHART_PX, MARGIN
 
@@ -125,7 +126,7 @@ def verdict_note(rnd: Round, guess: str | None, tally: Tally, over: bool) -> str
     """After Reveal: who won, whether the room's guess was right, the tally, and whether it ended."""
     won = _("**Round {k}: {member}'s candidate won**", k=rnd.k, member=md(rnd.winner.member))
     if rnd.gated and rnd.gate is not None:
-        won += _(" (gated: {reason})", reason=md(rnd.gate.reason))
+        won += _(" (gated: {reason})", reason=md(gate_reason(rnd.gate)))
     elif not rnd.verified:
         why = _("the only draft") if len(rnd.candidates) == 1 else _("the drafts agreed")
         won += _(" ({why}: taken without scoring)", why=why)

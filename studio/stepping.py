@@ -51,6 +51,10 @@ from .step_views import (
 from .untrusted import md
 from .updates import Update, download_value, session_of, unchanged
 
+# A link's round in step mode (Stepper.replaying): the rounds before it revealed
+FROM_ROUND = (
+    "**Step mode**, a recorded run of {n} rounds: the rounds before round {k} are shown, Next plays it."
+)
 NO_RUN = "No stepping run: check **Step mode (teach)** and press **Run**."
 
 
@@ -158,13 +162,9 @@ class Stepper:
         before = min(max(at or 1, 1), len(trace.rounds)) - 1
         if before:  # as if Next and Reveal had been pressed that often, with no guesses
             run.rounds, run.ticket.played = list(trace.rounds[:before]), before  # type: ignore[union-attr]
-            return self.scene(run, before, view) | {
-                v.plain: views.plain_answer(run.rounds),
-                s.controls.download: download_value(None),
-                v.status: f"**Step mode**, a recorded run of {len(trace.rounds)} rounds: the rounds "
-                f"before round {before + 1} are shown, Next plays it.",
-                **self.still(True),
-            }
+            shown = {v.plain: views.plain_answer(run.rounds), s.controls.download: download_value(None)}
+            status = {v.status: _(FROM_ROUND, n=len(trace.rounds), k=before + 1)}
+            return self.scene(run, before, view) | shown | status | self.still(True)
         return {
             s.trace: None,
             **s.panels(None, view=view),

@@ -14,8 +14,10 @@ import re
 from collections.abc import Sequence
 
 from specfuse import Round, report
+from specfuse.handout.i18n import ENGLISH
+from specfuse.records import Gate
 
-from .i18n import _
+from .i18n import _, current
 from .untrusted import esc
 
 
@@ -189,3 +191,18 @@ def exit_reason(text: str) -> str:
     return _(
         "keep-probability {p} < δ/|A| = {d} after {k} rounds (cumulative quality {q})", p=p, d=d, k=k, q=q
     )
+
+
+def gate_reason(gate: Gate) -> str:
+    """Why a gated round's others were (not) asked (engine/gate.decide's sentence): the recorded one
+    in English, said again from its fields in another language."""
+    if current() == ENGLISH:
+        return gate.reason
+    if gate.confidence is None:
+        return _("{member} gave no confidence for its draft, so the others were asked", member=gate.member)
+    said = {"member": gate.member, "measure": _(gate.measure), "value": f"{gate.confidence:.3f}"}
+    if gate.passed:
+        return _("{member} was sure: {measure} {value} ≥ {bar}, so its segment was taken without asking "
+                 "the others", bar=f"{gate.threshold:g}", **said)  # fmt: skip
+    return _("{member} was unsure ({measure} {value} < {bar}), so the others drafted and verified",
+             bar=f"{gate.threshold:g}", **said)  # fmt: skip

@@ -20,8 +20,9 @@ from specfuse import Round, Trace, answer_spans, report, rules
 from specfuse.handout.data import member_colors  # one colour per member, as the handout's
 from specfuse.records import Draft
 
+from . import text_views
 from .i18n import _
-from .text_views import candidates_html, exit_reason, matrix_html, token_html, weights_html  # noqa: F401 (views.token_html)
+from .text_views import candidates_html, exit_reason, matrix_html, token_html, weights_html  # noqa: F401
 from .untrusted import esc, md, shown_controls
 
 SELECTED = "▶ selected segment"  # the answer's label for the segment being inspected
@@ -191,7 +192,9 @@ def heatmap_figure(rnd: Round | None, normalized: bool = True, fixed_scale: bool
         fig.update_layout(
             title=_("round {k}: gated: {member} was sure, nobody verified", k=rnd.k, member=who)
         )
-        return nothing_to_draw(fig, _("why the others were not asked: {why}", why=esc(rnd.gate.reason)))
+        return nothing_to_draw(
+            fig, _("why the others were not asked: {why}", why=esc(text_views.gate_reason(rnd.gate)))
+        )
     if not rnd.verified:
         lone = len(rnd.candidates) == 1
         why = _("a lone draft") if lone else _("the drafts agreed")
@@ -339,7 +342,9 @@ def segment_html(rounds: Sequence[Round], index: int) -> str:
         for j, c in enumerate(rnd.candidates)
     )
     gated = (
-        "<p>" + _("A gated round: why the others were not asked: {why}.", why=esc(rnd.gate.reason)) + "</p>"
+        "<p>"
+        + _("A gated round: why the others were not asked: {why}.", why=esc(text_views.gate_reason(rnd.gate)))
+        + "</p>"
         if rnd.gated and rnd.gate is not None
         else ""
     )
