@@ -376,14 +376,19 @@ class Scheduler:
         arrivals (a class pressing Run together) starts in one round, not one request first and the
         rest a round later."""
         began = time.perf_counter()
-        for run, error in self._batch.admit(self._take, self.batch_size):
-            with self._cond:
-                self._end(self._running[run.id], "failed", error)
-        # Chunked prefill: one part of the newcomers' prompts, then the round of the runs under way
-        # (those read whole now among them), so that no prompt holds the others up for long.
-        for run, error in self._batch.read():
-            with self._cond:
-                self._end(self._running[run.id], "failed", error)
+        for again in (False, True):
+            if again and (self._batch.reading or not self._waiting):
+                break
+            # With chunked prefill, a second time for those that arrived while the newcomers' short
+            # prompts were read whole: a burst still starts in one round.
+            for run, error in self._batch.admit(self._take, self.batch_size):
+                with self._cond:
+                    self._end(self._running[run.id], "failed", error)
+            # Chunked prefill: one part of the newcomers' prompts, then the round of the runs under
+            # way (those read whole now among them), so that no prompt holds the others up for long.
+            for run, error in self._batch.read():
+                with self._cond:
+                    self._end(self._running[run.id], "failed", error)
         for run, event in self._batch.step():
             ticket = self._running[run.id]
             if isinstance(event, SpecfuseError):

@@ -222,6 +222,23 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
             raise type(e)(f"{self.name}: {e}") from None
 
     def start(self, prompt: Prompt, settings: MemberSettings) -> LlamaState:
+        state = self._open(prompt, settings)
+        if settings.measure_prompt:
+            state.surprise = self._surprise(prompt, state)
+        return state
+
+    def open_many(self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
+        """Requests' states, their prompts' tokens checked, none read (prefill_many reads them)."""
+        out: list[Any] = []
+        for prompt, s in zip(prompts, settings):
+            try:
+                out.append(self._open(prompt, s))
+                out[-1].reading = prompt
+            except ConfigError as e:
+                out.append(e)
+        return out
+
+    def _open(self, prompt: Prompt, settings: MemberSettings) -> LlamaState:
         ids = self.prompt_ids(prompt)
         if not ids:
             raise ConfigError(f"{self.name}: the prompt formats to no tokens")
@@ -232,10 +249,7 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
                 f"{settings.max_new_tokens} more, beyond this member's context of {limit}; "
                 "shorten the prompt or lower max_new_tokens"
             )
-        state = LlamaState(settings, len(ids), ids, "")
-        if settings.measure_prompt:
-            state.surprise = self._surprise(prompt, state)
-        return state
+        return LlamaState(settings, len(ids), ids, "")
 
     def prompt_surprise(self, state: LlamaState) -> float | None:
         """How surprised this member was by the prompt's own text, in nats per byte (None: not
@@ -298,18 +312,21 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
     def _surprise(self, prompt: Prompt, state: LlamaState) -> float | None:
         """Read the prompt into a slot (the first draft finds it there) with the logits of the
         positions that predict the prompt's own tokens: their mean negative log-likelihood per byte."""
+        with self.lock:
+            return self._surprise_unlocked(prompt, state)
+
+    def _surprise_unlocked(self, prompt: Prompt, state: LlamaState) -> float | None:
         span = drafting.prompt_span(self.tokenizer, self.prompt_format, prompt, state.ids)
         if span is None:
             return None
         inside, spelled = span
         wanted = {t - 1: state.ids[t] for t in inside}  # position t-1 predicts token t
         nll = 0.0
-        with self.lock:
-            (slot,) = self._claim([state])
-            self._rewind(slot, state.ids[:1])
-            items = [(slot, p, state.ids[p], p in wanted) for p in range(len(state.ids))]
-            for i, row in self._decode(items, "prompt"):
-                nll -= logit_and_logprob(row, wanted[i])[1]
+        (slot,) = self._claim([state], drop=False)
+        self._rewind(slot, state.ids[:1])
+        items = [(slot, p, state.ids[p], p in wanted) for p in range(len(state.ids))]
+        for i, row in self._decode(items, "prompt"):
+            nll -= logit_and_logprob(row, wanted[i])[1]
         return nll / max(1, spelled)
 
     # -- drafting ------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ methods are the member's own, read apart; what they use of it is declared below,
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ class LlamaState:
     # This member's own draft from these ids: its tokens and each one's (logit, logprob) as drafted.
     # With own_draft_scores, verification takes its own candidate's values from here.
     drafted: tuple[tuple[int, ...], tuple[tuple[float, float], ...]] | None = None
+    reading: Any = None  # opened (open_many): its prompt, until prefill_many has read it whole
 
 
 # A token to decode: (sequence, position, token id, whether its logits are wanted). A verify pass's
@@ -70,10 +72,14 @@ class LlamaDecoding:
         last_used: list[float]
         generation: int
         _threads_now: int
+        lock: threading.Lock
 
-    def _claim(self, states: Sequence[LlamaState]) -> list[int]:
+        def _surprise_unlocked(self, prompt: Any, state: LlamaState) -> float | None: ...
+
+    def _claim(self, states: Sequence[LlamaState], drop: bool = True) -> list[int]:
         """A distinct slot per request: the one holding the longest prefix of its context, else the
-        least recently used."""
+        least recently used. `drop` False: the last verify pass's candidates stay (a prompt read
+        between a round's accept and the next draft leaves the accepted cells to be adopted)."""
         taken: list[int] = []
         now = time.monotonic()
         for state in states:
@@ -85,8 +91,35 @@ class LlamaDecoding:
             state.slot = best
             self.last_used[best] = now
             self._adopt(state, best)
-        self._drop_candidates()
+        if drop:
+            self._drop_candidates()
         return taken
+
+    def prefill_many(self, states: Sequence[LlamaState], budget: int) -> list[bool]:
+        """Decode at most `budget` more prompt tokens in all into the requests' slots, the first's
+        first (a prompt's surprise, when asked for, is measured once it is read: a pass of its own)."""
+        with self.lock:
+            for state in states:
+                prompt = state.reading
+                if prompt is not None and budget > 0:
+                    budget -= self._read_part(state, budget)
+                    if state.reading is None and state.settings.measure_prompt:
+                        state.surprise = self._surprise_unlocked(prompt, state)
+        return [state.reading is None for state in states]
+
+    def _read_part(self, state: LlamaState, budget: int) -> int:
+        """Decode at most `budget` more of the prompt into the request's slot (chunked prefill); the
+        tokens decoded. Its last token is left to the first draft, which decodes it for its logits;
+        a slot lent to another request meanwhile is read again from where they part."""
+        (slot,) = self._claim([state], drop=False)
+        end = state.prompt_len - 1
+        upto = min(end, common_prefix_len(self.cached[slot], state.ids[:end]) + budget)
+        start = self._rewind(slot, state.ids[:upto], keep_beyond=True)
+        for _ in self._decode([(slot, p, state.ids[p], False) for p in range(start, upto)], "prompt"):
+            pass  # no logits wanted: the cells are what it is read for
+        if upto == end:
+            state.reading = None
+        return upto - start
 
     def _adopt(self, state: LlamaState, slot: int) -> None:
         """Move the cells of the request's verified candidate that its context now continues with
