@@ -295,7 +295,7 @@ def _handlers(member: Member, states: dict[int, Any]) -> dict[str, Callable[...,
         states[handle] = member.start(prompt, settings)
         return handle
 
-    def start_many(prompts: list[Prompt], settings: list[MemberSettings], how: str = "start_many") -> list[Any]:
+    def start_many(prompts: list[Prompt], settings: list[MemberSettings], how: str = "start_many") -> list:
         out: list[Any] = []
         for started in getattr(member, how)(prompts, settings):
             if isinstance(started, BaseException):  # that request's error, sent back as it is
