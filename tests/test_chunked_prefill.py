@@ -93,7 +93,7 @@ def test_the_running_run_plays_rounds_while_a_long_prompt_is_read(tiny_members):
     assert log[-2:] == [(True, False), (False, False)]  # then both, in the round it joined
 
 
-def test_the_scheduler_plays_rounds_between_a_newcomers_submission_and_its_admission(tiny_members, monkeypatch):
+def test_the_scheduler_plays_rounds_between_a_submission_and_its_admission(tiny_members, monkeypatch):
     scheduler = Scheduler(tiny_members, batch_size=4, prefill_chunk=7)
     played = rounds_played(scheduler, monkeypatch)
     submitted_at: list[int] = []

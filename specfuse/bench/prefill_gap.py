@@ -113,10 +113,9 @@ def run_gap(
                 scheduler.close()
     settings = {}
     for chunk, runs in samples.items():
-        settings[str(chunk)] = {
-            key: statistics.median(r[key] for r in runs)
-            for key in ("usual_gap_s", "longest_gap_s", "ratio", "rounds_while_read", "newcomer_first_round_s")
-        } | {"complete": sum(r["complete"] for r in runs), "runs": len(runs)}
+        keys = ("usual_gap_s", "longest_gap_s", "ratio", "rounds_while_read", "newcomer_first_round_s")
+        settings[str(chunk)] = {key: statistics.median(r[key] for r in runs) for key in keys}
+        settings[str(chunk)] |= {"complete": sum(r["complete"] for r in runs), "runs": len(runs)}
     return {
         "members": [m.name for m in members],
         "cpu": cpu_model(),
@@ -168,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quantize", default="none", help=QUANTIZE_HELP)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, … (default cpu)")
     add_prefill_flag(parser)
-    parser.add_argument("--prompt-tokens", type=int, default=6000, help="the newcomer's prompt (default 6000)")
+    parser.add_argument("--prompt-tokens", type=int, default=6000, help="the long prompt (default 6000)")
     parser.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
     parser.add_argument("--repeats", type=int, default=1, help="turns of the settings (default 1)")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.txt")
@@ -176,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.repeats < 1 or args.prompt_tokens < 1 or args.prefill_chunk < 1:
-        parser.error("--repeats, --prompt-tokens and --prefill-chunk must be at least 1 (0, whole, is always run)")
+        parser.error("--repeats, --prompt-tokens and --prefill-chunk must be ≥ 1 (0, whole, always runs)")
     try:
         members = load_named(args.models, device=args.device, dtype=args.dtype, quantize=args.quantize)
         report = run_gap(
