@@ -17,6 +17,7 @@ import math
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 
 from ..cli import Parser, add_prefill_flag
 from ..config import EnsembleConfig
-from ..engine import Scheduler
+from ..engine import Scheduler, Ticket
 from ..errors import SpecfuseError
 from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from ..records import Round
@@ -54,27 +55,30 @@ def long_prompt(member: Any, tokens: int) -> str:
     return text + question
 
 
-def one_join(scheduler: Scheduler, prompt: str, running: EnsembleConfig, newcomer: EnsembleConfig) -> dict:
+def one_join(
+    scheduler: Scheduler, prompt: str, running: EnsembleConfig, newcomer: EnsembleConfig, stream: str
+) -> dict:
     """A running stream, a newcomer joining after WARM_ROUNDS of its rounds: the stream's gaps."""
-    stream = scheduler.submit(RUNNING, running)
+    ticket = scheduler.submit(stream, running)
     times: list[float] = []
-    submitted = first = math.nan
-    ticket = None
+    first: list[float] = []  # when the newcomer's first round arrived, as its client sees it
+    submitted = math.nan
+    joining = None
     try:
-        for event in stream.events(timeout=3600):
+        for event in ticket.events(timeout=3600):
             if not isinstance(event, Round):
                 continue
             times.append(time.perf_counter())
             if len(times) == WARM_ROUNDS:
                 submitted = time.perf_counter()
-                ticket = scheduler.submit(prompt, newcomer)
-            if ticket is not None and ticket.rounds:
-                first = ticket.submitted + ticket.rounds[0].elapsed
+                joining = scheduler.submit(prompt, newcomer)
+                threading.Thread(target=_first_round, args=(joining, first), daemon=True).start()
+            if first:
                 break
     finally:
-        stream.cancel()
-        if ticket is not None:
-            ticket.cancel()
+        ticket.cancel()
+        if joining is not None:
+            joining.cancel()
     gaps = [b - a for a, b in zip(times, times[1:])]
     before = gaps[: WARM_ROUNDS - 1]
     during = [b - a for a, b in zip(times, times[1:]) if b > submitted]
@@ -85,9 +89,16 @@ def one_join(scheduler: Scheduler, prompt: str, running: EnsembleConfig, newcome
         "longest_gap_s": longest,
         "ratio": longest / usual if usual else math.nan,
         "rounds_while_read": len(during),
-        "newcomer_first_round_s": first - submitted,
-        "complete": not math.isnan(first),  # False: the running stream ended before the newcomer played
+        "newcomer_first_round_s": first[0] - submitted if first else math.nan,
+        "complete": bool(first),  # False: the running stream ended before the newcomer played
     }
+
+
+def _first_round(ticket: Ticket, out: list[float]) -> None:
+    for event in ticket.events(timeout=3600):
+        if isinstance(event, Round):
+            out.append(time.perf_counter())
+            return
 
 
 def run_gap(
@@ -97,9 +108,13 @@ def run_gap(
     prompt_tokens: int = 6000,
     segment_len: int = 10,
     repeats: int = 1,
+    stream_tokens: int = 1024,
+    stream: str = RUNNING,
 ) -> dict[str, Any]:
+    """Each setting of `chunks` in turn, `repeats` times; the JSON-ready report. `stream_tokens`: the
+    running stream's budget, enough to outlast the newcomer's prompt read in parts; `stream`: its prompt."""
     prompt = long_prompt(members[0], prompt_tokens)
-    running = EnsembleConfig(segment_len=segment_len, max_new_tokens=4096)
+    running = EnsembleConfig(segment_len=segment_len, max_new_tokens=stream_tokens)
     newcomer = EnsembleConfig(segment_len=segment_len, max_new_tokens=segment_len)
     samples: dict[int, list[dict]] = {c: [] for c in chunks}
     load_before = os.getloadavg()
@@ -107,8 +122,8 @@ def run_gap(
         for chunk in chunks:  # the settings take turns: drift in the machine's load falls on each
             scheduler = Scheduler(members, batch_size=4, prefill_chunk=chunk)
             try:
-                one_join(scheduler, "Hi", running, newcomer)  # warm-up: lazy initialisation, allocator
-                samples[chunk].append(one_join(scheduler, prompt, running, newcomer))
+                one_join(scheduler, "Hi", running, newcomer, stream)  # warm-up: lazy initialisation
+                samples[chunk].append(one_join(scheduler, prompt, running, newcomer, stream))
             finally:
                 scheduler.close()
     settings = {}
