@@ -155,3 +155,34 @@ def test_a_newcomer_cancelled_while_its_prompt_is_read_leaves_and_the_others_go_
 def test_a_bad_prefill_chunk_is_refused(tiny_members, chunk):
     with pytest.raises(ConfigError, match="prefill chunk"):
         Scheduler(tiny_members, prefill_chunk=chunk)
+
+
+@pytest.mark.slow
+def test_llamacpp_answers_read_in_parts_equal_those_read_whole():
+    """llama.cpp (the real smollm2-135m GGUF, as tests/test_llamacpp.py sets it up): a prompt decoded
+    into its slot a part at a time drafts what the prompt decoded whole at the first draft does, and
+    a run through the scheduler gives the same rounds either way."""
+    from .test_llamacpp import BUILT, IN_CI, MISSING, _smollm2
+
+    if not BUILT and not IN_CI:
+        pytest.skip(MISSING)
+    member, other = _smollm2(), _smollm2()  # two contexts: neither finds the prompt in the other's slots
+    settings = MemberSettings(score="logprob", max_new_tokens=64, measure_prompt=True)
+    whole = other.start(LONG_PROMPT, settings)
+    (parts,) = member.open_many([LONG_PROMPT], [settings])
+    calls = 1
+    while member.prefill_many([parts], 16) != [True]:
+        calls += 1
+    assert calls > 2 and parts.reading is None
+    assert parts.surprise == pytest.approx(whole.surprise, abs=1e-3)
+    assert member.draft(parts, 24).text == other.draft(whole, 24).text
+    config = EnsembleConfig(segment_len=6, max_new_tokens=30, score="logprob")
+    got = []
+    for chunk in (0, 16):
+        scheduler = Scheduler([member], prefill_chunk=chunk)
+        try:
+            got.append(collect(scheduler.submit(LONG_PROMPT, config))[1])
+        finally:
+            scheduler.close()
+    assert [r.text for r in got[0]] == [r.text for r in got[1]]
+    assert [r.winner.text for r in got[1]] and got[1][-1].stop_reason is not None

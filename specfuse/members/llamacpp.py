@@ -312,21 +312,18 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
     def _surprise(self, prompt: Prompt, state: LlamaState) -> float | None:
         """Read the prompt into a slot (the first draft finds it there) with the logits of the
         positions that predict the prompt's own tokens: their mean negative log-likelihood per byte."""
-        with self.lock:
-            return self._surprise_unlocked(prompt, state)
-
-    def _surprise_unlocked(self, prompt: Prompt, state: LlamaState) -> float | None:
         span = drafting.prompt_span(self.tokenizer, self.prompt_format, prompt, state.ids)
         if span is None:
             return None
         inside, spelled = span
         wanted = {t - 1: state.ids[t] for t in inside}  # position t-1 predicts token t
         nll = 0.0
-        (slot,) = self._claim([state], drop=False)
-        self._rewind(slot, state.ids[:1])
-        items = [(slot, p, state.ids[p], p in wanted) for p in range(len(state.ids))]
-        for i, row in self._decode(items, "prompt"):
-            nll -= logit_and_logprob(row, wanted[i])[1]
+        with self.lock:
+            (slot,) = self._claim([state])
+            self._rewind(slot, state.ids[:1])
+            items = [(slot, p, state.ids[p], p in wanted) for p in range(len(state.ids))]
+            for i, row in self._decode(items, "prompt"):
+                nll -= logit_and_logprob(row, wanted[i])[1]
         return nll / max(1, spelled)
 
     # -- drafting ------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..config import MemberSettings
 from ..errors import MemberError
-from . import profiling
+from . import drafting, profiling
 from .scoring import common_prefix_len
 from .workers import thread_share
 
@@ -45,6 +45,9 @@ class LlamaState:
     # With own_draft_scores, verification takes its own candidate's values from here.
     drafted: tuple[tuple[int, ...], tuple[tuple[float, float], ...]] | None = None
     reading: Any = None  # opened (open_many): its prompt, until prefill_many has read it whole
+    # While read in parts with settings.measure_prompt: the negative log-likelihood of each of the
+    # question's own tokens so far, by the position that predicts it.
+    nll: dict[int, float] | None = None
 
 
 # A token to decode: (sequence, position, token id, whether its logits are wanted). A verify pass's
@@ -73,8 +76,8 @@ class LlamaDecoding:
         generation: int
         _threads_now: int
         lock: threading.Lock
-
-        def _surprise_unlocked(self, prompt: Any, state: LlamaState) -> float | None: ...
+        tokenizer: Any
+        prompt_format: Any
 
     def _claim(self, states: Sequence[LlamaState], drop: bool = True) -> list[int]:
         """A distinct slot per request: the one holding the longest prefix of its context, else the
@@ -97,14 +100,11 @@ class LlamaDecoding:
 
     def prefill_many(self, states: Sequence[LlamaState], budget: int) -> list[bool]:
         """Decode at most `budget` more prompt tokens in all into the requests' slots, the first's
-        first (a prompt's surprise, when asked for, is measured once it is read: a pass of its own)."""
+        first (with the logits that measure a prompt's surprise, when asked for)."""
         with self.lock:
             for state in states:
-                prompt = state.reading
-                if prompt is not None and budget > 0:
+                if state.reading is not None and budget > 0:
                     budget -= self._read_part(state, budget)
-                    if state.reading is None and state.settings.measure_prompt:
-                        state.surprise = self._surprise_unlocked(prompt, state)
         return [state.reading is None for state in states]
 
     def _read_part(self, state: LlamaState, budget: int) -> int:
@@ -112,12 +112,23 @@ class LlamaDecoding:
         tokens decoded. Its last token is left to the first draft, which decodes it for its logits;
         a slot lent to another request meanwhile is read again from where they part."""
         (slot,) = self._claim([state], drop=False)
+        span = None
+        if state.settings.measure_prompt:
+            span = drafting.prompt_span(self.tokenizer, self.prompt_format, state.reading, state.ids)
+        wanted = {t - 1: state.ids[t] for t in span[0]} if span else {}  # position t-1 predicts token t
+        if wanted and state.nll is None:  # a cached prefix would skip positions whose logits are wanted
+            self.lib.llama_memory_seq_rm(self.memory, slot, -1, -1)
+            self.cached[slot], state.nll = [], {}
         end = state.prompt_len - 1
         upto = min(end, common_prefix_len(self.cached[slot], state.ids[:end]) + budget)
         start = self._rewind(slot, state.ids[:upto], keep_beyond=True)
-        for _ in self._decode([(slot, p, state.ids[p], False) for p in range(start, upto)], "prompt"):
-            pass  # no logits wanted: the cells are what it is read for
+        items: list[Item] = [(slot, p, state.ids[p], p in wanted) for p in range(start, upto)]
+        for i, row in self._decode(items, "prompt"):
+            assert state.nll is not None
+            state.nll[items[i][1]] = -logit_and_logprob(row, wanted[items[i][1]])[1]
         if upto == end:
+            if span is not None:
+                state.surprise = sum((state.nll or {}).values()) / max(1, span[1])
             state.reading = None
         return upto - start
 
