@@ -4,14 +4,18 @@ a long prompt is read; a prompt one member cannot hold is refused before any mem
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 from specfuse.config import EnsembleConfig, MemberSettings
-from specfuse.engine import Batch, Run, Scheduler
+from specfuse.engine import Batch, Ensemble, Run, Scheduler
 from specfuse.errors import ConfigError, PromptTooLongError
+from specfuse.members.remote import RemoteMember
 from specfuse.records import Round
 
+from .conftest import tiny_member
 from .runs import PROMPTS, collect, rounds_played, same_rounds, solo
 
 SHORT = EnsembleConfig(segment_len=5, max_new_tokens=20, exit_warmup=2)
@@ -186,3 +190,51 @@ def test_llamacpp_answers_read_in_parts_equal_those_read_whole():
             scheduler.close()
     assert [r.text for r in got[0]] == [r.text for r in got[1]]
     assert [r.winner.text for r in got[1]] and got[1][-1].stop_reason is not None
+
+
+def test_a_served_members_long_prompt_is_read_on_a_thread_while_the_batch_plays_on(monkeypatch):
+    """The server reads a long prompt while the runs under way play their rounds (its reading held
+    back here until three of them have), and the run joins once the server has read it."""
+    from .remote_stub import StubServer
+
+    first, second = tiny_member("qwen-merges"), tiny_member("gemma-meta")
+    stub = StubServer("sglang", second)
+    remote = RemoteMember(
+        "gemma@sglang", "sglang", stub.url, second.tokenizer, prompt_format=second.prompt_format
+    )
+    release, warmed = threading.Event(), []
+    real = remote._warm
+
+    def held(state):  # a server slow to read the long prompt
+        warmed.append(len(state.ids))
+        if state.ids == second.prompt_ids(LONG_PROMPT):
+            release.wait(120)
+        real(state)
+
+    monkeypatch.setattr(remote, "_warm", held)
+    config = EnsembleConfig(segment_len=4, max_new_tokens=20, score="logprob")
+    running_config = EnsembleConfig(segment_len=4, max_new_tokens=200, max_rounds=40, score="logprob")
+    scheduler = Scheduler([first, remote], batch_size=4, prefill_chunk=16)
+    try:
+        running = scheduler.submit(PROMPTS[2], running_config)
+        newcomer, rounds_meanwhile = None, 0
+        for event in running.events(timeout=120):
+            if not isinstance(event, Round):
+                continue
+            if newcomer is None:
+                newcomer = scheduler.submit(LONG_PROMPT, config)
+            elif not release.is_set():
+                rounds_meanwhile += 1
+                assert not newcomer.rounds  # it waits for the server, the others do not
+                if rounds_meanwhile == 3:
+                    release.set()
+        assert newcomer is not None
+        _, rounds = collect(newcomer)
+        alone = list(Ensemble([first, remote], config, parallel="off").stream(LONG_PROMPT))
+    finally:
+        release.set()
+        scheduler.close()
+        stub.stop()
+    # Both prompts were longer than the part: each was sent ahead of its first draft.
+    assert rounds_meanwhile >= 3 and warmed[-1] == len(second.prompt_ids(LONG_PROMPT))
+    assert [r.text for r in rounds] == [r.text for r in alone]
