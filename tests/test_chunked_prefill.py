@@ -4,6 +4,8 @@ a long prompt is read; a prompt one member cannot hold is refused before any mem
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import threading
 
 import pytest
@@ -13,9 +15,12 @@ from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Batch, Ensemble, Run, Scheduler
 from specfuse.errors import ConfigError, PromptTooLongError
 from specfuse.members.remote import RemoteMember
+from specfuse.models.cache import assemble_gguf, cache_root
+from specfuse.models.catalogue import CATALOGUE
+from specfuse.models.loading import load_tokenizer
 from specfuse.records import Round
 
-from .conftest import tiny_member
+from .conftest import REAL_MODEL_CACHE, tiny_member
 from .runs import PROMPTS, collect, rounds_played, same_rounds, solo
 
 SHORT = EnsembleConfig(segment_len=5, max_new_tokens=20, exit_warmup=2)
@@ -161,15 +166,24 @@ def test_a_bad_prefill_chunk_is_refused(tiny_members, chunk):
         Scheduler(tiny_members, prefill_chunk=chunk)
 
 
+def _smollm2():
+    """The catalogue's smollm2-135m GGUF in llama.cpp (the real model's converted cache)."""
+    from specfuse.members.llamacpp import LlamaCppMember
+
+    path = assemble_gguf(CATALOGUE["smollm2-135m"], cache_root(REAL_MODEL_CACHE) / "gguf")
+    tokenizer, fmt, eos = load_tokenizer("smollm2-135m", REAL_MODEL_CACHE)
+    return LlamaCppMember("smollm2-135m", path, tokenizer, prompt_format=fmt, generation_eos=eos)
+
+
 @pytest.mark.slow
 def test_llamacpp_answers_read_in_parts_equal_those_read_whole():
-    """llama.cpp (the real smollm2-135m GGUF, as tests/test_llamacpp.py sets it up): a prompt decoded
+    """llama.cpp (the real smollm2-135m GGUF, set up as tests/test_llamacpp.py does): a prompt decoded
     into its slot a part at a time drafts what the prompt decoded whole at the first draft does, and
     a run through the scheduler gives the same rounds either way."""
-    from .test_llamacpp import BUILT, IN_CI, MISSING, _smollm2
-
-    if not BUILT and not IN_CI:
-        pytest.skip(MISSING)
+    if importlib.util.find_spec("llama_cpp") is None:  # as tests/test_llamacpp.py: CI fails instead
+        if os.environ.get("CI"):
+            pytest.fail("llama-cpp-python is not installed (CI is set: failing rather than skipping)")
+        pytest.skip("llama-cpp-python is not installed: run `make llama-cpp`")
     member, other = _smollm2(), _smollm2()  # two contexts: neither finds the prompt in the other's slots
     settings = MemberSettings(score="logprob", max_new_tokens=64, measure_prompt=True)
     whole = other.start(LONG_PROMPT, settings)
