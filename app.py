@@ -181,12 +181,14 @@ def parse_args(parser: Parser, argv: Sequence[str] | None = None) -> argparse.Na
 
 
 def operator_schedulers(args: argparse.Namespace) -> Schedulers:
-    """The app's schedulers, with the operator's batch size, --parallel and step-mode bounds."""
+    """The app's schedulers, with the operator's batch size, --parallel, step-mode bounds and
+    --prefill-chunk."""
     return Schedulers(
         batch_size=args.batch_size,
         parallel=args.parallel,
         max_paused=args.max_paused,
         pause_idle_s=args.pause_idle,
+        prefill_chunk=args.prefill_chunk,
     )
 
 

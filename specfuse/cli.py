@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from . import config as declared
 from .config import PARALLEL_HELP, PARALLEL_MODES, EnsembleConfig, Setting, settings
-from .engine import DEFAULT_MAX_PAUSED, DEFAULT_PAUSE_IDLE, Ensemble, check_prompt
+from .engine import DEFAULT_MAX_PAUSED, DEFAULT_PAUSE_IDLE, DEFAULT_PREFILL_CHUNK, Ensemble, check_prompt
 from .errors import ConfigError, SpecfuseError, UnknownModelError
 from .models.catalogue import CATALOGUE, DEFAULT_MEMBERS
 from .models.quantize_options import quantize_help
@@ -133,30 +133,29 @@ def add_loading_flags(
 
 
 def add_step_flags(parser: argparse.ArgumentParser) -> None:
-    """Step mode's bounds on a server's Scheduler (max_paused, pause_idle_s; docs/limits.md), the
-    same flags for the API server and the app."""
-    add = parser.add_argument
-    add(
-        "--max-paused",
-        type=int,
-        default=DEFAULT_MAX_PAUSED,
-        metavar="N",
-        help="runs stepped through one round at a time, paused in between (each holds its rounds "
-        "only, no model caches), at once; one more is refused (default %(default)s; 0: no step mode)",
-    )
-    add(
-        "--pause-idle",
-        type=float,
-        default=DEFAULT_PAUSE_IDLE,
-        metavar="SECONDS",
-        help="a paused run with no step for this long ends (default %(default)s)",
-    )
+    """Step mode's bounds on a server's Scheduler (max_paused, pause_idle_s; docs/limits.md) and its
+    chunked prefill, the same flags for the API server and the app."""
+    add_prefill_flag(parser)
+    add, paused = parser.add_argument, "runs stepped through one round at a time, paused in between "
+    paused += "(each holds its rounds only, no model caches), at once; one more is refused (default "
+    paused += "%(default)s; 0: no step mode)"
+    add("--max-paused", type=int, default=DEFAULT_MAX_PAUSED, metavar="N", help=paused)
+    idle = "a paused run with no step for this long ends (default %(default)s)"
+    add("--pause-idle", type=float, default=DEFAULT_PAUSE_IDLE, metavar="SECONDS", help=idle)
+
+
+def add_prefill_flag(parser: argparse.ArgumentParser) -> None:
+    """The Scheduler's prefill_chunk, declared once: the API server, the app, `bench prefill-gap`."""
+    add, help = parser.add_argument, "tokens of a newcomer's prompt each member reads between two rounds "
+    help += "(chunked prefill: docs/serve.md); 0: read whole while every stream waits (default %(default)s)"
+    add("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, metavar="TOKENS", help=help)
 
 
 def check_step_flags(args: argparse.Namespace) -> None:
-    """Refuse impossible step-mode bounds before anything loads (ConfigError, naming the flag)."""
-    if args.max_paused < 0:
-        raise ConfigError(f"--max-paused must be at least 0, got {args.max_paused}")
+    """Refuse impossible step-mode bounds and prefill chunks before anything loads (ConfigError)."""
+    for flag in ("max_paused", "prefill_chunk"):
+        if getattr(args, flag) < 0:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 0, got {getattr(args, flag)}")
     if not args.pause_idle > 0:  # nan included
         raise ConfigError(f"--pause-idle must be over 0 seconds, got {args.pause_idle}")
 

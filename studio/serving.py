@@ -21,6 +21,7 @@ from specfuse.engine import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_PAUSED,
     DEFAULT_PAUSE_IDLE,
+    DEFAULT_PREFILL_CHUNK,
     DEFAULT_QUEUE,
     Scheduler,
     Ticket,
@@ -60,6 +61,7 @@ class Schedulers:
         parallel: str = "auto",
         max_paused: int = DEFAULT_MAX_PAUSED,
         pause_idle_s: float = DEFAULT_PAUSE_IDLE,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
         self.config = config or EnsembleConfig()
         self.parallel = parallel  # the operator's (--parallel): where members run, for every run
@@ -67,6 +69,7 @@ class Schedulers:
         self.queue = queue
         self.max_paused = max_paused  # step mode's bounds (--max-paused, --pause-idle), per scheduler
         self.pause_idle_s = pause_idle_s
+        self.prefill_chunk = prefill_chunk  # --prefill-chunk: newcomers' prompts read a part per round
         self.all: list[Scheduler] = []
         self._lock = threading.Lock()
 
@@ -94,6 +97,7 @@ class Schedulers:
                 parallel=self.parallel,
                 max_paused=self.max_paused,
                 pause_idle_s=self.pause_idle_s,
+                prefill_chunk=self.prefill_chunk,
             )
             self.all.append(scheduler)
             return scheduler

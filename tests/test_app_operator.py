@@ -86,14 +86,14 @@ def test_step_mode_bounds_reach_the_apps_schedulers_and_bad_ones_exit_2(monkeypa
     built = {}
     monkeypatch.setattr(app, "build_demo", lambda loader, **kw: built.update(kw))
     monkeypatch.setattr(app, "serve", lambda demo, **kw: None)
-    app.main(["--max-paused", "3", "--pause-idle", "42", "--load-on-run"])
+    app.main(["--max-paused", "3", "--pause-idle", "42", "--prefill-chunk", "0", "--load-on-run"])
     scheduler = built["schedulers"].of([ScriptedMember("one", ["a "], len)])
     try:
-        assert (scheduler.max_paused, scheduler.pause_idle_s) == (3, 42.0)
+        assert (scheduler.max_paused, scheduler.pause_idle_s, scheduler.prefill_chunk) == (3, 42.0, 0)
         assert scheduler.stats()["max_paused"] == 3
     finally:
         scheduler.close()
-    for bad in (["--max-paused", "-1"], ["--pause-idle", "0"]):
+    for bad in (["--max-paused", "-1"], ["--pause-idle", "0"], ["--prefill-chunk", "-4"]):
         with pytest.raises(SystemExit) as exit:
             app.main(bad)
         assert exit.value.code == 2

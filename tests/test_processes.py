@@ -89,6 +89,19 @@ def test_start_many_crosses_the_pipe_with_each_requests_own_error(in_processes):
     assert member._call("held") == 0
 
 
+def test_a_prompt_opened_and_read_in_parts_crosses_the_pipe(in_processes):
+    member = in_processes[0]
+    settings = EnsembleConfig(max_new_tokens=20).member_settings(0)
+    prompt = "Tell me a story about the sea and a lighthouse."
+    opened = member.open_many([prompt, "word " * 150], [settings] * 2)
+    assert isinstance(opened[0], ProcessState) and isinstance(opened[1], PromptTooLongError)
+    parts = 1
+    while member.prefill_many([opened[0]], 5) != [True]:
+        parts += 1
+    assert parts > 2
+    assert member.draft(opened[0], 6).text == member.draft(member.start(prompt, settings), 6).text
+
+
 def test_states_are_released_in_the_worker_when_collected_here(in_processes):
     member = in_processes[0]
     for _ in range(3):

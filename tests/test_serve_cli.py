@@ -132,11 +132,13 @@ def test_step_mode_bounds_reach_the_servers_scheduler_and_bad_ones_exit_2(tiny_c
     monkeypatch.setattr("specfuse.serve.cli.Scheduler", Recording)
     err = io.StringIO()
     args = ["--models", ",".join(tiny_checkpoints), "--port", "0", "--max-paused", "3", "--pause-idle", "42"]
+    args += ["--prefill-chunk", "64"]
     assert serve_main(args, stderr=err) == 2 and "stop after the scheduler's options" in err.getvalue()
-    assert (made["max_paused"], made["pause_idle_s"]) == (3, 42.0)
+    assert (made["max_paused"], made["pause_idle_s"], made["prefill_chunk"]) == (3, 42.0, 64)
     monkeypatch.setattr("uvicorn.Server.run", lambda *a, **k: pytest.fail("listened"))
     for bad, message in [
         (["--max-paused", "-1"], "--max-paused must be at least 0, got -1"),
+        (["--prefill-chunk", "-1"], "--prefill-chunk must be at least 0, got -1"),
         (["--pause-idle", "0"], "--pause-idle must be over 0 seconds, got 0.0"),
         (["--pause-idle", "nan"], "--pause-idle must be over 0 seconds, got nan"),
     ]:

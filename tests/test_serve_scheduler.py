@@ -103,14 +103,14 @@ def test_requests_that_arrive_while_newcomers_are_read_join_their_first_round(ti
     scheduler = Scheduler(tiny_members, batch_size=4)
     played = rounds_played(scheduler, monkeypatch)
     member, late = tiny_members[0], []
-    real = member.start_many
+    real = member.prefill_many
 
-    def start_many(prompts, settings):  # two more arrive while the first prompt is read
+    def prefill_many(states, budget):  # two more arrive while the first prompt is read
         if not late:
             late.extend(scheduler.submit(p, SHORT) for p in PROMPTS[1:3])
-        return real(prompts, settings)
+        return real(states, budget)
 
-    monkeypatch.setattr(member, "start_many", start_many)
+    monkeypatch.setattr(member, "prefill_many", prefill_many)
     try:
         first = scheduler.submit(PROMPTS[0], SHORT)
         results = [collect(ticket)[1] for ticket in (first, *late)]

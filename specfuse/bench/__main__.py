@@ -1,5 +1,6 @@
-"""`python -m specfuse.bench [gpu|concurrency|remote|serve|paused|followup|backends|equality] …`: one command
-for every benchmark; without a subcommand it runs the engine's own benchmark (core.py)."""
+"""`python -m specfuse.bench [gpu|concurrency|remote|serve|paused|followup|backends|equality|
+prefill-gap] …`: one command for every benchmark; without a subcommand it runs the engine's own
+benchmark (core.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ SUBCOMMANDS = {
     "followup": "specfuse.bench.followup",
     "backends": "specfuse.bench.backends",
     "equality": "specfuse.bench.equality",
+    "prefill-gap": "specfuse.bench.prefill_gap",
 }
 
 

@@ -35,19 +35,31 @@ class Batch:
     """The one round loop: runs join between rounds, every live run plays a round per step (each
     member asked once per step for all the runs it serves), and a run leaves the moment it ends,
     fails or is cancelled, its states dropped. Ensemble and the Scheduler play runs here, through
-    admit(), step() and close() only; a run may use a subset of the members (its `names`). A failed
-    member call ends only the runs it served: they come out of admit() or step() with the error
+    admit(), read() (chunked prefill), step() and close() only; a run may use a subset of the
+    members (its `names`). A failed member call ends only the runs it served: they come out of
+    admit(), read() or step() with the error
     (naming the member); the others go on.
     """
 
-    def __init__(self, members: Sequence[Member], concurrent: bool) -> None:
+    def __init__(self, members: Sequence[Member], concurrent: bool, prefill_chunk: int = 0) -> None:
+        """`prefill_chunk`: 0, a newcomer's prompt is read whole before it joins (the round waits for
+        it); else each member reads at most this many tokens of the newcomers' prompts per read()
+        (chunked prefill), between the live runs' rounds, and a run joins once it is read whole."""
         self._calls = MemberCalls(members, concurrent, isolate=True)
         self._live: list[Run] = []
+        self.prefill_chunk = prefill_chunk
+        self._reading: list[Run] = []  # opened, their prompts being read, in the order they came
+        self._unread: dict[str, set[str]] = {}  # run id → its members still reading its prompt
 
     @property
     def live(self) -> tuple[Run, ...]:
         """The runs under way, in the order they joined."""
         return tuple(self._live)
+
+    @property
+    def reading(self) -> tuple[Run, ...]:
+        """The runs taken in whose prompts are still being read (chunked prefill), not yet live."""
+        return tuple(self._reading)
 
     @property
     def members(self) -> tuple[Member, ...]:
@@ -64,9 +76,39 @@ class Batch:
         """Fill the batch up to `capacity` live runs between rounds: `take(room)` hands over at most
         `room` waiting runs (none: nobody is waiting), which join together, their prompts read in one
         call per member; asked again while there is room, so that runs arriving while the last ones
-        were read join this round too. Runs that could not start are yielded with the reason."""
-        while (room := capacity - len(self._live)) > 0 and (runs := take(room)):
-            yield from self._join(runs)
+        were read join this round too. Runs that could not start are yielded with the reason. With
+        chunked prefill the runs are only opened here (their prompts checked against every member's
+        context before any member reads them) and count against `capacity` while read() reads them."""
+        while (room := capacity - len(self._live) - len(self._reading)) > 0 and (runs := take(room)):
+            yield from (self._open(runs) if self.prefill_chunk else self._join(runs))
+
+    def read(self) -> Iterator[tuple[Run, SpecfuseError]]:
+        """Chunked prefill, between rounds: each member reads its next `prefill_chunk` tokens of the
+        opened runs' prompts (the first come first); a run read whole by all its members joins the
+        live runs. Runs that failed (or were cancelled meanwhile) leave; the failed are yielded."""
+        runs = [run for run in self._reading if not run.cancelled]
+        for run in self._reading:
+            if run.cancelled:
+                run.states.clear()
+                self._unread.pop(run.id, None)
+        work = [(m, run, self.prefill_chunk) for run in runs for m in run.names if m in self._unread[run.id]]
+        with profiling.timed("phase", "prefill", items=len(runs)):
+            done = self._calls.prefill(work) if work else {}
+        self._reading, ready = [], []
+        for run in runs:
+            unread = self._unread[run.id]
+            unread -= {m for m in unread if done.get((m, run.id), (False, 0.0))[0]}
+            error = self._calls.failures.pop(run.id, None)
+            if error is not None:
+                run.states.clear()
+                del self._unread[run.id]
+                yield run, error
+            elif unread:
+                self._reading.append(run)
+            else:
+                del self._unread[run.id]
+                ready.append(run)
+        yield from self._ready(ready)
 
     def step(self) -> Iterator[tuple[Run, Event | SpecfuseError]]:
         """One round of every live run: each Draft as it arrives, then each Round, or the error that
@@ -82,7 +124,8 @@ class Batch:
 
     def drop(self) -> list[Run]:
         """End every live run at once (their states go): the runs dropped."""
-        dropped, self._live = self._live, []
+        dropped, self._live = [*self._live, *self._reading], []
+        self._reading, self._unread = [], {}
         for run in dropped:
             run.states.clear()
         return dropped
@@ -99,6 +142,26 @@ class Batch:
             run.began = time.perf_counter() - run.played_s  # a run's clock includes its prefill
         with profiling.timed("phase", "start", items=len(runs)):
             self._calls.start(runs)
+        yield from self._ready(runs)
+
+    def _open(self, runs: Sequence[Run]) -> Iterator[tuple[Run, SpecfuseError]]:
+        """Chunked prefill: open each run's own members (its prompt's tokens counted and checked by
+        every member before any reads it); read() reads the prompts, a part per round."""
+        for run in runs:
+            run.began = time.perf_counter() - run.played_s
+        with profiling.timed("phase", "open", items=len(runs)):
+            self._calls.start(runs, read=False)
+        for run in runs:
+            error = self._calls.failures.pop(run.id, None)
+            if error is None:
+                self._reading.append(run)
+                self._unread[run.id] = set(run.names)
+            else:
+                run.states.clear()
+                yield run, error
+
+    def _ready(self, runs: Sequence[Run]) -> Iterator[tuple[Run, SpecfuseError]]:
+        """Runs whose prompts are read: each set at its starting point (resume), then live."""
         for run in runs:
             error = self._calls.failures.pop(run.id, None)
             if error is None:

@@ -73,8 +73,9 @@ class MemberCalls:
         self.isolate = isolate
         self.failures: dict[str, SpecfuseError] = {}  # run id -> why it cannot go on (isolate)
 
-    def start(self, runs: Sequence[Request]) -> None:
-        """Each run's own members start it, each member once for all the runs it serves (start_many:
+    def start(self, runs: Sequence[Request], *, read: bool = True) -> None:
+        """Each run's own members start it (`read` False: open it, its prompt checked but not read,
+        for prefill() to read in parts), each member once for all the runs it serves (start_many:
         an HFMember reads their prompts together); member i of the run's own list gets
         member_settings(i), so that a run of a subset equals an ensemble of that subset. One run's
         bad prompt (too long for a member's context) fails that run, not the others starting beside
@@ -84,7 +85,8 @@ class MemberCalls:
         def begin(m: str, group: list[Request], left_out: list[bool]) -> list[tuple[bool, Any]]:
             settings = [asked(r, r.config.member_settings(r.names.index(m))) for r in group]
             prompts = [PROMPT_LEFT_OUT if out else r.prompt for r, out in zip(group, left_out)]
-            return list(zip(left_out, self.members[m].start_many(prompts, settings)))
+            member = self.members[m]
+            return list(zip(left_out, (member.start_many if read else member.open_many)(prompts, settings)))
 
         work = [(m, r, False) for r in runs for m in r.names]
         work += [(m, r, True) for r in runs if r.config.prompt_contrast for m in r.names]
@@ -100,6 +102,22 @@ class MemberCalls:
                 self.failures.setdefault(key, state)
             else:
                 raise state
+
+    def prefill(self, work: Sequence[Work]) -> dict[tuple[str, str], tuple[bool, float]]:
+        """Each member reads its next part of the runs' prompts (their opened states, in the order
+        given), at most the work's budget (the same for all of a member's runs) in all; whether each
+        run's prompt is now read whole by that member (both its contexts with prompt_contrast)."""
+
+        def prefill(m: str, group: list[Request], budgets: list[int]) -> list[bool]:
+            contrasted = [i for i, r in enumerate(group) if r.config.prompt_contrast]
+            states = [r.states[m] for r in group] + [group[i].states[without_prompt(m)] for i in contrasted]
+            done = self.members[m].prefill_many(states, budgets[0])
+            out = done[: len(group)]
+            for i, other in zip(contrasted, done[len(group) :]):
+                out[i] = out[i] and other
+            return out
+
+        return dict(self._by_member("prefill", work, prefill))
 
     def surprise(self, m: str, run: Request) -> float | None:
         """The member's surprise at the prompt (nats per byte), when it can tell (prior weights)."""

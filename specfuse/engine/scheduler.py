@@ -2,6 +2,10 @@
 its own, that requests join at the next round boundary and leave the moment they end, each with its
 own stream of records (Queued, Draft, Round, Paused, Finished) on its Ticket (ticket.py).
 
+Chunked prefill (`prefill_chunk`): a newcomer's prompt is first checked against every member's
+context (a prompt one cannot hold is refused before any member reads it), then read a part per round
+between the rounds of the runs under way, and the run joins them once its prompt is read whole.
+
 Step mode (submit(step=True)): a run plays one round per Ticket.next() and, in between, is out of the
 batch (the others never wait for it) and holds only its rounds, no member caches: each step it joins
 as a newcomer, its members reading the prompt and the answer so far again, as a branch does. At most
@@ -50,6 +54,11 @@ JOIN_WAIT_SHARE = 0.1
 # answer: the bound keeps a class's worth of them and the idle limit frees those a closed page left.
 DEFAULT_MAX_PAUSED = 16
 DEFAULT_PAUSE_IDLE = 600.0  # seconds a paused run may wait for its next step
+# Chunked prefill: tokens of newcomers' prompts each member reads between two rounds of the runs
+# under way. Read whole, a 6,000-token prompt stopped every stream here for 73.6 s (issue 56); a
+# part this size keeps a round's pause for it to about a round's own time on a GPU and a few seconds
+# on two cores (lower it there: --prefill-chunk). 0: read whole before the next round, as before.
+DEFAULT_PREFILL_CHUNK = 256
 
 
 class QueueFull(SpecfuseError):
@@ -73,6 +82,7 @@ __all__ = [
     "DEFAULT_JOIN_WAIT",
     "DEFAULT_MAX_PAUSED",
     "DEFAULT_PAUSE_IDLE",
+    "DEFAULT_PREFILL_CHUNK",
     "DEFAULT_QUEUE",
     "Event",
     "PauseExpired",
@@ -106,10 +116,12 @@ class Scheduler:
         parallel: str = "auto",
         max_paused: int = DEFAULT_MAX_PAUSED,
         pause_idle_s: float = DEFAULT_PAUSE_IDLE,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
         """`parallel`: whether the members work at the same time (Ensemble's), for every request.
         `max_paused`: step-mode runs open at once (0: none); `pause_idle_s`: how long one may wait
-        for its next step."""
+        for its next step. `prefill_chunk`: tokens of newcomers' prompts each member reads between
+        two rounds (0: a prompt is read whole, and every run under way waits for it)."""
         if batch_size < 1:
             raise ConfigError(f"the batch size must be at least 1, got {batch_size}")
         if queue < 0:
@@ -120,6 +132,8 @@ class Scheduler:
             raise ConfigError(f"the paused runs' limit must be at least 0, got {max_paused}")
         if not pause_idle_s > 0:  # nan included
             raise ConfigError(f"the paused runs' idle limit must be over 0 seconds, got {pause_idle_s}")
+        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 0:
+            raise ConfigError(f"the prefill chunk must be a number of tokens ≥ 0, got {prefill_chunk!r}")
         self.ensemble = Ensemble(members, config, parallel=parallel)  # checks members and `parallel`
         self.batch_size = batch_size
         self.queue = queue
@@ -128,7 +142,8 @@ class Scheduler:
         self.pause_idle_s = pause_idle_s
         self._freed = 0  # requests that left the batch in the last round
         self._last_round_s = 0.0
-        self._batch = Batch(self.ensemble.members, run_concurrently(members, parallel))
+        self.prefill_chunk = prefill_chunk
+        self._batch = Batch(self.ensemble.members, run_concurrently(members, parallel), prefill_chunk)
         self._cond = threading.Condition()
         self._waiting: collections.deque[Ticket] = collections.deque()
         self._running: dict[str, Ticket] = {}  # run id → ticket, for runs in the batch
@@ -293,7 +308,7 @@ class Scheduler:
                 with self._cond:
                     # A timed wait while runs are paused: the next one's idle limit wakes the loop.
                     with profiling.timed("scheduler", "idle"):
-                        while not self._closed and not self._waiting and not self._batch.live:
+                        while not self._closed and not self._waiting and not self._under_way():
                             self._cond.wait(self._expire())
                     self._expire()
                     self._await_newcomers()
@@ -319,6 +334,9 @@ class Scheduler:
                     self._end(ticket, "failed", closed)
                 self._waiting.clear()
 
+    def _under_way(self) -> bool:
+        return bool(self._batch.live or self._batch.reading)
+
     def _members_changed(self) -> bool:
         return self.ensemble.members != self._batch.members
 
@@ -327,7 +345,7 @@ class Scheduler:
         (join_wait, at most JOIN_WAIT_SHARE of the last round) for as many newcomers as there are
         places freed, so that they join this round rather than the next."""
         freed, self._freed = self._freed, 0
-        wanted = min(freed, self.batch_size - len(self._batch.live))
+        wanted = min(freed, self.batch_size - len(self._batch.live) - len(self._batch.reading))
         if not self._batch.live or wanted <= 0:
             return
         deadline = time.perf_counter() + min(self.join_wait, JOIN_WAIT_SHARE * self._last_round_s)
@@ -366,9 +384,19 @@ class Scheduler:
         arrivals (a class pressing Run together) starts in one round, not one request first and the
         rest a round later."""
         began = time.perf_counter()
-        for run, error in self._batch.admit(self._take, self.batch_size):
-            with self._cond:
-                self._end(self._running[run.id], "failed", error)
+        for again in (False, True):
+            if again and (self._batch.reading or not self._waiting):
+                break
+            # With chunked prefill, a second time for those that arrived while the newcomers' short
+            # prompts were read whole: a burst still starts in one round.
+            for run, error in self._batch.admit(self._take, self.batch_size):
+                with self._cond:
+                    self._end(self._running[run.id], "failed", error)
+            # Chunked prefill: one part of the newcomers' prompts, then the round of the runs under
+            # way (those read whole now among them), so that no prompt holds the others up for long.
+            for run, error in self._batch.read():
+                with self._cond:
+                    self._end(self._running[run.id], "failed", error)
         for run, event in self._batch.step():
             ticket = self._running[run.id]
             if isinstance(event, SpecfuseError):
@@ -390,7 +418,7 @@ class Scheduler:
             if last:
                 with self._cond:
                     self._end(ticket, "done")
-        live = {run.id for run in self._batch.live}
+        live = {run.id for run in (*self._batch.live, *self._batch.reading)}
         with self._cond:
             for key, ticket in list(self._running.items()):
                 if key not in live:  # left the batch without an ending of its own: cancelled

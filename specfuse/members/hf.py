@@ -22,7 +22,7 @@ from ..errors import ConfigError, MemberError, PromptTooLongError, SpecfuseError
 from ..prompts import CHAT, Prompt, PromptFormat
 from . import compiled, drafting, prefill, profiling, slot_verify, slots
 from .hf_drafting import Drafting
-from .hf_state import HFState
+from .hf_state import HFState, Reading
 from .hf_verifying import Verifying
 from .protocol import BaseMember
 from .scoring import CHUNK_TOKENS, OutputHead, common_prefix_len, sliding_window_of
@@ -134,13 +134,77 @@ class HFMember(Drafting, Verifying, BaseMember):
         """Start several requests, their prompts read together (prefill.py: right-padded rows, one
         forward pass per chunk for a group of similar lengths); each request gets the state start()
         gives it alone. A prompt that cannot start (empty, too long) is that request's error only."""
+        out = self.open_many(prompts, settings)
+        ready = [(i, state) for i, state in enumerate(out) if isinstance(state, HFState)]
+        return self._read_whole(out, ready, prompts)
+
+    def open_many(
+        self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]
+    ) -> list[HFState | SpecfuseError]:
+        """Requests' states, their prompts' tokens checked (empty, too long), nothing read yet."""
         out: list[HFState | SpecfuseError] = []
         for prompt, s in zip(prompts, settings):
             try:
                 out.append(self._begin(prompt, s))
             except Exception as e:
                 out.append(self._failed(e))
-        ready = [(i, state) for i, state in enumerate(out) if isinstance(state, HFState)]
+        return out
+
+    @torch.inference_mode()
+    def prefill_many(self, states: Sequence[HFState], budget: int) -> list[bool]:
+        """Read at most `budget` more prompt tokens in all, the first request's first: a prompt read
+        whole in this call goes with the others so read (together, as start_many reads them), the
+        rest a part each, after the part already in its cache."""
+        left, whole, prompts = budget, [], []
+        for state in states:
+            if state.reading is None or left <= 0:
+                continue
+            need = len(state.ids) - state.reading.done
+            take = min(need, left)
+            left -= take
+            if state.reading.done == 0 and take == need:
+                whole.append(state)
+                prompts.append(state.reading.prompt)
+            else:
+                self._read_part(state, take)
+        out: list[HFState | SpecfuseError] = list(whole)
+        errors = [
+            e for e in self._read_whole(out, list(enumerate(whole)), prompts) if isinstance(e, SpecfuseError)
+        ]
+        if errors:
+            raise errors[0]
+        return [state.reading is None for state in states]
+
+    def _read_part(self, state: HFState, take: int) -> None:
+        """Read the prompt's next `take` tokens into the request's cache (the first part after the
+        template's head, when the prompt begins with it: read once for every request)."""
+        reading = state.reading
+        assert reading is not None
+        measure = state.settings.measure_prompt
+        if reading.done == 0:
+            head = self._template_head([state])
+            state.cache = head.cache() if head is not None else DynamicCache()
+            if head is not None:
+                reading.done = len(head.ids)
+                reading.hidden += [head.hidden] if measure else []
+        end = min(len(state.ids), reading.done + take)
+        hidden = self.hidden_states(state.ids[reading.done : end], state.cache)
+        reading.done = end
+        reading.hidden += [hidden] if measure else []
+        if end < len(state.ids):
+            return
+        state.last_hidden = hidden[-1].clone()
+        if measure:
+            state.surprise = self._surprise(reading.prompt, state.ids, torch.cat(reading.hidden))
+        state.reading = None
+
+    def _read_whole(
+        self,
+        out: list[HFState | SpecfuseError],
+        ready: Sequence[tuple[int, HFState]],
+        prompts: Sequence[Prompt],
+    ) -> list[HFState | SpecfuseError]:
+        """Read the `ready` states' prompts whole (out[i] is state i's; a failure replaces it there)."""
         for group in prefill.groups([len(state.ids) for _, state in ready], self.chunk_tokens):
             rows = [ready[g] for g in group]
             try:
@@ -183,7 +247,9 @@ class HFMember(Drafting, Verifying, BaseMember):
         if settings.temperature > 0:
             # Sampling happens where the output head is (with a device map, not always self.device).
             generator = torch.Generator(device=self.head.weight.device).manual_seed(settings.seed)
-        return HFState(settings, len(ids), ids, "", DynamicCache(), torch.empty(0), generator)
+        state = HFState(settings, len(ids), ids, "", DynamicCache(), torch.empty(0), generator)
+        state.reading = Reading(prompt)
+        return state
 
     def _prefill(self, states: Sequence[HFState], prompts: Sequence[Prompt]) -> None:
         """Read the prompts of `states` (one group) into their caches: alone as start() always did,
@@ -206,6 +272,7 @@ class HFMember(Drafting, Verifying, BaseMember):
         if head is not None:
             hiddens = [torch.cat([head.hidden, hidden]) for hidden in hiddens]
         for state, prompt, hidden in zip(states, prompts, hiddens):
+            state.reading = None
             state.last_hidden = hidden[-1].clone()  # not a view that keeps the batch's states alive
             if state.settings.measure_prompt and not state.settings.raw:
                 state.surprise = self._surprise(prompt, state.ids, hidden)

@@ -13,6 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from ..config import MemberSettings
+from ..prompts import Prompt
 
 
 @dataclass
@@ -25,6 +26,16 @@ class PackedPass:
     offsets: tuple[int, ...]  # where each block begins in the packed tokens
     last_hidden: tuple[torch.Tensor, ...]  # [H] hidden state after each candidate's text
     prefix_len: int  # committed length when the pass ran
+
+
+@dataclass
+class Reading:
+    """A prompt being read in parts (chunked prefill, HFMember.prefill_many): how far it is."""
+
+    prompt: Prompt
+    done: int = 0  # tokens of the prompt in the cache so far
+    # Their final hidden states, kept only to measure the prompt's surprise once it is read whole.
+    hidden: list[torch.Tensor] = field(default_factory=list)
 
 
 @dataclass
@@ -44,6 +55,7 @@ class HFState:
     # the tokens trimmed away). If the kept text wins, the next greedy draft begins with exactly the
     # trimmed tokens, so they are taken over instead of decoded again.
     trimmed: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    reading: Reading | None = None  # opened, its prompt not yet read whole (open_many); None: read
 
 
-__all__ = ["HFState", "PackedPass"]
+__all__ = ["HFState", "PackedPass", "Reading"]

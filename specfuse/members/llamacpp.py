@@ -223,6 +223,23 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
             raise type(e)(f"{self.name}: {e}") from None
 
     def start(self, prompt: Prompt, settings: MemberSettings) -> LlamaState:
+        state = self._open(prompt, settings)
+        if settings.measure_prompt and not settings.raw:
+            state.surprise = self._surprise(prompt, state)
+        return state
+
+    def open_many(self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
+        """Requests' states, their prompts' tokens checked, none read (prefill_many reads them)."""
+        out: list[Any] = []
+        for prompt, s in zip(prompts, settings):
+            try:
+                out.append(self._open(prompt, s))
+                out[-1].reading = prompt
+            except ConfigError as e:
+                out.append(e)
+        return out
+
+    def _open(self, prompt: Prompt, settings: MemberSettings) -> LlamaState:
         ids = drafting.raw_context(self.tokenizer) if settings.raw else self.prompt_ids(prompt)
         if not ids:
             raise ConfigError(f"{self.name}: the prompt formats to no tokens")
@@ -233,10 +250,7 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
                 f"{settings.max_new_tokens} more, beyond this member's context of {limit}; "
                 "shorten the prompt or lower max_new_tokens"
             )
-        state = LlamaState(settings, len(ids), ids, "")
-        if settings.measure_prompt and not settings.raw:
-            state.surprise = self._surprise(prompt, state)
-        return state
+        return LlamaState(settings, len(ids), ids, "")
 
     def prompt_surprise(self, state: LlamaState) -> float | None:
         """How surprised this member was by the prompt's own text, in nats per byte (None: not

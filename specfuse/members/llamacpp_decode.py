@@ -9,6 +9,7 @@ methods are the member's own, read apart; what they use of it is declared below,
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import numpy as np
 
 from ..config import MemberSettings
 from ..errors import MemberError
-from . import profiling
+from . import drafting, profiling
 from .scoring import common_prefix_len
 from .workers import thread_share
 
@@ -43,6 +44,10 @@ class LlamaState:
     # This member's own draft from these ids: its tokens and each one's (logit, logprob) as drafted.
     # With own_draft_scores, verification takes its own candidate's values from here.
     drafted: tuple[tuple[int, ...], tuple[tuple[float, float], ...]] | None = None
+    reading: Any = None  # opened (open_many): its prompt, until prefill_many has read it whole
+    # While read in parts with settings.measure_prompt: the negative log-likelihood of each of the
+    # question's own tokens so far, by the position that predicts it.
+    nll: dict[int, float] | None = None
 
 
 # A token to decode: (sequence, position, token id, whether its logits are wanted). A verify pass's
@@ -70,10 +75,14 @@ class LlamaDecoding:
         last_used: list[float]
         generation: int
         _threads_now: int
+        lock: threading.Lock
+        tokenizer: Any
+        prompt_format: Any
 
-    def _claim(self, states: Sequence[LlamaState]) -> list[int]:
+    def _claim(self, states: Sequence[LlamaState], drop: bool = True) -> list[int]:
         """A distinct slot per request: the one holding the longest prefix of its context, else the
-        least recently used."""
+        least recently used. `drop` False: the last verify pass's candidates stay (a prompt read
+        between a round's accept and the next draft leaves the accepted cells to be adopted)."""
         taken: list[int] = []
         now = time.monotonic()
         for state in states:
@@ -85,8 +94,43 @@ class LlamaDecoding:
             state.slot = best
             self.last_used[best] = now
             self._adopt(state, best)
-        self._drop_candidates()
+        if drop:
+            self._drop_candidates()
         return taken
+
+    def prefill_many(self, states: Sequence[LlamaState], budget: int) -> list[bool]:
+        """Decode at most `budget` more prompt tokens in all into the requests' slots, the first's
+        first (with the logits that measure a prompt's surprise, when asked for)."""
+        with self.lock:
+            for state in states:
+                if state.reading is not None and budget > 0:
+                    budget -= self._read_part(state, budget)
+        return [state.reading is None for state in states]
+
+    def _read_part(self, state: LlamaState, budget: int) -> int:
+        """Decode at most `budget` more of the prompt into the request's slot (chunked prefill); the
+        tokens decoded. Its last token is left to the first draft, which decodes it for its logits;
+        a slot lent to another request meanwhile is read again from where they part."""
+        (slot,) = self._claim([state], drop=False)
+        span = None
+        if state.settings.measure_prompt:
+            span = drafting.prompt_span(self.tokenizer, self.prompt_format, state.reading, state.ids)
+        wanted = {t - 1: state.ids[t] for t in span[0]} if span else {}  # position t-1 predicts token t
+        if wanted and state.nll is None:  # a cached prefix would skip positions whose logits are wanted
+            self.lib.llama_memory_seq_rm(self.memory, slot, -1, -1)
+            self.cached[slot], state.nll = [], {}
+        end = state.prompt_len - 1
+        upto = min(end, common_prefix_len(self.cached[slot], state.ids[:end]) + budget)
+        start = self._rewind(slot, state.ids[:upto], keep_beyond=True)
+        items: list[Item] = [(slot, p, state.ids[p], p in wanted) for p in range(start, upto)]
+        for i, row in self._decode(items, "prompt"):
+            assert state.nll is not None
+            state.nll[items[i][1]] = -logit_and_logprob(row, wanted[items[i][1]])[1]
+        if upto == end:
+            if span is not None:
+                state.surprise = sum((state.nll or {}).values()) / max(1, span[1])
+            state.reading = None
+        return upto - start
 
     def _adopt(self, state: LlamaState, slot: int) -> None:
         """Move the cells of the request's verified candidate that its context now continues with

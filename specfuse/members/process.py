@@ -135,8 +135,17 @@ class ProcessMember(BaseMember):
     def start_many(self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
         """The worker's start_many in one call: a handle for each request that started, the error of
         each that did not."""
+        return self._started("start_many", prompts, settings)
+
+    def open_many(self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
+        return self._started("open_many", prompts, settings)
+
+    def prefill_many(self, states: Sequence[ProcessState], budget: int) -> list[bool]:
+        return self._call("prefill_many", [s.id for s in states], budget)
+
+    def _started(self, how: str, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
         out: list[Any] = []
-        for started in self._call("start_many", list(prompts), list(settings)):
+        for started in self._call(how, list(prompts), list(settings)):
             if isinstance(started, BaseException):  # a SpecfuseError, unless it could not cross
                 error = started if isinstance(started, SpecfuseError) else None
                 out.append(error or MemberError(f"{self.name}: start failed: {started}"))
@@ -298,9 +307,9 @@ def _handlers(member: Member, states: dict[int, Any]) -> dict[str, Callable[...,
         states[handle] = member.start(prompt, settings)
         return handle
 
-    def start_many(prompts: list[Prompt], settings: list[MemberSettings]) -> list[Any]:
+    def start_many(prompts: list[Prompt], settings: list[MemberSettings], how: str = "start_many") -> list:
         out: list[Any] = []
-        for started in member.start_many(prompts, settings):
+        for started in getattr(member, how)(prompts, settings):
             if isinstance(started, BaseException):  # that request's error, sent back as it is
                 out.append(_portable(started))
                 continue
@@ -326,6 +335,8 @@ def _handlers(member: Member, states: dict[int, Any]) -> dict[str, Callable[...,
         "describe": describe,
         "start": start,
         "start_many": start_many,
+        "open_many": lambda prompts, settings: start_many(prompts, settings, "open_many"),
+        "prefill_many": lambda handles, budget: member.prefill_many([states[h] for h in handles], budget),
         "draft": lambda h, n: member.draft(states[h], n),
         "score": lambda h, candidates: list(member.score(states[h], candidates)),
         "accept": lambda h, text: member.accept(states[h], text),

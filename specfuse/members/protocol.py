@@ -63,6 +63,19 @@ class Member(Protocol):
         SpecfuseError that request cannot start with: one bad prompt fails only its own request."""
         ...
 
+    def open_many(self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
+        """start_many() without reading the prompts (chunked prefill): each request's state with its
+        prompt formatted and its token count checked against the member's context, or the
+        SpecfuseError it cannot start with; prefill_many() then reads it, a part at a time."""
+        ...
+
+    def prefill_many(self, states: Sequence[Any], budget: int) -> list[bool]:
+        """Read at most `budget` more tokens of these requests' prompts in all (states from
+        open_many), the first request's first; whether each prompt is now read whole, its state
+        ready to draft. A member whose reading happens elsewhere (a server) may say False until it
+        has, and never holds the batch up waiting for it."""
+        ...
+
     def draft_many(self, states: Sequence[Any], budgets: Sequence[int]) -> list[Candidate]:
         """draft() for several requests at once; a member that can batch them does it in one pass."""
         ...
@@ -118,6 +131,13 @@ class BaseMember:
                 error.__cause__ = e
                 out.append(error)
         return out
+
+    def open_many(self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
+        # A member that cannot read a prompt in parts reads it whole here; prefill_many has no more to do.
+        return self.start_many(prompts, settings)
+
+    def prefill_many(self, states: Sequence[Any], budget: int) -> list[bool]:
+        return [True] * len(states)
 
     def draft_many(self, states: Sequence[Any], budgets: Sequence[int]) -> list[Candidate]:
         return [self.draft(s, b) for s, b in zip(states, budgets)]

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
+from concurrent import futures
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +37,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 60.0  # each request's whole deadline
+# Chunked prefill: a long prompt is read by the server on one of WARMERS threads per member, and each
+# prefill_many waits at most PREFILL_WAIT_S for it (the batch's loop does not spin while only such
+# prompts are being read; a round under way waits no longer than that for them).
+WARMERS = 4
+PREFILL_WAIT_S = 0.05
 OPTIONS = ("tokenizer", "timeout", "model", "proxy")
 
 
@@ -125,6 +133,10 @@ class RemoteState:
     answer: str
     drafts: int = 0  # drafts made so far: each sampled draft gets its own seed
     token_logprobs: list[list[float]] = field(default_factory=list)  # last score(): [candidates][tokens]
+    # Chunked prefill (prefill_many): the request that has the server read a long prompt, on a thread
+    # of its own; `read` once it has come back (or was never needed).
+    reading: Future[None] | None = field(default=None, repr=False)
+    read: bool = False
 
 
 def supported_scores(member: object) -> tuple[str, ...]:
@@ -170,6 +182,8 @@ class RemoteMember(BaseMember):
         self.end_marker = tuple(drafting.end_marker(tokenizer, prompt_format, self.stop_token_ids))
         self.max_positions: int | None = None
         self.connected = False
+        self._warm_pool: futures.ThreadPoolExecutor | None = None  # prefill_many's, made when first needed
+        self._warm_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"RemoteMember({self.name!r}, {self.engine}, {self.url!r})"
@@ -274,6 +288,37 @@ class RemoteMember(BaseMember):
             rows = self.adapter.logprobs(contexts, tails)
         state.token_logprobs = rows
         return [sum(row) / len(row) for row in rows]
+
+    def prefill_many(self, states: Sequence[RemoteState], budget: int) -> list[bool]:
+        """The server reads the prompts. Those that fit in `budget` (the first request's first) are
+        read by their first draft, in the round, as before; a longer one is sent now as a request for
+        one token on a thread of its own, so that the batch plays on while the server reads it (its
+        prefix cache keeps it for the first draft), and is read once that request is back. A failed
+        one counts as read: the first draft reads the prompt again, and says why if it fails too."""
+        for state in states:
+            if not state.read and state.reading is None:
+                if len(state.ids) <= budget:
+                    budget -= len(state.ids)
+                    state.read = True
+                else:
+                    state.reading = self._warmers().submit(self._warm, state)
+        futures.wait([s.reading for s in states if s.reading is not None], timeout=PREFILL_WAIT_S)
+        for state in states:
+            if state.reading is not None and state.reading.done():
+                state.reading, state.read = None, True
+        return [state.read for state in states]
+
+    def _warmers(self) -> futures.ThreadPoolExecutor:
+        with self._warm_lock:
+            if self._warm_pool is None:
+                self._warm_pool = futures.ThreadPoolExecutor(WARMERS, f"specfuse-prefill-{self.name}")
+            return self._warm_pool
+
+    def _warm(self, state: RemoteState) -> None:
+        try:
+            self._generated(state.ids, 1, state.settings, state.settings.seed, sorted(self.stop_token_ids))
+        except Exception as e:  # the first draft sends the prompt again and reports its own failure
+            log.info("%s: reading a prompt ahead of its first draft failed: %s", self.name, e)
 
     def accept(self, state: RemoteState, text: str) -> None:
         """Append the chosen candidate: re-tokenize the answer; the server caches the common prefix."""

@@ -65,8 +65,20 @@ class SplitMember(BaseMember):
 
     def start_many(self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
         """Both halves start every request; a request either half cannot start fails with its error."""
-        drafts = self.drafter.start_many(prompts, [_drafting(s) for s in settings])
-        scores = self.verifier.start_many(prompts, settings)
+        return self._both("start_many", prompts, settings)
+
+    def open_many(self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
+        return self._both("open_many", prompts, settings)
+
+    def prefill_many(self, states: Sequence[SplitState], budget: int) -> list[bool]:
+        """Each half reads its next part (each its own budget: two back ends); read once both have."""
+        drafts = self.drafter.prefill_many([s.drafting for s in states], budget)
+        scores = self.verifier.prefill_many([s.scoring for s in states], budget)
+        return [d and s for d, s in zip(drafts, scores, strict=True)]
+
+    def _both(self, how: str, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
+        drafts = getattr(self.drafter, how)(prompts, [_drafting(s) for s in settings])
+        scores = getattr(self.verifier, how)(prompts, settings)
         out: list[Any] = []
         for d, s in zip(drafts, scores, strict=True):
             failed = d if isinstance(d, SpecfuseError) else s if isinstance(s, SpecfuseError) else None

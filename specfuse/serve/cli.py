@@ -219,6 +219,7 @@ def _loading(
             parallel=args.parallel,
             max_paused=args.max_paused,
             pause_idle_s=args.pause_idle,
+            prefill_chunk=args.prefill_chunk,
         )
 
     return preparation, load

@@ -1,0 +1,213 @@
+"""What a long prompt joining costs the streams under way: `python -m specfuse.bench prefill-gap`.
+
+In one run, on one Scheduler per setting: a running stream plays a few rounds alone, then a newcomer
+with a long prompt (--prompt-tokens, 6,000 by default, counted in the first member's tokenizer)
+joins; the running stream's rounds (the chunks a client's stream receives) go on until the newcomer
+has played its first round. Per setting of --prefill-chunk (0: the prompt read whole before the
+next round; else that many tokens a member reads between two rounds), taking turns --repeats times:
+the running stream's usual gap between rounds (the median before the newcomer came), its longest gap
+from the newcomer's submission to its first round, the ratio (target ≤ 2), and the newcomer's wait
+for its first round. Timings on a shared machine are noise: run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..cli import Parser, add_prefill_flag
+from ..config import EnsembleConfig
+from ..engine import Scheduler, Ticket
+from ..errors import SpecfuseError
+from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
+from ..records import Round
+from .measure import cpu_model, load_named, write_outputs
+
+log = logging.getLogger(__name__)
+
+TARGET = 2.0  # the longest gap, at most this many usual gaps (issue 56)
+WARM_ROUNDS = 4  # the running stream's rounds alone before the newcomer comes: its usual gap
+RUNNING = "Write a long story about a lighthouse keeper, chapter by chapter, with every detail."
+PARAGRAPH = (
+    "The harbour wakes before the town does: gulls on the breakwater, nets drying on the rails, the "
+    "smell of tar and diesel, a radio playing somewhere below deck. "
+)
+
+
+def long_prompt(member: Any, tokens: int) -> str:
+    """A question after enough paragraphs that the member's context for it takes about `tokens`."""
+    question = "\n\nSummarise the text above in one sentence."
+    text = PARAGRAPH
+    while len(member.prompt_ids(text * 2 + question)) < tokens:
+        text *= 2
+    # Whole paragraphs up to the count (one more doubling would pass it).
+    step = len(member.prompt_ids(PARAGRAPH))
+    while len(member.prompt_ids(text + PARAGRAPH + question)) <= tokens:
+        text += PARAGRAPH * max(1, (tokens - len(member.prompt_ids(text + question))) // step)
+    return text + question
+
+
+def one_join(
+    scheduler: Scheduler, prompt: str, running: EnsembleConfig, newcomer: EnsembleConfig, stream: str
+) -> dict:
+    """A running stream, a newcomer joining after WARM_ROUNDS of its rounds: the stream's gaps."""
+    ticket = scheduler.submit(stream, running)
+    times: list[float] = []
+    first: list[float] = []  # when the newcomer's first round arrived, as its client sees it
+    submitted = math.nan
+    joining = None
+    try:
+        for event in ticket.events(timeout=3600):
+            if not isinstance(event, Round):
+                continue
+            times.append(time.perf_counter())
+            if len(times) == WARM_ROUNDS:
+                submitted = time.perf_counter()
+                joining = scheduler.submit(prompt, newcomer)
+                threading.Thread(target=_first_round, args=(joining, first), daemon=True).start()
+            if first:
+                break
+    finally:
+        ticket.cancel()
+        if joining is not None:
+            joining.cancel()
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    before = gaps[: WARM_ROUNDS - 1]
+    during = [b - a for a, b in zip(times, times[1:]) if b > submitted]
+    usual = statistics.median(before) if before else math.nan
+    longest = max(during) if during else math.nan
+    return {
+        "usual_gap_s": usual,
+        "longest_gap_s": longest,
+        "ratio": longest / usual if usual else math.nan,
+        "rounds_while_read": len(during),
+        "newcomer_first_round_s": first[0] - submitted if first else math.nan,
+        "complete": bool(first),  # False: the running stream ended before the newcomer played
+    }
+
+
+def _first_round(ticket: Ticket, out: list[float]) -> None:
+    for event in ticket.events(timeout=3600):
+        if isinstance(event, Round):
+            out.append(time.perf_counter())
+            return
+
+
+def run_gap(
+    members: Sequence[Any],
+    *,
+    chunks: Sequence[int],
+    prompt_tokens: int = 6000,
+    segment_len: int = 10,
+    repeats: int = 1,
+    stream_tokens: int = 1024,
+    stream: str = RUNNING,
+) -> dict[str, Any]:
+    """Each setting of `chunks` in turn, `repeats` times; the JSON-ready report. `stream_tokens`: the
+    running stream's budget, enough to outlast the newcomer's prompt read in parts; `stream`: its prompt."""
+    prompt = long_prompt(members[0], prompt_tokens)
+    running = EnsembleConfig(segment_len=segment_len, max_new_tokens=stream_tokens)
+    newcomer = EnsembleConfig(segment_len=segment_len, max_new_tokens=segment_len)
+    samples: dict[int, list[dict]] = {c: [] for c in chunks}
+    load_before = os.getloadavg()
+    for _ in range(repeats):
+        for chunk in chunks:  # the settings take turns: drift in the machine's load falls on each
+            scheduler = Scheduler(members, batch_size=4, prefill_chunk=chunk)
+            try:
+                one_join(scheduler, "Hi", running, newcomer, stream)  # warm-up: lazy initialisation
+                samples[chunk].append(one_join(scheduler, prompt, running, newcomer, stream))
+            finally:
+                scheduler.close()
+    settings = {}
+    for chunk, runs in samples.items():
+        keys = ("usual_gap_s", "longest_gap_s", "ratio", "rounds_while_read", "newcomer_first_round_s")
+        settings[str(chunk)] = {key: statistics.median(r[key] for r in runs) for key in keys}
+        settings[str(chunk)] |= {"complete": sum(r["complete"] for r in runs), "runs": len(runs)}
+    return {
+        "members": [m.name for m in members],
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "prompt_tokens": len(members[0].prompt_ids(prompt)),
+        "segment_len": segment_len,
+        "repeats": repeats,
+        "settings": settings,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+    }
+
+
+def format_table(report: dict[str, Any]) -> str:
+    lines = [
+        f"a {report['prompt_tokens']}-token prompt joins a running stream: {', '.join(report['members'])} "
+        f"on {report['cpu']} ({report['cores']} cores), L = {report['segment_len']}, "
+        + (f"medians of {report['repeats']} turns" if report["repeats"] > 1 else "one turn"),
+        f"{'prefill chunk':<14} {'usual gap s':>11} {'longest s':>10} {'× usual':>8} {'target':>7} "
+        f"{'rounds':>7} {'newcomer s':>11}",
+    ]
+    for chunk, r in report["settings"].items():
+        name = "0 (whole)" if chunk == "0" else f"{chunk} tokens"
+        ok = "met" if r["ratio"] <= TARGET else "missed"
+        lines.append(
+            f"{name:<14} {r['usual_gap_s']:11.3f} {r['longest_gap_s']:10.3f} {r['ratio']:8.2f} {ok:>7} "
+            f"{r['rounds_while_read']:7.0f} {r['newcomer_first_round_s']:11.2f}"
+            + ("" if r["complete"] == r["runs"] else "  (the stream ended before the newcomer played)")
+        )
+    lines += [
+        "",
+        f"usual gap: the running stream's median gap between rounds alone; longest: from the newcomer's "
+        f"submission to its first round (target ≤ {TARGET:g}× usual); rounds: the stream's rounds meanwhile",
+        f"load average {report['load_before'][0]:.2f} → {report['load_after'][0]:.2f} (1 min)",
+    ]
+    if "command" in report:
+        lines += [f"command: {report['command']}"]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = Parser(
+        prog="python -m specfuse.bench prefill-gap",
+        description="The longest gap in a running stream while a long prompt joins, with the prompt read "
+        "whole and in chunks (--prefill-chunk), in one run.",
+    )
+    parser.add_argument("--models", nargs="+", default=None, help="catalogue names (default: the trio)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (default auto)")
+    parser.add_argument("--quantize", default="none", help=QUANTIZE_HELP)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, … (default cpu)")
+    add_prefill_flag(parser)
+    parser.add_argument("--prompt-tokens", type=int, default=6000, help="the long prompt (default 6000)")
+    parser.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
+    parser.add_argument("--repeats", type=int, default=1, help="turns of the settings (default 1)")
+    parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.txt")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.repeats < 1 or args.prompt_tokens < 1 or args.prefill_chunk < 1:
+        parser.error("--repeats, --prompt-tokens and --prefill-chunk must be ≥ 1 (0, whole, always runs)")
+    try:
+        members = load_named(args.models, device=args.device, dtype=args.dtype, quantize=args.quantize)
+        report = run_gap(
+            members,
+            chunks=(0, args.prefill_chunk),
+            prompt_tokens=args.prompt_tokens,
+            segment_len=args.segment_len,
+            repeats=args.repeats,
+        )
+    except SpecfuseError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    report["quantize"] = args.quantize
+    report["command"] = " ".join(["python -m specfuse.bench prefill-gap", *(argv or sys.argv[1:])])
+    write_outputs(report, format_table(report), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
