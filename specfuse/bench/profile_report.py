@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-PHASES = ("start", "catch up", "draft", "verify", "choose", "accept")
+PHASES = ("open", "prefill", "start", "catch up", "draft", "verify", "choose", "accept")  # batch.py's, in order
 
 
 Tallies = dict[tuple[str, ...], Mapping[str, Any]]
