@@ -183,10 +183,11 @@ def wire_language(demo: gr.Blocks, switch: gr.Radio) -> None:
         for out in fn.outputs
     }
     targets = [c for c in LOCALIZER.components(demo) if c is not switch]
+    wired = set(targets)  # a page routed after this call (the class session's /join) is not this load's
 
     def load(request: gr.Request) -> dict[Any, Any]:
         lang = lang_of(request)
-        update = LOCALIZER.updates(demo, loaded, lang)
+        update = {c: u for c, u in LOCALIZER.updates(demo, loaded, lang).items() if c in wired}
         update[switch] = gr.update(value=lang)
         return update
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-PHASES = ("open", "prefill", "start", "catch up", "draft", "verify", "choose", "accept")  # batch.py's, in order
+# engine/batch.py's phases, in the order a round meets them
+PHASES = ("open", "prefill", "start", "catch up", "draft", "verify", "choose", "accept")
 
 
 Tallies = dict[tuple[str, ...], Mapping[str, Any]]
