@@ -4,7 +4,6 @@ handout and round downloads; and the page asks nothing of any other host."""
 
 from __future__ import annotations
 
-import os
 import time
 from urllib.parse import urlsplit
 
@@ -105,10 +104,7 @@ def shown_panels(page) -> list[str]:
 def test_a_lesson_opens_with_no_model_loaded_its_notes_beside_the_panels(page, served_app):
     loaded = served_app[2]
     before = len(loaded)
-    seconds = open_lesson(page, "winners")
-    # The target is 2 s on this CPU, quiet; a machine busy with other jobs stretches it.
-    load = os.getloadavg()[0] / (os.cpu_count() or 1)
-    assert seconds <= 2.0 * max(1.0, load), (seconds, load)
+    open_lesson(page, "winners")  # how long it takes is a benchmark's (make_lessons.py --check), not a test's
     assert len(loaded) == before  # no model loaded: the recorded run replays
     trace = TRACES["winners"]
     answer = " ".join(page.locator("#answer .token").all_inner_texts())
