@@ -63,7 +63,7 @@ def inside(page, selector: str, scrolled: bool = False) -> None:
     size = page.viewport_size
     box = page.locator(selector).first.bounding_box()  # a Group names its inner box alike
     assert box is not None, selector
-    assert box["x"] >= 0 and box["y"] >= 0, (selector, box)
+    assert box["x"] >= -1 and box["y"] >= -1, (selector, box)  # a sub-pixel scroll: -0.03 px seen
     assert box["x"] + box["width"] <= size["width"] + 1, (selector, box, size)
     assert box["y"] + box["height"] <= size["height"] + 1, (selector, box, size)
     assert scrolled or page.evaluate("window.scrollY") == 0
