@@ -27,6 +27,7 @@ from specfuse.models.quantize_options import check_quantize, cpu_only
 from specfuse.models.trust import load_trust
 from specfuse.trace import MAX_TRACE_BYTES
 from studio import DEVICES, SharedLoader, build_demo
+from studio.i18n import gradio_own
 from studio.loading import installed_models, served_members, usable_devices
 from studio.serving import DEFAULT_CONCURRENCY, ApiRoute, Schedulers
 
@@ -60,6 +61,7 @@ def serve(
         ssr_mode=False,  # SSR needs Node 24+
         run_history=run_history,
         footer_links=["api", "settings"],
+        i18n=gradio_own(),
         max_file_size=MAX_TRACE_BYTES,
         theme=gr.themes.Soft(),
         css_paths=[css_path] if css_path.exists() else None,

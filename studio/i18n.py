@@ -195,6 +195,23 @@ def wire_language(demo: gr.Blocks, switch: gr.Radio) -> None:
     switch.input(None, [switch], None, js=SWITCH_JS)
 
 
+# Gradio 6 announces a finished event to screen readers as `common.complete`, a key none of its
+# locales holds, so a reader heard the key itself (in every language). Its own locale names.
+GRADIO_KEYS = {"common.complete": "Complete"}
+GRADIO_LOCALES = {ENGLISH: ("en",), "zh": ("zh", "zh-CN", "zh-TW")}
+
+
+def gradio_own() -> gr.I18n:
+    """The texts Gradio's own locales lack, for launch(i18n=...): in each of Gradio's locale names."""
+    return gr.I18n(
+        **{
+            locale: {key: t(text, lang) for key, text in GRADIO_KEYS.items()}
+            for lang, locales in GRADIO_LOCALES.items()
+            for locale in locales
+        }
+    )
+
+
 def js_texts(*keys: str) -> str:
     """A page script's `sfT(text)`: `text` in the page's language, for the few texts a script of
     the page writes itself. The language as the server picks it: `?lang=`, else the browser's."""

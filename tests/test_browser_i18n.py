@@ -71,6 +71,15 @@ GRADIO_OWN = (
 PROMPTS = [str(x) for e in EXAMPLES for x in (e if isinstance(e, (list, tuple)) else [e])]
 
 
+# What Gradio's status region says to a screen reader (an event's start and end, one per 5 s, each
+# shown for 1 s): kept as it comes, so a test reads every announcement of its walk.
+HEARD = """() => {
+  window.sfHeard = new Set();
+  setInterval(() => document.querySelectorAll('[role=status][aria-live]')
+    .forEach((e) => e.textContent.trim() && window.sfHeard.add(e.textContent.trim())), 20);
+}"""
+
+
 def english_left(page, allowed: set[str]) -> list[tuple[str, str]]:
     shown = [t for t in page.evaluate(VISIBLE) if not t.startswith(GRADIO_OWN)]
     # an example prompt is cut with "..." in its button: model input, like the lessons' prompts
@@ -92,6 +101,7 @@ def test_a_lesson_stepped_in_chinese_shows_no_english(browser, served):
     with opened(browser, address, locale="zh-CN") as page:
         wait_text(page, "#step-mode", "分步模式")
         wait_text(page, "#status", "选择两个或更多成员")  # the status line as the page opens
+        page.evaluate(HEARD)
         found = english_left(page, allowed)
         assert not found, f"{len(found)} English words in the Chinese page as it opens: {found[:40]}"
         page.locator(f"#class-open-{SLUG}").focus()
@@ -121,6 +131,10 @@ def test_a_lesson_stepped_in_chinese_shows_no_english(browser, served):
         wait_text(page, "#presenter-toggle", "退出演示视图")
         page.wait_for_timeout(300)
         assert not english_left(page, allowed)
+        # an event's end is announced too (Gradio's own key, which its locales lack: app.serve adds it)
+        page.wait_for_function("window.sfHeard.has('完成')", timeout=8_000)
+        heard = page.evaluate("[...window.sfHeard]")
+        assert not [w for text in heard for w in english_words(text, allowed)], heard
     assert loaded == []
 
 
