@@ -52,7 +52,7 @@ lint: install
 	$(VENV)/bin/mypy
 
 test: install browser llama-server lint
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=40  # the 40 slowest, so the suite's time is visible in every CI log
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not browser" -x
