@@ -4,7 +4,7 @@ Reads an evaluation report (a RESULTS-*.json or eval-*.json file, or the newest 
 the evaluation's own reader, `specfuse.eval.runs.load_outcomes`, and names the best member as the
 report does (`specfuse.eval.report.best_single_system`). Finds each answer's trace at the path its
 outcome names, at the copy the report shipped for a failure case (`failure_cases[*].system_copy`
-and `best_copy`, e.g. results/RESULTS-gsm8k-cases/…), or at `<runs>/<system>/<problem>.json`; a
+and `best_copy`, e.g. results/eval/gsm8k-cases/…), or at `<runs>/<system>/<problem>.json`; a
 relative path is tried from the working directory, the folder and the report's own folder. Knows
 nothing about Gradio or models.
 """
@@ -132,7 +132,7 @@ def _reports(folder: Path) -> list[Path]:
 
 
 def _candidates(root: Path, name: str) -> Iterable[Path]:
-    """`name` under root, and each shorter tail of it (`results/RESULTS-x-cases/a.json` under results/)."""
+    """`name` under root, and each shorter tail of it (`results/eval/x-cases/a.json` under results/)."""
     parts = Path(name).parts
     for i in range(len(parts)):
         yield root.joinpath(*parts[i:])

@@ -55,8 +55,8 @@ def test_data_ifeval_pairs_two_committed_reports_on_the_packaged_rows(capsys):
         [
             "--data",
             "ifeval",
-            f"{ROOT / 'results/RESULTS-ifeval-gguf-median.json'}:median",
-            f"{ROOT / 'results/RESULTS-ifeval-gguf-qwen.json'}:single-qwen2.5-coder-0.5b",
+            f"{ROOT / '7407b66:results/RESULTS-ifeval-gguf-median.json'}:median",
+            f"{ROOT / '7407b66:results/RESULTS-ifeval-gguf-qwen.json'}:single-qwen2.5-coder-0.5b",
         ]
     )
     out = capsys.readouterr().out

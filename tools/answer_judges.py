@@ -15,9 +15,9 @@ Judges (members in llama.cpp, mean log-probability of the answer's tokens after 
   with the catalogue's trust (specfuse.feedback, as the engine does);
 - the uniform mean of the three normalized rows.
 
-    python tools/answer_judges.py --json results/ifeval-answer-judges.json
-    python tools/answer_judges.py --rows 300:541 --report results/RESULTS-ifeval-confirm-bf16-singles.json \
-        --json results/ifeval-answer-judges-confirm.json   (the one test on the held-out rows)
+    python tools/answer_judges.py --json results/eval/ifeval-answer-judges.json
+    python tools/answer_judges.py --rows 300:541 --report 7407b66:results/RESULTS-ifeval-confirm-bf16-singles.json \
+        --json results/eval/ifeval-answer-judges-confirm.json   (the one test on the held-out rows)
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--report", default="results/RESULTS-ifeval-dev.json", help="singles' answers (bf16)")
+    parser.add_argument("--report", default="7407b66:results/RESULTS-ifeval-dev.json", help="singles' answers (bf16)")
     dev = f"{ifeval.DEV_ROWS.start}:{ifeval.DEV_ROWS.stop}"
     parser.add_argument("--rows", default=dev, help=f"FIRST:END rows of the report (default {dev})")
     parser.add_argument("--json", help="write the figures here")
