@@ -115,14 +115,19 @@ def _ordered(run: EvalRun, systems: Sequence[str]) -> list[str]:
 
 
 def _reports(folder: Path) -> list[Path]:
-    """Evaluation reports (write_reports' JSON: RESULTS-*.json, or eval-*.json from older runs).
+    """Evaluation reports (write_reports' JSON: RESULTS-*.json, eval-*.json from older runs, or any
+    JSON with its results page `<stem>.md` beside it, as results/eval/ names them: gsm8k.json).
 
     The newest first; of those written within a minute of it (a fresh clone writes them all at
     once), the largest: the main study, not a small side one.
     """
     if folder.is_file():
         return [folder]
-    found = [p for p in folder.rglob("*.json") if p.name.startswith(("eval-", "RESULTS"))]
+    found = [
+        p
+        for p in folder.rglob("*.json")
+        if p.name.startswith(("eval-", "RESULTS")) or p.with_suffix(".md").is_file()
+    ]
     if not found:
         return []
     newest = max(p.stat().st_mtime for p in found)
@@ -181,7 +186,7 @@ def load_eval(folder: str | Path) -> EvalRun:
     folder = Path(folder)
     reports = _reports(folder)
     if not reports:
-        raise ValueError(f"no evaluation report (RESULTS-*.json or eval-*.json) under {folder}")
+        raise ValueError(f"no evaluation report (RESULTS-*.json, eval-*.json or x.json beside x.md) under {folder}")
     try:
         outcomes = load_outcomes(reports[0])
     except EvalError as e:

@@ -9,7 +9,8 @@ the same ensemble with bf16 and with int4 weights (`--quantize`, kept in another
 
 A source is a runs folder or a report JSON (its stored outcomes: runs whose traces are gone); a
 side may join several sources with commas, e.g. problems 0–149 from a committed report and 150–299
-from a new runs folder: `7407b66:results/RESULTS-gsm8k-gguf-median.json:median,runs/gsm8k-gguf:median`.
+from a new runs folder: `median.json:median,runs/gsm8k-gguf:median`, where median.json is
+`git show 7407b66:results/RESULTS-gsm8k-gguf-median.json` (committed reports live in git history).
 On IFEval it also gives each side's instruction-level strict accuracy per instruction group.
 """
 
