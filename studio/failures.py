@@ -137,7 +137,7 @@ def _reports(folder: Path) -> list[Path]:
 
 
 def _candidates(root: Path, name: str) -> Iterable[Path]:
-    """`name` under root, and each shorter tail of it (`results/eval/x-cases/a.json` under results/)."""
+    """`name` under root, and each shorter tail of it (`results/eval/gsm8k-cases/…` under results/eval/)."""
     parts = Path(name).parts
     for i in range(len(parts)):
         yield root.joinpath(*parts[i:])
@@ -186,7 +186,9 @@ def load_eval(folder: str | Path) -> EvalRun:
     folder = Path(folder)
     reports = _reports(folder)
     if not reports:
-        raise ValueError(f"no evaluation report (RESULTS-*.json, eval-*.json or x.json beside x.md) under {folder}")
+        raise ValueError(
+            f"no evaluation report (RESULTS-*.json, eval-*.json or x.json beside x.md) under {folder}"
+        )
     try:
         outcomes = load_outcomes(reports[0])
     except EvalError as e:

@@ -49,15 +49,16 @@ def test_a_missing_data_file_is_a_usage_error_that_names_it(tmp_path, capsys):
     assert stop.value.code == 2 and "nowhere.jsonl" in capsys.readouterr().err
 
 
-def committed(path: str, tmp_path: Path) -> Path:
-    """A report that results/ no longer ships (results/README.md: it lives in git history at 7407b66)."""
+def committed(name: str, tmp_path: Path) -> Path:
+    """A report that results/ no longer ships (results/README.md: it lives in git history)."""
+    where = f"{HISTORY}:results/{name}"
     try:
         text = subprocess.run(
-            ["git", "show", f"{HISTORY}:{path}"], cwd=ROOT, capture_output=True, text=True, check=True
+            ["git", "show", where], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout
     except (OSError, subprocess.CalledProcessError) as e:
-        pytest.skip(f"{HISTORY}:{path} is not in this clone's history (a shallow clone?): {e}")
-    out = tmp_path / Path(path).name
+        pytest.skip(f"{where} is not in this clone's history (a shallow clone?): {e}")
+    out = tmp_path / name
     out.write_text(text, encoding="utf-8")
     return out
 
@@ -70,8 +71,8 @@ def test_data_ifeval_pairs_two_committed_reports_on_the_packaged_rows(tmp_path, 
         [
             "--data",
             "ifeval",
-            f"{committed('results/RESULTS-ifeval-gguf-median.json', tmp_path)}:median",
-            f"{committed('results/RESULTS-ifeval-gguf-qwen.json', tmp_path)}:single-qwen2.5-coder-0.5b",
+            f"{committed('RESULTS-ifeval-gguf-median.json', tmp_path)}:median",
+            f"{committed('RESULTS-ifeval-gguf-qwen.json', tmp_path)}:single-qwen2.5-coder-0.5b",
         ]
     )
     out = capsys.readouterr().out

@@ -1,8 +1,9 @@
 """Can agreement between the members pick the IFEval answer that keeps its instructions?
 
 A judge that needs no likelihood at all: of the three members' whole answers to a prompt (each
-member alone, bf16, `git show 7407b66:results/RESULTS-ifeval-dev.json`), take the one most like the other two (minimum
-Bayes risk with a text similarity, as in consensus decoding and LLM-Blender's pairwise ranking). If
+member alone, bf16, `git show 7407b66:results/RESULTS-ifeval-dev.json`), take the one most like
+the other two (minimum Bayes risk with a text similarity, as in consensus decoding and
+LLM-Blender's pairwise ranking). If
 consensus picks the answers that follow every instruction no more often than Qwen alone gets them, a
 segment-level choice by agreement has nothing to gain either. Ties go to the first member in
 MEMBERS (Qwen), as the engine's go to the first candidate.
