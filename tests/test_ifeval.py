@@ -204,9 +204,7 @@ def test_ifeval_end_to_end_grades_each_system_and_writes_the_four_accuracies(tmp
     assert (tmp_path / "bench" / "ifeval-groups.csv").exists()
     assert (tmp_path / "bench" / "ifeval-groups.html").exists()
     # read back from the report and from the runs folder: the same verdicts per instruction
-    again = {
-        (o.system, o.problem): o.followed for o in load_outcomes(tmp_path / "bench" / "ifeval.json")
-    }
+    again = {(o.system, o.problem): o.followed for o in load_outcomes(tmp_path / "bench" / "ifeval.json")}
     assert again[("single-loud", "ifeval-0001")] == (True, True)
     runs = {(o.system, o.problem): o.followed for o in load_outcomes(tmp_path / "runs", data)}
     assert runs[("single-quiet", "ifeval-0001")] == (False, False)
