@@ -80,7 +80,7 @@ class EnsembleConfig:
     """Settings of one ensemble run; every switch is documented in the README.
 
     The defaults are the variant that held the default trio at its best member's GSM8K accuracy
-    (results/RESULTS-gsm8k.md): log-prob scores, a trusted member's head start, rewards weighted by
+    (results/eval/gsm8k.md): log-prob scores, a trusted member's head start, rewards weighted by
     trust, a repeat penalty, and exit down to one member; and the weighted median of the votes,
     confirmed later on IFEval and GSM8K development data (docs/evaluation.md). PAPER holds the
     paper's rule.

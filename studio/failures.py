@@ -4,7 +4,7 @@ Reads an evaluation report (a RESULTS-*.json or eval-*.json file, or the newest 
 the evaluation's own reader, `specfuse.eval.runs.load_outcomes`, and names the best member as the
 report does (`specfuse.eval.report.best_single_system`). Finds each answer's trace at the path its
 outcome names, at the copy the report shipped for a failure case (`failure_cases[*].system_copy`
-and `best_copy`, e.g. results/RESULTS-gsm8k-cases/…), or at `<runs>/<system>/<problem>.json`; a
+and `best_copy`, e.g. results/eval/gsm8k-cases/…), or at `<runs>/<system>/<problem>.json`; a
 relative path is tried from the working directory, the folder and the report's own folder. Knows
 nothing about Gradio or models.
 """
@@ -115,14 +115,19 @@ def _ordered(run: EvalRun, systems: Sequence[str]) -> list[str]:
 
 
 def _reports(folder: Path) -> list[Path]:
-    """Evaluation reports (write_reports' JSON: RESULTS-*.json, or eval-*.json from older runs).
+    """Evaluation reports (write_reports' JSON: RESULTS-*.json, eval-*.json from older runs, or any
+    JSON with its results page `<stem>.md` beside it, as results/eval/ names them: gsm8k.json).
 
     The newest first; of those written within a minute of it (a fresh clone writes them all at
     once), the largest: the main study, not a small side one.
     """
     if folder.is_file():
         return [folder]
-    found = [p for p in folder.rglob("*.json") if p.name.startswith(("eval-", "RESULTS"))]
+    found = [
+        p
+        for p in folder.rglob("*.json")
+        if p.name.startswith(("eval-", "RESULTS")) or p.with_suffix(".md").is_file()
+    ]
     if not found:
         return []
     newest = max(p.stat().st_mtime for p in found)
@@ -132,7 +137,7 @@ def _reports(folder: Path) -> list[Path]:
 
 
 def _candidates(root: Path, name: str) -> Iterable[Path]:
-    """`name` under root, and each shorter tail of it (`results/RESULTS-x-cases/a.json` under results/)."""
+    """`name` under root, and each shorter tail of it (`results/eval/gsm8k-cases/…` under results/eval/)."""
     parts = Path(name).parts
     for i in range(len(parts)):
         yield root.joinpath(*parts[i:])
@@ -181,7 +186,9 @@ def load_eval(folder: str | Path) -> EvalRun:
     folder = Path(folder)
     reports = _reports(folder)
     if not reports:
-        raise ValueError(f"no evaluation report (RESULTS-*.json or eval-*.json) under {folder}")
+        raise ValueError(
+            f"no evaluation report (RESULTS-*.json, eval-*.json or x.json beside x.md) under {folder}"
+        )
     try:
         outcomes = load_outcomes(reports[0])
     except EvalError as e:

@@ -1,5 +1,5 @@
 """tools/answer_judges.py: which whole answer each likelihood judge picks, and its tally against Qwen
-alone (the real members' run is results/ifeval-answer-judges.json; this checks the arithmetic)."""
+alone (the real members' run is results/eval/ifeval-answer-judges.json; this checks the arithmetic)."""
 
 from __future__ import annotations
 

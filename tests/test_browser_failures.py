@@ -1,8 +1,8 @@
-"""The failure-case browser over a shipped study (`python app.py --eval-dir results/RESULTS-gsm8k.json`;
-with `--eval-dir results` it opens the largest of the reports, today the IFEval study), in a browser.
+"""The failure-case browser over a shipped study (`python app.py --eval-dir results/eval/gsm8k.json`;
+with `--eval-dir results/eval` it opens the largest of the reports, this one), in a browser.
 
 It listed 150 problems and opened none: the report names runs/gsm8k/… traces that are not shipped,
-and the copies it ships (results/RESULTS-gsm8k-cases/…) were never read. The replay also sat 3,700 px
+and the copies it ships (results/eval/gsm8k-cases/…) were never read. The replay also sat 3,700 px
 above the table, "guarded" was not called the ensemble, and "300 answers" meant 150 problems × 2
 systems (issue 24, item 8).
 """
@@ -23,14 +23,14 @@ from .helpers_browser import opened
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parent.parent
-REPORT_FILE = ROOT / "results/RESULTS-gsm8k.json"
+REPORT_FILE = ROOT / "results/eval/gsm8k.json"
 REPORT = json.loads(REPORT_FILE.read_text(encoding="utf-8"))
 
 
 def shipped(copy: str) -> Path:
-    """A failure case's copy, which the report names under the folder it was written to
-    (`bench/RESULTS-gsm8k-cases/…`: results/ was called bench/ then): it ships beside the report."""
-    return REPORT_FILE.parent.joinpath(*Path(copy).parts[1:])
+    """A failure case's copy, which the report names from the checkout's root
+    (`results/eval/gsm8k-cases/…`): it ships beside the report."""
+    return ROOT / copy
 
 
 @pytest.fixture

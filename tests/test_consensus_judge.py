@@ -1,5 +1,5 @@
 """tools/consensus_judge.py: which whole answer agreement picks, and its tally against the first
-member alone (the real figures are results/ifeval-consensus-judge.json; this checks the arithmetic)."""
+member alone (the real figures are results/eval/ifeval-consensus-judge.json; this checks the arithmetic)."""
 
 from __future__ import annotations
 

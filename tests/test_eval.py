@@ -488,9 +488,9 @@ def test_gsm8k_end_to_end_on_tiny_members_in_batches_of_two(tiny_members, tmp_pa
     assert "ensemble" in capsys.readouterr().out
     mix = "llama-bytes+qwen-merges+gemma-meta"
     assert len(list((tmp_path / "runs" / f"lr2@{mix}").glob("*.json"))) == 3
-    page = (tmp_path / "bench" / "RESULTS-gsm8k.md").read_text()
+    page = (tmp_path / "bench" / "gsm8k.md").read_text()
     assert "--variant lr2:learning_rate=2" in page and "lr2" in page
-    outcomes = ev.load_outcomes(tmp_path / "bench" / "RESULTS-gsm8k.json")
+    outcomes = ev.load_outcomes(tmp_path / "bench" / "gsm8k.json")
     assert len(outcomes) == 9 and all(o.gold is not None for o in outcomes)
 
 
@@ -502,10 +502,10 @@ def test_open_ended_mode_reports_loops_without_accuracy(tiny_members, tmp_path, 
     args += ["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "bench"), "--no-png"]
     args += ["--systems", "ensemble", "--batch-size", "2"]
     assert ev.main(args) == 0
-    document = json.loads((tmp_path / "bench" / "RESULTS-open.json").read_text())
+    document = json.loads((tmp_path / "bench" / "open.json").read_text())
     [row] = document["summary"]
     assert row["problems"] == 2 and "accuracy" not in row and "loop_share" in row
-    assert document["paired"] == [] and "## Answers" in (tmp_path / "bench" / "RESULTS-open.md").read_text()
+    assert document["paired"] == [] and "## Answers" in (tmp_path / "bench" / "open.md").read_text()
 
 
 def test_throughput_runs_both_ways_and_reports_the_ratio(tiny_members):

@@ -187,7 +187,7 @@ def test_ifeval_end_to_end_grades_each_system_and_writes_the_four_accuracies(tmp
     args = ["ifeval", "--data", str(data), "--rows", "0:2", "--runs", str(tmp_path / "runs")]
     args += ["--out", str(tmp_path / "bench"), "--no-png", "--systems", "single-loud,single-quiet,ensemble"]
     assert ev.main(args) == 0, capsys.readouterr().err
-    document = json.loads((tmp_path / "bench" / "RESULTS-ifeval.json").read_text())
+    document = json.loads((tmp_path / "bench" / "ifeval.json").read_text())
     rows = {r["system"]: r for r in document["summary"]}
     assert rows["single-loud"]["prompt_strict"] == 1.0 and rows["single-loud"]["instruction_strict"] == 1.0
     assert rows["single-quiet"]["prompt_strict"] == 0.0
@@ -199,14 +199,12 @@ def test_ifeval_end_to_end_grades_each_system_and_writes_the_four_accuracies(tmp
     assert set(groups) == {"punctuation", "change_case", "startend"}
     assert groups["startend"]["single-loud"] == 1.0 and groups["startend"]["single-quiet"] == 0.0
     assert groups["punctuation"]["instruction count"] == 1
-    page = (tmp_path / "bench" / "RESULTS-ifeval.md").read_text()
+    page = (tmp_path / "bench" / "ifeval.md").read_text()
     assert "## By instruction group" in page and "| change_case | 1 |" in page
-    assert (tmp_path / "bench" / "RESULTS-ifeval-groups.csv").exists()
-    assert (tmp_path / "bench" / "RESULTS-ifeval-groups.html").exists()
+    assert (tmp_path / "bench" / "ifeval-groups.csv").exists()
+    assert (tmp_path / "bench" / "ifeval-groups.html").exists()
     # read back from the report and from the runs folder: the same verdicts per instruction
-    again = {
-        (o.system, o.problem): o.followed for o in load_outcomes(tmp_path / "bench" / "RESULTS-ifeval.json")
-    }
+    again = {(o.system, o.problem): o.followed for o in load_outcomes(tmp_path / "bench" / "ifeval.json")}
     assert again[("single-loud", "ifeval-0001")] == (True, True)
     runs = {(o.system, o.problem): o.followed for o in load_outcomes(tmp_path / "runs", data)}
     assert runs[("single-quiet", "ifeval-0001")] == (False, False)
@@ -240,7 +238,7 @@ def test_ifeval_runs_on_tiny_models(tiny_members, tmp_path, monkeypatch):
     args += ["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "bench"), "--no-png"]
     args += ["--systems", f"single-{tiny_members[0].name},ensemble"]
     assert ev.main(args) == 0
-    document = json.loads((tmp_path / "bench" / "RESULTS-ifeval.json").read_text())
+    document = json.loads((tmp_path / "bench" / "ifeval.json").read_text())
     assert [r["problems"] for r in document["summary"]] == [2, 2]
     for o in document["outcomes"]:
         assert len(o["followed"]) == len(o["followed_loose"]) >= 1 and o["predicted"].endswith("followed")

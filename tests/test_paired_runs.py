@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from .helpers_eval import CONFIG, scripted, write_data
 from .repo_tools import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
+HISTORY = "7407b66"  # the last commit whose results/ held the raw IFEval reports
 
 
 def test_paired_runs_joins_a_report_and_a_runs_folder_per_side_and_refuses_overlaps(tmp_path):
@@ -49,16 +51,26 @@ def test_a_missing_data_file_is_a_usage_error_that_names_it(tmp_path, capsys):
 
 def test_data_ifeval_pairs_two_committed_reports_on_the_packaged_rows(capsys):
     # The default and Qwen alone on IFEval rows 0-299 in llama.cpp, as docs/evaluation.md reports them
-    # (62 against 65, 9 : 12); the instruction groups come from the packaged rows too.
+    # (62 against 65, 9 : 12); the instruction groups come from the packaged rows too. The reports are
+    # in git history (`<commit>:<path>`, results/README.md), read by the tool with `git show`.
+    shown = subprocess.run(["git", "cat-file", "-e", f"{HISTORY}^{{commit}}"], cwd=ROOT, capture_output=True)
+    if shown.returncode:
+        pytest.skip(f"commit {HISTORY} is not in this clone's history (a shallow clone?)")
     tool = load_tool("paired_runs")
     tool.main(
         [
             "--data",
             "ifeval",
-            f"{ROOT / 'results/RESULTS-ifeval-gguf-median.json'}:median",
-            f"{ROOT / 'results/RESULTS-ifeval-gguf-qwen.json'}:single-qwen2.5-coder-0.5b",
+            f"{HISTORY}:results/RESULTS-ifeval-gguf-median.json:median",
+            f"{HISTORY}:results/RESULTS-ifeval-gguf-qwen.json:single-qwen2.5-coder-0.5b",
         ]
     )
     out = capsys.readouterr().out
     assert out.startswith("300 problems both finished")
     assert "both right 53, only a 9, only b 12, both wrong 226" in out and "detectable_format" in out
+
+
+def test_a_source_at_a_commit_this_clone_lacks_is_refused_by_name():
+    tool = load_tool("paired_runs")
+    with pytest.raises(SystemExit, match="0000000:results/x.json is not in this clone's git history"):
+        tool.main(["--data", "ifeval", "0000000:results/x.json:a", "0000000:results/y.json:b"])

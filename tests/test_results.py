@@ -1,15 +1,20 @@
-"""results/: the measured output that the docs cite, and nothing else (issue 42, item 4).
+"""results/: the measured output that the docs cite, and nothing else (issue 42, item 4; issue 57,
+item 4: one naming scheme, a size bound).
 
 - It holds no code: benchmark and evaluation code lives in specfuse/bench/ and specfuse/eval/,
   one-off measuring scripts in tools/.
+- Its files follow results/README.md's scheme: `bench/<benchmark>[-<setup>].<ext>`,
+  `eval/<task>[-<study>].<ext>` and `eval/<task>-<study>-cases/` or `eval/mc40-lm-eval/` folders.
+- It stays small: ≤ 6 MB and ≤ 35 % of the tracked bytes. Older figures live in git history and
+  are named there as `<commit>:results/<path>` (what `git show` takes), which this test leaves alone.
 - Every file in it is linked: its path, or a folder above it, is named in a doc (README.md,
   CONTRIBUTING.md, docs/), a test, a tool or the code (`results/x.json`, `../results/x.json`,
   `results/x-cases/`, `results/x.{txt,json}`, `results/x.*`), or a linked results page (.md, .html)
   links or names it. A file nothing links is output nobody reads: delete it, or cite it where its
   figures are discussed. Name a results file by its path in one string (`ROOT / "results/x.json"`),
   so that this test sees it.
-- Every relative link from the docs into results/, and every results file they name with its
-  extension, exists.
+- Every relative link from the docs into results/, and every results file that a doc, a test, a
+  tool or the code names with its extension, exists.
 
 Pure text: reads files, imports nothing of the package.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import subprocess
 from pathlib import Path
 
 from .links import EXTERNAL, PAGES, targets
@@ -27,8 +33,21 @@ RESULTS = ROOT / "results"
 DOCS = [*PAGES, ROOT / "CONTRIBUTING.md"]
 SKIP = {"__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
 
-# `results/…` not inside another path (`x/results/…` is not ours); a `{a,b}` group may hold commas.
-NAMED = re.compile(r"(?<![\w./-])(?:\.\./)*results/((?:[^\s`'\"()\[\]<>;|:,{}]|\{[^{}\s]*\})+)")
+# The scheme (results/README.md): the first word of a name says which benchmark or task wrote it.
+BENCHMARKS = ("bench", "concurrency", "cpu", "draft", "equality", "followup", "gpu", "llama", "remote")
+BENCHMARKS += ("serve", "throughput", "verify")
+TASKS = ("gsm8k", "ifeval", "open", "mc40")
+WORD = r"[a-z0-9][a-z0-9.+]*"  # lower case; `.` and `+` only as in a version or a mix
+FILE = rf"(?:-{WORD})*\.(?:md|json|jsonl|txt|png)"
+SCHEME = re.compile(
+    rf"README\.md|bench/(?:{'|'.join(BENCHMARKS)}){FILE}|eval/(?:{'|'.join(TASKS)}){FILE}"
+    rf"|eval/(?:{'|'.join(TASKS)})(?:-{WORD})*-(?:cases|lm-eval)/.+"
+)
+LIMIT_BYTES, LIMIT_SHARE = 6_000_000, 0.35
+
+# `results/…` not inside another path (`x/results/…` is not ours) nor in git history
+# (`abc1234:results/…`, a file that results/ no longer holds); a `{a,b}` group may hold commas.
+NAMED = re.compile(r"(?<![\w./:-])(?:\.\./)*results/((?:[^\s`'\"()\[\]<>;|:,{}]|\{[^{}\s]*\})+)")
 LINKED = re.compile(r"\]\(\s*<?([^)\s>]+)>?|\b(?:href|src)=\"([^\"]+)\"", re.IGNORECASE)
 
 
@@ -120,9 +139,13 @@ def test_every_results_file_is_linked_from_a_doc_a_test_a_tool_or_the_code():
     )
 
 
-def test_every_link_and_named_file_from_the_docs_into_results_exists():
+def test_every_link_and_named_file_into_results_exists():
     files = _results()
     broken = []
+    for place in _places():  # named with an extension by a doc, a test, a tool or the code
+        for name in named(_read(place)):
+            if Path(name).suffix and not matches(name, files):  # a command's output stem is not a file
+                broken.append(f"{place.relative_to(ROOT)}: results/{name}")
     for page in DOCS:
         text = _read(page)
         for target in targets(text):
@@ -132,9 +155,6 @@ def test_every_link_and_named_file_from_the_docs_into_results_exists():
             file = (page.parent / path).resolve()
             if file.is_relative_to(RESULTS.resolve()) and not file.exists():
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
-        for name in named(text):
-            if Path(name).suffix and not matches(name, files):  # a command's output stem is not a file
-                broken.append(f"{page.relative_to(ROOT)}: results/{name}")
     assert not broken, "links or names into results/ that lead nowhere: " + "; ".join(broken)
 
 
@@ -144,3 +164,36 @@ def test_the_rule_reads_braces_globs_folders_and_pages():
     files = ["a.txt", "a.json", "b.png", "c-cases/x/1.json", "d.json"]
     assert set().union(*(matches(n, files) for n in named(text))) == set(files) - {"d.json"}
     assert named("x/results/e.json and specfuse/results/f.json") == []
+    assert named("`git show 7407b66:results/RESULTS-gsm8k.png`") == []  # in history, not the tree
+
+
+def test_every_results_file_follows_the_naming_scheme():
+    files = _results()
+    off = [f for f in files if not SCHEME.fullmatch(f)]
+    assert not off, f"{len(off)} files in results/ outside results/README.md's scheme: {off[:20]}"
+    assert SCHEME.fullmatch("bench/serve-profile-avx2-gguf.txt") and SCHEME.fullmatch("eval/gsm8k.json")
+    assert SCHEME.fullmatch("eval/gsm8k-cases/guarded/right_best_wrong/single-q-gsm8k-0049.json")
+    for bad in ("RESULTS-gsm8k.json", "IF-qwen.json", "bench/Serve.txt", "eval/serve-cpu.txt", "x.json"):
+        assert not SCHEME.fullmatch(bad), bad
+
+
+def _tracked() -> list[Path]:
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):  # no git here (an unpacked archive): the tree
+        return [
+            p for p in ROOT.rglob("*") if p.is_file() and ".git" not in p.parts and not SKIP & set(p.parts)
+        ]
+    return [ROOT / name for name in out.decode().split("\0") if name and (ROOT / name).is_file()]
+
+
+def test_results_stay_under_6_mb_and_35_percent_of_the_tracked_bytes():
+    sizes = {p: p.stat().st_size for p in _tracked()}
+    total = sum(sizes.values())
+    ours = sum(size for p, size in sizes.items() if p.is_relative_to(RESULTS))
+    assert ours > 0 and total > ours
+    assert ours <= LIMIT_BYTES, f"results/ holds {ours:,} bytes (at most {LIMIT_BYTES:,}): keep a summary"
+    assert ours <= LIMIT_SHARE * total, (
+        f"results/ is {ours / total:.0%} of the tracked bytes (at most {LIMIT_SHARE:.0%}): move raw dumps "
+        "to git history and cite them there (results/README.md)"
+    )

@@ -15,9 +15,13 @@ Judges (members in llama.cpp, mean log-probability of the answer's tokens after 
   with the catalogue's trust (specfuse.feedback, as the engine does);
 - the uniform mean of the three normalized rows.
 
-    python tools/answer_judges.py --json results/ifeval-answer-judges.json
-    python tools/answer_judges.py --rows 300:541 --report results/RESULTS-ifeval-confirm-bf16-singles.json \
-        --json results/ifeval-answer-judges-confirm.json   (the one test on the held-out rows)
+The singles' reports are in git history, not in the tree (results/README.md):
+
+    git show 7407b66:results/RESULTS-ifeval-dev.json > ifeval-dev.json
+    git show 7407b66:results/RESULTS-ifeval-confirm-bf16-singles.json > confirm-bf16-singles.json
+    python tools/answer_judges.py --report ifeval-dev.json --json results/eval/ifeval-answer-judges.json
+    python tools/answer_judges.py --rows 300:541 --report confirm-bf16-singles.json \
+        --json results/eval/ifeval-answer-judges-confirm.json   (the one test on the held-out rows)
 """
 
 from __future__ import annotations
@@ -128,7 +132,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--report", default="results/RESULTS-ifeval-dev.json", help="singles' answers (bf16)")
+    parser.add_argument(
+        "--report",
+        required=True,
+        help="singles' answers (bf16); the shipped run is in git history: "
+        "git show 7407b66:results/RESULTS-ifeval-dev.json > ifeval-dev.json",
+    )
     dev = f"{ifeval.DEV_ROWS.start}:{ifeval.DEV_ROWS.stop}"
     parser.add_argument("--rows", default=dev, help=f"FIRST:END rows of the report (default {dev})")
     parser.add_argument("--json", help="write the figures here")

@@ -1,8 +1,9 @@
 """Can agreement between the members pick the IFEval answer that keeps its instructions?
 
 A judge that needs no likelihood at all: of the three members' whole answers to a prompt (each
-member alone, bf16, results/RESULTS-ifeval-dev.json), take the one most like the other two (minimum
-Bayes risk with a text similarity, as in consensus decoding and LLM-Blender's pairwise ranking). If
+member alone, bf16, `git show 7407b66:results/RESULTS-ifeval-dev.json`), take the one most like
+the other two (minimum Bayes risk with a text similarity, as in consensus decoding and
+LLM-Blender's pairwise ranking). If
 consensus picks the answers that follow every instruction no more often than Qwen alone gets them, a
 segment-level choice by agreement has nothing to gain either. Ties go to the first member in
 MEMBERS (Qwen), as the engine's go to the first candidate.
@@ -10,7 +11,8 @@ MEMBERS (Qwen), as the engine's go to the first candidate.
 Reads only the report (no model, a second): prompt-level strict accuracy over the rows, beside Qwen
 alone with the exact McNemar test.
 
-    python tools/consensus_judge.py --json results/ifeval-consensus-judge.json
+    git show 7407b66:results/RESULTS-ifeval-dev.json > ifeval-dev.json   # in git history, not the tree
+    python tools/consensus_judge.py --report ifeval-dev.json --json results/eval/ifeval-consensus-judge.json
 """
 
 from __future__ import annotations
@@ -99,7 +101,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--report", default="results/RESULTS-ifeval-dev.json", help="singles' answers (bf16)")
+    parser.add_argument(
+        "--report",
+        required=True,
+        help="singles' answers (bf16); the shipped run is in git history: "
+        "git show 7407b66:results/RESULTS-ifeval-dev.json > ifeval-dev.json",
+    )
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
     with open(args.report) as f:

@@ -7,7 +7,7 @@ each against the best member (paired, exact McNemar), with a plot of accuracy ag
         --runs runs/gate --systems single-qwen2.5-coder-0.5b,probe,g10,g30 \\
         --variant probe:gate=true,gate_threshold=0 --variant g10:gate=true,gate_threshold=-0.1 ...
     # 2. this tool, on its report JSON or (GSM8K) its runs folder with the data file:
-    python tools/gate_sweep.py results/RESULTS-gsm8k.json --out results/gate-gsm8k
+    python tools/gate_sweep.py results/eval/gsm8k.json --out results/eval/gsm8k-gate
     python tools/gate_sweep.py runs/gate --data ../shared/data/gsm8k/dev.jsonl --out /tmp/gate
 
 `probe` above is the ungated ensemble measured: a gate that never passes (a mean log-probability of

@@ -6,7 +6,7 @@ overcount for "last" (llama.cpp skips the head's rows nobody wants). Run alone o
 an AVX2-only CPU's kernels on one with AVX-512, set LLAMA_CPP_LIB_PATH to an AVX2 build
 (docs/serve.md, "Where the time goes, by CPU kind").
 
-    python tools/llama_batch_kernels.py > results/llama-batch-kernels-avx512.txt
+    python tools/llama_batch_kernels.py > results/bench/llama-batch-kernels-avx512.txt
 """
 
 from __future__ import annotations

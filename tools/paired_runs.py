@@ -9,7 +9,9 @@ the same ensemble with bf16 and with int4 weights (`--quantize`, kept in another
 
 A source is a runs folder or a report JSON (its stored outcomes: runs whose traces are gone); a
 side may join several sources with commas, e.g. problems 0–149 from a committed report and 150–299
-from a new runs folder: `results/RESULTS-gsm8k-gguf-median.json:median,runs/gsm8k-gguf:median`.
+from a new runs folder: `7407b66:results/RESULTS-gsm8k-gguf-median.json:median,runs/gsm8k-gguf:median`.
+A source written `<commit>:<path>` is read from git history (`git show`), where results/ keeps the
+raw reports it no longer holds (results/README.md).
 On IFEval it also gives each side's instruction-level strict accuracy per instruction group.
 """
 
@@ -17,8 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import subprocess
+import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from specfuse.errors import SpecfuseError
@@ -26,6 +32,23 @@ from specfuse.eval import ifeval
 from specfuse.eval.problems import Outcome
 from specfuse.eval.runs import load_outcomes
 from specfuse.eval.stats import paired
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = re.compile(r"[0-9a-f]{7,40}:[^:]+")
+
+
+def _outcomes(source: str, data: str) -> list[Outcome]:
+    """A runs folder's or report's outcomes; `<commit>:<path>` is a report read from git history."""
+    if Path(source).exists() or not COMMITTED.fullmatch(source):
+        return load_outcomes(source, data)
+    try:
+        shown = subprocess.run(["git", "show", source], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SystemExit(f"{source} is not in this clone's git history: {e}") from e
+    with tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / Path(source.partition(":")[2]).name
+        report.write_bytes(shown)
+        return load_outcomes(report, data)
 
 
 def outcomes_by_problem(specs: str, data: str) -> dict[str, Outcome]:
@@ -36,7 +59,7 @@ def outcomes_by_problem(specs: str, data: str) -> dict[str, Outcome]:
         source, _, system = spec.rpartition(":")
         if not source:
             raise SystemExit(f"{spec!r} is not SOURCE:SYSTEM (a runs folder or report JSON)")
-        found = {o.problem: o for o in load_outcomes(source, data) if o.system == system}
+        found = {o.problem: o for o in _outcomes(source, data) if o.system == system}
         if not found:
             raise SystemExit(f"no outcomes of {system!r} in {source}")
         if twice := sorted(set(found) & set(merged)):

@@ -266,7 +266,8 @@ def bare_step_s(member: Any, prompt: str, max_new_tokens: int, steps: int = 50) 
     end. It reads what a token's floor counts (every weight once), so beside the member's time per
     token in its own drafting it splits a token's cost into the step's own work (on a GPU, its
     kernels) and what the draft loop adds between steps (picking the token, reading it back, the stop
-    checks). A GPU run before the head was added timed the graph alone (results/gpu-h100-verify.json)."""
+    checks). A GPU run before the head was added timed the graph alone
+    (results/bench/gpu-h100-verify.json)."""
     import torch
 
     decoder = member.compiled

@@ -6,8 +6,8 @@ model alone) run through `Ensemble.stream_many`, and every figure is recomputed 
 traces, so an interrupted run resumes where it stopped. `python -m specfuse.eval --help`:
 
     python -m specfuse.eval gsm8k --data dev.jsonl --limit 50 --systems ensemble,paper \\
-        --variant lr2:learning_rate=2 --batch-size 8 --out results --name RESULTS-gsm8k
-    python -m specfuse.eval open-ended --systems ensemble,paper --out results
+        --variant lr2:learning_rate=2 --batch-size 8 --out results/eval --name gsm8k-lr2
+    python -m specfuse.eval open-ended --systems ensemble,paper
     python -m specfuse.eval throughput --data dev.jsonl --problems 8 --batch-size 8
 
 Trace layout under --runs (default runs/gsm8k): `single-<member>/<problem id>.json` (shared by
@@ -230,7 +230,12 @@ def _study_flags() -> Parser:
         "lr2:learning_rate=2,exit=false",
     )
     study.add_argument("--variants", type=Path, default=None, help="JSON or TOML file {name: {key: value}}")
-    study.add_argument("--out", type=Path, default=Path("results"), help="report folder (default results/)")
+    study.add_argument(
+        "--out",
+        type=Path,
+        default=Path("out/eval"),
+        help="report folder (default out/eval/; results/README.md names what ships)",
+    )
     study.add_argument("--title", default=None, help="the results page's title")
     study.add_argument("--cases", type=int, default=6, help="failure-case traces to copy per list")
     study.add_argument("--no-png", action="store_true", help="skip the PNG chart (needs kaleido)")
@@ -249,7 +254,7 @@ def _add_studies(tasks: argparse._SubParsersAction[Parser], common: Parser, stud
         "line, so runs of different rows pair up",
     )
     gsm.add_argument("--runs", type=Path, default=Path("runs/gsm8k"), help="trace root (default runs/gsm8k)")
-    gsm.add_argument("--name", default="RESULTS-gsm8k", help="report file stem (default RESULTS-gsm8k)")
+    gsm.add_argument("--name", default="gsm8k", help="report file stem (default gsm8k)")
     gsm.add_argument("--json", type=Path, default=None, help="also write the full report here")
 
     ife = tasks.add_parser(
@@ -267,7 +272,7 @@ def _add_studies(tasks: argparse._SubParsersAction[Parser], common: Parser, stud
     ife.add_argument(
         "--runs", type=Path, default=Path("runs/ifeval"), help="trace root (default runs/ifeval)"
     )
-    ife.add_argument("--name", default="RESULTS-ifeval", help="report file stem (default RESULTS-ifeval)")
+    ife.add_argument("--name", default="ifeval", help="report file stem (default ifeval)")
     ife.add_argument("--json", type=Path, default=None, help="also write the full report here")
 
     open_ = tasks.add_parser("open-ended", parents=[common, study], help="loops and distinct-n, no gold")
@@ -275,7 +280,7 @@ def _add_studies(tasks: argparse._SubParsersAction[Parser], common: Parser, stud
         "--prompts", type=Path, default=None, help="one prompt per line (default: app examples)"
     )
     open_.add_argument("--runs", type=Path, default=Path("runs/open"), help="trace root (default runs/open)")
-    open_.add_argument("--name", default="RESULTS-open", help="report file stem (default RESULTS-open)")
+    open_.add_argument("--name", default="open", help="report file stem (default open)")
 
 
 def _add_trust_and_throughput(tasks: argparse._SubParsersAction[Parser], common: Parser) -> None:
