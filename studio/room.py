@@ -12,7 +12,7 @@ address), their vote in the round open and their running score; per round, the c
 candidate. All of it is dropped when the session ends: the teacher ends it, closes the page, or no
 one acts on it for `IDLE_S` (`EMPTY_IDLE_S` while no student has joined).
 
-Bounds: `MAX_STUDENTS` per session, `MAX_ROOMS` at once, one vote per student per round (a later
+Bounds: `MAX_STUDENTS` per session, `MAX_ROOMS` at once, `MAX_PHONES` in all, one vote per student per round (a later
 vote replaces it; `VOTES_PER_S` a second at most), a vote only for a candidate on the table and only
 before its reveal, and join codes of `CODE_LEN` characters from 32 (about 10⁹ codes) with wrong
 codes limited per client and in all (`FAILS_PER_CLIENT`, `FAILS_IN_ALL` per `FAIL_WINDOW_S`).
@@ -35,6 +35,8 @@ ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # 32 symbols: no 0/O, 1/I to misr
 CODE_LEN = 6
 MAX_STUDENTS = 200
 MAX_ROOMS = 20
+MAX_PHONES = 400  # students in all the server's sessions at once: each phone's page holds one of
+# Gradio's worker slots while it follows its room (studio.room_page.serve_room gives that many more)
 IDLE_S = 30 * 60.0  # no beat, join or vote for this long: the session ends
 EMPTY_IDLE_S = 5 * 60.0  # … or this long with no student joined (a session opened and left holds no place)
 FAIL_WINDOW_S = 60.0
@@ -61,6 +63,7 @@ REFUSED = {
     "guessing": f"Too many wrong codes: wait a minute (at most {FAILS_PER_CLIENT} a minute).",
     "no_code": "No class session has that code: check it on the teacher's screen.",
     "full": f"This class session is full ({MAX_STUDENTS} students).",
+    "phones": f"This server follows {MAX_PHONES} phones at most, in all its class sessions: try again later.",
     "not_joined": "You have not joined this class session: open the join link again.",
 }
 
@@ -402,6 +405,8 @@ class Rooms:
         if sid not in session.students:
             if len(session.students) >= MAX_STUDENTS:
                 raise RoomError(REFUSED["full"])
+            if sum(len(s.students) for s in self.by_code.values()) >= MAX_PHONES:
+                raise RoomError(REFUSED["phones"])
             session.students[sid] = Student(sid)
         session.touched = now
         assert isinstance(token, str)
