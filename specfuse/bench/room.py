@@ -271,7 +271,7 @@ async def run_class(server: Server, page: Page, students: int, rounds: int, with
         rss_joined = server.rss_mb()
         beat_s: list[float] = []
         vote_s: list[float] = []
-        missed = lost = counted = 0
+        missed = lost = counted = kept = 0
         for _ in range(rounds):
             began = time.perf_counter()
             beat = await drill(client, "/drill/step")
@@ -282,7 +282,8 @@ async def run_class(server: Server, page: Page, students: int, rounds: int, with
             missed += sum(s is None for s in seen)
             votes = await asyncio.gather(*(one_vote(p, beat["letters"], rng, within) for p in joined))
             vote_s += [t for _, took in votes for t in took]
-            expected = {letter: sum(1 for kept, _ in votes if kept == letter) for letter in beat["letters"]}
+            expected = {letter: sum(1 for last, _ in votes if last == letter) for letter in beat["letters"]}
+            kept += sum(expected.values())
             began = time.perf_counter()
             await drill(client, "/drill/step")  # the reveal
             seen = await asyncio.gather(*(p.update_after(began, "verdict") for p in joined))
@@ -301,7 +302,8 @@ async def run_class(server: Server, page: Page, students: int, rounds: int, with
         "join_s": spread(joins),
         "beat_to_update_s": spread(beat_s),
         "vote_to_tally_s": spread(vote_s),
-        "votes_counted": counted,
+        "votes_kept": kept,  # each phone's last accepted vote per round, as the phones saw them
+        "votes_counted": counted,  # as the server's spreads counted them
         "votes_lost": lost,
         "updates_missed": missed,
         "refusals": sorted({r for p in phones for r in p.refusals}),
@@ -323,13 +325,13 @@ def report(rows: Sequence[dict[str, Any]]) -> str:
     lines = [
         "The room votes: simulated phones through /join (timings on a shared machine are noise)",
         "students | joined | join ms med/p95 | beat→update ms med/p95 | vote→tally ms med/p95 | "
-        "votes counted | lost | missed | refused | RSS MB before/joined/after | CPU s",
+        "votes kept/counted | lost | missed | refused | RSS MB before/joined/after | CPU s",
     ]
     for r in rows:
         rss = r["rss_mb"]
         lines.append(
             f"{r['students']} | {r['joined']} | {ms(r['join_s'])} | {ms(r['beat_to_update_s'])} | "
-            f"{ms(r['vote_to_tally_s'])} | {r['votes_counted']} | {r['votes_lost']} | {r['updates_missed']} | "
+            f"{ms(r['vote_to_tally_s'])} | {r['votes_kept']}/{r['votes_counted']} | {r['votes_lost']} | {r['updates_missed']} | "
             f"{r['refused']} | {rss['before']:.0f}/{rss['joined']:.0f}/{rss['after']:.0f} | {r['cpu_s']:.2f}"
         )
     for r in rows:
