@@ -12,10 +12,11 @@ address), their vote in the round open and their running score; per round, the c
 candidate. All of it is dropped when the session ends: the teacher ends it, closes the page, or no
 one acts on it for `IDLE_S` (`EMPTY_IDLE_S` while no student has joined).
 
-Bounds: `MAX_STUDENTS` per session, `MAX_ROOMS` at once, `MAX_PHONES` in all, one vote per student per round (a later
-vote replaces it; `VOTES_PER_S` a second at most), a vote only for a candidate on the table and only
-before its reveal, and join codes of `CODE_LEN` characters from 32 (about 10⁹ codes) with wrong
-codes limited per client and in all (`FAILS_PER_CLIENT`, `FAILS_IN_ALL` per `FAIL_WINDOW_S`).
+Bounds: `MAX_STUDENTS` per session, `MAX_ROOMS` at once, `MAX_PHONES` in all, one vote per student
+per round (a later vote replaces it; `VOTES_PER_S` a second at most), a vote only for a candidate on
+the table and only before its reveal, and join codes of `CODE_LEN` characters from 32 (about 10⁹
+codes) with wrong codes limited per client and in all (`FAILS_PER_CLIENT`, `FAILS_IN_ALL` per
+`FAIL_WINDOW_S`).
 """
 
 from __future__ import annotations
@@ -195,6 +196,7 @@ class Spread:
     counts: tuple[int, ...]  # per choice of the verdict
     right: int
     made: int
+    texts: tuple[str, ...] = ()  # per choice, its text (the handout matches them to its rounds)
 
 
 @dataclass
@@ -254,7 +256,8 @@ class Session:
             if won is not None:
                 student.right, student.made = student.right + int(won), student.made + 1
         made = sum(counts)
-        self.spreads.append(Spread(verdict.key, verdict.k, counts, right, made))
+        texts = tuple(c.text for c in verdict.choices)
+        self.spreads.append(Spread(verdict.key, verdict.k, counts, right, made, texts))
         self.right, self.made = self.right + right, self.made + made
 
     def vote(self, student: Student, key: str, letter: str, now: float) -> None:

@@ -96,6 +96,9 @@ class Desk:
     rooms: Rooms = field(default_factory=Rooms)
     clock: Callable[[], float] = time.monotonic
     serials: dict[str, tuple[int, StepRun | None]] = field(default_factory=dict)  # by teacher
+    kept: dict[str, list[dict[str, Any]]] = field(
+        default_factory=dict
+    )  # by teacher: an ended session's spread
 
     def sync(self, teacher: str) -> Session | None:
         """The teacher's session, moved to where the teacher's run is."""
@@ -109,6 +112,20 @@ class Desk:
             self.serials[teacher] = (serial, seen)
         session.follow(beat_of(run, serial, session.beat), self.clock())
         return session
+
+    def spread(self, teacher: str) -> list[dict[str, Any]]:
+        """The class's votes per round of the teacher's run on screen, for the handout
+        (specfuse.handout.data.room_votes): counts per candidate text, nothing of any student. After
+        the session ended, its last run's, until the teacher's page closes or opens another."""
+        session = self.rooms.by_teacher.get(teacher)
+        if session is None:
+            return self.kept.get(teacher, [])
+        serial = self.serials.get(teacher, (0, None))[0]
+        return [
+            {"k": s.k, "votes": dict(zip(s.texts, s.counts))}
+            for s in session.spreads
+            if s.key.startswith(f"{serial}-")
+        ]
 
     # ---- the teacher --------------------------------------------------------------------------
 
@@ -142,10 +159,13 @@ class Desk:
         except RoomError as e:
             raise gr.Error(str(e)) from e
         self.serials.pop(teacher, None)
+        self.kept.pop(teacher, None)
         return self.panel(self.sync(teacher), shown, request)
 
     async def end(self, shown: bool, request: gr.Request) -> Update:
-        self.rooms.close(session_of(request))
+        teacher = session_of(request)
+        self.kept[teacher] = self.spread(teacher)  # the handout may still show the class's votes
+        self.rooms.close(teacher)
         return self.panel(None, shown, request)
 
     async def tick(self, shown: bool, request: gr.Request) -> Update:
@@ -163,6 +183,7 @@ class Desk:
         teacher = session_of(request)
         self.rooms.close(teacher)
         self.serials.pop(teacher, None)
+        self.kept.pop(teacher, None)
 
     # ---- the student -----------------------------------------------------------------------------
 
@@ -354,7 +375,11 @@ def serve_room(demo: gr.Blocks) -> dict[str, Any]:
     push = queue.push
 
     def waiting() -> int:
-        return sum(len(q.queue) for q in queue.event_queue_per_concurrency_id.values() if q.concurrency_limit is not None)
+        return sum(
+            len(q.queue)
+            for q in queue.event_queue_per_concurrency_id.values()
+            if q.concurrency_limit is not None
+        )
 
     def limited(body: Any) -> bool:
         fn = demo.fns.get(body.fn_index) if isinstance(body.fn_index, int) else None

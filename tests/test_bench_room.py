@@ -66,7 +66,10 @@ def test_the_report_names_each_refusal_and_survives_empty_figures():
 
 def test_the_page_events_are_found_by_their_components():
     config = {
-        "components": [{"id": 1, "props": {"elem_id": "room-join"}}, {"id": 2, "props": {"elem_id": "room-pick"}}],
+        "components": [
+            {"id": 1, "props": {"elem_id": "room-join"}},
+            {"id": 2, "props": {"elem_id": "room-pick"}},
+        ],
         "dependencies": [
             {"id": 7, "targets": [[1, "click"]]},
             {"id": 8, "targets": [], "trigger_after": 7},

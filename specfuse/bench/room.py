@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +49,10 @@ class Server:
     """studio.room_drill in a process of its own: its address, its drill routes, its RSS and CPU."""
 
     def __init__(self, queue_size: int) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
         env.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
         command = [sys.executable, "-m", "studio.room_drill", "--queue-size", str(queue_size)]
         self.proc = subprocess.Popen(
@@ -100,7 +104,9 @@ def page_of(config: dict[str, Any]) -> Page:
     deps = config["dependencies"]
 
     def on(elem: str, event: str) -> int:
-        return next(d["id"] for d in deps if any(ids.get(t[0]) == elem and t[1] == event for t in d["targets"]))
+        return next(
+            d["id"] for d in deps if any(ids.get(t[0]) == elem and t[1] == event for t in d["targets"])
+        )
 
     join = on("room-join", "click")
     follow = next(d["id"] for d in deps if d.get("trigger_after") == join)
@@ -127,7 +133,13 @@ class Phone:
     follow_id: str = ""
 
     async def push(self, fn: int, data: list[Any], trigger: int | None = None) -> str:
-        body = {"data": data, "fn_index": fn, "session_hash": self.session, "event_data": None, "trigger_id": trigger}
+        body = {
+            "data": data,
+            "fn_index": fn,
+            "session_hash": self.session,
+            "event_data": None,
+            "trigger_id": trigger,
+        }
         response = await self.client.post("/gradio_api/queue/join", json=body)
         if response.status_code != 200:
             raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
@@ -166,7 +178,11 @@ class Phone:
                     self.changed.set()
                 elif kind == "process_completed" and event != self.follow_id:
                     out = msg.get("output") or {}
-                    self.results[event] = {"success": msg.get("success"), "data": out.get("data"), "error": out.get("error")}
+                    self.results[event] = {
+                        "success": msg.get("success"),
+                        "data": out.get("data"),
+                        "error": out.get("error"),
+                    }
                     self.arrived.set()
                 elif kind == "close_stream":
                     return
@@ -233,7 +249,11 @@ def spread(values: Sequence[float]) -> dict[str, float]:
     if not values:
         return {"n": 0, "median": float("nan"), "p95": float("nan")}
     ordered = sorted(values)
-    return {"n": len(ordered), "median": statistics.median(ordered), "p95": ordered[round(0.95 * (len(ordered) - 1))]}
+    return {
+        "n": len(ordered),
+        "median": statistics.median(ordered),
+        "p95": ordered[round(0.95 * (len(ordered) - 1))],
+    }
 
 
 async def drill(client: Any, path: str, method: str = "POST") -> dict[str, Any]:
@@ -243,7 +263,9 @@ async def drill(client: Any, path: str, method: str = "POST") -> dict[str, Any]:
     return answer
 
 
-async def one_vote(phone: Phone, letters: Sequence[str], rng: random.Random, within: float) -> tuple[str | None, list[float]]:
+async def one_vote(
+    phone: Phone, letters: Sequence[str], rng: random.Random, within: float
+) -> tuple[str | None, list[float]]:
     """A phone's votes in one round after random delays: its last accepted letter and the latencies."""
     kept, took = None, []
     picks = [rng.choice(letters)] + ([rng.choice(letters)] if rng.random() < CHANGE_SHARE else [])
@@ -256,7 +278,9 @@ async def one_vote(phone: Phone, letters: Sequence[str], rng: random.Random, wit
     return kept, took
 
 
-async def run_class(server: Server, page: Page, students: int, rounds: int, within: float, seed: int) -> dict[str, Any]:
+async def run_class(
+    server: Server, page: Page, students: int, rounds: int, within: float, seed: int
+) -> dict[str, Any]:
     import httpx
 
     rng = random.Random(seed)
@@ -331,7 +355,8 @@ def report(rows: Sequence[dict[str, Any]]) -> str:
         rss = r["rss_mb"]
         lines.append(
             f"{r['students']} | {r['joined']} | {ms(r['join_s'])} | {ms(r['beat_to_update_s'])} | "
-            f"{ms(r['vote_to_tally_s'])} | {r['votes_kept']}/{r['votes_counted']} | {r['votes_lost']} | {r['updates_missed']} | "
+            f"{ms(r['vote_to_tally_s'])} | {r['votes_kept']}/{r['votes_counted']} | {r['votes_lost']} | "
+            f"{r['updates_missed']} | "
             f"{r['refused']} | {rss['before']:.0f}/{rss['joined']:.0f}/{rss['after']:.0f} | {r['cpu_s']:.2f}"
         )
     for r in rows:
@@ -356,9 +381,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Simulated phones join a class session through the app's /join page and vote; "
         "join, beat and vote latencies, votes lost, refusals, the server's memory and CPU.",
     )
-    parser.add_argument("--students", type=int, nargs="+", default=[10, 30, 60], help="class sizes (default 10 30 60)")
+    parser.add_argument(
+        "--students", type=int, nargs="+", default=[10, 30, 60], help="class sizes (default 10 30 60)"
+    )
     parser.add_argument("--rounds", type=int, default=5, help="rounds stepped per class (default 5)")
-    parser.add_argument("--within", type=float, default=2.0, help="a phone votes within this many seconds (default 2)")
+    parser.add_argument(
+        "--within", type=float, default=2.0, help="a phone votes within this many seconds (default 2)"
+    )
     parser.add_argument("--queue-size", type=int, default=16, help="the app's --queue-size (default 16)")
     parser.add_argument("--seed", type=int, default=0, help="the votes' random seed (default 0)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
@@ -367,7 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--students and --rounds must be at least 1, --within at least 0")
     server = Server(args.queue_size)
     try:
-        page = page_of(json.loads(__import__("urllib.request").request.urlopen(server.address + "/config").read()))
+        with urllib.request.urlopen(server.address + "/config") as answer:  # the app's own, loopback
+            page = page_of(json.loads(answer.read()))
         rows = [
             asyncio.run(run_class(server, page, n, args.rounds, args.within, args.seed + i))
             for i, n in enumerate(args.students)
