@@ -10,7 +10,8 @@ What the server keeps, and for how long (docs/app.md's privacy statement): per s
 the teacher's page session, and per student only a random id this server signed (no name, no
 address), their vote in the round open and their running score; per round, the counts per
 candidate. All of it is dropped when the session ends: the teacher ends it, closes the page, or no
-one acts on it for `IDLE_S` (`EMPTY_IDLE_S` while no student has joined).
+one acts on it for `IDLE_S` (`EMPTY_IDLE_S` while no student has joined); only the counts of the run
+on screen stay for the teacher's handout after End, until that page closes (room_page.Desk.spread).
 
 Bounds: `MAX_STUDENTS` per session, `MAX_ROOMS` at once, `MAX_PHONES` in all, one vote per student
 per round (a later vote replaces it; `VOTES_PER_S` a second at most), a vote only for a candidate on

