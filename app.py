@@ -29,6 +29,7 @@ from specfuse.trace import MAX_TRACE_BYTES
 from studio import DEVICES, SharedLoader, build_demo
 from studio.i18n import gradio_own
 from studio.loading import installed_models, served_members, usable_devices
+from studio.room_page import serve_room
 from studio.serving import DEFAULT_CONCURRENCY, ApiRoute, Schedulers
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -54,6 +55,7 @@ def serve(
     css_path = ASSETS / "app.css"
     keys = ASSETS / "step_keys.js"  # step mode's keys: a file of ours, no request elsewhere
     demo.queue(max_size=max_size, default_concurrency_limit=concurrency)
+    room = serve_room(demo)  # a class's phones: a slot each, and no "Queue is full" when they join
     launched = demo.launch(
         server_name=host,
         server_port=port,
@@ -68,6 +70,7 @@ def serve(
         js=keys.read_text(encoding="utf-8") if keys.exists() else None,
         prevent_thread_lock=True,
         quiet=prevent_thread_lock,
+        **room,
     )
     if api is not None:
         ApiRoute(api).mount(launched[0])

@@ -16,7 +16,7 @@ import functools
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import gradio as gr
 
@@ -430,13 +430,15 @@ def handouts_panel() -> Handouts:
     return Handouts(html, png, file)
 
 
-def handout_file(trace: Trace | None, session: str = "") -> str:
-    """The trace shown as a self-contained HTML page, written where downloads live."""
+def handout_file(trace: Trace | None, session: str = "", room: list[dict[str, Any]] | None = None) -> str:
+    """The trace shown as a self-contained HTML page, written where downloads live; `room`: the class
+    session's votes on its rounds (studio.room_page.Desk.spread), shown beside each round's candidates."""
     from specfuse.handout import trace_html
 
     if trace is None or not trace.rounds:
         raise gr.Error(_(NOTHING))
-    return TRACE_FILES.write_file(trace_html(trace, lang=current()), session, "handout", "html")
+    page = trace_html(trace, lang=current(), room=room)
+    return TRACE_FILES.write_file(page, session, "handout", "html")
 
 
 def round_file(trace: Trace | None, k: float | None, session: str = "") -> str:
@@ -451,13 +453,19 @@ def round_file(trace: Trace | None, k: float | None, session: str = "") -> str:
     return TRACE_FILES.write_file(png, session, f"round{rnd.k}", "png")
 
 
-def wire_handouts(studio: Studio, handouts: Handouts) -> None:
+def wire_handouts(
+    studio: Studio, handouts: Handouts, spread: Callable[[str], list[dict[str, Any]]] | None = None
+) -> None:
+    """The handout's buttons; `spread`: a teacher's class session's votes (Desk.spread), if any."""
+
     def handout(
         trace: Trace | None,
         request: Optional[gr.Request] = None,  # noqa: UP045 (Gradio looks for this type)
     ) -> gr.File:
+        session = session_of(request)
         try:
-            return gr.File(handout_file(trace, session_of(request)), visible=True)
+            room = spread(session) if spread is not None else None
+            return gr.File(handout_file(trace, session, room), visible=True)
         except SpecfuseError as e:
             raise studio.error(e) from e
 

@@ -100,7 +100,7 @@ def build_demo(
         # The gallery first: its "close the lesson" on Run and upload goes before a run's stream.
         wire_gallery(studio, gallery, notes, concurrency_limit, stepper, conversing, page=demo)
         desk = wire_room(Desk(stepper), demo, room, wire(studio, concurrency_limit, stepper, conversing))
-        wire_handouts(studio, handouts)
+        wire_handouts(studio, handouts, desk.spread)  # the class's votes go into the handout
         wire_presenter(demo, presenter)
         wire_keys(demo)
         demo.unload(studio.unload)  # a closed page's run leaves the batch

@@ -10,12 +10,14 @@ What the server keeps, and for how long (docs/app.md's privacy statement): per s
 the teacher's page session, and per student only a random id this server signed (no name, no
 address), their vote in the round open and their running score; per round, the counts per
 candidate. All of it is dropped when the session ends: the teacher ends it, closes the page, or no
-one acts on it for `IDLE_S` (`EMPTY_IDLE_S` while no student has joined).
+one acts on it for `IDLE_S` (`EMPTY_IDLE_S` while no student has joined); only the counts of the run
+on screen stay for the teacher's handout after End, until that page closes (room_page.Desk.spread).
 
-Bounds: `MAX_STUDENTS` per session, `MAX_ROOMS` at once, one vote per student per round (a later
-vote replaces it; `VOTES_PER_S` a second at most), a vote only for a candidate on the table and only
-before its reveal, and join codes of `CODE_LEN` characters from 32 (about 10⁹ codes) with wrong
-codes limited per client and in all (`FAILS_PER_CLIENT`, `FAILS_IN_ALL` per `FAIL_WINDOW_S`).
+Bounds: `MAX_STUDENTS` per session, `MAX_ROOMS` at once, `MAX_PHONES` in all, one vote per student
+per round (a later vote replaces it; `VOTES_PER_S` a second at most), a vote only for a candidate on
+the table and only before its reveal, and join codes of `CODE_LEN` characters from 32 (about 10⁹
+codes) with wrong codes limited per client and in all (`FAILS_PER_CLIENT`, `FAILS_IN_ALL` per
+`FAIL_WINDOW_S`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # 32 symbols: no 0/O, 1/I to misr
 CODE_LEN = 6
 MAX_STUDENTS = 200
 MAX_ROOMS = 20
+MAX_PHONES = 400  # students in all the server's sessions at once: each phone's page holds one of
+# Gradio's worker slots while it follows its room (studio.room_page.serve_room gives that many more)
 IDLE_S = 30 * 60.0  # no beat, join or vote for this long: the session ends
 EMPTY_IDLE_S = 5 * 60.0  # … or this long with no student joined (a session opened and left holds no place)
 FAIL_WINDOW_S = 60.0
@@ -61,6 +65,7 @@ REFUSED = {
     "guessing": f"Too many wrong codes: wait a minute (at most {FAILS_PER_CLIENT} a minute).",
     "no_code": "No class session has that code: check it on the teacher's screen.",
     "full": f"This class session is full ({MAX_STUDENTS} students).",
+    "phones": f"This server follows {MAX_PHONES} phones at most, in all its class sessions: try again later.",
     "not_joined": "You have not joined this class session: open the join link again.",
 }
 
@@ -192,6 +197,7 @@ class Spread:
     counts: tuple[int, ...]  # per choice of the verdict
     right: int
     made: int
+    texts: tuple[str, ...] = ()  # per choice, its text (the handout matches them to its rounds)
 
 
 @dataclass
@@ -251,7 +257,8 @@ class Session:
             if won is not None:
                 student.right, student.made = student.right + int(won), student.made + 1
         made = sum(counts)
-        self.spreads.append(Spread(verdict.key, verdict.k, counts, right, made))
+        texts = tuple(c.text for c in verdict.choices)
+        self.spreads.append(Spread(verdict.key, verdict.k, counts, right, made, texts))
         self.right, self.made = self.right + right, self.made + made
 
     def vote(self, student: Student, key: str, letter: str, now: float) -> None:
@@ -402,6 +409,8 @@ class Rooms:
         if sid not in session.students:
             if len(session.students) >= MAX_STUDENTS:
                 raise RoomError(REFUSED["full"])
+            if sum(len(s.students) for s in self.by_code.values()) >= MAX_PHONES:
+                raise RoomError(REFUSED["phones"])
             session.students[sid] = Student(sid)
         session.touched = now
         assert isinstance(token, str)

@@ -22,7 +22,7 @@ import gradio as gr
 from specfuse.prompts import last_user_text
 
 from .recorded import StepRun
-from .room import Ballot, Beat, RoomError, Rooms, Session, Student, choices_of, verdict_of
+from .room import MAX_PHONES, Ballot, Beat, RoomError, Rooms, Session, Student, choices_of, verdict_of
 from .room_views import SAY, pick_choices, student_html, teacher_html
 from .stepping import Stepper
 from .updates import Update, session_of, unchanged
@@ -32,6 +32,7 @@ WATCHDOG_S = 4.0  # a student's page restarts its stream this often at most, if 
 STREAM_S = 600.0  # one stream's life; the watchdog starts the next
 WAKE_S = 20.0  # a stream checks that its session still stands this often, beat or not
 PATH = "join"
+GRADIO_SLOTS = 40  # launch()'s default max_threads: the events Gradio runs at once
 
 
 def beat_of(run: StepRun | None, serial: int, before: Beat) -> Beat:
@@ -95,6 +96,9 @@ class Desk:
     rooms: Rooms = field(default_factory=Rooms)
     clock: Callable[[], float] = time.monotonic
     serials: dict[str, tuple[int, StepRun | None]] = field(default_factory=dict)  # by teacher
+    kept: dict[str, list[dict[str, Any]]] = field(
+        default_factory=dict
+    )  # by teacher: an ended session's spread
 
     def sync(self, teacher: str) -> Session | None:
         """The teacher's session, moved to where the teacher's run is."""
@@ -108,6 +112,20 @@ class Desk:
             self.serials[teacher] = (serial, seen)
         session.follow(beat_of(run, serial, session.beat), self.clock())
         return session
+
+    def spread(self, teacher: str) -> list[dict[str, Any]]:
+        """The class's votes per round of the teacher's run on screen, for the handout
+        (specfuse.handout.data.room_votes): counts per candidate text, nothing of any student. After
+        the session ended, its last run's, until the teacher's page closes or opens another."""
+        session = self.rooms.by_teacher.get(teacher)
+        if session is None:
+            return self.kept.get(teacher, [])
+        serial = self.serials.get(teacher, (0, None))[0]
+        return [
+            {"k": s.k, "votes": dict(zip(s.texts, s.counts))}
+            for s in session.spreads
+            if s.key.startswith(f"{serial}-")
+        ]
 
     # ---- the teacher --------------------------------------------------------------------------
 
@@ -141,10 +159,13 @@ class Desk:
         except RoomError as e:
             raise gr.Error(str(e)) from e
         self.serials.pop(teacher, None)
+        self.kept.pop(teacher, None)
         return self.panel(self.sync(teacher), shown, request)
 
     async def end(self, shown: bool, request: gr.Request) -> Update:
-        self.rooms.close(session_of(request))
+        teacher = session_of(request)
+        self.kept[teacher] = self.spread(teacher)  # the handout may still show the class's votes
+        self.rooms.close(teacher)
         return self.panel(None, shown, request)
 
     async def tick(self, shown: bool, request: gr.Request) -> Update:
@@ -162,6 +183,7 @@ class Desk:
         teacher = session_of(request)
         self.rooms.close(teacher)
         self.serials.pop(teacher, None)
+        self.kept.pop(teacher, None)
 
     # ---- the student -----------------------------------------------------------------------------
 
@@ -334,3 +356,42 @@ def wire_room(desk: Desk, demo: gr.Blocks, panel: RoomPanel, step_events: list[A
         event.then(desk.stepped, None, None, api_visibility="private", **quiet)
     demo.unload(desk.unload)
     return desk
+
+
+def serve_room(demo: gr.Blocks) -> dict[str, Any]:
+    """The queue a class needs; call it between demo.queue() and launch(), which takes what it
+    returns. Two limits of Gradio's queue would refuse or stall a class:
+
+    - it runs at most `max_threads` events at once (40 by default), and each phone's page holds one
+      (its stream, waiting on the room): the 41st phone, and every event behind it, would wait for a
+      slot. So launch gets one slot more per phone the server takes (room.MAX_PHONES).
+    - it refuses every new event ("Queue is full") while `max_size` events wait, counting the
+      students' joins, streams and votes (no concurrency limit: they start at the queue's next
+      turn) with the runs that wait for a worker. A class joining at once puts dozens in at the same
+      moment, so students would read "Queue is full". The bound now counts only the events with a
+      concurrency limit (the runs --queue-size is about); the students' events always go in."""
+    queue = vars(demo)["_queue"]  # Gradio's Queue: Gradio 6.31 has no public handle on it
+    bound, queue.max_size = queue.max_size, None
+    push = queue.push
+
+    def waiting() -> int:
+        return sum(
+            len(q.queue)
+            for q in queue.event_queue_per_concurrency_id.values()
+            if q.concurrency_limit is not None
+        )
+
+    def limited(body: Any) -> bool:
+        fn = demo.fns.get(body.fn_index) if isinstance(body.fn_index, int) else None
+        if fn is None:
+            return True  # the queue's own checks answer it
+        limit = queue.default_concurrency_limit if fn.concurrency_limit == "default" else fn.concurrency_limit
+        return limit is not None
+
+    async def bounded(body: Any, request: Any, username: str | None) -> Any:
+        if bound is not None and limited(body) and (n := waiting()) >= bound:
+            return False, f"Queue is full. Max size is {bound} and size is {n}.", "queue_full"
+        return await push(body, request, username)
+
+    queue.push = bounded  # type: ignore[method-assign]
+    return {"max_threads": GRADIO_SLOTS + MAX_PHONES}

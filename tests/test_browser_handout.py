@@ -237,3 +237,25 @@ def test_the_handouts_keys_come_from_the_one_key_map_and_a_paused_run_says_so(br
         assert page.locator("#black").is_hidden() and text(page, "#counter") == "round 1 of 2"
         page.keyboard.press("PageDown")
         assert text(page, "#counter") == "round 2 of 2"
+
+
+def test_the_class_votes_show_beside_the_candidates_as_text(browser, tmp_path):
+    trace = hostile_trace(rounds=2)
+    votes = {HOSTILE_DRAFTS[0]: 3, HOSTILE_DRAFTS[1]: 5}
+    path = tmp_path / "room.html"
+    path.write_text(trace_html(trace, room=[{"k": 1, "votes": votes}]), encoding="utf-8")
+    with offline(browser, path) as page:
+        heads = page.locator("#candidates th").all_text_contents()
+        assert "the class" in heads
+        texts = page.locator("#candidates td.text").all_text_contents()
+        column = heads.index("the class")
+        counts = [
+            page.locator("#candidates tr").nth(i + 1).locator("td").nth(column).text_content()
+            for i in range(len(texts))
+        ]
+        assert counts == [str(votes.get(t, 0)) for t in texts]
+        assert text(page, "#room-note") == "The class: 3 of 8 votes guessed the winner."
+        page.keyboard.press("ArrowRight")  # round 2: no votes, no column, no note
+        assert "the class" not in page.locator("#candidates th").all_text_contents()
+        assert text(page, "#room-note") == ""
+        assert page.dialogs == [] and page.errors == [] and page.requests == []

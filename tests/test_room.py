@@ -105,6 +105,18 @@ def test_a_session_holds_at_most_its_students_and_a_rejoin_keeps_the_place(rooms
     assert again == tokens[7] and len(session.students) == MAX_STUDENTS
 
 
+def test_the_server_follows_at_most_max_phones_in_all_its_sessions(rooms):
+    codes = [rooms.open(f"teacher{i}", T0).code for i in range(3)]
+    per = room.MAX_PHONES // 2
+    assert per <= MAX_STUDENTS  # two full-enough sessions reach the bound
+    tokens = [rooms.join(code, None, f"{code}-{i}", T0)[1] for code in codes[:2] for i in range(per)]
+    with pytest.raises(RoomError, match=f"{room.MAX_PHONES} phones at most"):
+        rooms.join(codes[2], None, "one more", T0)
+    rooms.join(codes[0], tokens[0], "a reload", T0)  # a phone already in keeps its place
+    rooms.close("teacher1")
+    assert rooms.join(codes[2], None, "one more", T0)[0].code == codes[2]  # a place freed
+
+
 def test_a_forged_or_foreign_id_is_refused_and_a_join_with_one_gets_a_new_id(rooms, trace):
     session = rooms.open("teacher", T0)
     session.follow(drafted(trace, 1), T0)

@@ -1,5 +1,5 @@
 """`python -m specfuse.bench [gpu|concurrency|remote|serve|paused|followup|backends|equality|
-prefill-gap] …`: one command for every benchmark; without a subcommand it runs the engine's own
+prefill-gap|room] …`: one command for every benchmark; without a subcommand it runs the engine's own
 benchmark (core.py)."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "backends": "specfuse.bench.backends",
     "equality": "specfuse.bench.equality",
     "prefill-gap": "specfuse.bench.prefill_gap",
+    "room": "specfuse.bench.room",
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError
@@ -65,13 +66,17 @@ def num(x: float) -> float | None:
     return round(float(x), DIGITS) if math.isfinite(x) else None
 
 
-def page_data(trace: Trace, title: str | None = None) -> dict[str, Any]:
+def page_data(
+    trace: Trace, title: str | None = None, room: Sequence[Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
     """The run as the handout shows it: prompt, members and colours, and per round only what a panel
     draws (no raw scores, token evidence, timings or the repeated whole answer: a round's segment is
-    its chosen candidate, the answer up to round k the first k segments)."""
+    its chosen candidate, the answer up to round k the first k segments). `room`: a class session's
+    votes (room_votes), each round's beside its candidates."""
     rounds = trace.rounds
     if not rounds:
         raise ConfigError("the trace has no rounds: a handout needs at least one")
+    votes = room_votes(trace, room or ())
     return {
         "format": FORMAT,
         "title": default_title(trace) if title is None else title,
@@ -86,13 +91,42 @@ def page_data(trace: Trace, title: str | None = None) -> dict[str, Any]:
         "normalization": trace.config.normalization,
         "start": [num(w) for w in rounds[0].weights_before],
         "stop": rounds[-1].stop_reason,
-        "rounds": [round_data(r) for r in rounds],
+        "rounds": [round_data(r, votes.get(r.k)) for r in rounds],
     }
 
 
-def round_data(r: Round) -> dict[str, Any]:
+def room_votes(trace: Trace, room: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+    """A class session's spread (studio.room_page.Desk.spread: per round revealed, {"k": k, "votes":
+    {candidate text: votes}}, counts only, no student) as each round of `trace` shows it: per
+    candidate its text's votes (a text drafted twice counts once, at its first candidate), how many
+    voted and how many guessed the winner. A round whose texts are not the trace's (another run's
+    spread) is left out; a malformed spread is a ConfigError."""
+    by_k = {r.k: r for r in trace.rounds}
+    out: dict[int, dict[str, Any]] = {}
+    for entry in room:
+        k = entry.get("k") if isinstance(entry, Mapping) else None
+        given = entry.get("votes") if isinstance(entry, Mapping) else None
+        if not isinstance(k, int) or not isinstance(given, Mapping):
+            raise ConfigError("a room's spread is a list of {'k': round, 'votes': {text: count}}")
+        if not all(isinstance(t, str) and type(n) is int and n >= 0 for t, n in given.items()):
+            raise ConfigError(f"round {k}'s votes must be counts (whole numbers, 0 or more) per text")
+        rnd = by_k.get(k)
+        texts = [c.text for c in rnd.candidates] if rnd is not None else []
+        if rnd is None or not set(given) <= set(texts):
+            continue
+        first = {text: texts.index(text) for text in set(texts)}
+        out[k] = {
+            "votes": [given.get(t, 0) if first[t] == j else None for j, t in enumerate(texts)],
+            "made": sum(given.values()),
+            "right": given.get(rnd.winner.text, 0),
+        }
+    return out
+
+
+def round_data(r: Round, room: dict[str, Any] | None = None) -> dict[str, Any]:
     eligible = r.eligible or (True,) * len(r.candidates)  # () in hand-built records means all
-    return {
+    shown: dict[str, Any] = {"room": room} if room is not None else {}
+    return shown | {
         "k": r.k,
         "chosen": r.chosen,
         "margin": num(r.margin),

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Mapping, Sequence
 from functools import cache
 from importlib import resources
+from typing import Any
 
 from .. import __version__
 from ..prompts import prompt_text
@@ -70,7 +72,13 @@ def player_texts() -> dict[str, dict[str, str]]:
     }
 
 
-def trace_html(trace: Trace, *, title: str | None = None, lang: str = ENGLISH) -> str:
+def trace_html(
+    trace: Trace,
+    *,
+    title: str | None = None,
+    lang: str = ENGLISH,
+    room: Sequence[Mapping[str, Any]] | None = None,
+) -> str:
     """The run as one HTML page to take home: open it from disk in any browser, offline.
 
     It shows the prompt; the answer built up round by round, each segment in the colour of the
@@ -89,9 +97,12 @@ def trace_html(trace: Trace, *, title: str | None = None, lang: str = ENGLISH) -
 
     `lang` (a code of specfuse.handout.i18n.LANGS) is the page's language when it opens; its switch
     shows it in the others, all embedded (the player's texts only).
+
+    `room`: a class session's spread (data.room_votes: per round, votes per candidate text): each
+    round's panel then shows the class's votes beside the models' scores, and how many guessed right.
     """
     catalogue(lang)  # an unknown language fails before any work
-    data = page_data(trace, title)
+    data = page_data(trace, title, room)
     data["lang"], data["languages"], data["texts"] = lang, LANGS, player_texts()
     data["keys"], data["keyRows"] = key_actions(HANDOUT), key_rows(HANDOUT)  # the app's one key map
     parts = {

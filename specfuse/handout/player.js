@@ -175,16 +175,24 @@
   function renderCandidates(r) {
     var table = $("candidates");
     clear(table);
-    table.appendChild(row([el("th", T("member")), el("th", T("candidate")), el("th", T("tokens"), "num"),
-      el("th", T("score"), "num"), el("th", "")]));
+    var room = r.room; // a class session's votes on this round (counts only), when the page has them
+    var heads = [el("th", T("member")), el("th", T("candidate")), el("th", T("tokens"), "num"),
+      el("th", T("score"), "num")];
+    if (room) heads.push(el("th", T("the class"), "num"));
+    table.appendChild(row(heads.concat([el("th", "")])));
     r.candidates.forEach(function (c, j) {
       var text = el("td", c.text === "" ? T("(empty)") : c.text, c.text === "" ? "text empty" : "text");
       var verdict = j === r.chosen ? T("✓ won") : (c.eligible ? "" : T("not eligible"));
-      var tr = row([memberCell("td", c.member), text, el("td", c.tokens, "num"),
-        el("td", r.verified ? fmt(c.score, 3) : "—", "num"), el("td", verdict)]);
+      var cells = [memberCell("td", c.member), text, el("td", c.tokens, "num"),
+        el("td", r.verified ? fmt(c.score, 3) : "—", "num")];
+      // null: the same text as an earlier candidate, whose votes it shares (ditto)
+      if (room) cells.push(el("td", room.votes[j] === null ? "″" : room.votes[j], "num"));
+      var tr = row(cells.concat([el("td", verdict)]));
       if (j === r.chosen) tr.className = "won";
       table.appendChild(tr);
     });
+    $("room-note").textContent = !room ? ""
+      : T("The class: {right} of {made} votes guessed the winner.", { right: room.right, made: room.made });
   }
 
   function renderMatrix(r) {
