@@ -27,7 +27,17 @@ from pydantic import (
     model_validator,
 )
 
-from ..config import MAX_SEED, EnsembleConfig, Setting, check_setting, setting_named, settings
+from ..config import (
+    MAX_SEED,
+    EnsembleConfig,
+    Setting,
+    check_fields,
+    check_setting,
+    setting,
+    setting_named,
+    settings,
+)
+from ..engine.operator import SERVER_SETTINGS
 from ..errors import ConfigError
 from ..limits import MAX_MESSAGES
 from ..prompts import ROLES, Message, Prompt, conversation, last_user_text, prompt_chars
@@ -36,7 +46,6 @@ from .logprobs import MAX_TOP_LOGPROBS, Refused, alternatives_field, asked_for, 
 ENSEMBLE_MODEL = "specfuse"  # the model id of the ensemble of every loaded member
 MAX_STOP = 4  # OpenAI's limit on stop strings
 MAX_N = 8  # answers one request may ask for: each is a run in the batch (its default size)
-SERVER_SETTINGS = ("parallel",)  # once a run setting (config.RETIRED_KEYS), now the operator's flag alone
 
 
 class ApiError(Exception):
@@ -63,14 +72,22 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may ask for; the operator sets them (specfuse-serve's flags)."""
+    """What one request may ask for; the operator sets them (specfuse-serve's flags, made from these
+    setting() fields by specfuse.flags; the last two are no flag)."""
 
-    max_prompt_chars: int = 32_000  # every message's text together (a completion's prompt); longer: 413
-    max_tokens: int = 1024  # max_tokens (the answer budget); more: 400
-    request_timeout_s: float = 600.0  # from arrival to the last round, time in line included
-    traces: int = 256  # recent traces kept for GET /v1/traces/{id}
+    max_prompt_chars: int = setting(  # every message's text together (a completion's prompt)
+        32_000, "longest prompt, in characters; longer: 413", low=1, group="limits"
+    )
+    max_tokens: int = setting(1024, "largest max_tokens a request may ask; more: 400", low=1, group="limits")
+    request_timeout_s: float = setting(
+        600.0, "seconds a request may take, time in line included", above=0.0, group="limits"
+    )
+    traces: int = setting(256, "recent traces kept for GET /v1/traces/ID", low=1, group="limits")
     keepalive_s: float = 5.0  # a stream waiting for its next round sends a comment this often
     bodies_at_once: int = 8  # request bodies read at once (at most this × max_body_bytes in memory)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
     @property
     def max_body_bytes(self) -> int:
@@ -164,7 +181,7 @@ class _CheckedSettings(BaseModel):
             if key == "members":
                 if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
                     raise ValueError("specfuse.members must be a list of member names")
-            elif key in SERVER_SETTINGS:
+            elif key in SERVER_SETTINGS:  # `parallel` was once a run setting (config.RETIRED_KEYS)
                 raise ValueError(f"specfuse.{key} is the server's setting, not a request's")
             elif setting is None:
                 raise ValueError(f"specfuse.{_cut(key)} is not a setting")
@@ -172,6 +189,15 @@ class _CheckedSettings(BaseModel):
                 value = check_setting(setting, value)
             out[key] = value
         return out
+
+
+def _bounds(setting: Setting) -> dict[str, float | None]:
+    """A setting's bounds as pydantic (and so OpenAPI) says them: ge/le, or gt/lt where open."""
+    low, high = setting.low, setting.high
+    return {
+        "gt" if setting.low_open else "ge": low,
+        "lt" if setting.high_open else "le": high,
+    }
 
 
 def _specfuse_model() -> type[BaseModel]:
@@ -185,7 +211,7 @@ def _specfuse_model() -> type[BaseModel]:
 
     fields: dict[str, Any] = {
         "members": (list[str] | None, Field(None, description="the members that play this request")),
-        **{s.name: (annotation(s), Field(None, description=s.help, ge=s.low, le=s.high)) for s in settings()},
+        **{s.name: (annotation(s), Field(None, description=s.help, **_bounds(s))) for s in settings()},
     }
     return create_model(
         "SpecfuseOptions",
