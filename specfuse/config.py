@@ -106,7 +106,7 @@ class EnsembleConfig:
     max_new_tokens: int = setting(256, "answer budget, counted in the winning drafters' tokens", low=1)
     max_rounds: int | None = setting(None, "stop after this many rounds (none: no round limit)", low=1)
     temperature: float = setting(0.0, "sampling temperature; 0 = greedy", low=0.0, group="sampling")
-    top_p: float = setting(1.0, "nucleus sampling mass", above=0.0, high=1.0, group="sampling")
+    top_p: float = setting(1.0, "nucleus sampling mass, in (0, 1]", above=0.0, high=1.0, group="sampling")
     seed: int = setting(0, "sampling seed; member i uses seed + i", low=0, group="sampling")
     score: str = setting(
         "logprob",

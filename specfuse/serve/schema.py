@@ -31,15 +31,13 @@ from ..config import (
     MAX_SEED,
     EnsembleConfig,
     Setting,
-    check_fields,
     check_setting,
-    setting,
     setting_named,
     settings,
 )
 from ..engine.operator import SERVER_SETTINGS
 from ..errors import ConfigError
-from ..limits import MAX_MESSAGES
+from ..limits import MAX_MESSAGES, Limits
 from ..prompts import ROLES, Message, Prompt, conversation, last_user_text, prompt_chars
 from .logprobs import MAX_TOP_LOGPROBS, Refused, alternatives_field, asked_for, detokenized, is_token_id
 
@@ -68,30 +66,6 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may ask for; the operator sets them (specfuse-serve's flags, made from these
-    setting() fields by specfuse.flags; the last two are no flag)."""
-
-    max_prompt_chars: int = setting(  # every message's text together (a completion's prompt)
-        32_000, "longest prompt, in characters; longer: 413", low=1, group="limits"
-    )
-    max_tokens: int = setting(1024, "largest max_tokens a request may ask; more: 400", low=1, group="limits")
-    request_timeout_s: float = setting(
-        600.0, "seconds a request may take, time in line included", above=0.0, group="limits"
-    )
-    traces: int = setting(256, "recent traces kept for GET /v1/traces/ID", low=1, group="limits")
-    keepalive_s: float = 5.0  # a stream waiting for its next round sends a comment this often
-    bodies_at_once: int = 8  # request bodies read at once (at most this × max_body_bytes in memory)
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-
-    @property
-    def max_body_bytes(self) -> int:
-        return 4 * self.max_prompt_chars + 65_536  # UTF-8 and JSON escapes, plus the other fields
 
 
 @dataclass(frozen=True)
