@@ -30,7 +30,7 @@ from ..engine import Ensemble
 from ..errors import SpecfuseError
 from ..eval.problems import OPEN_PROMPTS
 from ..prompts import Prompt, as_prompt, prompt_chars
-from .measure import bench_main, bench_parser, cpu_model
+from .measure import bench_main, bench_parser, cpu_model, footer
 
 log = logging.getLogger(__name__)
 
@@ -155,10 +155,8 @@ def format_table(report: dict[str, Any]) -> str:
         f"turn 2 / turn 1: {report['ratio']:.2f}× (target ≤ {report['target']:g}×)",
         "medians over the conversations; × turn 1: the median of each conversation's own ratio; prefill: "
         "the first segment less round 1 (the members reading their contexts, and the run's setup)",
-        f"load average {report['load_before'][0]:.2f} → {report['load_after'][0]:.2f} (1 min)",
     ]
-    if "command" in report:
-        lines += [f"command: {report['command']}"]
+    lines += footer(report)
     return "\n".join(lines)
 
 

@@ -411,6 +411,16 @@ def bench_main(
     return 0
 
 
+def footer(report: dict[str, Any]) -> list[str]:
+    """A report's last lines: the load average around it, and the command that made it."""
+    lines = []
+    if "load_before" in report:
+        lines.append(f"load average {report['load_before'][0]:.2f} → {report['load_after'][0]:.2f} (1 min)")
+    if "command" in report:
+        lines.append(f"command: {report['command']}")
+    return lines
+
+
 def write_outputs(report: dict[str, Any], table: str, out: Path | None) -> None:
     """Print the table; with `out`, write OUT.json (the report) and OUT.txt (the table)."""
     write_report(report, table, out.with_suffix(".json") if out else None)

@@ -26,7 +26,7 @@ from typing import Any
 from ..config import EnsembleConfig
 from ..engine import Scheduler, Ticket
 from ..records import Finished, Paused, Round
-from .measure import bench_main, bench_parser, cpu_model
+from .measure import bench_main, bench_parser, cpu_model, footer
 from .serve import PROMPTS
 
 log = logging.getLogger(__name__)
@@ -175,12 +175,10 @@ def format_table(report: dict[str, Any]) -> str:
         f"the stepping neighbour: {report['neighbour_steps']} steps, median "
         f"{report['neighbour_step_median_s']:.2f} s from next() to Paused (a prefill of prompt + answer, "
         "then its round)",
-        f"load average {report['load_before'][0]:.2f} → {report['load_after'][0]:.2f} (1 min)",
     ]
     if report["neighbour_errors"]:
         lines += [f"the stepping neighbour's errors: {'; '.join(report['neighbour_errors'])}"]
-    if "command" in report:
-        lines += [f"command: {report['command']}"]
+    lines += footer(report)
     return "\n".join(lines)
 
 

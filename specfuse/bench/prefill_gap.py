@@ -26,7 +26,7 @@ from ..config import EnsembleConfig
 from ..engine import Scheduler, ServerSettings, Ticket
 from ..flags import add_settings
 from ..records import Round
-from .measure import bench_main, bench_parser, cpu_model
+from .measure import bench_main, bench_parser, cpu_model, footer
 
 log = logging.getLogger(__name__)
 
@@ -161,10 +161,8 @@ def format_table(report: dict[str, Any]) -> str:
         "",
         f"usual gap: the running stream's median gap between rounds alone; longest: from the newcomer's "
         f"submission to its first round (target ≤ {TARGET:g}× usual); rounds: the stream's rounds meanwhile",
-        f"load average {report['load_before'][0]:.2f} → {report['load_after'][0]:.2f} (1 min)",
     ]
-    if "command" in report:
-        lines += [f"command: {report['command']}"]
+    lines += footer(report)
     return "\n".join(lines)
 
 

@@ -35,16 +35,7 @@ from ..prompts import Prompt
 from ..records import Paused, Queued, Round
 from .batch import Batch
 from .ensemble import Ensemble
-from .operator import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_JOIN_WAIT,
-    DEFAULT_MAX_PAUSED,
-    DEFAULT_PAUSE_IDLE,
-    DEFAULT_PREFILL_CHUNK,
-    DEFAULT_QUEUE,
-    JOIN_WAIT_SHARE,
-    ServerSettings,
-)
+from .operator import JOIN_WAIT_SHARE, ServerSettings
 from .run import TYPED, Run
 from .ticket import Event, Ticket
 
@@ -68,12 +59,6 @@ class PauseExpired(SpecfuseError):
 
 
 __all__ = [
-    "DEFAULT_BATCH_SIZE",
-    "DEFAULT_JOIN_WAIT",
-    "DEFAULT_MAX_PAUSED",
-    "DEFAULT_PAUSE_IDLE",
-    "DEFAULT_PREFILL_CHUNK",
-    "DEFAULT_QUEUE",
     "Event",
     "PauseExpired",
     "QueueFull",
