@@ -29,7 +29,7 @@ PARALLEL_HELP = (
     "members work at the same time: on, off, or auto (on several devices, or sharing a multi-core CPU)"
 )
 # How transformers members draft (issue 52), also the loaded members' property: the operator's
-# --decode flag (cli.add_loading_flags: the CLI, specfuse-serve and the app) and load_member's `decode`.
+# --decode flag (flags.add_loading_flags: the CLI, specfuse-serve and the app) and load_member's `decode`.
 DECODE_MODES = ("auto", "graphs", "eager")
 DECODE_HELP = (
     "how transformers members draft: graphs (every batch on static KV slots, each batch size's step "
@@ -412,11 +412,15 @@ class Setting:
         return typing.get_args(self.kind)[0] if typing.get_origin(self.kind) is tuple else None
 
 
-@functools.cache
-def settings(of: type | None = None) -> tuple[Setting, ...]:
+def settings(of: Any = None) -> tuple[Setting, ...]:
     """Every field of a settings dataclass (EnsembleConfig unless `of` says), in order; fields
-    declared without setting() (no help) are left out. The one place their type hints are read."""
-    of = EnsembleConfig if of is None else of
+    declared without setting() (no help) are left out."""
+    return _declared(EnsembleConfig if of is None else of)
+
+
+@functools.cache
+def _declared(of: Any) -> tuple[Setting, ...]:
+    """settings(), read once per class: the one place the type hints are read."""
     hints = typing.get_type_hints(of)
     out = []
     for f in fields(of):

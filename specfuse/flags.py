@@ -81,7 +81,12 @@ def add_loading_flags(
     unknown = set(only) - set(LOADING) | set(defaults or {}) - set(only)
     if unknown:
         raise ValueError(f"not a loading flag of this main: {', '.join(sorted(unknown))}")
-    given = {"models": list(DEFAULT_MEMBERS), "device": "cpu", "dtype": "auto", "quantize": "auto"}
+    given: dict[str, Any] = {
+        "models": list(DEFAULT_MEMBERS),
+        "device": "cpu",
+        "dtype": "auto",
+        "quantize": "auto",
+    }
     given |= {"decode": "auto", "trust": None, "processes": None, "cache_dir": None, **(defaults or {})}
 
     def add(flag: str, **options: Any) -> None:  # only the flags this main offers, with its defaults

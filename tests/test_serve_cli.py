@@ -4,7 +4,6 @@ settings, a live port; bad flags exit 2 with one line before anything loads."""
 from __future__ import annotations
 
 import dataclasses
-
 import io
 import os
 import signal

@@ -165,7 +165,7 @@ class _CheckedSettings(BaseModel):
         return out
 
 
-def _bounds(setting: Setting) -> dict[str, float | None]:
+def _bounds(setting: Setting) -> dict[str, Any]:
     """A setting's bounds as pydantic (and so OpenAPI) says them: ge/le, or gt/lt where open."""
     low, high = setting.low, setting.high
     return {
