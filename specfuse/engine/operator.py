@@ -38,36 +38,29 @@ class ServerSettings:
     """How one scheduler serves everyone's runs; the operator's, never a request's (the API refuses
     these names in a request's `specfuse` object)."""
 
-    batch_size: int = setting(
-        DEFAULT_BATCH_SIZE, "runs played together in one rolling batch", low=1, group="server"
-    )
-    queue: int = setting(
-        DEFAULT_QUEUE, "requests waiting beyond those; one more is refused (429)", low=0, group="server"
-    )
+    batch_size: int = setting(DEFAULT_BATCH_SIZE, "runs played together in one rolling batch", low=1)
+    queue: int = setting(DEFAULT_QUEUE, "requests waiting beyond those; one more is refused (429)", low=0)
     join_wait: float = setting(
         DEFAULT_JOIN_WAIT,
         "seconds the next round may wait for new requests when some have just ended (at most a tenth "
         "of a round; 0: never)",
         low=0.0,
-        group="server",
     )
-    parallel: str = setting("auto", PARALLEL_HELP, choices=PARALLEL_MODES, group="server")
+    parallel: str = setting("auto", PARALLEL_HELP, choices=PARALLEL_MODES)
     max_paused: int = setting(
         DEFAULT_MAX_PAUSED,
         "runs stepped through one round at a time, paused in between (each holds its rounds only, no "
         "model caches), at once; one more is refused (0: no step mode)",
         low=0,
-        group="server",
     )
     pause_idle_s: float = setting(
-        DEFAULT_PAUSE_IDLE, "seconds a paused run may wait for its next step", above=0.0, group="server"
+        DEFAULT_PAUSE_IDLE, "seconds a paused run may wait for its next step", above=0.0
     )
     prefill_chunk: int = setting(
         DEFAULT_PREFILL_CHUNK,
         "tokens of a newcomer's prompt each member reads between two rounds (chunked prefill: "
         "docs/serve.md); 0: read whole while every stream waits",
         low=0,
-        group="server",
     )
 
     def __post_init__(self) -> None:
