@@ -19,9 +19,9 @@ from typing import Any
 import gradio as gr
 
 from specfuse import SpecfuseError
-from specfuse.cli import Parser, add_loading_flags, add_step_flags, check_step_flags
-from specfuse.engine import DEFAULT_BATCH_SIZE
-from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
+from specfuse.engine import ServerSettings
+from specfuse.flags import Parser, add_loading_flags, add_settings, from_args
+from specfuse.models.catalogue import CATALOGUE
 from specfuse.models.hardware import settle_auto
 from specfuse.models.quantize_options import check_quantize, cpu_only
 from specfuse.models.trust import load_trust
@@ -115,15 +115,13 @@ def build_parser() -> Parser:
     parser.add_argument(
         "--allow-paths", action="store_true", help="let users name local checkpoint folders or hub ids"
     )
-    parser.add_argument(
-        "--models", nargs="+", default=list(DEFAULT_MEMBERS), help="the members selected at start"
-    )
     add_loading_flags(
         parser,
-        device="auto",
+        only=("models", "device", "dtype", "quantize", "trust", "decode", "processes"),
+        defaults={"device": "auto"},
         devices=DEVICES,
-        cache_dir=False,
         users="one user, or many with --share or another --host",
+        models_help="the members selected at start",
     )
     parser.add_argument("--preload", action="store_true", help="load the default members before serving")
     parser.add_argument(
@@ -140,13 +138,8 @@ def build_parser() -> Parser:
         help="runs at once: --batch-size of them play in one batch, the others see their place in line "
         "(default %(default)s)",
     )
-    parser.add_argument(
-        "--batch-size",
-        type=int,
-        default=DEFAULT_BATCH_SIZE,
-        help="runs played together in one rolling batch (default %(default)s; docs/serve.md)",
-    )
-    add_step_flags(parser)
+    operator = ("batch_size", "parallel", "max_paused", "pause_idle_s", "prefill_chunk")
+    add_settings(parser, of=ServerSettings, only=operator)  # the API's --queue and --join-wait: its own
     parser.add_argument(
         "--api",
         action="store_true",
@@ -176,25 +169,19 @@ def parse_args(parser: Parser, argv: Sequence[str] | None = None) -> argparse.Na
     """app.py's arguments: `argv`, else the Space's (spaces_config.yaml) when started bare on one, else
     the command line. A bad value exits with status 2 and says which."""
     args = parser.parse_args(space_arguments() if argv is None and len(sys.argv) == 1 else argv)
-    if min(args.concurrency, args.batch_size, args.queue_size) < 1:
-        parser.exit(2, "error: --concurrency, --batch-size and --queue-size must be at least 1\n")
+    if min(args.concurrency, args.queue_size) < 1:
+        parser.exit(2, "error: --concurrency and --queue-size must be at least 1\n")
     try:
-        check_step_flags(args)
+        from_args(args, ServerSettings)  # the operator's settings, checked by their declaration
     except SpecfuseError as e:
         parser.exit(2, f"error: {e}\n")
     return args
 
 
 def operator_schedulers(args: argparse.Namespace) -> Schedulers:
-    """The app's schedulers, with the operator's batch size, --parallel, step-mode bounds and
-    --prefill-chunk."""
-    return Schedulers(
-        batch_size=args.batch_size,
-        parallel=args.parallel,
-        max_paused=args.max_paused,
-        pause_idle_s=args.pause_idle,
-        prefill_chunk=args.prefill_chunk,
-    )
+    """The app's schedulers, with the operator's settings (--batch-size, --parallel, step mode's
+    bounds, --prefill-chunk: ServerSettings)."""
+    return Schedulers(settings=from_args(args, ServerSettings))
 
 
 def settle_quantize(args: argparse.Namespace) -> str:

@@ -1,8 +1,9 @@
 """The command line: `python -m specfuse` / `specfuse` streams an ensemble answer round by round.
 
-A consumer of Ensemble.stream(): the answer goes to stdout as it grows, per-round progress to
-stderr, the trace to --trace; `specfuse export` (handout/cli.py) turns a saved trace into a page or a
-slide. Every user-fixable error exits 2 with a one-line reason.
+An entry point only (its flags are flags.py's, as every main's). A consumer of Ensemble.stream(): the
+answer goes to stdout as it grows, per-round progress to stderr, the trace to --trace; `specfuse
+export` (handout/cli.py) turns a saved trace into a page or a slide. Every user-fixable error exits 2
+with a one-line reason.
 """
 
 from __future__ import annotations
@@ -14,34 +15,21 @@ import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from . import config as declared
-from .config import PARALLEL_HELP, PARALLEL_MODES, EnsembleConfig, Setting, settings
-from .engine import DEFAULT_MAX_PAUSED, DEFAULT_PAUSE_IDLE, DEFAULT_PREFILL_CHUNK, Ensemble, check_prompt
-from .errors import ConfigError, SpecfuseError, UnknownModelError
+from .engine import Ensemble, ServerSettings, check_prompt
+from .errors import ConfigError, SpecfuseError
+from .flags import LOADING, Parser, add_loading_flags, add_settings, config_from_args, parse_models
 from .models.catalogue import CATALOGUE, DEFAULT_MEMBERS
-from .models.quantize_options import quantize_help
-from .models.trust import CLI_HELP as TRUST_HELP
 from .records import Round
 from .trace import Trace, save_trace
 
 if TYPE_CHECKING:
     from .members.protocol import Member
 
-HELP_WIDTH = 100  # fixed, so that the README's copy of --help does not depend on the terminal
 # `specfuse export …` (specfuse/handout/cli.py): a first argument of exactly this word is the command,
 # not a prompt (a prompt that is just that word goes through stdin: echo export | specfuse -).
 EXPORT = "export"
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, with its reason always on one line: a rejected argument is quoted as typed, and an
-    argument holding a line break ("\\n0") would otherwise spread the reason over several lines."""
-
-    def error(self, message: str) -> NoReturn:
-        flat = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in message)
-        super().error(flat)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,13 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(owner/name; needs a hub connection). Exit status 2 means bad input; the reason is printed. "
         "A saved run to take home: specfuse export TRACE.json --html OUT.html (one offline page) or "
         "--png OUT.png --round K (a slide); see specfuse export --help.",
-        formatter_class=lambda prog: argparse.HelpFormatter(prog, width=HELP_WIDTH, max_help_position=32),
     )
     parser.add_argument("prompt", nargs="?", help="the prompt; '-' reads it from stdin")
     add = parser.add_argument
-    add("--models", default=",".join(DEFAULT_MEMBERS), help="comma-separated members")
+    add_loading_flags(parser, only=("models",), defaults={"models": ",".join(DEFAULT_MEMBERS)})
     add_settings(parser)
-    add_loading_flags(parser)
+    add_loading_flags(parser, only=LOADING[1:])
+    add_settings(parser, of=ServerSettings, only=("parallel",))  # where members run; no batch here
     add("--device-map", default=None, help="accelerate device map for large models, e.g. auto")
     add(
         "--compile",
@@ -78,186 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
         "or times changed); exit 1 if any is damaged (the next load rebuilds it)",
     )
     return parser
-
-
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-# Flags whose names predate the generic rule (`--field-name`; a bool also gets `--no-field-name`).
-FLAG_NAMES = {"stop_strings": "--stop"}
-OLD_ALIASES = {"exited_verify": "--exited-no-verify"}  # store_false spellings that keep working
-METAVARS = {int: "N", float: "X", str: "TEXT"}
-
-
-def add_loading_flags(
-    parser: argparse.ArgumentParser,
-    *,
-    device: str = "cpu",
-    devices: Sequence[str] | None = None,
-    quantize: str = "auto",
-    processes: bool = True,
-    cache_dir: bool = True,
-    users: str = "one user",
-) -> None:
-    """Where and how members load, the same flags wherever members load (the CLI, the server, the
-    app): --device, --dtype, --quantize, --trust, --parallel, and --processes and --cache-dir where
-    that entry point offers them. Only the defaults differ; `users` says in words whom --quantize auto
-    chooses for (one person's requests in turn, or many at once: models/hardware.py)."""
-    add = parser.add_argument
-    add(
-        "--device",
-        default=device,
-        choices=devices,
-        help="cpu, cuda, cuda:K, auto (one model per GPU), per-gpu",
-    )
-    add("--dtype", default="auto", choices=DTYPES, help="auto (per device), float32, bfloat16, float16")
-    add("--quantize", default=quantize, help=quantize_help(quantize, users))
-    add("--trust", default=None, metavar="FILE", help=TRUST_HELP)
-    add("--parallel", default="auto", choices=PARALLEL_MODES, help=PARALLEL_HELP)
-    add("--decode", default="auto", choices=declared.DECODE_MODES, help=declared.DECODE_HELP)
-    if processes:
-        add(
-            "--processes",
-            action=argparse.BooleanOptionalAction,
-            default=None,
-            help="each member in a worker process of its own, so members at once do not share one GIL. "
-            "Neither flag (auto): when several members share a GPU or a CPU with 8 or more cores, where "
-            "processes measured faster than threads (H100: 1.64x vs in turn, threads 0.91x; 16-core "
-            "Xeon: 1.54x, threads 1.10x), and never for a model listed twice",
-        )
-    if cache_dir:
-        add(
-            "--cache-dir",
-            default=None,
-            help="converted-model cache (default $SPECFUSE_CACHE or ~/.cache/specfuse)",
-        )
-
-
-def add_step_flags(parser: argparse.ArgumentParser) -> None:
-    """Step mode's bounds on a server's Scheduler (max_paused, pause_idle_s; docs/limits.md) and its
-    chunked prefill, the same flags for the API server and the app."""
-    add_prefill_flag(parser)
-    add, paused = parser.add_argument, "runs stepped through one round at a time, paused in between "
-    paused += "(each holds its rounds only, no model caches), at once; one more is refused (default "
-    paused += "%(default)s; 0: no step mode)"
-    add("--max-paused", type=int, default=DEFAULT_MAX_PAUSED, metavar="N", help=paused)
-    idle = "a paused run with no step for this long ends (default %(default)s)"
-    add("--pause-idle", type=float, default=DEFAULT_PAUSE_IDLE, metavar="SECONDS", help=idle)
-
-
-def add_prefill_flag(parser: argparse.ArgumentParser) -> None:
-    """The Scheduler's prefill_chunk, declared once: the API server, the app, `bench prefill-gap`."""
-    add, help = parser.add_argument, "tokens of a newcomer's prompt each member reads between two rounds "
-    help += "(chunked prefill: docs/serve.md); 0: read whole while every stream waits (default %(default)s)"
-    add("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, metavar="TOKENS", help=help)
-
-
-def check_step_flags(args: argparse.Namespace) -> None:
-    """Refuse impossible step-mode bounds and prefill chunks before anything loads (ConfigError)."""
-    for flag in ("max_paused", "prefill_chunk"):
-        if getattr(args, flag) < 0:
-            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 0, got {getattr(args, flag)}")
-    if not args.pause_idle > 0:  # nan included
-        raise ConfigError(f"--pause-idle must be over 0 seconds, got {args.pause_idle}")
-
-
-def add_settings(parser: argparse.ArgumentParser) -> None:
-    """One flag per EnsembleConfig field, typed, defaulted and documented from its setting()."""
-    group = parser.add_argument_group("run settings (the same ones the app shows)")
-    for setting in settings():
-        name, default = setting.name, setting.default
-        flag = FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
-        if setting.kind is bool:
-            action = argparse.BooleanOptionalAction
-            group.add_argument(flag, dest=name, action=action, default=default, help=_help(setting))
-            if name in OLD_ALIASES:
-                group.add_argument(OLD_ALIASES[name], dest=name, action="store_false", help=argparse.SUPPRESS)
-        elif setting.item is not None:
-            group.add_argument(
-                flag,
-                dest=name,
-                action="append",
-                default=None,  # append would add to a non-empty default instead of replacing it
-                type=setting.item,
-                metavar=METAVARS.get(setting.item, "VALUE"),
-                help=f"{setting.help} (repeatable)",
-            )
-        else:
-            group.add_argument(
-                flag,
-                dest=name,
-                type=_or_none(setting.kind) if setting.optional else setting.kind,
-                default=default,
-                choices=setting.choices,
-                metavar=None if setting.choices else METAVARS.get(setting.kind, "VALUE"),
-                help=_help(setting),
-            )
-
-
-def _or_none(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        return None if text.strip().lower() == "none" else kind(text)
-
-    parse.__name__ = getattr(kind, "__name__", "value")  # argparse names the type in its errors
-    return parse
-
-
-def _help(setting: Setting) -> str:
-    low, high, default = setting.low, setting.high, setting.default
-    bounds = ""
-    if low is not None and high is not None:
-        bounds = f"{low:g}..{high:g}; "
-    elif low is not None:
-        bounds = f"≥ {low:g}; "
-    shown = {None: "none", True: "on", False: "off"}.get(default, default) if _plain(default) else default
-    return f"{setting.help} ({bounds}default: {shown})".replace("%", "%%")
-
-
-def _plain(value: Any) -> bool:
-    return value is None or isinstance(value, bool)
-
-
-def config_from_args(args: argparse.Namespace) -> EnsembleConfig:
-    """The EnsembleConfig the flags describe (validated: a bad value raises ConfigError).
-
-    Built from the fields, never listed by hand: a new setting() field arrives here by itself.
-    """
-    values = {}
-    for setting in settings():
-        value = getattr(args, setting.name)
-        if isinstance(value, list):
-            value = tuple(value)
-        if value is not None or setting.optional:
-            values[setting.name] = value  # an unrepeated repeatable flag (None) keeps the field's default
-    return EnsembleConfig(**values)
-
-
-def parse_models(
-    values: str | Sequence[str] | None, *, sampling: bool = False, hub: bool = True
-) -> list[str]:
-    """Member names from --models, for every entry point: `a,b,c`, or several such arguments
-    (nargs="+"); None: the default trio. The same model twice only makes sense when sampling.
-
-    `hub=False` (the benchmarks and the evaluation, which never download) refuses at once, before
-    any loading, a name that is neither a catalogue name, a checkpoint folder nor a server spec."""
-    given = DEFAULT_MEMBERS if values is None else [values] if isinstance(values, str) else values
-    names = [n.strip() for arg in given for n in arg.split(",") if n.strip()]
-    if not names:
-        raise ConfigError("--models is empty; name at least one model")
-    if not hub:
-        from .models.loading import check_member_name  # brings torch
-
-        for name in names:
-            if check_member_name(name).kind == "hub":
-                raise UnknownModelError(
-                    f"Unknown model {name!r}; known: {', '.join(CATALOGUE)}, a local checkpoint folder "
-                    "or a server spec (docs/remote.md)."
-                )
-    if len(set(names)) != len(names) and not sampling:
-        raise ConfigError(
-            f"--models names a model twice ({', '.join(names)}): the same model twice would draft "
-            "identical candidates under greedy decoding; set --temperature > 0 or list different models"
-        )
-    return names
 
 
 def progress_line(r: Round) -> str:

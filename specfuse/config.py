@@ -29,7 +29,7 @@ PARALLEL_HELP = (
     "members work at the same time: on, off, or auto (on several devices, or sharing a multi-core CPU)"
 )
 # How transformers members draft (issue 52), also the loaded members' property: the operator's
-# --decode flag (cli.add_loading_flags: the CLI, specfuse-serve and the app) and load_member's `decode`.
+# --decode flag (flags.add_loading_flags: the CLI, specfuse-serve and the app) and load_member's `decode`.
 DECODE_MODES = ("auto", "graphs", "eager")
 DECODE_HELP = (
     "how transformers members draft: graphs (every batch on static KV slots, each batch size's step "
@@ -61,15 +61,29 @@ def setting(
     choices: tuple[str, ...] | None = None,
     low: float | None = None,
     high: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
     group: str = "run",
 ) -> Any:
-    """One EnsembleConfig field with its documentation: the single source for the CLI and the app.
+    """One field of a settings dataclass (EnsembleConfig, engine.ServerSettings, the API's Limits) with
+    its documentation: the single source for the flags, the app's form and the API's schema.
 
-    `dataclasses.fields(EnsembleConfig)[i].metadata` holds help (one line), choices (for a string
-    setting), low/high (the bounds __post_init__ enforces, for sliders and the CLI's help) and group
-    (where the app places it: run, sampling, scoring, feedback, exit, devices).
+    `dataclasses.fields(cls)[i].metadata` holds help (one line), choices (for a string setting),
+    low/high (inclusive bounds) or above/below (exclusive ones: `above=0` is "> 0"), which check_setting
+    enforces and sliders, the flags' help and the OpenAPI schema show, and group (where the app places
+    it: run, sampling, scoring, feedback, exit, devices).
     """
-    meta = {"help": help, "choices": choices, "low": low, "high": high, "group": group}
+    if above is not None and low is not None or below is not None and high is not None:
+        raise TypeError("a bound is either inclusive (low, high) or exclusive (above, below), not both")
+    meta = {
+        "help": help,
+        "choices": choices,
+        "low": low if above is None else above,
+        "high": high if below is None else below,
+        "low_open": above is not None,
+        "high_open": below is not None,
+        "group": group,
+    }
     if isinstance(default, (list, tuple, dict, set)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -92,7 +106,7 @@ class EnsembleConfig:
     max_new_tokens: int = setting(256, "answer budget, counted in the winning drafters' tokens", low=1)
     max_rounds: int | None = setting(None, "stop after this many rounds (none: no round limit)", low=1)
     temperature: float = setting(0.0, "sampling temperature; 0 = greedy", low=0.0, group="sampling")
-    top_p: float = setting(1.0, "nucleus sampling mass, in (0, 1]", low=0.0, high=1.0, group="sampling")
+    top_p: float = setting(1.0, "nucleus sampling mass, in (0, 1]", above=0.0, high=1.0, group="sampling")
     seed: int = setting(0, "sampling seed; member i uses seed + i", low=0, group="sampling")
     score: str = setting(
         "logprob",
@@ -156,7 +170,7 @@ class EnsembleConfig:
         group="feedback",
     )
     prior_temperature: float = setting(
-        0.1, "prompt prior: w ∝ exp(−nats per byte / T)", low=0.0, group="feedback"
+        0.1, "prompt prior: w ∝ exp(−nats per byte / T)", above=0.0, group="feedback"
     )
     weighted_rewards: bool = setting(
         True, "rewards count each verifier's comparisons with its weight", group="feedback"
@@ -169,7 +183,7 @@ class EnsembleConfig:
     )
     exit_warmup: int = setting(3, "no exit before this many rounds have been played", low=0, group="exit")
     exit_temperature: float = setting(
-        1.0, "τ_0: base temperature of the keep-probabilities", low=0.0, group="exit"
+        1.0, "τ_0: base temperature of the keep-probabilities", above=0.0, group="exit"
     )
     exit_min_active: int = setting(1, "never fewer drafting members than this", low=1, group="exit")
     exited_verify: bool = setting(
@@ -227,14 +241,8 @@ class EnsembleConfig:
     )
 
     def __post_init__(self) -> None:
-        # Types, choices and bounds come from each field's setting(); a new field is checked for free.
-        for s in settings():
-            object.__setattr__(self, s.name, check_setting(s, getattr(self, s.name)))
-        # Bounds a setting() cannot say: open intervals and non-empty items.
-        if self.top_p <= 0:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.prior_temperature <= 0:
-            raise ConfigError(f"prior_temperature must be > 0, got {self.prior_temperature}")
+        check_fields(self)  # types, choices and bounds from each setting(): a new field is checked for free
+        # Rules a setting() cannot say: positive sums, non-empty items, a bound that depends on another.
         if any(w < 0 for w in self.initial_weights) or (
             self.initial_weights and sum(self.initial_weights) <= 0
         ):
@@ -242,8 +250,6 @@ class EnsembleConfig:
                 "initial_weights must be non-negative numbers with a positive sum, "
                 f"got {self.initial_weights!r}"
             )
-        if self.exit_temperature <= 0:
-            raise ConfigError(f"exit_temperature must be > 0, got {self.exit_temperature}")
         if 0 < self.temperature < MIN_TEMPERATURE:
             raise ConfigError(
                 f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {self.temperature:g}"
@@ -374,7 +380,7 @@ def _integer_range(low: float | None, high: float | None) -> str:
 
 @dataclass(frozen=True)
 class Setting:
-    """One EnsembleConfig field, as every view that offers or checks it needs it."""
+    """One field of a settings dataclass, as every view that offers or checks it needs it."""
 
     name: str
     kind: Any  # the type without None: int, float, bool, str, tuple[float, ...] or tuple[str, ...]
@@ -382,9 +388,23 @@ class Setting:
     default: Any
     help: str
     choices: tuple[str, ...] | None  # a str setting's values
-    low: float | None  # the bounds __post_init__ enforces (inclusive)
+    low: float | None  # the bounds check_setting enforces: inclusive, or exclusive where *_open
     high: float | None
     group: str  # where the app places it: run, sampling, scoring, feedback, exit
+    low_open: bool = False  # low itself is refused: "> low"
+    high_open: bool = False
+
+    @property
+    def bounds(self) -> str:
+        """The bounds in words for help and errors: "1..256", "(0, 1]", "≥ 0", "> 0"; "" for none."""
+        low, high = self.low, self.high
+        if low is not None and high is not None:
+            if not (self.low_open or self.high_open):
+                return f"{low:g}..{high:g}"
+            return f"{'(' if self.low_open else '['}{low:g}, {high:g}{')' if self.high_open else ']'}"
+        if low is not None:
+            return f"{'>' if self.low_open else '≥'} {low:g}"
+        return "" if high is None else f"{'<' if self.high_open else '≤'} {high:g}"
 
     @property
     def item(self) -> Any:
@@ -392,12 +412,20 @@ class Setting:
         return typing.get_args(self.kind)[0] if typing.get_origin(self.kind) is tuple else None
 
 
+def settings(of: Any = None) -> tuple[Setting, ...]:
+    """Every field of a settings dataclass (EnsembleConfig unless `of` says), in order; fields
+    declared without setting() (no help) are left out."""
+    return _declared(EnsembleConfig if of is None else of)
+
+
 @functools.cache
-def settings() -> tuple[Setting, ...]:
-    """Every EnsembleConfig field, in order. The one place its type hints are read."""
-    hints = typing.get_type_hints(EnsembleConfig)
+def _declared(of: Any) -> tuple[Setting, ...]:
+    """settings(), read once per class: the one place the type hints are read."""
+    hints = typing.get_type_hints(of)
     out = []
-    for f in fields(EnsembleConfig):
+    for f in fields(of):
+        if "help" not in f.metadata:
+            continue
         kind, args = hints[f.name], typing.get_args(hints[f.name])
         optional = type(None) in args and typing.get_origin(kind) is not tuple
         if optional:
@@ -407,7 +435,8 @@ def settings() -> tuple[Setting, ...]:
         out.append(
             Setting(
                 f.name, kind, optional, default, meta["help"], meta.get("choices"), meta.get("low"),
-                meta.get("high"), meta.get("group", "run"),
+                meta.get("high"), meta.get("group", "run"), meta.get("low_open", False),
+                meta.get("high_open", False),
             )
         )  # fmt: skip
     return tuple(out)
@@ -415,6 +444,13 @@ def settings() -> tuple[Setting, ...]:
 
 def setting_named(name: str) -> Setting | None:
     return next((s for s in settings() if s.name == name), None)
+
+
+def check_fields(instance: Any) -> None:
+    """Every setting() field of a frozen settings dataclass checked (check_setting) and normalized in
+    place: what __post_init__ calls first."""
+    for s in settings(type(instance)):
+        object.__setattr__(instance, s.name, check_setting(s, getattr(instance, s.name)))
 
 
 def check_setting(setting: Setting, value: Any) -> Any:
@@ -442,12 +478,12 @@ def check_setting(setting: Setting, value: Any) -> Any:
     elif hint is float:
         if not _finite_number(value):
             raise ConfigError(f"{name} must be a finite number, got {_show(value)}")
-        if low is not None and high is not None and not low <= value <= high:
-            raise ConfigError(f"{name} must be in [{low:g}, {high:g}], got {_show(value)}")
-        if low is not None and value < low:
-            raise ConfigError(f"{name} must be ≥ {low:g}, got {_show(value)}")
-        if high is not None and value > high:
-            raise ConfigError(f"{name} must be ≤ {high:g}, got {_show(value)}")
+        if (low is not None and (value <= low if setting.low_open else value < low)) or (
+            high is not None and (value >= high if setting.high_open else value > high)
+        ):
+            both, closed = low is not None and high is not None, not (setting.low_open or setting.high_open)
+            shown = f"[{low:g}, {high:g}]" if both and closed else setting.bounds
+            raise ConfigError(f"{name} must be {'in ' if both else ''}{shown}, got {_show(value)}")
         value = float(value)
     elif hint is str and not isinstance(value, str):
         raise ConfigError(f"{name} must be text, got {_show(value)}")

@@ -7,14 +7,18 @@ settings: segment length, budget, stop strings). Those that depend on a model's 
 members, which know it (HFMember.max_positions, RemoteMember.max_positions): start() refuses a
 prompt (the whole conversation in the member's template) whose tokens and answer budget exceed the
 context before its first forward pass, verify refuses a candidate that would run past it, accept
-refuses an answer that would. docs/limits.md lists them all for operators. Stdlib only.
+refuses an answer that would. docs/limits.md lists them all for operators. Limits: the bounds the
+API server's operator sets per request (declared with setting(), so its flags come from flags.py).
+Stdlib only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .config import check_fields, setting
 from .errors import ConfigError
 from .prompts import Prompt, as_prompt, last_user_text, prompt_chars
 
@@ -167,3 +171,27 @@ def check_branch(start: Sequence[Round], names: Sequence[str]) -> None:
         raise ConfigError("the rounds to branch from must be rounds 1..k of one run, in order")
     if any(r.stop_reason for r in start):
         raise ConfigError("the run ended within the rounds to branch from; branch at an earlier round")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for; the operator sets them (specfuse-serve's flags, made from these
+    setting() fields by specfuse.flags; the last two are no flag)."""
+
+    max_prompt_chars: int = setting(  # every message's text together (a completion's prompt)
+        32_000, "longest prompt, in characters; longer: 413", low=1, group="limits"
+    )
+    max_tokens: int = setting(1024, "largest max_tokens a request may ask; more: 400", low=1, group="limits")
+    request_timeout_s: float = setting(
+        600.0, "seconds a request may take, time in line included", above=0.0, group="limits"
+    )
+    traces: int = setting(256, "recent traces kept for GET /v1/traces/ID", low=1, group="limits")
+    keepalive_s: float = 5.0  # a stream waiting for its next round sends a comment this often
+    bodies_at_once: int = 8  # request bodies read at once (at most this × max_body_bytes in memory)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    @property
+    def max_body_bytes(self) -> int:
+        return 4 * self.max_prompt_chars + 65_536  # UTF-8 and JSON escapes, plus the other fields

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -17,15 +18,7 @@ from starlette.routing import BaseRoute, Match, NoMatchFound, get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from specfuse import EnsembleConfig, Prompt
-from specfuse.engine import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_MAX_PAUSED,
-    DEFAULT_PAUSE_IDLE,
-    DEFAULT_PREFILL_CHUNK,
-    DEFAULT_QUEUE,
-    Scheduler,
-    Ticket,
-)
+from specfuse.engine import DEFAULT_BATCH_SIZE, Scheduler, ServerSettings, Ticket
 from specfuse.engine.scheduler import Event
 
 if TYPE_CHECKING:
@@ -53,23 +46,12 @@ class Schedulers:
     """
 
     def __init__(
-        self,
-        config: EnsembleConfig | None = None,
-        *,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        queue: int = DEFAULT_QUEUE,
-        parallel: str = "auto",
-        max_paused: int = DEFAULT_MAX_PAUSED,
-        pause_idle_s: float = DEFAULT_PAUSE_IDLE,
-        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        self, config: EnsembleConfig | None = None, settings: ServerSettings | None = None, **given: Any
     ) -> None:
+        """`settings`: the operator's (--batch-size, --parallel, step mode's bounds, --prefill-chunk),
+        or its fields by name on top of the defaults; every scheduler made here gets them."""
         self.config = config or EnsembleConfig()
-        self.parallel = parallel  # the operator's (--parallel): where members run, for every run
-        self.batch_size = batch_size
-        self.queue = queue
-        self.max_paused = max_paused  # step mode's bounds (--max-paused, --pause-idle), per scheduler
-        self.pause_idle_s = pause_idle_s
-        self.prefill_chunk = prefill_chunk  # --prefill-chunk: newcomers' prompts read a part per round
+        self.settings = dataclasses.replace(settings or ServerSettings(), **given)  # checked at once
         self.all: list[Scheduler] = []
         self._lock = threading.Lock()
 
@@ -89,16 +71,7 @@ class Schedulers:
                     if new:
                         scheduler.add_members(new)
                     return scheduler
-            scheduler = Scheduler(
-                members,
-                self.config,
-                batch_size=self.batch_size,
-                queue=self.queue,
-                parallel=self.parallel,
-                max_paused=self.max_paused,
-                pause_idle_s=self.pause_idle_s,
-                prefill_chunk=self.prefill_chunk,
-            )
+            scheduler = Scheduler(members, self.config, self.settings)
             self.all.append(scheduler)
             return scheduler
 

@@ -7,7 +7,7 @@ import pytest
 
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble
-from specfuse.loops import ends_in_loop
+from specfuse.segments import ends_in_loop
 from specfuse.trace import Trace, load_trace, save_trace
 
 from .scripted import ScriptedMember

@@ -192,7 +192,7 @@ def test_paused_runs_are_bounded_and_a_step_never_counts_twice(tiny_members):
         scheduler.close()
     with pytest.raises(TooManyPaused, match="step mode is off"):
         Scheduler(tiny_members, max_paused=0).submit(PROMPTS[0], step=True)
-    with pytest.raises(ConfigError, match="idle limit must be over 0 seconds"):
+    with pytest.raises(ConfigError, match="pause_idle_s must be > 0, got 0"):
         Scheduler(tiny_members, pause_idle_s=0)
 
 

@@ -3,6 +3,7 @@ settings, a live port; bad flags exit 2 with one line before anything loads."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import signal
@@ -74,9 +75,11 @@ def test_the_command_serves_the_models_with_the_clis_settings_until_interrupted(
 def test_bad_flags_exit_2_with_one_line_before_loading():
     for args, message in [
         (["--temperature", "-1"], "temperature must be ≥ 0"),
-        (["--batch-size", "0"], "--batch-size must be at least 1"),
-        (["--join-wait", "-1"], "--join-wait must be ≥ 0"),
-        (["--join-wait", "nan"], "--join-wait must be ≥ 0"),
+        (["--batch-size", "0"], "batch_size must be an integer ≥ 1, got 0"),
+        (["--join-wait", "-1"], "join_wait must be ≥ 0, got -1.0"),
+        (["--join-wait", "nan"], "join_wait must be a finite number, got nan"),
+        (["--request-timeout", "0"], "request_timeout_s must be > 0, got 0.0"),
+        (["--traces", "0"], "traces must be an integer ≥ 1, got 0"),
         (["--models", "no-such-model"], "no-such-model"),
     ]:
         done = subprocess.run(
@@ -125,8 +128,8 @@ def test_step_mode_bounds_reach_the_servers_scheduler_and_bad_ones_exit_2(tiny_c
     made = {}
 
     class Recording(Scheduler):
-        def __init__(self, members, config=None, **options):
-            made.update(options)
+        def __init__(self, members, config=None, settings=None):
+            made.update(dataclasses.asdict(settings))
             raise Stop("stop after the scheduler's options")
 
     monkeypatch.setattr("specfuse.serve.cli.Scheduler", Recording)
@@ -137,10 +140,10 @@ def test_step_mode_bounds_reach_the_servers_scheduler_and_bad_ones_exit_2(tiny_c
     assert (made["max_paused"], made["pause_idle_s"], made["prefill_chunk"]) == (3, 42.0, 64)
     monkeypatch.setattr("uvicorn.Server.run", lambda *a, **k: pytest.fail("listened"))
     for bad, message in [
-        (["--max-paused", "-1"], "--max-paused must be at least 0, got -1"),
-        (["--prefill-chunk", "-1"], "--prefill-chunk must be at least 0, got -1"),
-        (["--pause-idle", "0"], "--pause-idle must be over 0 seconds, got 0.0"),
-        (["--pause-idle", "nan"], "--pause-idle must be over 0 seconds, got nan"),
+        (["--max-paused", "-1"], "max_paused must be a non-negative integer, got -1"),
+        (["--prefill-chunk", "-1"], "prefill_chunk must be a non-negative integer, got -1"),
+        (["--pause-idle", "0"], "pause_idle_s must be > 0, got 0.0"),
+        (["--pause-idle", "nan"], "pause_idle_s must be a finite number, got nan"),
     ]:
         err = io.StringIO()
         assert serve_main(bad, stderr=err) == 2

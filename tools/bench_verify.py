@@ -4,7 +4,6 @@ rounds unscored. Run: python tools/bench_verify.py [--problems 6] [--max-new-tok
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -12,15 +11,16 @@ import time
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble
 from specfuse.eval.problems import load_problems
+from specfuse.flags import Parser, add_settings
 from specfuse.models.catalogue import DEFAULT_MEMBERS
 from specfuse.models.loading import load_members
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = Parser(description=__doc__)
     parser.add_argument("--data", default="../shared/data/gsm8k/dev.jsonl")
     parser.add_argument("--problems", type=int, default=6)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    add_settings(parser, only=("max_new_tokens",), defaults={"max_new_tokens": 128})
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     ensemble = Ensemble(load_members(list(DEFAULT_MEMBERS)))

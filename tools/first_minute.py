@@ -13,7 +13,6 @@ and the load average (the machine may be shared: say so beside the figures).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -124,12 +123,12 @@ def measure(state: str, press: float, cache: str, members: list[str], timeout: f
 
 
 def main(argv: list[str] | None = None) -> int:
-    from specfuse.models.catalogue import DEFAULT_MEMBERS
+    from specfuse.flags import Parser, add_loading_flags
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--states", nargs="+", choices=("cold", "warm"), default=["cold", "warm"])
     parser.add_argument("--press", nargs="+", type=float, default=[5.0, 30.0], help="seconds after the page")
-    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MEMBERS))
+    add_loading_flags(parser, only=("models",))
     parser.add_argument(
         "--cache", default=os.environ.get("SPECFUSE_CACHE") or str(Path.home() / ".cache/specfuse")
     )

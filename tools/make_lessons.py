@@ -32,8 +32,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specfuse.config import EnsembleConfig  # noqa: E402
+from specfuse.flags import Parser, add_loading_flags  # noqa: E402
 from specfuse.lessons import LESSONS, Lesson, key_round, load_lesson, shows, trace_path  # noqa: E402
-from specfuse.lessons.catalogue import TRIO  # noqa: E402  (the members every shipped trace was made with)
+from specfuse.models.catalogue import DEFAULT_MEMBERS  # noqa: E402  (the members of every shipped trace)
 from specfuse.records import Branch, Round  # noqa: E402
 from specfuse.trace import Trace, new_trace_id, save_trace  # noqa: E402
 
@@ -44,7 +45,7 @@ OPEN_TARGET_S = 2.0  # a lesson opens in the app from its trace alone: no model,
 class Attempt:
     prompt: str
     settings: dict[str, Any] = field(default_factory=dict)
-    members: tuple[str, ...] = TRIO
+    members: tuple[str, ...] = DEFAULT_MEMBERS
     branch: tuple[int, str] | None = None
 
 
@@ -194,14 +195,10 @@ def check(lessons: Sequence[Lesson]) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", action="append", metavar="SLUG", help="this lesson only (repeatable)")
     parser.add_argument("--check", action="store_true", help="check the shipped traces; load no model")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantize", default="none", help="as the CLI's --quantize (default none)")
+    add_loading_flags(parser, only=("device", "dtype", "quantize"), defaults={"quantize": "none"})
     args = parser.parse_args(argv)
     slugs = {lesson.slug for lesson in LESSONS}
     unknown = sorted(set(args.only or ()) - slugs)

@@ -19,13 +19,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..cli import Parser
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import SpecfuseError
 from ..eval.problems import OPEN_PROMPTS
+from ..flags import Parser, add_loading_flags, add_settings
 from ..members.split import SplitMember
-from ..models.catalogue import DEFAULT_MEMBERS
 from .measure import cpu_model
 
 # The app's example prompts and a GSM8K-style problem (greedy, so each run is repeatable).
@@ -139,8 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "scoring in bf16, default config, one run. "
         "Run on an idle machine; needs `make llama-cpp`.",
     )
-    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MEMBERS), help="catalogue names")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    add_loading_flags(parser, only=("models",))
+    add_settings(parser, only=("max_new_tokens",))
     parser.add_argument("--exit-off", action="store_true", help="every member drafts every round")
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     args = parser.parse_args(argv)

@@ -20,10 +20,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..cli import Parser, parse_models
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import SpecfuseError
+from ..flags import Parser, add_loading_flags, add_settings, parse_models
 from ..members.workers import thread_shares
 from .core import LONG_PROMPT
 from .floor import add_floors, bandwidths, cost_line, member_floors, modes_floor_lines
@@ -268,10 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Members in turn against members at the same time (threads with core shares), "
         "exit off and on, beside each member alone; and threads against processes for bare decoding.",
     )
-    parser.add_argument("--models", nargs="+", default=None, help="catalogue names (default: the trio)")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (default auto)")
-    parser.add_argument("--max-new-tokens", type=int, default=300, help="answer budget (default 300)")
-    parser.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
+    add_loading_flags(parser, only=("models", "dtype"), defaults={"models": None})
+    add_settings(parser, only=("max_new_tokens", "segment_len"), defaults={"max_new_tokens": 300})
     parser.add_argument("--repeats", type=int, default=3, help="first-segment runs per mode (median)")
     parser.add_argument("--prompt", default=LONG_PROMPT, help="the prompt (default: a long numbered list)")
     parser.add_argument("--no-workers", action="store_true", help="skip the threads-vs-processes timing")

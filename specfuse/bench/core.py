@@ -17,13 +17,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..cli import Parser, parse_models
 from ..config import EnsembleConfig
-from ..engine import Ensemble
+from ..engine import Ensemble, ServerSettings
 from ..errors import SpecfuseError
 from ..eval.variants import add_set_option
+from ..flags import Parser, add_loading_flags, add_settings, parse_models
 from ..members.workers import run_concurrently
-from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from .floor import add_floors, bandwidths, cost_line, floor_lines, member_floors
 from .measure import (
     TimedRun,
@@ -331,25 +330,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+QUICK = {"max_new_tokens": "440; 160 with --quick"}
+
+
 def _parser() -> Parser:
     parser = Parser(
         prog="python -m specfuse.bench",
         description="Benchmark the ensemble against its members alone on one prompt (issue 4).",
     )
-    parser.add_argument("--models", nargs="+", default=None, help="catalogue names (default: the trio)")
+    add_loading_flags(
+        parser, only=("models", "dtype", "quantize"), defaults={"models": None, "quantize": "none"}
+    )
+    add_settings(
+        parser, only=("max_new_tokens", "segment_len"), defaults={"max_new_tokens": None}, shown=QUICK
+    )
+    add_settings(parser, of=ServerSettings, only=("parallel",))
     parser.add_argument("--quick", action="store_true", help="160 tokens instead of 440: a few minutes")
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="answer budget (default 440)")
-    parser.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (default auto)")
-    parser.add_argument("--quantize", default="none", help=QUANTIZE_HELP)
     parser.add_argument("--prompt", default=LONG_PROMPT, help="the prompt (default: a long numbered list)")
-    parser.add_argument(
-        "--parallel",
-        choices=["off", "on", "auto"],
-        default="auto",
-        help="members at the same time (default auto, as the engine: on for a multi-core CPU)",
-    )
     parser.add_argument("--off-rounds", type=int, default=12, help="rounds of the reuse-off run")
     parser.add_argument("--no-rss", action="store_true", help="skip loading each model alone in a child")
     add_set_option(

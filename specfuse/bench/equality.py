@@ -12,20 +12,16 @@ measures (docs/serve.md, "Honest answers under load").
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from ..cli import Parser
 from ..config import EnsembleConfig
 from ..errors import SpecfuseError
 from ..eval.problems import OPEN_PROMPTS, build_prompt, load_problems
-from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from ..records import Round
-from .measure import cpu_model, load_named, write_outputs
+from .measure import bench_main, bench_parser, cpu_model
 
 
 def first_difference(solo: Sequence[Round], batched: Sequence[Round]) -> dict[str, Any] | None:
@@ -124,15 +120,13 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = Parser(
-        prog="python -m specfuse.bench equality",
-        description="Each prompt answered alone and in batches (greedy): how often and where they differ.",
+    parser = bench_parser(
+        "equality",
+        "Each prompt answered alone and in batches (greedy): how often and where they differ.",
+        loading=("models", "quantize", "dtype"),
+        quantize="gguf",
+        settings=(),
     )
-    parser.add_argument("--models", nargs="+", default=None, help="catalogue names (default: the trio)")
-    parser.add_argument(
-        "--quantize", default="gguf", help=QUANTIZE_HELP.replace("(default none)", "(default gguf)")
-    )
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (torch members)")
     parser.add_argument(
         "--data", default=None, help="GSM8K JSONL: its first --limit questions after the open prompts"
     )
@@ -141,22 +135,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--batch", type=int, default=8, help="runs in lockstep (default 8, the server's batch)"
     )
     parser.add_argument("--max-tokens", type=int, default=64, help="answer budget (default 64)")
-    parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.txt")
     args = parser.parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     prompts = list(OPEN_PROMPTS)
-    try:
+    try:  # before minutes of loading
         if args.data is not None:
             prompts += [build_prompt(p.question) for p in load_problems(args.data, limit=args.limit)]
-        members = load_named(args.models, dtype=args.dtype, quantize=args.quantize)
-        report = run(members, prompts, EnsembleConfig(max_new_tokens=args.max_tokens), max(1, args.batch))
     except SpecfuseError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    report["quantize"] = args.quantize
-    report["command"] = " ".join(["python -m specfuse.bench equality", *(argv or sys.argv[1:])])
-    write_outputs(report, format_report(report), args.out)
-    return 0
+        parser.error(str(e))
+    config = EnsembleConfig(max_new_tokens=args.max_tokens)
+    return bench_main(
+        parser, args, argv, lambda members: run(members, prompts, config, max(1, args.batch)), format_report
+    )
 
 
 if __name__ == "__main__":

@@ -23,17 +23,14 @@ import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from ..cli import Parser
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import SpecfuseError
 from ..eval.problems import OPEN_PROMPTS
-from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from ..prompts import Prompt, as_prompt, prompt_chars
-from .measure import cpu_model, load_named, write_outputs
+from .measure import bench_main, bench_parser, cpu_model, footer
 
 log = logging.getLogger(__name__)
 
@@ -158,24 +155,16 @@ def format_table(report: dict[str, Any]) -> str:
         f"turn 2 / turn 1: {report['ratio']:.2f}× (target ≤ {report['target']:g}×)",
         "medians over the conversations; × turn 1: the median of each conversation's own ratio; prefill: "
         "the first segment less round 1 (the members reading their contexts, and the run's setup)",
-        f"load average {report['load_before'][0]:.2f} → {report['load_after'][0]:.2f} (1 min)",
     ]
-    if "command" in report:
-        lines += [f"command: {report['command']}"]
+    lines += footer(report)
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = Parser(
-        prog="python -m specfuse.bench followup",
-        description="A follow-up turn's first segment against the first turn's, through the engine.",
+    parser = bench_parser(
+        "followup", "A follow-up turn's first segment against the first turn's, through the engine."
     )
-    parser.add_argument("--models", nargs="+", default=None, help="catalogue names (default: the trio)")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (default auto)")
-    parser.add_argument("--quantize", default="none", help=QUANTIZE_HELP)
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, … (default cpu)")
     parser.add_argument("--answer-tokens", type=int, default=128, help="each answer's budget (default 128)")
-    parser.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
     parser.add_argument("--turns", type=int, default=2, help="turns of the conversation (default 2)")
     parser.add_argument(
         "--questions",
@@ -185,31 +174,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=6, help="conversations played (default 6)")
     parser.add_argument("--quick", action="store_true", help="one conversation, 32-token answers")
-    parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.txt")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.quick:
         args.repeats, args.answer_tokens = 1, 32
     if args.repeats < 1 or args.answer_tokens < 1 or args.turns < 2:
         parser.error("--repeats and --answer-tokens must be at least 1, --turns at least 2")
-    try:
-        members = load_named(args.models, device=args.device, dtype=args.dtype, quantize=args.quantize)
-        report = run_followup(
-            members,
-            questions=args.questions,
-            turns=args.turns,
-            answer_tokens=args.answer_tokens,
-            segment_len=args.segment_len,
-            repeats=args.repeats,
-        )
-    except SpecfuseError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    report["command"] = " ".join(["python -m specfuse.bench followup", *(argv or sys.argv[1:])])
-    table = format_table(report)
-    write_outputs(report, table, args.out)
-    return 0
+    kwargs = {"questions": args.questions, "turns": args.turns, "answer_tokens": args.answer_tokens}
+    return bench_main(
+        parser,
+        args,
+        argv,
+        lambda members: run_followup(members, segment_len=args.segment_len, repeats=args.repeats, **kwargs),
+        format_table,
+    )
 
 
 if __name__ == "__main__":

@@ -24,10 +24,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..cli import Parser
-from ..config import DECODE_MODES, EnsembleConfig, MemberSettings
+from ..config import EnsembleConfig, MemberSettings
 from ..engine import Ensemble
 from ..errors import SpecfuseError
+from ..flags import Parser, add_loading_flags, add_settings
 from ..members.process import ProcessMember
 from ..prompts import QA_COMPLETION
 from .floor import add_floors, bandwidths, cost_line, member_floors
@@ -361,11 +361,8 @@ def _parser() -> Parser:
     )
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:K or cpu: every member there")
     parser.add_argument("--devices", default=None, help="one device per member, e.g. cuda:0,cuda:1,cuda:2")
-    parser.add_argument(
-        "--dtype", default="auto", help="auto (bf16 on a GPU that has it), bfloat16, float16, float32"
-    )
-    parser.add_argument("--max-new-tokens", type=int, default=200, help="answer budget (default 200)")
-    parser.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
+    add_loading_flags(parser, only=("dtype",))
+    add_settings(parser, only=("max_new_tokens", "segment_len"), defaults={"max_new_tokens": 200})
     parser.add_argument("--repeats", type=int, default=3, help="first-segment runs per mode (median)")
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     parser.add_argument(
@@ -379,14 +376,9 @@ def _parser() -> Parser:
         action="store_true",
         help="members draft in a static KV cache with a torch.compile'd step (CUDA graphs on a GPU)",
     )
-    parser.add_argument(
-        "--decode",
-        choices=DECODE_MODES,
-        default="eager",
-        help="how the members draft batches (config.DECODE_MODES); default eager: this benchmark's "
-        "figures stay those of eager drafting unless asked (bench serve and tools/gpu_serve_check.sh "
-        "compare the paths)",
-    )
+    # default eager: this benchmark's figures stay those of eager drafting unless asked (bench serve and
+    # tools/gpu_serve_check.sh compare the paths)
+    add_loading_flags(parser, only=("decode",), defaults={"decode": "eager"})
     parser.add_argument(
         "--workers",
         action="store_true",

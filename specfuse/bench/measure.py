@@ -25,6 +25,7 @@ from typing import Any
 from ..config import EnsembleConfig, MemberSettings
 from ..engine import Ensemble
 from ..errors import SpecfuseError
+from ..flags import Parser, add_loading_flags, add_settings, command_line, parse_models
 from ..members.workers import run_concurrently
 from ..records import Round
 from .floor import decoder
@@ -355,13 +356,69 @@ def load_named(
     decode: str = "auto",
 ) -> list[Any]:
     """The catalogue members a benchmark's --models names (None: the trio), loaded with a progress bar."""
-    from ..cli import parse_models
     from ..models.loading import load_members, tqdm_progress
 
     names = parse_models(models, hub=False)
     return load_members(
         names, device=device, dtype=dtype, progress=tqdm_progress("loading"), quantize=quantize, decode=decode
     )
+
+
+def bench_parser(
+    name: str,
+    description: str,
+    *,
+    loading: Sequence[str] = ("models", "dtype", "quantize", "device"),
+    quantize: str = "none",
+    settings: Sequence[str] = ("segment_len",),
+    defaults: dict[str, Any] | None = None,
+) -> Parser:
+    """`python -m specfuse.bench NAME`'s parser with the flags its members load by (catalogue names,
+    no download; --quantize none unless said) and the run settings it varies (flags.py declares them)."""
+    parser = Parser(prog=f"python -m specfuse.bench {name}", description=description)
+    add_loading_flags(
+        parser, only=loading, defaults={"models": None, "quantize": quantize} if loading else {}
+    )
+    add_settings(parser, only=settings, defaults=defaults)
+    parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.txt")
+    return parser
+
+
+def bench_main(
+    parser: Parser,
+    args: Any,
+    argv: Sequence[str] | None,
+    measure: Callable[[list[Any]], dict[str, Any]],
+    table: Callable[[dict[str, Any]], str],
+) -> int:
+    """What every benchmark on the catalogue's members does once its flags are checked: load the
+    members --models names, measure, and print (and with --out, write) the report, its command last.
+    A SpecfuseError (an unknown model, a bad setting) exits 2 with its one line."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    quantize = getattr(args, "quantize", "none")
+    try:
+        members = load_named(
+            args.models, device=getattr(args, "device", "cpu"), dtype=args.dtype, quantize=quantize
+        )
+        report = measure(members)
+    except SpecfuseError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    report["quantize"] = quantize
+    report["command"] = command_line(parser.prog, argv)
+    write_outputs(report, table(report), args.out)
+    return 0
+
+
+def footer(report: dict[str, Any]) -> list[str]:
+    """A report's last lines: the load average around it, and the command that made it."""
+    lines = []
+    if "load_before" in report:
+        lines.append(f"load average {report['load_before'][0]:.2f} → {report['load_after'][0]:.2f} (1 min)")
+    if "command" in report:
+        lines.append(f"command: {report['command']}")
+    return lines
 
 
 def write_outputs(report: dict[str, Any], table: str, out: Path | None) -> None:

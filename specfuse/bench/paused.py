@@ -21,16 +21,12 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from ..cli import Parser
 from ..config import EnsembleConfig
 from ..engine import Scheduler, Ticket
-from ..errors import SpecfuseError
-from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from ..records import Finished, Paused, Round
-from .measure import cpu_model, load_named, write_outputs
+from .measure import bench_main, bench_parser, cpu_model, footer
 from .serve import PROMPTS
 
 log = logging.getLogger(__name__)
@@ -179,57 +175,34 @@ def format_table(report: dict[str, Any]) -> str:
         f"the stepping neighbour: {report['neighbour_steps']} steps, median "
         f"{report['neighbour_step_median_s']:.2f} s from next() to Paused (a prefill of prompt + answer, "
         "then its round)",
-        f"load average {report['load_before'][0]:.2f} → {report['load_after'][0]:.2f} (1 min)",
     ]
     if report["neighbour_errors"]:
         lines += [f"the stepping neighbour's errors: {'; '.join(report['neighbour_errors'])}"]
-    if "command" in report:
-        lines += [f"command: {report['command']}"]
+    lines += footer(report)
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = Parser(
-        prog="python -m specfuse.bench paused",
-        description="A running user's tokens/s alone, beside a paused step-mode run, and beside one "
-        "stepping every few seconds, in one run.",
+    parser = bench_parser(
+        "paused",
+        "A running user's tokens/s alone, beside a paused step-mode run, and beside one stepping every "
+        "few seconds, in one run.",
     )
-    parser.add_argument("--models", nargs="+", default=None, help="catalogue names (default: the trio)")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (default auto)")
-    parser.add_argument("--quantize", default="none", help=QUANTIZE_HELP)
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, … (default cpu)")
     parser.add_argument("--max-tokens", type=int, default=128, help="the running user's budget (default 128)")
-    parser.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
     parser.add_argument(
         "--step-every", type=float, default=STEP_EVERY, help=f"seconds between steps (default {STEP_EVERY:g})"
     )
     parser.add_argument("--repeats", type=int, default=3, help="turns of the three cases (default 3)")
     parser.add_argument("--quick", action="store_true", help="one turn, 16 tokens, a step every 0.5 s")
-    parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.txt")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.quick:
         args.repeats, args.max_tokens, args.step_every = 1, 16, 0.5
     if args.repeats < 1 or args.max_tokens < 1 or not args.step_every >= 0:
         parser.error("--repeats and --max-tokens must be at least 1, --step-every at least 0")
-    try:
-        members = load_named(args.models, device=args.device, dtype=args.dtype, quantize=args.quantize)
-        report = run_paused(
-            members,
-            max_tokens=args.max_tokens,
-            segment_len=args.segment_len,
-            step_every=args.step_every,
-            repeats=args.repeats,
-        )
-    except SpecfuseError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    report["quantize"] = args.quantize
-    report["command"] = " ".join(["python -m specfuse.bench paused", *(argv or sys.argv[1:])])
-    table = format_table(report)
-    write_outputs(report, table, args.out)
-    return 0
+    kwargs = {"max_tokens": args.max_tokens, "segment_len": args.segment_len, "step_every": args.step_every}
+    return bench_main(
+        parser, args, argv, lambda members: run_paused(members, repeats=args.repeats, **kwargs), format_table
+    )
 
 
 if __name__ == "__main__":

@@ -20,16 +20,13 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from ..cli import Parser, add_prefill_flag
 from ..config import EnsembleConfig
-from ..engine import Scheduler, Ticket
-from ..errors import SpecfuseError
-from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
+from ..engine import Scheduler, ServerSettings, Ticket
+from ..flags import add_settings
 from ..records import Round
-from .measure import cpu_model, load_named, write_outputs
+from .measure import bench_main, bench_parser, cpu_model, footer
 
 log = logging.getLogger(__name__)
 
@@ -164,49 +161,31 @@ def format_table(report: dict[str, Any]) -> str:
         "",
         f"usual gap: the running stream's median gap between rounds alone; longest: from the newcomer's "
         f"submission to its first round (target ≤ {TARGET:g}× usual); rounds: the stream's rounds meanwhile",
-        f"load average {report['load_before'][0]:.2f} → {report['load_after'][0]:.2f} (1 min)",
     ]
-    if "command" in report:
-        lines += [f"command: {report['command']}"]
+    lines += footer(report)
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = Parser(
-        prog="python -m specfuse.bench prefill-gap",
-        description="The longest gap in a running stream while a long prompt joins, with the prompt read "
-        "whole and in chunks (--prefill-chunk), in one run.",
+    parser = bench_parser(
+        "prefill-gap",
+        "The longest gap in a running stream while a long prompt joins, with the prompt read whole and in "
+        "chunks (--prefill-chunk), in one run.",
     )
-    parser.add_argument("--models", nargs="+", default=None, help="catalogue names (default: the trio)")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (default auto)")
-    parser.add_argument("--quantize", default="none", help=QUANTIZE_HELP)
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, … (default cpu)")
-    add_prefill_flag(parser)
+    add_settings(parser, of=ServerSettings, only=("prefill_chunk",))
     parser.add_argument("--prompt-tokens", type=int, default=6000, help="the long prompt (default 6000)")
-    parser.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
     parser.add_argument("--repeats", type=int, default=1, help="turns of the settings (default 1)")
-    parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.txt")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.repeats < 1 or args.prompt_tokens < 1 or args.prefill_chunk < 1:
         parser.error("--repeats, --prompt-tokens and --prefill-chunk must be ≥ 1 (0, whole, always runs)")
-    try:
-        members = load_named(args.models, device=args.device, dtype=args.dtype, quantize=args.quantize)
-        report = run_gap(
-            members,
-            chunks=(0, args.prefill_chunk),
-            prompt_tokens=args.prompt_tokens,
-            segment_len=args.segment_len,
-            repeats=args.repeats,
-        )
-    except SpecfuseError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    report["quantize"] = args.quantize
-    report["command"] = " ".join(["python -m specfuse.bench prefill-gap", *(argv or sys.argv[1:])])
-    write_outputs(report, format_table(report), args.out)
-    return 0
+    kwargs = {"prompt_tokens": args.prompt_tokens, "segment_len": args.segment_len, "repeats": args.repeats}
+    return bench_main(
+        parser,
+        args,
+        argv,
+        lambda members: run_gap(members, chunks=(0, args.prefill_chunk), **kwargs),
+        format_table,
+    )
 
 
 if __name__ == "__main__":

@@ -20,12 +20,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..cli import Parser
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import SpecfuseError
+from ..flags import Parser, add_loading_flags, add_settings
 from ..models.cache import assemble_gguf, cache_root
-from ..models.catalogue import CATALOGUE, DEFAULT_MEMBERS
+from ..models.catalogue import CATALOGUE
 
 log = logging.getLogger(__name__)
 
@@ -158,11 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m specfuse.bench remote",
         description="The trio in-process vs one llama-server each (issue 10). Run on an idle machine.",
     )
-    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MEMBERS), help="catalogue names")
+    add_loading_flags(parser, only=("models", "dtype"))
+    add_settings(parser, only=("max_new_tokens",), defaults={"max_new_tokens": 120})
     parser.add_argument("--prompt", default=PROMPT)
-    parser.add_argument("--max-new-tokens", type=int, default=120)
     parser.add_argument("--threads", type=int, default=1, help="llama-server threads per process (-t)")
-    parser.add_argument("--dtype", default="auto", help="in-process dtype (default auto)")
     parser.add_argument(
         "--servers", nargs="+", default=(), metavar="SPEC", help="running servers to measure instead"
     )

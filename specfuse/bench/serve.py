@@ -38,13 +38,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..cli import Parser
-from ..config import DECODE_HELP, DECODE_MODES, PARALLEL_HELP, PARALLEL_MODES, EnsembleConfig
+from ..config import EnsembleConfig
+from ..engine.operator import ServerSettings
 from ..errors import SpecfuseError
 from ..eval.problems import OPEN_PROMPTS
 from ..eval.variants import add_set_option
+from ..flags import Parser, add_loading_flags, add_settings, command_line
 from ..members import profiling
-from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from . import ceiling
 from .measure import cpu_model, load_named, write_outputs
 from .serve_report import MIN_REQUESTS, PER_CLIENT, format_table, parted_at
@@ -316,7 +316,8 @@ def _parser() -> Parser:
         description="1, 4, 8 and 16 concurrent clients through the live API against one at a time.",
     )
     add = parser.add_argument
-    add("--models", nargs="+", default=None, help="catalogue names (default: the trio)")
+    loading = {"models": None, "quantize": "none"}
+    add_loading_flags(parser, only=("models", "dtype", "quantize", "device", "decode"), defaults=loading)
     add(
         "--shapes",
         choices=sorted(SHAPES),
@@ -324,9 +325,6 @@ def _parser() -> Parser:
         help="instead of --models: bench gpu's random-weight members, real (Qwen2.5-7B, Llama-3.1-8B, "
         "Gemma-2-9B shapes), trio or tiny; nothing is downloaded",
     )
-    add("--dtype", default="auto", help="auto, float32, bfloat16 (default auto; --shapes: bf16 on a GPU)")
-    add("--quantize", default="none", help=QUANTIZE_HELP)
-    add("--device", default="cpu", help="cpu, cuda, … (default cpu)")
     add("--levels", default=",".join(map(str, LEVELS)), help="client counts (first: baseline)")
     add(
         "--per-client",
@@ -337,16 +335,21 @@ def _parser() -> Parser:
     add("--min-requests", type=int, default=MIN_REQUESTS, help=f"fewest a level (default {MIN_REQUESTS})")
     add("--requests", type=int, default=None, help="instead: the same number of requests at every level")
     add("--max-tokens", type=int, default=64, help="answer budget per request (default 64)")
-    add("--segment-len", type=int, default=10, help="L (default 10)")
-    add("--batch-size", type=int, default=None, help="default: the largest level")
+    add_settings(parser, only=("segment_len",))
     add_set_option(
         parser,
         "a run setting of the server's default config, KEY an EnsembleConfig field, e.g. "
         "verify=disagree, stop_strings=a|b (repeatable; applied after --segment-len)",
     )
-    add("--join-wait", type=float, default=None, help="the server's --join-wait, seconds (default: its own)")
-    add("--parallel", choices=PARALLEL_MODES, default="auto", help=f"{PARALLEL_HELP} (default auto)")
-    add("--decode", choices=DECODE_MODES, default="auto", help=f"{DECODE_HELP} (default auto)")
+    operator = {"batch_size": None, "join_wait": None}  # None: the largest level; the server's own
+    shown = {"batch_size": "the largest level", "join_wait": "the server's own"}
+    add_settings(
+        parser,
+        of=ServerSettings,
+        only=("batch_size", "join_wait", "parallel"),
+        defaults=operator,
+        shown=shown,
+    )
     profile_help = (
         "also where each level's time went: phases, member calls, forward passes, llama_decode calls"
     )
@@ -412,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.update(ceiling.measure(members))  # the bandwidth, after the levels: their figures are unaffected
     report["deadline_s"] = args.deadline
     report["seconds"] = time.perf_counter() - began
-    report["command"] = " ".join(["python -m specfuse.bench serve", *(argv or sys.argv[1:])])
+    report["command"] = command_line(parser.prog, argv)
     table = format_table(report)
     write_outputs(report, table, args.out)
     return 0

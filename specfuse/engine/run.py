@@ -17,11 +17,10 @@ from typing import Any
 from .. import feedback
 from ..config import EnsembleConfig
 from ..errors import ConfigError, MemberError
-from ..loops import ends_in_loop
 from ..members.protocol import Verdict
 from ..prompts import Prompt, as_prompt, last_user_text
 from ..records import ECHO, Candidate, ExitEvent, Gate, MemberTiming, Round, TokenScores
-from ..segments import agreement, echoes_prompt, repeated_fraction, stop_string_cut
+from ..segments import agreement, echoes_prompt, ends_in_loop, repeated_fraction, stop_string_cut
 from ..trace import new_trace_id
 from . import gate
 from .calls import MemberCalls

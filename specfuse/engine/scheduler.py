@@ -18,11 +18,12 @@ call submit(), read a Ticket's events and cancel() it.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..config import EnsembleConfig
 from ..errors import ConfigError, SpecfuseError
@@ -34,31 +35,11 @@ from ..prompts import Prompt
 from ..records import Paused, Queued, Round
 from .batch import Batch
 from .ensemble import Ensemble
+from .operator import JOIN_WAIT_SHARE, ServerSettings
 from .run import TYPED, Run
 from .ticket import Event, Ticket
 
 log = logging.getLogger(__name__)
-
-# Runs under way at once. On two cores with the default trio (docs/serve.md, `python -m specfuse.bench
-# serve`), 8 clients gave 3.07x the one-at-a-time tokens/s and 16 gave 3.91x, but a bigger batch
-# makes every round, and each newcomer's first segment, longer: 8 keeps runs interactive.
-DEFAULT_BATCH_SIZE = 8
-DEFAULT_QUEUE = 64  # requests waiting for a place in the batch; one more is refused (QueueFull)
-# When requests leave the batch, the next round waits up to this long (and at most JOIN_WAIT_SHARE of
-# the last round's time) for newcomers to take their places. A client that sends its next request as
-# soon as its last one ends (a script, lm-eval's num_concurrent) lands 20-110 ms after the round would
-# have begun, and would otherwise wait out a whole round (1-3 s on two cores) before its first one.
-DEFAULT_JOIN_WAIT = 0.25
-JOIN_WAIT_SHARE = 0.1
-# Step mode. A paused run holds its rounds only (kilobytes), but each step re-reads its prompt and
-# answer: the bound keeps a class's worth of them and the idle limit frees those a closed page left.
-DEFAULT_MAX_PAUSED = 16
-DEFAULT_PAUSE_IDLE = 600.0  # seconds a paused run may wait for its next step
-# Chunked prefill: tokens of newcomers' prompts each member reads between two rounds of the runs
-# under way. Read whole, a 6,000-token prompt stopped every stream here for 73.6 s (issue 56); a
-# part this size keeps a round's pause for it to about a round's own time on a GPU and a few seconds
-# on two cores (lower it there: --prefill-chunk). 0: read whole before the next round, as before.
-DEFAULT_PREFILL_CHUNK = 256
 
 
 class QueueFull(SpecfuseError):
@@ -78,17 +59,12 @@ class PauseExpired(SpecfuseError):
 
 
 __all__ = [
-    "DEFAULT_BATCH_SIZE",
-    "DEFAULT_JOIN_WAIT",
-    "DEFAULT_MAX_PAUSED",
-    "DEFAULT_PAUSE_IDLE",
-    "DEFAULT_PREFILL_CHUNK",
-    "DEFAULT_QUEUE",
     "Event",
     "PauseExpired",
     "QueueFull",
     "Scheduler",
     "SchedulerClosed",
+    "ServerSettings",
     "Ticket",
     "TooManyPaused",
     "load_in_background",
@@ -109,40 +85,24 @@ class Scheduler:
         self,
         members: Sequence[Member],
         config: EnsembleConfig | None = None,
-        *,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        queue: int = DEFAULT_QUEUE,
-        join_wait: float = DEFAULT_JOIN_WAIT,
-        parallel: str = "auto",
-        max_paused: int = DEFAULT_MAX_PAUSED,
-        pause_idle_s: float = DEFAULT_PAUSE_IDLE,
-        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        settings: ServerSettings | None = None,
+        **given: Any,
     ) -> None:
-        """`parallel`: whether the members work at the same time (Ensemble's), for every request.
-        `max_paused`: step-mode runs open at once (0: none); `pause_idle_s`: how long one may wait
-        for its next step. `prefill_chunk`: tokens of newcomers' prompts each member reads between
-        two rounds (0: a prompt is read whole, and every run under way waits for it)."""
-        if batch_size < 1:
-            raise ConfigError(f"the batch size must be at least 1, got {batch_size}")
-        if queue < 0:
-            raise ConfigError(f"the queue length must be at least 0, got {queue}")
-        if not join_wait >= 0:
-            raise ConfigError(f"the join wait must be at least 0 seconds, got {join_wait}")
-        if max_paused < 0:
-            raise ConfigError(f"the paused runs' limit must be at least 0, got {max_paused}")
-        if not pause_idle_s > 0:  # nan included
-            raise ConfigError(f"the paused runs' idle limit must be over 0 seconds, got {pause_idle_s}")
-        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 0:
-            raise ConfigError(f"the prefill chunk must be a number of tokens ≥ 0, got {prefill_chunk!r}")
+        """`settings`: the operator's (ServerSettings: batch size, line, join wait, `parallel` for every
+        request, step mode's bounds, the prefill chunk), or its fields by name on top of the defaults
+        (Scheduler(members, batch_size=2)); checked there, a bad one a ConfigError naming it."""
+        settings = dataclasses.replace(settings or ServerSettings(), **given)
+        self.settings = settings
+        parallel = settings.parallel
         self.ensemble = Ensemble(members, config, parallel=parallel)  # checks members and `parallel`
-        self.batch_size = batch_size
-        self.queue = queue
-        self.join_wait = join_wait
-        self.max_paused = max_paused
-        self.pause_idle_s = pause_idle_s
+        self.batch_size = settings.batch_size
+        self.queue = settings.queue
+        self.join_wait = settings.join_wait
+        self.max_paused = settings.max_paused
+        self.pause_idle_s = settings.pause_idle_s
         self._freed = 0  # requests that left the batch in the last round
         self._last_round_s = 0.0
-        self.prefill_chunk = prefill_chunk
+        self.prefill_chunk = prefill_chunk = settings.prefill_chunk
         self._batch = Batch(self.ensemble.members, run_concurrently(members, parallel), prefill_chunk)
         self._cond = threading.Condition()
         self._waiting: collections.deque[Ticket] = collections.deque()

@@ -48,12 +48,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..cli import Parser, parse_models
 from ..config import EnsembleConfig
 from ..engine import Ensemble
 from ..errors import ConfigError, SpecfuseError
+from ..flags import Parser, add_loading_flags, add_settings, parse_models
 from ..models import trust as trust_file
-from ..models.quantize_options import CLI_HELP as QUANTIZE_HELP
 from .ifeval import load_ifeval
 from .problems import (
     INSTRUCTION,
@@ -192,20 +191,12 @@ def _parser() -> argparse.ArgumentParser:
 def _common_flags() -> Parser:
     """Every task's flags but trust's: the members, the decoding and the batch."""
     common = Parser(add_help=False)
-    common.add_argument("--models", nargs="+", default=None, help="catalogue names (default: the trio)")
-    common.add_argument("--max-new-tokens", type=int, default=256, help="answer budget (default 256)")
-    common.add_argument("--segment-len", type=int, default=10, help="L (default 10)")
-    common.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (default auto)")
-    common.add_argument("--quantize", default="none", help=QUANTIZE_HELP)
+    add_loading_flags(
+        common, only=("models", "dtype", "quantize", "trust"), defaults={"models": None, "quantize": "none"}
+    )
+    add_settings(common, only=("max_new_tokens", "segment_len"))
     common.add_argument(
         "--batch-size", type=int, default=8, help="prompts under way at once (stream_many; default 8)"
-    )
-    common.add_argument(
-        "--trust",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help=trust_file.CLI_HELP,
     )
     common.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
     return common

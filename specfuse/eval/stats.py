@@ -10,9 +10,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-# The loop definition lives in specfuse/loops.py, shared with the loop guard; named here for the evaluation.
-from ..loops import ends_in_loop as ends_in_loop
-from ..loops import words
+# The loop definition lives in specfuse/segments.py, shared with the loop guard; named here for the eval.
+from ..segments import ends_in_loop as ends_in_loop
+from ..segments import loop_words as words
 
 
 def wilson(correct: int, total: int, z: float = 1.96) -> tuple[float, float]:

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import SpecfuseError
+from ..models.catalogue import DEFAULT_MEMBERS
 
 PANELS = ("answer", "candidates", "matrix", "weights", "exits")  # the app's panels a lesson points at
-TRIO = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
+TRIO = DEFAULT_MEMBERS  # the members every shipped trace was made with
 LIVE_NOTE = (
     "Run it live replays these settings on the loaded members; its answer may differ from the recorded one."
 )

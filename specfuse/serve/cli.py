@@ -1,8 +1,9 @@
 """`specfuse-serve` / `python -m specfuse.serve`: load the members, start the Scheduler, serve the
 OpenAI-compatible API with uvicorn (on 127.0.0.1 unless told otherwise).
 
-Knows nothing about the routes (api.py) or the batch (specfuse.engine); the run settings are the CLI's
-own flags (specfuse.cli.add_settings), and a bad flag exits 2 with one line, as there.
+Knows nothing about the routes (api.py) or the batch (specfuse.engine); its flags are
+flags.py's (the run settings, the operator's ServerSettings, the requests' Limits, each declared once),
+and a bad flag exits 2 with one line, as the CLI's.
 """
 
 from __future__ import annotations
@@ -15,19 +16,18 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TextIO
 
-from ..cli import (
-    HELP_WIDTH,
+from ..engine import Scheduler, ServerSettings
+from ..engine.scheduler import load_in_background
+from ..errors import ConfigError, SpecfuseError
+from ..flags import (
+    LOADING,
     Parser,
     add_loading_flags,
     add_settings,
-    add_step_flags,
-    check_step_flags,
     config_from_args,
+    from_args,
     parse_models,
 )
-from ..engine import DEFAULT_BATCH_SIZE, DEFAULT_JOIN_WAIT, DEFAULT_QUEUE, Scheduler
-from ..engine.scheduler import load_in_background
-from ..errors import ConfigError, SpecfuseError
 from ..models.catalogue import DEFAULT_MEMBERS
 from ..models.quantize_options import check_quantize, cpu_only
 from .schema import Limits
@@ -40,67 +40,24 @@ log = logging.getLogger("specfuse.serve")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    limits = Limits()
     parser = Parser(
         prog="specfuse-serve",
         description="Serve the ensemble through an OpenAI-compatible API (/v1/chat/completions, "
         "/v1/completions, /v1/models, /v1/traces/ID), many requests at once in one rolling batch.",
-        formatter_class=lambda prog: argparse.HelpFormatter(prog, width=HELP_WIDTH, max_help_position=32),
     )
     add = parser.add_argument
     add("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     add("--port", type=int, default=8000, help="port (default 8000)")
-    add("--models", default=",".join(DEFAULT_MEMBERS), help="comma-separated members (as the CLI takes them)")
-    add_loading_flags(parser, quantize="auto", processes=False, users="many users at once")
-    add(
-        "--batch-size",
-        type=int,
-        default=DEFAULT_BATCH_SIZE,
-        help="requests under way at once (default %(default)s)",
-    )
-    add(
-        "--queue",
-        type=int,
-        default=DEFAULT_QUEUE,
-        help="requests waiting beyond those; more get 429 (default %(default)s)",
-    )
-    add(
-        "--join-wait",
-        type=float,
-        default=DEFAULT_JOIN_WAIT,
-        help="seconds the next round may wait for new requests when some have just ended (at most "
-        "a tenth of a round; 0: never) (default %(default)s)",
-    )
-    add_step_flags(parser)
+    members = ",".join(DEFAULT_MEMBERS)
+    only = [flag for flag in LOADING if flag != "processes"]
+    add_loading_flags(parser, only=only, defaults={"models": members}, users="many users at once")
     add(
         "--api-key",
         default=os.environ.get("SPECFUSE_API_KEY"),
         help="require 'Authorization: Bearer KEY' (default $SPECFUSE_API_KEY; none: no key)",
     )
-    add(
-        "--max-prompt-chars",
-        type=int,
-        default=limits.max_prompt_chars,
-        help="longest prompt, in characters; longer: 413 (default %(default)s)",
-    )
-    add(
-        "--max-tokens",
-        type=int,
-        default=limits.max_tokens,
-        help="largest max_tokens a request may ask (default %(default)s)",
-    )
-    add(
-        "--request-timeout",
-        type=float,
-        default=limits.request_timeout_s,
-        help="seconds a request may take, time in line included (default %(default)s)",
-    )
-    add(
-        "--traces",
-        type=int,
-        default=limits.traces,
-        help="recent traces kept for GET /v1/traces/ID (default %(default)s)",
-    )
+    add_settings(parser, of=ServerSettings)
+    add_settings(parser, of=Limits)
     add_settings(parser)
     return parser
 
@@ -119,12 +76,7 @@ def main(argv: Sequence[str] | None = None, stderr: TextIO | None = None) -> int
 def _serve(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     names = parse_models(args.models, sampling=config.sampling)
-    for flag in ("batch_size", "max_prompt_chars", "max_tokens", "traces"):
-        if getattr(args, flag) < 1:
-            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1")
-    if args.queue < 0 or not args.join_wait >= 0 or not args.request_timeout > 0:  # nan included
-        raise ConfigError("--queue and --join-wait must be ≥ 0 and --request-timeout > 0")
-    check_step_flags(args)
+    operator, limits = from_args(args, ServerSettings), from_args(args, Limits)  # checked: ConfigError
     check_quantize(args.quantize)  # before listening: the members load after the port is open
     if cpu_only(args.quantize) and args.device.startswith(("cuda", "per-gpu")):
         raise ConfigError(f"--quantize {args.quantize} runs on the CPU only; use --device cpu")
@@ -139,10 +91,9 @@ def _serve(args: argparse.Namespace) -> int:
         check_member_name(name)
     quantize = settle_auto(args.quantize, "many", args.device, log.info, "specfuse-serve")
     trust = load_trust(args.trust) if args.trust is not None else None  # a bad file: refused at once
-    limits = Limits(args.max_prompt_chars, args.max_tokens, args.request_timeout, args.traces)
     app = create_app(api_key=args.api_key, limits=limits)
 
-    preparation, load = _loading(args, names, config, quantize, trust)
+    preparation, load = _loading(args, names, config, quantize, trust, operator)
     app.state.serving.preparing = preparation.snapshot
 
     def ready(scheduler: Scheduler) -> None:
@@ -184,6 +135,7 @@ def _loading(
     config: EnsembleConfig,
     quantize: str,
     trust: dict[str, float] | None,
+    operator: ServerSettings,
 ) -> tuple[Preparation, Callable[[], Scheduler]]:
     """What the members' preparation is doing (each member's steps logged with their times, and said
     by /health while they run), and the load that makes the scheduler (each member warmed up)."""
@@ -210,16 +162,6 @@ def _loading(
         preparation.ready()
         if trust is not None:
             apply_trust(members, trust)
-        return Scheduler(
-            members,
-            config,
-            batch_size=args.batch_size,
-            queue=args.queue,
-            join_wait=args.join_wait,
-            parallel=args.parallel,
-            max_paused=args.max_paused,
-            pause_idle_s=args.pause_idle,
-            prefill_chunk=args.prefill_chunk,
-        )
+        return Scheduler(members, config, operator)
 
     return preparation, load

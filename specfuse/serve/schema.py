@@ -27,16 +27,23 @@ from pydantic import (
     model_validator,
 )
 
-from ..config import MAX_SEED, EnsembleConfig, Setting, check_setting, setting_named, settings
+from ..config import (
+    MAX_SEED,
+    EnsembleConfig,
+    Setting,
+    check_setting,
+    setting_named,
+    settings,
+)
+from ..engine.operator import SERVER_SETTINGS
 from ..errors import ConfigError
-from ..limits import MAX_MESSAGES
+from ..limits import MAX_MESSAGES, Limits
 from ..prompts import ROLES, Message, Prompt, conversation, last_user_text, prompt_chars
 from .logprobs import MAX_TOP_LOGPROBS, Refused, alternatives_field, asked_for, detokenized, is_token_id
 
 ENSEMBLE_MODEL = "specfuse"  # the model id of the ensemble of every loaded member
 MAX_STOP = 4  # OpenAI's limit on stop strings
 MAX_N = 8  # answers one request may ask for: each is a run in the batch (its default size)
-SERVER_SETTINGS = ("parallel",)  # once a run setting (config.RETIRED_KEYS), now the operator's flag alone
 
 
 class ApiError(Exception):
@@ -59,22 +66,6 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may ask for; the operator sets them (specfuse-serve's flags)."""
-
-    max_prompt_chars: int = 32_000  # every message's text together (a completion's prompt); longer: 413
-    max_tokens: int = 1024  # max_tokens (the answer budget); more: 400
-    request_timeout_s: float = 600.0  # from arrival to the last round, time in line included
-    traces: int = 256  # recent traces kept for GET /v1/traces/{id}
-    keepalive_s: float = 5.0  # a stream waiting for its next round sends a comment this often
-    bodies_at_once: int = 8  # request bodies read at once (at most this × max_body_bytes in memory)
-
-    @property
-    def max_body_bytes(self) -> int:
-        return 4 * self.max_prompt_chars + 65_536  # UTF-8 and JSON escapes, plus the other fields
 
 
 @dataclass(frozen=True)
@@ -164,7 +155,7 @@ class _CheckedSettings(BaseModel):
             if key == "members":
                 if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
                     raise ValueError("specfuse.members must be a list of member names")
-            elif key in SERVER_SETTINGS:
+            elif key in SERVER_SETTINGS:  # `parallel` was once a run setting (config.RETIRED_KEYS)
                 raise ValueError(f"specfuse.{key} is the server's setting, not a request's")
             elif setting is None:
                 raise ValueError(f"specfuse.{_cut(key)} is not a setting")
@@ -172,6 +163,15 @@ class _CheckedSettings(BaseModel):
                 value = check_setting(setting, value)
             out[key] = value
         return out
+
+
+def _bounds(setting: Setting) -> dict[str, Any]:
+    """A setting's bounds as pydantic (and so OpenAPI) says them: ge/le, or gt/lt where open."""
+    low, high = setting.low, setting.high
+    return {
+        "gt" if setting.low_open else "ge": low,
+        "lt" if setting.high_open else "le": high,
+    }
 
 
 def _specfuse_model() -> type[BaseModel]:
@@ -185,7 +185,7 @@ def _specfuse_model() -> type[BaseModel]:
 
     fields: dict[str, Any] = {
         "members": (list[str] | None, Field(None, description="the members that play this request")),
-        **{s.name: (annotation(s), Field(None, description=s.help, ge=s.low, le=s.high)) for s in settings()},
+        **{s.name: (annotation(s), Field(None, description=s.help, **_bounds(s))) for s in settings()},
     }
     return create_model(
         "SpecfuseOptions",

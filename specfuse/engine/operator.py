@@ -1,0 +1,70 @@
+"""ServerSettings: the operator's settings of a Scheduler (batch, line, join wait, where members run,
+step mode's bounds, chunked prefill), declared once with setting() as EnsembleConfig's are.
+
+The Scheduler checks them by constructing this (config.check_fields); specfuse.flags turns each field
+into the same flag for the API server, the app and the benchmarks that start a scheduler. Stdlib only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from ..config import PARALLEL_HELP, PARALLEL_MODES, check_fields, setting
+
+# Runs under way at once. On two cores with the default trio (docs/serve.md, `python -m specfuse.bench
+# serve`), 8 clients gave 3.07x the one-at-a-time tokens/s and 16 gave 3.91x, but a bigger batch
+# makes every round, and each newcomer's first segment, longer: 8 keeps runs interactive.
+DEFAULT_BATCH_SIZE = 8
+DEFAULT_QUEUE = 64  # requests waiting for a place in the batch; one more is refused (QueueFull)
+# When requests leave the batch, the next round waits up to this long (and at most JOIN_WAIT_SHARE of
+# the last round's time) for newcomers to take their places. A client that sends its next request as
+# soon as its last one ends (a script, lm-eval's num_concurrent) lands 20-110 ms after the round would
+# have begun, and would otherwise wait out a whole round (1-3 s on two cores) before its first one.
+DEFAULT_JOIN_WAIT = 0.25
+JOIN_WAIT_SHARE = 0.1
+# Step mode. A paused run holds its rounds only (kilobytes), but each step re-reads its prompt and
+# answer: the bound keeps a class's worth of them and the idle limit frees those a closed page left.
+DEFAULT_MAX_PAUSED = 16
+DEFAULT_PAUSE_IDLE = 600.0  # seconds a paused run may wait for its next step
+# Chunked prefill: tokens of newcomers' prompts each member reads between two rounds of the runs
+# under way. Read whole, a 6,000-token prompt stopped every stream here for 73.6 s (issue 56); a
+# part this size keeps a round's pause for it to about a round's own time on a GPU and a few seconds
+# on two cores (lower it there: --prefill-chunk). 0: read whole before the next round, as before.
+DEFAULT_PREFILL_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """How one scheduler serves everyone's runs; the operator's, never a request's (the API refuses
+    these names in a request's `specfuse` object)."""
+
+    batch_size: int = setting(DEFAULT_BATCH_SIZE, "runs played together in one rolling batch", low=1)
+    queue: int = setting(DEFAULT_QUEUE, "requests waiting beyond those; one more is refused (429)", low=0)
+    join_wait: float = setting(
+        DEFAULT_JOIN_WAIT,
+        "seconds the next round may wait for new requests when some have just ended (at most a tenth "
+        "of a round; 0: never)",
+        low=0.0,
+    )
+    parallel: str = setting("auto", PARALLEL_HELP, choices=PARALLEL_MODES)
+    max_paused: int = setting(
+        DEFAULT_MAX_PAUSED,
+        "runs stepped through one round at a time, paused in between (each holds its rounds only, no "
+        "model caches), at once; one more is refused (0: no step mode)",
+        low=0,
+    )
+    pause_idle_s: float = setting(
+        DEFAULT_PAUSE_IDLE, "seconds a paused run may wait for its next step", above=0.0
+    )
+    prefill_chunk: int = setting(
+        DEFAULT_PREFILL_CHUNK,
+        "tokens of a newcomer's prompt each member reads between two rounds (chunked prefill: "
+        "docs/serve.md); 0: read whole while every stream waits",
+        low=0,
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # a bad value is a ConfigError naming the setting and its range
+
+
+SERVER_SETTINGS = tuple(f.name for f in fields(ServerSettings))
