@@ -193,3 +193,48 @@ def test_a_round_slide_draws_in_chinese_with_a_cjk_font():
     assert chinese.startswith(b"\x89PNG") and chinese != english
     with pytest.raises(ValueError, match="unknown UI language"):
         round_png(trace, 4, lang="xx")
+
+
+def test_the_room_speaks_each_pages_language_and_refuses_in_it():
+    """The class session (studio.room_views, studio.room's refusals and verdicts) in Chinese: every
+    phase of a phone's page, the teacher's panel, every refusal, the verdict of every lesson round
+    (gated, unscored, narrow and wide ones); the exception's own text stays English."""
+    from specfuse.records import Draft
+    from studio import room, room_views
+    from studio.room import Ballot, Beat, RoomError, Rooms, choices_of, verdict_of
+
+    assert {*room_views.SAY.values(), *room.REFUSED.values()} <= set(catalogue(ZH))
+    rooms = Rooms(secret=b"s" * 32)
+    session = rooms.open("teacher", 0.0)
+    token = rooms.join(session.code, None, "phone", 0.0)[1]
+    student = rooms.student(session.code, token)[1]
+    texts: dict[str, str] = {}
+    # the letters, the code and the link (a URL; its option --host), none of them words to translate
+    allowed: set[str] = {"A", "B", "C", "QR", session.code[:3], session.code[3:], "http", "join", "host"}
+    now = 0.0
+    with i18n.speaking(ZH):
+        texts["joined"] = room_views.student_html(session, student)
+        for one in LESSONS:
+            trace = load_lesson(one.slug)
+            allowed |= trace_words(trace)
+            for rnd in trace.rounds:
+                now += 2.0
+                choices = choices_of([Draft(rnd.k, c, 0.0) for c in rnd.candidates])
+                session.follow(Beat(rnd.k, Ballot(rnd.k, rnd.k, choices, "问", "答")), now)
+                texts[f"{one.slug}-{rnd.k}-drafts"] = room_views.student_html(session, student, "A")
+                texts[f"{one.slug}-{rnd.k}-hidden"] = room_views.teacher_html(session, "http://h/join", False)
+                texts[f"{one.slug}-{rnd.k}-shown"] = room_views.teacher_html(session, "http://h/join", True)
+                rooms.vote(session.code, token, f"{rnd.k}-{rnd.k}", "A", now)
+                session.follow(Beat(rnd.k, None, verdict_of(rnd.k, rnd, choices)), now)
+                texts[f"{one.slug}-{rnd.k}-verdict"] = room_views.student_html(session, student)
+                texts[f"{one.slug}-{rnd.k}-spread"] = room_views.teacher_html(session, "http://127.0.0.1/join", True)
+        texts["choices"] = " ".join(label for label, _v in room_views.pick_choices(choices_of([])))
+        for key in room.REFUSED:
+            error = RoomError(key)
+            assert english_words(str(error)), key  # the exception (logs, the API) stays English
+            texts[f"refused-{key}"] = room_views.refusal(error)
+        rooms.close("teacher")
+        texts["ended"] = room_views.student_html(session, student)
+    found = {name: english_words(i18n.plain(text), allowed) for name, text in texts.items()}
+    assert not {name: words for name, words in found.items() if words}
+    assert "第 1 轮" in texts["weak-member-exits-1-drafts"] and "QR" not in texts["ended"]
