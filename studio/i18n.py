@@ -223,13 +223,14 @@ ENGINE_TEXTS = (
     # specfuse.engine: a run the engine ended (a step run's status line)
     "the paused run ended: no step for {s} s (the server's idle limit for paused runs)",
     "the run has ended ({state}); there is no next round to play: start a new run",
-    # specfuse.eval.ceiling: the failure browser's note
+    # the failure browser's report (studio.failures) and specfuse.eval.ceiling's lines in its note
+    "no evaluation report (RESULTS-*.json or eval-*.json) under {folder}",
     "Members alone on the {n} problems all answered: {members}.",
     "Oracle (at least one member right): {oracle} = {share} ({low}–{high}); β (all wrong together): "
     "{wrong} = {beta}, so a selector of whole answers scores at most {most}.",
     "Co-failure {a} & {b}: both wrong on {both} = {share} ({overlap} of the problems either got wrong).",
     "{system} against {best} ({n} problems): right where it was wrong {gained} ({gained_ci}), wrong where "
-    "it was right {lost} ({lost_ci}); difference {difference} ({difference_ci}), McNemar p = {p}.",
+    "it was right {lost} ({lost_ci}); difference {difference} ({low} to {high}), McNemar p = {p}.",
 )
 
 

@@ -23,7 +23,7 @@ from specfuse.prompts import last_user_text
 
 from .recorded import StepRun
 from .room import Ballot, Beat, RoomError, Rooms, Session, Student, choices_of, verdict_of
-from .room_views import SAY, pick_choices, refusal, say, student_html, teacher_html
+from .room_views import SAY, phrase, pick_choices, refusal, student_html, teacher_html
 from .stepping import Stepper
 from .untrusted import error
 from .updates import Update, session_of, unchanged
@@ -131,7 +131,7 @@ class Desk:
             p.panel: gr.Group(visible=True),
             p.start: gr.Button(visible=False),
             p.view: teacher_html(session, self.link(request, session), shown),
-            p.votes: gr.Button(say("hide_votes") if shown else say("show_votes")),
+            p.votes: gr.Button(phrase("hide_votes") if shown else phrase("show_votes")),
             p.timer: gr.Timer(TEACHER_TICK_S, active=True),
         }
 
@@ -262,10 +262,10 @@ class StudentPage:
         """The page's fixed text in the phone's language (its own Accept-Language or ?lang=, not the
         teacher's): the main page's load (studio.i18n.wire_language) does not reach this route."""
         return {
-            self.title: f"## {say('join_title')}",
-            self.code: gr.Textbox(label=say("code_label")),
-            self.join: gr.Button(say("join")),
-            self.pick: gr.Radio(label=say("pick_label")),
+            self.title: f"## {phrase('join_title')}",
+            self.code: gr.Textbox(label=phrase("code_label")),
+            self.join: gr.Button(phrase("join")),
+            self.pick: gr.Radio(label=phrase("pick_label")),
         }
 
 

@@ -61,7 +61,7 @@ SO_FAR = 280  # characters of the answer so far on a phone (its end: what the ca
 CLIP = 90  # characters of a candidate in the teacher's table (the phones show it whole)
 
 
-def say(key: str, **fields: object) -> str:
+def phrase(key: str, **fields: object) -> str:
     """SAY[key] in the page's language, its fields filled."""
     return _(SAY[key], **fields)
 
@@ -110,13 +110,13 @@ def pick_choices(choices: Sequence[Choice]) -> list[tuple[str, str]]:
 
 def score_line(student: Student) -> str:
     if not student.made:
-        return say("no_score")
-    return say("score", right=student.right, made=student.made)
+        return phrase("no_score")
+    return phrase("score", right=student.right, made=student.made)
 
 
 def won_line(verdict: Verdict) -> str:
     winner = next(c for c in verdict.choices if c.letter == verdict.winner)
-    return say("won", k=verdict.k, letter=verdict.winner, members=", ".join(winner.members))
+    return phrase("won", k=verdict.k, letter=verdict.winner, members=", ".join(winner.members))
 
 
 def student_html(session: Session, student: Student | None, pick: str | None = None) -> str:
@@ -125,17 +125,17 @@ def student_html(session: Session, student: Student | None, pick: str | None = N
     phase = session.phase
     lines: list[tuple[str, str]] = []  # (class, text)
     if phase == ENDED:
-        lines.append(("sf-room-big", say("ended")))
+        lines.append(("sf-room-big", phrase("ended")))
     elif phase == DRAFTS:
         ballot = session.beat.ballot
         assert ballot is not None
-        lines.append(("sf-room-big", say("drafts", k=ballot.k)))
+        lines.append(("sf-room-big", phrase("drafts", k=ballot.k)))
         if ballot.prompt:
-            lines.append(("sf-room-context", say("question", text=clip(ballot.prompt, SO_FAR))))
+            lines.append(("sf-room-context", phrase("question", text=clip(ballot.prompt, SO_FAR))))
         if ballot.answer:
             tail = ballot.answer if len(ballot.answer) <= SO_FAR else "…" + ballot.answer[-SO_FAR:]
-            lines.append(("sf-room-context", say("so_far", text=tail)))
-        lines.append(("sf-room-pick", say("picked", letter=pick) if pick else say("no_pick")))
+            lines.append(("sf-room-context", phrase("so_far", text=tail)))
+        lines.append(("sf-room-pick", phrase("picked", letter=pick) if pick else phrase("no_pick")))
     elif phase == VERDICT:
         verdict = session.beat.verdict
         assert verdict is not None
@@ -143,13 +143,13 @@ def student_html(session: Session, student: Student | None, pick: str | None = N
         last = student.last if student is not None else None
         if last is not None and last[0] == verdict.key:
             which = "none" if last[2] is None else "right" if last[2] else "wrong"
-            lines.append(("sf-room-result", say(which, letter=last[1])))
+            lines.append(("sf-room-result", phrase(which, letter=last[1])))
         else:
-            lines.append(("sf-room-result", say("none")))
+            lines.append(("sf-room-result", phrase("none")))
         lines.append(("", verdict_line(verdict)))
-        lines.append(("", say("waiting") if not verdict.last else ""))
+        lines.append(("", phrase("waiting") if not verdict.last else ""))
     else:
-        lines.append(("sf-room-big", say("joined")))
+        lines.append(("sf-room-big", phrase("joined")))
     if student is not None:
         lines.append(("sf-room-score", score_line(student)))
     body = "".join(f"<p class='{cls}'>{esc(text)}</p>" for cls, text in lines if text)
@@ -167,12 +167,12 @@ def bar(count: int, total: int) -> str:
 def join_html(session: Session, link: str, big: bool) -> str:
     """The join block: the QR code (large before the first round, small after), the code, the link."""
     local = any(h in link for h in ("//127.", "//localhost", "//[::1]", "//0.0.0.0"))
-    warn = f"<p class='sf-room-warn'>{esc(say('link_local'))}</p>" if local else ""
+    warn = f"<p class='sf-room-warn'>{esc(phrase('link_local'))}</p>" if local else ""
     size = "sf-room-qr-big" if big else "sf-room-qr-small"
     return (
         f"<div class='sf-room-join'><img class='{size}' src='{esc(qr_data_uri(link))}' "
-        f"alt='{esc(say('qr_alt'))}'><div><p class='sf-room-code' id='room-code'>"
-        f"{esc(shown_code(session.code))}</p><p>{esc(say('join_at'))} <a id='room-link' href='{esc(link)}' "
+        f"alt='{esc(phrase('qr_alt'))}'><div><p class='sf-room-code' id='room-code'>"
+        f"{esc(shown_code(session.code))}</p><p>{esc(phrase('join_at'))} <a id='room-link' href='{esc(link)}' "
         f"target='_blank' rel='noopener'>{esc(link)}</a></p>{warn}</div></div>"
     )
 
@@ -184,7 +184,7 @@ def teacher_html(session: Session, link: str, show_votes: bool) -> str:
     n = len(session.students)
     beat = session.beat
     left = join_html(session, link, big=beat.ballot is None and beat.verdict is None)
-    left += f"<p class='sf-room-joined' id='room-joined'>{esc(say('teacher_joined', n=n))}</p>"
+    left += f"<p class='sf-room-joined' id='room-joined'>{esc(phrase('teacher_joined', n=n))}</p>"
     if beat.ballot is not None:
         voted = sum(session.counts.values())
         if show_votes:
@@ -194,16 +194,16 @@ def teacher_html(session: Session, link: str, show_votes: bool) -> str:
                 for c in beat.ballot.choices
             )
             right = (
-                f"<table id='room-tally'><caption>{esc(say('voted', v=voted, n=n))}</caption>"
+                f"<table id='room-tally'><caption>{esc(phrase('voted', v=voted, n=n))}</caption>"
                 f"<tbody>{rows}</tbody></table>"
             )
         else:
-            right = f"<p id='room-tally'>{esc(say('hidden', v=voted, n=n))}</p>"
+            right = f"<p id='room-tally'>{esc(phrase('hidden', v=voted, n=n))}</p>"
     elif beat.verdict is not None:
         right = spread_html(session, beat.verdict)
     else:
-        right = f"<p id='room-tally'>{esc(say('no_ballot'))}</p>"
-    right += f"<p id='room-accuracy'>{esc(say('accuracy', accuracy=said(session.accuracy_said)))}</p>"
+        right = f"<p id='room-tally'>{esc(phrase('no_ballot'))}</p>"
+    right += f"<p id='room-accuracy'>{esc(phrase('accuracy', accuracy=said(session.accuracy_said)))}</p>"
     return (
         f"<div id='room-teacher-view'><div class='sf-room-left'>{left}</div>"
         f"<div class='sf-room-right'>{right}</div></div>"
@@ -224,8 +224,8 @@ def spread_html(session: Session, verdict: Verdict) -> str:
             f"<td>{esc(', '.join(c.members))}</td><td class='sf-room-votes'>{bar(count, total)}</td>"
             f"<td>{esc(model)}</td></tr>"
         )
-    head = "<tr>" + "".join(f"<th scope='col'>{esc(h)}</th>" for h in say("heads").split("|")) + "</tr>"
-    caption = f"{say('spread', k=verdict.k)} {verdict_line(verdict)}"
+    head = "<tr>" + "".join(f"<th scope='col'>{esc(h)}</th>" for h in phrase("heads").split("|")) + "</tr>"
+    caption = f"{phrase('spread', k=verdict.k)} {verdict_line(verdict)}"
     return (
         f"<table id='room-tally' class='sf-room-spread'><caption>{esc(caption)}</caption>"
         f"<thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"

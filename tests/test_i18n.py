@@ -21,7 +21,7 @@ from specfuse.handout.i18n import LANGS, accepted, catalogue, fields, pick, t
 from specfuse.lessons import LESSONS, in_language, key_round, load_lesson
 from specfuse.models.preparation import STEPS, usual_text
 
-from .i18n_keys import STOP_REASONS, asked, english_words, key_texts, lesson_texts, trace_words
+from .i18n_keys import ROOT, STOP_REASONS, asked, english_words, key_texts, lesson_texts, trace_words
 
 gr = pytest.importorskip("gradio")
 
@@ -210,7 +210,8 @@ def test_the_room_speaks_each_pages_language_and_refuses_in_it():
     student = rooms.student(session.code, token)[1]
     texts: dict[str, str] = {}
     # the letters, the code and the link (a URL; its option --host), none of them words to translate
-    allowed: set[str] = {"A", "B", "C", "QR", session.code[:3], session.code[3:], "http", "join", "host"}
+    allowed: set[str] = {"A", "B", "C", "QR", "http", "join", "host"}
+    allowed |= set(re.findall(r"[A-Za-z][A-Za-z0-9_]+", f"{session.code[:3]} {session.code[3:]}"))
     now = 0.0
     with i18n.speaking(ZH):
         texts["joined"] = room_views.student_html(session, student)
@@ -238,3 +239,69 @@ def test_the_room_speaks_each_pages_language_and_refuses_in_it():
     found = {name: english_words(i18n.plain(text), allowed) for name, text in texts.items()}
     assert not {name: words for name, words in found.items() if words}
     assert "第 1 轮" in texts["weak-member-exits-1-drafts"] and "QR" not in texts["ended"]
+
+
+def test_the_failure_browser_speaks_chinese():
+    """The failure-case browser over a shipped study (app.py --eval-dir): its fixed text, the note
+    (the ceiling's lines included), the table and an opened case, in Chinese."""
+    import app
+    from studio import browse, failures
+
+    report = failures.load_eval(ROOT / "results" / "RESULTS-ifeval-dev.json")  # a study with a ceiling
+    demo = app.build_demo(lambda name, device, progress: None, choices=sorted(MEMBERS), eval_dir=report.report)
+    names = {*MEMBERS, *re.findall(r"[A-Za-z][A-Za-z0-9_]+", " ".join(report.systems())), "RESULTS", "ifeval", "dev"}
+    names |= {"McNemar"}  # a test's name
+    update = i18n.LOCALIZER.updates(demo, set(), ZH)
+    texts = {}
+    for component in demo.blocks.values():
+        if str(getattr(component, "elem_id", "")).startswith("failures"):
+            props = {**i18n.texts(component), **update.get(component, {})}
+            value = props.get("value")
+            shown = [str(props.get("label", "")), *(label for label, _v in props.get("choices", []))]
+            if hasattr(value, "columns"):  # a table: its headers (its cells are the study's data)
+                shown += map(str, value.columns)
+            elif isinstance(value, str):
+                shown.append(i18n.plain(value))
+            texts[component.elem_id] = " ".join(shown)
+    assert set(texts) >= {"failures", "failures-note", "failures-filter", "failures-table"}
+    assert "上限" in texts["failures-note"] and "神谕" in texts["failures-note"]
+    with i18n.speaking(ZH):
+        problem = report.problems()[0]
+        mine = report.get(report.ensemble(), problem)
+        texts["case"] = i18n.plain(browse.case_html(problem, "18", [("x", "y")], True))
+        texts["case-none"] = i18n.plain(browse.case_html(problem, None, [("x", "y")], False))
+        assert mine is not None
+    found = {name: english_words(text, names) for name, text in texts.items()}
+    assert not {name: words for name, words in found.items() if words}
+
+
+def test_the_engines_errors_show_in_the_pages_language_and_stay_english_in_the_exception(tmp_path):
+    """An engine error the app shows (studio.untrusted.error, a step run's end) is said by its
+    template in Chinese; the exception's text, for logs and the API, is English."""
+    from specfuse import ConfigError, EnsembleConfig, SpecfuseError
+    from specfuse.limits import check_prompt
+    from specfuse.trace import parse_trace
+    from studio.untrusted import error
+
+    raised: list[SpecfuseError] = []
+    for bad in (
+        lambda: check_prompt("   "),
+        lambda: check_prompt([{"role": "user", "content": " "}]),
+        lambda: check_prompt("x" * 200_000),
+        lambda: EnsembleConfig(temperature=1e-7),
+        lambda: EnsembleConfig(top_p=2.0),
+        lambda: parse_trace(b"x" * 100, max_bytes=10),
+        lambda: parse_trace('{"schema": "other"}'),
+        lambda: parse_trace('{"schema": "specfuse.trace", "version": 99}'),
+    ):
+        with pytest.raises((SpecfuseError, ConfigError)) as caught:
+            bad()
+        raised.append(caught.value)
+    for e in raised:
+        assert english_words(str(e)), e  # the exception's own text: English
+        with i18n.speaking(ZH):
+            shown = str(error(e).message)
+        assert not english_words(i18n.plain(shown), {"schema", "trace"}), (str(e), shown)  # a file field, its value
+        assert str(error(e).message) != shown  # English pages: the engine's words
+    for template in i18n.ENGINE_TEXTS:
+        assert catalogue(ZH).get(template), template
