@@ -197,8 +197,21 @@ def wire_language(demo: gr.Blocks, switch: gr.Radio) -> None:
 
 
 # Gradio 6 announces a finished event to screen readers as `common.complete`, a key none of its
-# locales holds, so a reader heard the key itself (in every language). Its own locale names.
-GRADIO_KEYS = {"common.complete": "Complete"}
+# locales holds, so a reader heard the key itself (in every language). The others: keys of Gradio's
+# English locale its zh-CN one lacks, on components this app shows (a queued event's place, the
+# tables' filter, the chat's copy button, the downloads); the rest of Gradio's own English (a
+# slider's "number input for", a table's "Table actions", "Fullscreen") is written into its
+# components, not keys: no locale reaches it.
+GRADIO_KEYS = {
+    "common.complete": "Complete",
+    "common.progress": "Progress",
+    "common.download_all": "Download All",
+    "status.queue_position": "In queue: {position} of {size}",
+    "dataframe.filter": "Filter",
+    "dataframe.clear_filter": "Clear filters",
+    "chatbot.copy_message": "Copy message",
+    "chatbot.copied_message": "Copied message",
+}
 GRADIO_LOCALES = {ENGLISH: ("en",), "zh": ("zh", "zh-CN", "zh-TW")}
 
 
