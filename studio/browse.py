@@ -54,7 +54,11 @@ class FailureBrowser:
         mine, best = run.get(run.ensemble(), problem), run.get(run.best(), problem)
         if mine is None:
             raise self.studio.error(
-                _("The report has no answer of {system} to problem {problem}.", system=run.ensemble(), problem=problem)
+                _(
+                    "The report has no answer of {system} to problem {problem}.",
+                    system=run.ensemble(),
+                    problem=problem,
+                )
             )
         columns = [(f"{run.label(mine.system)}: {failures.mark(mine)}", self.answer(mine))]
         if best is not None:
@@ -64,8 +68,9 @@ class FailureBrowser:
         if found is None:
             where = run.report.parent if run.report is not None else run.folder
             note = _(
-                "Problem {problem}: no trace of the ensemble's run is in {where} (the report ships the traces "
-                "of its failure cases only, {mark} in the table); both answers are shown above without a replay.",
+                "Problem {problem}: no trace of the ensemble's run is in {where} (the report ships the "
+                "traces of its failure cases only, {mark} in the table); both answers are shown above "
+                "without a replay.",
                 problem=problem,
                 where=where,
                 mark=_(failures.REPLAY),
@@ -92,5 +97,7 @@ def case_html(problem: str, gold: str | None, columns: list[tuple[str, str]], re
         if replayed
         else _("No trace of the ensemble's run is here: no replay.")
     )
-    head = _("<b>Problem {problem}</b> · gold answer <b>{gold}</b>", problem=esc(problem), gold=esc(gold or "—"))
+    head = _(
+        "<b>Problem {problem}</b> · gold answer <b>{gold}</b>", problem=esc(problem), gold=esc(gold or "—")
+    )
     return f"<p class='sf-case'>{head} · {after}</p>{views.compare_html(columns)}"

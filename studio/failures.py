@@ -229,6 +229,8 @@ def problems_table(run: EvalRun, which: str = FILTERS[0]) -> pd.DataFrame:
         if which == FILTERS[3] and not found:
             continue
         gold = next((o.gold for o in run.outcomes if o.problem == problem and o.gold is not None), None)
-        rows.append([problem, gold or "", *(mark(by.get((s, problem))) for s in systems), _(REPLAY) if found else ""])
+        rows.append(
+            [problem, gold or "", *(mark(by.get((s, problem))) for s in systems), _(REPLAY) if found else ""]
+        )
     heads = [_("problem"), _("gold"), *(run.label(s) for s in systems), _("trace")]
     return pd.DataFrame(rows, columns=heads)

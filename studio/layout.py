@@ -250,7 +250,9 @@ def failures_first(eval_dir: str | Path) -> tuple[EvalRun | None, Failures]:
     except ValueError as e:
         failed = failures_panel(f"Could not open the evaluation run: {e}", None)
         why = str(e)
-        localize(failed.note, lambda: {"value": md(_("Could not open the evaluation run: {why}", why=said(why)))})
+        localize(
+            failed.note, lambda: {"value": md(_("Could not open the evaluation run: {why}", why=said(why)))}
+        )
         return None, failed
     panel = failures_panel(run.note(), problems_table(run, FILTERS[0]))
     # built once in English; each page gets the note and the table in its session's language

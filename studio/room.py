@@ -181,7 +181,9 @@ def sentence(rnd: Round, choices: Sequence[Choice], winner: str, scores: Sequenc
         return "{winner} was taken by the gate ({reason}), without the full vote.", said
     if not rnd.verified or scores[0] is None:
         if len(choices) == 1:
-            return "All the drafts said the same, so {winner} was taken without a vote.", (("winner", winner),)
+            return "All the drafts said the same, so {winner} was taken without a vote.", (
+                ("winner", winner),
+            )
         return "{winner} was taken without scoring: the drafts agreed.", (("winner", winner),)
     ranked = sorted(zip(choices, scores), key=lambda cs: -(cs[1] or 0.0))
     top = ranked[0][1] or 0.0

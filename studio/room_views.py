@@ -172,8 +172,9 @@ def join_html(session: Session, link: str, big: bool) -> str:
     return (
         f"<div class='sf-room-join'><img class='{size}' src='{esc(qr_data_uri(link))}' "
         f"alt='{esc(phrase('qr_alt'))}'><div><p class='sf-room-code' id='room-code'>"
-        f"{esc(shown_code(session.code))}</p><p>{esc(phrase('join_at'))} <a id='room-link' href='{esc(link)}' "
-        f"target='_blank' rel='noopener'>{esc(link)}</a></p>{warn}</div></div>"
+        f"{esc(shown_code(session.code))}</p><p>{esc(phrase('join_at'))} "
+        f"<a id='room-link' href='{esc(link)}' target='_blank' rel='noopener'>{esc(link)}</a></p>"
+        f"{warn}</div></div>"
     )
 
 

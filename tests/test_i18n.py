@@ -228,7 +228,9 @@ def test_the_room_speaks_each_pages_language_and_refuses_in_it():
                 rooms.vote(session.code, token, f"{rnd.k}-{rnd.k}", "A", now)
                 session.follow(Beat(rnd.k, None, verdict_of(rnd.k, rnd, choices)), now)
                 texts[f"{one.slug}-{rnd.k}-verdict"] = room_views.student_html(session, student)
-                texts[f"{one.slug}-{rnd.k}-spread"] = room_views.teacher_html(session, "http://127.0.0.1/join", True)
+                texts[f"{one.slug}-{rnd.k}-spread"] = room_views.teacher_html(
+                    session, "http://127.0.0.1/join", True
+                )
         texts["choices"] = " ".join(label for label, _v in room_views.pick_choices(choices_of([])))
         for key in room.REFUSED:
             error = RoomError(key)
@@ -248,8 +250,16 @@ def test_the_failure_browser_speaks_chinese():
     from studio import browse, failures
 
     report = failures.load_eval(ROOT / "results" / "RESULTS-ifeval-dev.json")  # a study with a ceiling
-    demo = app.build_demo(lambda name, device, progress: None, choices=sorted(MEMBERS), eval_dir=report.report)
-    names = {*MEMBERS, *re.findall(r"[A-Za-z][A-Za-z0-9_]+", " ".join(report.systems())), "RESULTS", "ifeval", "dev"}
+    demo = app.build_demo(
+        lambda name, device, progress: None, choices=sorted(MEMBERS), eval_dir=report.report
+    )
+    names = {
+        *MEMBERS,
+        *re.findall(r"[A-Za-z][A-Za-z0-9_]+", " ".join(report.systems())),
+        "RESULTS",
+        "ifeval",
+        "dev",
+    }
     names |= {"McNemar"}  # a test's name
     update = i18n.LOCALIZER.updates(demo, set(), ZH)
     texts = {}
@@ -301,7 +311,10 @@ def test_the_engines_errors_show_in_the_pages_language_and_stay_english_in_the_e
         assert english_words(str(e)), e  # the exception's own text: English
         with i18n.speaking(ZH):
             shown = str(error(e).message)
-        assert not english_words(i18n.plain(shown), {"schema", "trace"}), (str(e), shown)  # a file field, its value
+        assert not english_words(i18n.plain(shown), {"schema", "trace"}), (
+            str(e),
+            shown,
+        )  # a file field, its value
         assert str(error(e).message) != shown  # English pages: the engine's words
     for template in i18n.ENGINE_TEXTS:
         assert catalogue(ZH).get(template), template
