@@ -18,6 +18,7 @@ from specfuse.trace import load_trace
 
 from . import failures, views
 from .handlers import Studio, limits
+from .i18n import _
 from .panels import Failures
 from .untrusted import esc, md
 from .updates import Update, unchanged
@@ -52,7 +53,13 @@ class FailureBrowser:
         run = self.run
         mine, best = run.get(run.ensemble(), problem), run.get(run.best(), problem)
         if mine is None:
-            raise self.studio.error(f"The report has no answer of {run.ensemble()} to problem {problem}.")
+            raise self.studio.error(
+                _(
+                    "The report has no answer of {system} to problem {problem}.",
+                    system=run.ensemble(),
+                    problem=problem,
+                )
+            )
         columns = [(f"{run.label(mine.system)}: {failures.mark(mine)}", self.answer(mine))]
         if best is not None:
             columns.append((f"{run.label(best.system)}: {failures.mark(best)}", self.answer(best)))
@@ -60,10 +67,13 @@ class FailureBrowser:
         status = self.studio.display.status
         if found is None:
             where = run.report.parent if run.report is not None else run.folder
-            note = (
-                f"Problem {problem}: no trace of the ensemble's run is in {where} (the report ships "
-                f"the traces of its failure cases only, {failures.REPLAY} in the table); both answers "
-                "are shown above without a replay."
+            note = _(
+                "Problem {problem}: no trace of the ensemble's run is in {where} (the report ships the "
+                "traces of its failure cases only, {mark} in the table); both answers are shown above "
+                "without a replay.",
+                problem=problem,
+                where=where,
+                mark=_(failures.REPLAY),
             )
             return {  # an earlier problem's replay goes: the panels below would not be this one's
                 **self.studio.cleared(None),
@@ -73,7 +83,7 @@ class FailureBrowser:
                 self.studio.display.round: views.slider_value(None),
             }
         update = self.studio.load_trace_file(str(found), view_name)
-        note = f"problem {problem}: the ensemble's trace, replayed"
+        note = _("problem {problem}: the ensemble's trace, replayed", problem=problem)
         update[status] = views.status_markdown(update[self.studio.trace].rounds, note)
         update[self.studio.display.compared] = ""  # the answers stand under the table
         update[self.panel.case] = case_html(problem, mine.gold, columns, True)
@@ -83,11 +93,11 @@ class FailureBrowser:
 def case_html(problem: str, gold: str | None, columns: list[tuple[str, str]], replayed: bool) -> str:
     """One problem under the table: its gold answer, then each system's answer side by side."""
     after = (
-        "The ensemble's run is replayed round by round in the panels below."
+        _("The ensemble's run is replayed round by round in the panels below.")
         if replayed
-        else "No trace of the ensemble's run is here: no replay."
+        else _("No trace of the ensemble's run is here: no replay.")
     )
-    return (
-        f"<p class='sf-case'><b>Problem {esc(problem)}</b> · gold answer <b>{esc(gold or '—')}</b> · "
-        f"{after}</p>{views.compare_html(columns)}"
+    head = _(
+        "<b>Problem {problem}</b> · gold answer <b>{gold}</b>", problem=esc(problem), gold=esc(gold or "—")
     )
+    return f"<p class='sf-case'>{head} · {after}</p>{views.compare_html(columns)}"

@@ -5,8 +5,8 @@ the evaluation's own reader, `specfuse.eval.runs.load_outcomes`, and names the b
 report does (`specfuse.eval.report.best_single_system`). Finds each answer's trace at the path its
 outcome names, at the copy the report shipped for a failure case (`failure_cases[*].system_copy`
 and `best_copy`, e.g. results/eval/gsm8k-cases/…), or at `<runs>/<system>/<problem>.json`; a
-relative path is tried from the working directory, the folder and the report's own folder. Knows
-nothing about Gradio or models.
+relative path is tried from the working directory, the folder and the report's own folder. Its
+texts are in the session's language (studio.i18n); it knows nothing about Gradio's components or models.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from specfuse.eval.ceiling import ceiling, ceiling_lines
 from specfuse.eval.problems import Outcome
 from specfuse.eval.report import best_single_system
 from specfuse.eval.runs import EvalError, load_outcomes
+
+from .i18n import _, said
 
 ENSEMBLE = "ensemble"
 SINGLE = "single-"
@@ -76,9 +78,9 @@ class EvalRun:
     def label(self, system: str) -> str:
         """A column title that says which system is the ensemble and which the best member."""
         if system == self.ensemble():
-            return f"{system} (the ensemble)"
+            return _("{system} (the ensemble)", system=system)
         if system == self.best():
-            return f"{self.best_member} alone (best member)"
+            return _("{member} alone (best member)", member=self.best_member)
         return system
 
     def note(self) -> str:
@@ -88,10 +90,15 @@ class EvalRun:
         ensemble = self.ensemble()
         replayable = sum(1 for p in self.problems() if (o := self.get(ensemble, p)) and self.trace(o))
         where = self.report.name if self.report is not None else str(self.folder)
-        text = (
-            f"{len(self.problems())} problems × {len(systems)} systems from {where}: {shown}. "
-            f"{replayable} of them have the ensemble's trace here ({REPLAY} in the table); "
-            "the others show both answers without a replay."
+        text = _(
+            "{problems} problems × {systems} systems from {where}: {shown}. {replayable} of them have the "
+            "ensemble's trace here ({mark} in the table); the others show both answers without a replay.",
+            problems=len(self.problems()),
+            systems=len(systems),
+            where=where,
+            shown=shown,
+            replayable=replayable,
+            mark=_(REPLAY),
         )
         return text + "".join(f"\n\n{line}" for line in self.ceiling_lines())
 
@@ -105,7 +112,7 @@ class EvalRun:
         if found is None:
             return []
         first, *rest = ceiling_lines(found)
-        return [f"**The ceiling.** {first}", *rest]
+        return [_("**The ceiling.** {first}", first=said(first)), *map(said, rest)]
 
 
 def _ordered(run: EvalRun, systems: Sequence[str]) -> list[str]:
@@ -230,8 +237,7 @@ def problems_table(run: EvalRun, which: str = FILTERS[0]) -> pd.DataFrame:
             continue
         gold = next((o.gold for o in run.outcomes if o.problem == problem and o.gold is not None), None)
         rows.append(
-            {"problem": problem, "gold": gold or ""}
-            | {run.label(s): mark(by.get((s, problem))) for s in systems}
-            | {"trace": REPLAY if found else ""}
+            [problem, gold or "", *(mark(by.get((s, problem))) for s in systems), _(REPLAY) if found else ""]
         )
-    return pd.DataFrame(rows, columns=["problem", "gold", *(run.label(s) for s in systems), "trace"])
+    heads = [_("problem"), _("gold"), *(run.label(s) for s in systems), _("trace")]
+    return pd.DataFrame(rows, columns=heads)

@@ -22,6 +22,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
+from functools import cache
 from typing import Any
 
 import gradio as gr
@@ -196,9 +197,83 @@ def wire_language(demo: gr.Blocks, switch: gr.Radio) -> None:
 
 
 # Gradio 6 announces a finished event to screen readers as `common.complete`, a key none of its
-# locales holds, so a reader heard the key itself (in every language). Its own locale names.
-GRADIO_KEYS = {"common.complete": "Complete"}
+# locales holds, so a reader heard the key itself (in every language). The others: keys of Gradio's
+# English locale its zh-CN one lacks, on components this app shows (a queued event's place, the
+# tables' filter, the chat's copy button, the downloads); the rest of Gradio's own English (a
+# slider's "number input for", a table's "Table actions", "Fullscreen") is written into its
+# components, not keys: no locale reaches it.
+GRADIO_KEYS = {
+    "common.complete": "Complete",
+    "common.progress": "Progress",
+    "common.download_all": "Download All",
+    "status.queue_position": "In queue: {position} of {size}",
+    "dataframe.filter": "Filter",
+    "dataframe.clear_filter": "Clear filters",
+    "chatbot.copy_message": "Copy message",
+    "chatbot.copied_message": "Copied message",
+}
 GRADIO_LOCALES = {ENGLISH: ("en",), "zh": ("zh", "zh-CN", "zh-TW")}
+
+
+# Text the engine and the evaluation write in English (an exception's message, the ceiling's lines):
+# it stays English there (logs, the CLI, the API) and is said in the page's language where the app
+# shows it (`said`). Each is a catalogue key whose {fields} stand for what varies (names, numbers);
+# a text none of them matches is shown as it came.
+ENGINE_TEXTS = (
+    # specfuse.limits and specfuse.config: what a form's input can hit
+    "the prompt is empty; type a question or an instruction",
+    "the last user message is empty; type a question or an instruction",
+    "the prompt has {chars} characters; the limit is {limit} (MAX_PROMPT_CHARS)",
+    "the forced segment is empty; type some text or pick a candidate",
+    "the run ended within the rounds to branch from; branch at an earlier round",
+    "temperature must be 0 (greedy) or at least {low}, got {value}",
+    "{name} must be in [{low}, {high}], got {value}",
+    # specfuse.trace: an uploaded file
+    "not a JSON document: {error}",
+    'not a specfuse trace (expected "schema": "{schema}")',
+    "trace version {version} is not supported; this build reads versions {versions}",
+    "the trace is {size} bytes; the limit is {limit}",
+    # specfuse.engine: a run the engine ended (a step run's status line)
+    "the paused run ended: no step for {s} s (the server's idle limit for paused runs)",
+    "the run has ended ({state}); there is no next round to play: start a new run",
+    # the failure browser's report (studio.failures) and specfuse.eval.ceiling's lines in its note
+    "no evaluation report (RESULTS-*.json or eval-*.json) under {folder}",
+    "Members alone on the {n} problems all answered: {members}.",
+    "Oracle (at least one member right): {oracle} = {share} ({low}–{high}); β (all wrong together): "
+    "{wrong} = {beta}, so a selector of whole answers scores at most {most}.",
+    "Co-failure {a} & {b}: both wrong on {both} = {share} ({overlap} of the problems either got wrong).",
+    "{system} against {best} ({n} problems): right where it was wrong {gained} ({gained_ci}), wrong where "
+    "it was right {lost} ({lost_ci}); difference {difference} ({low} to {high}), McNemar p = {p}.",
+)
+
+
+@cache
+def _engine_patterns() -> tuple[tuple[re.Pattern[str], str], ...]:
+    """Each ENGINE_TEXTS template as a pattern: its fields match any text (a field named twice, the
+    same text)."""
+    out = []
+    for template in ENGINE_TEXTS:
+        parts, seen = re.split(r"\{(\w+)\}", template), set()
+        regex = ""
+        for i, part in enumerate(parts):
+            if i % 2 == 0:
+                regex += re.escape(part)
+            else:
+                regex += f"(?P={part})" if part in seen else f"(?P<{part}>.+?)"
+                seen.add(part)
+        out.append((re.compile(regex, re.S), template))
+    return tuple(out)
+
+
+def said(text: str) -> str:
+    """An English text of the engine's (ENGINE_TEXTS) in the current language, its fields kept."""
+    if current() == ENGLISH:
+        return text
+    for pattern, template in _engine_patterns():
+        found = pattern.fullmatch(text)
+        if found:
+            return _(template, **found.groupdict())
+    return text
 
 
 def gradio_own() -> gr.I18n:

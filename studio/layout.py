@@ -21,14 +21,14 @@ from .explain import Notes, keymap_panel, presenter_bar, wire_keys, wire_present
 from .failures import FILTERS, EvalRun, load_eval, problems_table
 from .gallery import Shelf, gallery_panel, handouts_panel, lesson_panel, shipped, wire_gallery, wire_handouts
 from .handlers import Studio
-from .i18n import language_switch, wire_language
+from .i18n import _, language_switch, localize, said, wire_language
 from .loading import DEVICES, DevicePlan, Loader, same_device
 from .panels import Failures, controls_panel, failures_panel, views_panel
 from .room_page import Desk, room_button, room_panel, student_route, wire_room
 from .serving import DEFAULT_CONCURRENCY, Schedulers
 from .step_panel import step_panel
 from .stepping import Stepper
-from .untrusted import Servers
+from .untrusted import Servers, md
 
 CACHE_LIFETIME = (3600, 86400)  # Gradio's delete_cache: every hour, files older than a day
 
@@ -248,8 +248,22 @@ def failures_first(eval_dir: str | Path) -> tuple[EvalRun | None, Failures]:
     try:
         run = load_eval(eval_dir)
     except ValueError as e:
-        return None, failures_panel(f"Could not open the evaluation run: {e}", None)
-    return run, failures_panel(run.note(), problems_table(run, FILTERS[0]))
+        failed = failures_panel(f"Could not open the evaluation run: {e}", None)
+        why = str(e)
+        localize(
+            failed.note, lambda: {"value": md(_("Could not open the evaluation run: {why}", why=said(why)))}
+        )
+        return None, failed
+    panel = failures_panel(run.note(), problems_table(run, FILTERS[0]))
+    # built once in English; each page gets the note and the table in its session's language
+    localize(panel.note, lambda: {"value": md(run.note())})
+    localize(panel.table, lambda: table_texts(problems_table(run, FILTERS[0])))
+    return run, panel
+
+
+def table_texts(table: Any) -> dict[str, Any]:
+    """A table's value and its headers together (the load's walk would set the English headers)."""
+    return {"value": table, "headers": list(table.columns)}
 
 
 def wire_failures(studio: Studio, run: EvalRun, panel: Failures) -> None:

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from specfuse import Round
-from specfuse.records import Draft
+from specfuse.records import Draft, Gate
 
 ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # 32 symbols: no 0/O, 1/I to misread on a projector
 CODE_LEN = 6
@@ -54,24 +54,40 @@ LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 WAITING, DRAFTS, VERDICT, ENDED = "waiting", "drafts", "verdict", "ended"
 
 # Every refusal a person reads (the phones' note, the teacher's error): here only, for translation.
+# Each is a catalogue key; its fields (LIMITS) are filled where it is said (studio.room_views.refusal).
 REFUSED = {
     "ended": "This class session has ended.",
     "closed": "Voting on that round is closed: it has been revealed (or has not begun).",
     "no_such": "There is no such candidate in this round.",
-    "too_fast": f"Too many votes in one second (at most {VOTES_PER_S}): your last one counts.",
+    "too_fast": "Too many votes in one second (at most {n}): your last one counts.",
     "no_id": "This page has no id from this server: open the join link again.",
     "forged": "This page's id was not given by this server: open the join link again.",
-    "busy": f"This server already holds {MAX_ROOMS} class sessions: try again later.",
-    "guessing": f"Too many wrong codes: wait a minute (at most {FAILS_PER_CLIENT} a minute).",
+    "busy": "This server already holds {n} class sessions: try again later.",
+    "guessing": "Too many wrong codes: wait a minute (at most {n} a minute).",
     "no_code": "No class session has that code: check it on the teacher's screen.",
-    "full": f"This class session is full ({MAX_STUDENTS} students).",
-    "phones": f"This server follows {MAX_PHONES} phones at most, in all its class sessions: try again later.",
+    "full": "This class session is full ({n} students).",
+    "phones": "This server follows {n} phones at most, in all its class sessions: try again later.",
     "not_joined": "You have not joined this class session: open the join link again.",
 }
+LIMITS = {"too_fast": VOTES_PER_S, "busy": MAX_ROOMS, "guessing": FAILS_PER_CLIENT, "full": MAX_STUDENTS, "phones": MAX_PHONES}
+
+# A sentence kept as its English template and fields (studio.room_views says it in each reader's
+# language: one beat is read by phones in several).
+Said = tuple[str, tuple[tuple[str, object], ...]]
+
+
+def english(said: Said) -> str:
+    template, fields = said
+    return template.format(**dict(fields))
 
 
 class RoomError(ValueError):
-    """A refusal, said to the student (or teacher) as it is."""
+    """A refusal (a REFUSED key): its message in English (logs, the API), its key for the page."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.said: Said = (REFUSED[key], (("n", LIMITS[key]),) if key in LIMITS else ())
+        super().__init__(english(self.said))
 
 
 # ---- what a beat shows -----------------------------------------------------------------------------
@@ -108,8 +124,13 @@ class Verdict:
     choices: tuple[Choice, ...]
     winner: str  # its letter
     scores: tuple[float | None, ...]  # per choice, the models' aggregate y (None: taken unscored)
-    sentence: str
+    said: Said  # the matrix's verdict in one sentence (its gate's reason, if any: `gate`)
     last: bool = False  # the run's last round
+    gate: Gate | None = None
+
+    @property
+    def sentence(self) -> str:
+        return english(self.said)
 
     @property
     def key(self) -> str:
@@ -153,27 +174,41 @@ def verdict_of(run: int, rnd: Round, lettered: Sequence[Choice] | None = None, l
         else None
         for c in choices
     )
-    return Verdict(run, rnd.k, choices, winner, scores, sentence(rnd, choices, winner, scores), last)
+    gate = rnd.gate if rnd.gated else None
+    return Verdict(run, rnd.k, choices, winner, scores, sentence(rnd, choices, winner, scores), last, gate)
 
 
-def sentence(rnd: Round, choices: Sequence[Choice], winner: str, scores: Sequence[float | None]) -> str:
-    """The matrix's verdict in one sentence (plain text: the pages escape it)."""
+def sentence(rnd: Round, choices: Sequence[Choice], winner: str, scores: Sequence[float | None]) -> Said:
+    """The matrix's verdict in one sentence (plain text: the pages escape it); a gated round's
+    reason is its gate's recorded English (the Verdict keeps the gate, to say it in another language)."""
     if rnd.gated and rnd.gate is not None:
-        return f"{winner} was taken by the gate ({rnd.gate.reason}), without the full vote."
+        said = (("winner", winner), ("reason", rnd.gate.reason))
+        return "{winner} was taken by the gate ({reason}), without the full vote.", said
     if not rnd.verified or scores[0] is None:
         if len(choices) == 1:
-            return f"All the drafts said the same, so {winner} was taken without a vote."
-        return f"{winner} was taken without scoring: the drafts agreed."
+            return "All the drafts said the same, so {winner} was taken without a vote.", (
+                ("winner", winner),
+            )
+        return "{winner} was taken without scoring: the drafts agreed.", (("winner", winner),)
     ranked = sorted(zip(choices, scores), key=lambda cs: -(cs[1] or 0.0))
     top = ranked[0][1] or 0.0
     if len(ranked) == 1:
-        return f"{winner} was the only candidate."
+        return "{winner} was the only candidate.", (("winner", winner),)
     runner, second = ranked[1][0].letter, ranked[1][1] or 0.0
-    how = "by a wide margin" if top - second >= 0.2 else "narrowly"
-    return (
-        f"The judges, weighted, gave {winner} {top:.2f} against {second:.2f} for {runner}: "
-        f"{winner} read most natural to them {how}."
-    )
+    fields = (("winner", winner), ("top", f"{top:.2f}"), ("second", f"{second:.2f}"), ("runner", runner))
+    if top - second >= 0.2:
+        return WIDE, fields
+    return NARROW, fields
+
+
+WIDE = (
+    "The judges, weighted, gave {winner} {top} against {second} for {runner}: "
+    "{winner} read most natural to them by a wide margin."
+)
+NARROW = (
+    "The judges, weighted, gave {winner} {top} against {second} for {runner}: "
+    "{winner} read most natural to them narrowly."
+)
 
 
 # ---- the session ----------------------------------------------------------------------------------
@@ -265,15 +300,15 @@ class Session:
         """The student's pick for the ballot `key` (their earlier pick in it is replaced)."""
         ballot = self.beat.ballot
         if self.ended:
-            raise RoomError(REFUSED["ended"])
+            raise RoomError("ended")
         if ballot is None or ballot.key != key:
-            raise RoomError(REFUSED["closed"])
+            raise RoomError("closed")
         if not isinstance(letter, str) or letter not in {c.letter for c in ballot.choices}:
-            raise RoomError(REFUSED["no_such"])
+            raise RoomError("no_such")
         while student.stamps and now - student.stamps[0] >= 1.0:
             student.stamps.popleft()
         if len(student.stamps) >= VOTES_PER_S:
-            raise RoomError(REFUSED["too_fast"])
+            raise RoomError("too_fast")
         student.stamps.append(now)
         before = self.votes.get(student.id)
         if before is not None:
@@ -291,11 +326,20 @@ class Session:
         self.wake()
 
     @property
-    def accuracy(self) -> str:
+    def accuracy_said(self) -> Said:
         """The class's right votes over the session, as the teacher's view says it."""
         if not self.made:
-            return "no votes revealed yet"
-        return f"{self.right} of {self.made} votes right ({round(100 * self.right / self.made)} %)"
+            return "no votes revealed yet", ()
+        share = round(100 * self.right / self.made)
+        return "{right} of {made} votes right ({share} %)", (
+            ("right", self.right),
+            ("made", self.made),
+            ("share", share),
+        )
+
+    @property
+    def accuracy(self) -> str:
+        return english(self.accuracy_said)
 
 
 # ---- every session of the server --------------------------------------------------------------------
@@ -334,10 +378,10 @@ class Rooms:
     def student_id(self, token: object) -> str:
         """The id a token names, if this server signed it; else RoomError."""
         if not isinstance(token, str) or len(token) > MAX_TOKEN_CHARS or token.count(".") != 1:
-            raise RoomError(REFUSED["no_id"])
+            raise RoomError("no_id")
         sid, mac = token.split(".")
         if not sid or not hmac.compare_digest(mac, self.mac(sid)):
-            raise RoomError(REFUSED["forged"])
+            raise RoomError("forged")
         return sid
 
     # -- sessions --
@@ -347,7 +391,7 @@ class Rooms:
         if teacher in self.by_teacher:
             return self.by_teacher[teacher]
         if len(self.by_code) >= MAX_ROOMS:
-            raise RoomError(REFUSED["busy"])
+            raise RoomError("busy")
         code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LEN))
         while code in self.by_code:
             code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LEN))
@@ -394,13 +438,13 @@ class Rooms:
         """A student joins (or rejoins, keeping their score) the session of the code typed: the
         session and their token (a new one when they brought none this server signed)."""
         if self.refused(client, now):
-            raise RoomError(REFUSED["guessing"])
+            raise RoomError("guessing")
         self.sweep(now)
         code = normal_code(typed)
         session = self.by_code.get(code)
         if session is None:
             self.failed(client, now)
-            raise RoomError(REFUSED["no_code"])
+            raise RoomError("no_code")
         try:
             sid = self.student_id(token)
         except RoomError:
@@ -408,9 +452,8 @@ class Rooms:
             sid = self.student_id(token)
         if sid not in session.students:
             if len(session.students) >= MAX_STUDENTS:
-                raise RoomError(REFUSED["full"])
-            if sum(len(s.students) for s in self.by_code.values()) >= MAX_PHONES:
-                raise RoomError(REFUSED["phones"])
+                raise RoomError("full")
+    "phones": "This server follows {n} phones at most, in all its class sessions: try again later.",
             session.students[sid] = Student(sid)
         session.touched = now
         assert isinstance(token, str)
@@ -421,16 +464,16 @@ class Rooms:
         student who never joined it)."""
         session = self.by_code.get(normal_code(code))
         if session is None or session.ended:
-            raise RoomError(REFUSED["ended"])
+            raise RoomError("ended")
         sid = self.student_id(token)
         student = session.students.get(sid)
         if student is None:
-            raise RoomError(REFUSED["not_joined"])
+            raise RoomError("not_joined")
         return session, student
 
     def vote(self, code: str, token: object, key: object, letter: object, now: float) -> Student:
         if not isinstance(letter, str) or len(letter) > MAX_CHOICE_CHARS or not isinstance(key, str):
-            raise RoomError(REFUSED["no_such"])
+            raise RoomError("no_such")
         session, student = self.student(code, token)
         session.vote(student, key[:40], letter, now)
         return student

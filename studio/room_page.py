@@ -23,8 +23,9 @@ from specfuse.prompts import last_user_text
 
 from .recorded import StepRun
 from .room import MAX_PHONES, Ballot, Beat, RoomError, Rooms, Session, Student, choices_of, verdict_of
-from .room_views import SAY, pick_choices, student_html, teacher_html
+from .room_views import SAY, phrase, pick_choices, refusal, student_html, teacher_html
 from .stepping import Stepper
+from .untrusted import error
 from .updates import Update, session_of, unchanged
 
 TEACHER_TICK_S = 1.0  # the teacher's panel: joins and votes as they come in, and the beat if missed
@@ -148,7 +149,7 @@ class Desk:
             p.panel: gr.Group(visible=True),
             p.start: gr.Button(visible=False),
             p.view: teacher_html(session, self.link(request, session), shown),
-            p.votes: gr.Button(SAY["hide_votes"] if shown else SAY["show_votes"]),
+            p.votes: gr.Button(phrase("hide_votes") if shown else phrase("show_votes")),
             p.timer: gr.Timer(TEACHER_TICK_S, active=True),
         }
 
@@ -157,7 +158,7 @@ class Desk:
         try:
             self.rooms.open(teacher, self.clock())
         except RoomError as e:
-            raise gr.Error(str(e)) from e
+            raise error(refusal(e)) from e
         self.serials.pop(teacher, None)
         self.kept.pop(teacher, None)
         return self.panel(self.sync(teacher), shown, request)
@@ -202,7 +203,7 @@ class Desk:
         try:
             session, token = self.rooms.join(typed, token, self.client(request), self.clock())
         except RoomError as e:
-            return {s.note: str(e), s.code: gr.Textbox(visible=True), s.join: gr.Button(visible=True)}
+            return {s.note: refusal(e), s.code: gr.Textbox(visible=True), s.join: gr.Button(visible=True)}
         return {
             s.token: token,
             s.joined: session.code,
@@ -231,7 +232,7 @@ class Desk:
         except RoomError as e:
             # (a stream that yields nothing would empty its outputs: the join's note among them)
             yield (
-                {s.note: str(e), s.pick: gr.Radio(visible=False), s.timer: gr.Timer(active=False)}
+                {s.note: refusal(e), s.pick: gr.Radio(visible=False), s.timer: gr.Timer(active=False)}
                 if code
                 else unchanged()
             )
@@ -257,7 +258,7 @@ class Desk:
         try:
             student = self.rooms.vote(code, token, ballot, letter or "", self.clock())
         except RoomError as e:
-            return {s.note: str(e)}
+            return {s.note: refusal(e)}
         session, _ = self.rooms.student(code, token)
         return {s.note: "", s.view: student_html(session, student, letter)}
 
@@ -277,11 +278,22 @@ class StudentPage:
     joined: gr.State
     ballot: gr.State
     timer: gr.Timer
+    title: gr.Markdown
+
+    def texts(self) -> Update:
+        """The page's fixed text in the phone's language (its own Accept-Language or ?lang=, not the
+        teacher's): the main page's load (studio.i18n.wire_language) does not reach this route."""
+        return {
+            self.title: f"## {phrase('join_title')}",
+            self.code: gr.Textbox(label=phrase("code_label")),
+            self.join: gr.Button(phrase("join")),
+            self.pick: gr.Radio(label=phrase("pick_label")),
+        }
 
 
 def student_page() -> StudentPage:
     """The phone's page: the code (filled from the link), the room's view, the pick."""
-    gr.Markdown(f"## {SAY['join_title']}", elem_id="room-title")
+    title = gr.Markdown(f"## {SAY['join_title']}", elem_id="room-title")
     code = gr.Textbox(label=SAY["code_label"], max_lines=1, max_length=20, elem_id="room-code-input")
     join = gr.Button(SAY["join"], variant="primary", elem_id="room-join")
     note = gr.Markdown("", elem_id="room-note")
@@ -289,7 +301,7 @@ def student_page() -> StudentPage:
     pick = gr.Radio([], label=SAY["pick_label"], visible=False, elem_id="room-pick")
     token = gr.BrowserState("", storage_key="specfuse-room-id")
     timer = gr.Timer(WATCHDOG_S, active=False)
-    return StudentPage(code, join, note, view, pick, token, gr.State(""), gr.State(""), timer)
+    return StudentPage(code, join, note, view, pick, token, gr.State(""), gr.State(""), timer, title)
 
 
 # The link's code into the box on load; the keys 1–9 pick a candidate (a tap does too).
@@ -331,6 +343,8 @@ def wire_student(desk: Desk, demo: gr.Blocks, page: StudentPage) -> None:
         trigger_mode="always_last",
     )
     demo.load(None, js=PICK_KEYS)
+    texts = [page.title, page.code, page.join, page.pick]
+    demo.load(page.texts, None, texts, queue=False, show_progress="hidden", api_visibility="private")
 
 
 def student_route(desk: Desk, demo: gr.Blocks) -> None:

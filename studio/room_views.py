@@ -2,8 +2,10 @@
 join QR code, and every user-visible sentence of the feature (`SAY`, one place, for the catalogue
 of translations).
 
-Pure: reads studio.room's Session and returns HTML strings. Every text that comes from a run (a
-candidate, a member's name) or from a person goes through html.escape.
+Pure: reads studio.room's Session and returns HTML strings, in the language of the page asking
+(studio.i18n's `_`: a phone's own, not the teacher's; the room's sentences and refusals are kept as
+templates and said here). Every text that comes from a run (a candidate, a member's name) or from a
+person goes through html.escape.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from collections.abc import Sequence
 
 import segno
 
-from .room import DRAFTS, ENDED, VERDICT, Choice, Session, Student, Verdict, shown_code
+from .i18n import _
+from .room import DRAFTS, ENDED, VERDICT, Choice, RoomError, Said, Session, Student, Verdict, shown_code
+from .text_views import gate_reason
 
 # Every sentence the class session shows (the teacher's panel and the student's page): here only.
 SAY = {
@@ -57,6 +61,29 @@ SO_FAR = 280  # characters of the answer so far on a phone (its end: what the ca
 CLIP = 90  # characters of a candidate in the teacher's table (the phones show it whole)
 
 
+def phrase(key: str, **fields: object) -> str:
+    """SAY[key] in the page's language, its fields filled."""
+    return _(SAY[key], **fields)
+
+
+def said(sentence: Said, gate: object = None) -> str:
+    """A sentence the room keeps as a template (a verdict, the class's accuracy), in the page's language."""
+    template, fields = sentence
+    filled = dict(fields)
+    if gate is not None and "reason" in filled:
+        filled["reason"] = gate_reason(gate)  # type: ignore[arg-type]
+    return _(template, **filled)
+
+
+def refusal(error: RoomError) -> str:
+    """A refusal as the page's reader reads it (the exception's own text stays English)."""
+    return said(error.said)
+
+
+def verdict_line(verdict: Verdict) -> str:
+    return said(verdict.said, verdict.gate)
+
+
 def esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
@@ -78,18 +105,18 @@ def qr_data_uri(link: str) -> str:
 
 def pick_choices(choices: Sequence[Choice]) -> list[tuple[str, str]]:
     """The student's radio: each choice by its letter and whole text (no member: text only)."""
-    return [(f"{c.letter}. {c.text.strip() or '(empty)'}", c.letter) for c in choices]
+    return [(f"{c.letter}. {c.text.strip() or _('(empty)')}", c.letter) for c in choices]
 
 
 def score_line(student: Student) -> str:
     if not student.made:
-        return SAY["no_score"]
-    return SAY["score"].format(right=student.right, made=student.made)
+        return phrase("no_score")
+    return phrase("score", right=student.right, made=student.made)
 
 
 def won_line(verdict: Verdict) -> str:
     winner = next(c for c in verdict.choices if c.letter == verdict.winner)
-    return SAY["won"].format(k=verdict.k, letter=verdict.winner, members=", ".join(winner.members))
+    return phrase("won", k=verdict.k, letter=verdict.winner, members=", ".join(winner.members))
 
 
 def student_html(session: Session, student: Student | None, pick: str | None = None) -> str:
@@ -98,31 +125,31 @@ def student_html(session: Session, student: Student | None, pick: str | None = N
     phase = session.phase
     lines: list[tuple[str, str]] = []  # (class, text)
     if phase == ENDED:
-        lines.append(("sf-room-big", SAY["ended"]))
+        lines.append(("sf-room-big", phrase("ended")))
     elif phase == DRAFTS:
         ballot = session.beat.ballot
         assert ballot is not None
-        lines.append(("sf-room-big", SAY["drafts"].format(k=ballot.k)))
+        lines.append(("sf-room-big", phrase("drafts", k=ballot.k)))
         if ballot.prompt:
-            lines.append(("sf-room-context", SAY["question"].format(text=clip(ballot.prompt, SO_FAR))))
+            lines.append(("sf-room-context", phrase("question", text=clip(ballot.prompt, SO_FAR))))
         if ballot.answer:
             tail = ballot.answer if len(ballot.answer) <= SO_FAR else "…" + ballot.answer[-SO_FAR:]
-            lines.append(("sf-room-context", SAY["so_far"].format(text=tail)))
-        lines.append(("sf-room-pick", SAY["picked"].format(letter=pick) if pick else SAY["no_pick"]))
+            lines.append(("sf-room-context", phrase("so_far", text=tail)))
+        lines.append(("sf-room-pick", phrase("picked", letter=pick) if pick else phrase("no_pick")))
     elif phase == VERDICT:
         verdict = session.beat.verdict
         assert verdict is not None
         lines.append(("sf-room-big", won_line(verdict)))
         last = student.last if student is not None else None
         if last is not None and last[0] == verdict.key:
-            said = SAY["none"] if last[2] is None else SAY["right"] if last[2] else SAY["wrong"]
-            lines.append(("sf-room-result", said.format(letter=last[1])))
+            which = "none" if last[2] is None else "right" if last[2] else "wrong"
+            lines.append(("sf-room-result", phrase(which, letter=last[1])))
         else:
-            lines.append(("sf-room-result", SAY["none"]))
-        lines.append(("", verdict.sentence))
-        lines.append(("", SAY["waiting"] if not verdict.last else ""))
+            lines.append(("sf-room-result", phrase("none")))
+        lines.append(("", verdict_line(verdict)))
+        lines.append(("", phrase("waiting") if not verdict.last else ""))
     else:
-        lines.append(("sf-room-big", SAY["joined"]))
+        lines.append(("sf-room-big", phrase("joined")))
     if student is not None:
         lines.append(("sf-room-score", score_line(student)))
     body = "".join(f"<p class='{cls}'>{esc(text)}</p>" for cls, text in lines if text)
@@ -140,13 +167,14 @@ def bar(count: int, total: int) -> str:
 def join_html(session: Session, link: str, big: bool) -> str:
     """The join block: the QR code (large before the first round, small after), the code, the link."""
     local = any(h in link for h in ("//127.", "//localhost", "//[::1]", "//0.0.0.0"))
-    warn = f"<p class='sf-room-warn'>{esc(SAY['link_local'])}</p>" if local else ""
+    warn = f"<p class='sf-room-warn'>{esc(phrase('link_local'))}</p>" if local else ""
     size = "sf-room-qr-big" if big else "sf-room-qr-small"
     return (
         f"<div class='sf-room-join'><img class='{size}' src='{esc(qr_data_uri(link))}' "
-        f"alt='{esc(SAY['qr_alt'])}'><div><p class='sf-room-code' id='room-code'>"
-        f"{esc(shown_code(session.code))}</p><p>{esc(SAY['join_at'])} <a id='room-link' href='{esc(link)}' "
-        f"target='_blank' rel='noopener'>{esc(link)}</a></p>{warn}</div></div>"
+        f"alt='{esc(phrase('qr_alt'))}'><div><p class='sf-room-code' id='room-code'>"
+        f"{esc(shown_code(session.code))}</p><p>{esc(phrase('join_at'))} "
+        f"<a id='room-link' href='{esc(link)}' target='_blank' rel='noopener'>{esc(link)}</a></p>"
+        f"{warn}</div></div>"
     )
 
 
@@ -157,7 +185,7 @@ def teacher_html(session: Session, link: str, show_votes: bool) -> str:
     n = len(session.students)
     beat = session.beat
     left = join_html(session, link, big=beat.ballot is None and beat.verdict is None)
-    left += f"<p class='sf-room-joined' id='room-joined'>{esc(SAY['teacher_joined'].format(n=n))}</p>"
+    left += f"<p class='sf-room-joined' id='room-joined'>{esc(phrase('teacher_joined', n=n))}</p>"
     if beat.ballot is not None:
         voted = sum(session.counts.values())
         if show_votes:
@@ -167,16 +195,16 @@ def teacher_html(session: Session, link: str, show_votes: bool) -> str:
                 for c in beat.ballot.choices
             )
             right = (
-                f"<table id='room-tally'><caption>{esc(SAY['voted'].format(v=voted, n=n))}</caption>"
+                f"<table id='room-tally'><caption>{esc(phrase('voted', v=voted, n=n))}</caption>"
                 f"<tbody>{rows}</tbody></table>"
             )
         else:
-            right = f"<p id='room-tally'>{esc(SAY['hidden'].format(v=voted, n=n))}</p>"
+            right = f"<p id='room-tally'>{esc(phrase('hidden', v=voted, n=n))}</p>"
     elif beat.verdict is not None:
         right = spread_html(session, beat.verdict)
     else:
-        right = f"<p id='room-tally'>{esc(SAY['no_ballot'])}</p>"
-    right += f"<p id='room-accuracy'>{esc(SAY['accuracy'].format(accuracy=session.accuracy))}</p>"
+        right = f"<p id='room-tally'>{esc(phrase('no_ballot'))}</p>"
+    right += f"<p id='room-accuracy'>{esc(phrase('accuracy', accuracy=said(session.accuracy_said)))}</p>"
     return (
         f"<div id='room-teacher-view'><div class='sf-room-left'>{left}</div>"
         f"<div class='sf-room-right'>{right}</div></div>"
@@ -197,8 +225,8 @@ def spread_html(session: Session, verdict: Verdict) -> str:
             f"<td>{esc(', '.join(c.members))}</td><td class='sf-room-votes'>{bar(count, total)}</td>"
             f"<td>{esc(model)}</td></tr>"
         )
-    head = "<tr>" + "".join(f"<th scope='col'>{esc(h)}</th>" for h in SAY["heads"].split("|")) + "</tr>"
-    caption = f"{SAY['spread'].format(k=verdict.k)} {verdict.sentence}"
+    head = "<tr>" + "".join(f"<th scope='col'>{esc(h)}</th>" for h in phrase("heads").split("|")) + "</tr>"
+    caption = f"{phrase('spread', k=verdict.k)} {verdict_line(verdict)}"
     return (
         f"<table id='room-tally' class='sf-room-spread'><caption>{esc(caption)}</caption>"
         f"<thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"

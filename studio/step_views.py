@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from specfuse import Round
 from specfuse.records import Draft
 
-from .i18n import _
+from .i18n import _, said
 from .text_views import gate_reason
 from .untrusted import esc, md, shown_controls
 from .views import CHART_FONT, CHART_PX, MARGIN
@@ -160,7 +160,7 @@ def ended_line(rnd: Round | None) -> str:
 
 def ended_note(rnd: Round | None, tally: Tally, why: str = "") -> str:
     """The run is over: why (the engine's message, when it ended it), where, and the tally."""
-    parts = [md(why)] if why else []
+    parts = [md(said(why))] if why else []
     parts += [ended_line(rnd), f"{tally}" + _(".") if tally.made else ""]
     return " ".join(p for p in parts if p)
 

@@ -28,7 +28,7 @@ from specfuse.records import Draft, Finished, Queued
 
 from . import settings, views
 from .handlers import Studio
-from .i18n import _
+from .i18n import _, said
 from .loading import check_members
 from .preparing import POLL_S, Preparing, relay
 from .recorded import RecordedTicket, StepRun
@@ -342,7 +342,7 @@ class Stepper:
         n = len(run.rounds)
         return {
             **self.scene(run, n, view),
-            self.studio.display.status: md(why),
+            self.studio.display.status: md(said(why)),  # the page's language; run.end keeps the English
             **self.finished(run, n),
         }
 

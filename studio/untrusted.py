@@ -16,6 +16,8 @@ import gradio as gr
 
 from specfuse.handout.data import shown_controls
 
+from .i18n import said
+
 __all__ = ["Servers", "error", "esc", "md", "shown_controls"]
 
 # Characters Markdown (with GitHub's extensions and Gradio's LaTeX delimiters) acts on anywhere in a
@@ -93,8 +95,9 @@ def _secrets(spec: str) -> list[str]:
 
 
 def error(message: object, servers: Servers | None = None) -> gr.Error:
-    """One gr.Error whose message shows as the text it is (escaped), with no server URL in it."""
+    """One gr.Error whose message shows as the text it is (escaped), with no server URL in it, in the
+    page's language where it is an engine text the catalogue knows (the exception keeps its English)."""
     text = str(message)
     if servers is not None:
         text = servers.scrub(text)
-    return gr.Error(esc(text))
+    return gr.Error(esc(said(text)))

@@ -174,3 +174,48 @@ def test_the_handout_opens_in_chinese_and_its_switch_shows_english(browser, tmp_
         assert not errors
     finally:
         context.close()
+
+
+def test_a_phone_in_chinese_joins_votes_and_hears_the_verdict_in_chinese(browser, served):
+    """The class session's phone page (/join) speaks the phone's language (its own Accept-Language,
+    not the teacher's English): the page, the drafts beat, its pick, the verdict and a refusal."""
+    address, loaded = served
+    trace = load_lesson(SLUG)
+    with opened(browser, address, locale="en-US") as teacher:
+        teacher.click(f"#class-open-{SLUG}")
+        wait_text(teacher, "#status", "recorded run")
+        teacher.locator("#step-mode input").check()
+        wait_text(teacher, "#step-note", "recorded run")
+        teacher.evaluate("document.activeElement && document.activeElement.blur()")
+        teacher.keyboard.press("c")
+        teacher.wait_for_selector("#room-link")
+        link = teacher.get_attribute("#room-link", "href")
+        code = teacher.inner_text("#room-code")
+        allowed = trace_words(trace) | set(re.findall(r"[A-Za-z][A-Za-z0-9_]+", code)) | {"A", "B", "C"}
+        context = browser.new_context(locale="zh-CN", viewport={"width": 390, "height": 844})
+        try:
+            phone = context.new_page()
+            phone.set_default_timeout(30_000)
+            phone.goto(link)
+            wait_text(phone, "#room-student", "你已加入")
+            wait_text(phone, "#room-title", "加入课堂")
+            assert not english_left(phone, allowed), english_left(phone, allowed)
+            teacher.keyboard.press("ArrowRight")  # round 1's drafts
+            phone.wait_for_selector("#room-pick input[type=radio]")
+            phone.keyboard.press("1")
+            wait_text(phone, "#room-student", "你的选择：A")
+            found = english_left(phone, allowed)
+            assert not found, f"{len(found)} English words on the phone at the drafts: {found[:20]}"
+            teacher.keyboard.press("ArrowRight")  # Reveal
+            wait_text(phone, "#room-student", "第 1 轮")
+            wait_text(phone, "#room-student", "你的得分")
+            found = english_left(phone, allowed)
+            assert not found, f"{len(found)} English words on the phone at the verdict: {found[:20]}"
+            wait_text(teacher, "#room-accuracy", "of 1 votes right")  # the teacher's page stays English
+            other = context.new_page()  # a wrong code: refused in the phone's language
+            other.goto(f"{address.rstrip('/')}/join?code=ZZZZZZ")
+            wait_text(other, "#room-note", "没有使用该代码的课堂会话")
+            assert not english_left(other, allowed)
+        finally:
+            context.close()
+    assert loaded == []

@@ -21,7 +21,7 @@ from specfuse.handout.i18n import LANGS, accepted, catalogue, fields, pick, t
 from specfuse.lessons import LESSONS, in_language, key_round, load_lesson
 from specfuse.models.preparation import STEPS, usual_text
 
-from .i18n_keys import STOP_REASONS, asked, english_words, key_texts, lesson_texts, trace_words
+from .i18n_keys import ROOT, STOP_REASONS, asked, english_words, key_texts, lesson_texts, trace_words
 
 gr = pytest.importorskip("gradio")
 
@@ -193,3 +193,126 @@ def test_a_round_slide_draws_in_chinese_with_a_cjk_font():
     assert chinese.startswith(b"\x89PNG") and chinese != english
     with pytest.raises(ValueError, match="unknown UI language"):
         round_png(trace, 4, lang="xx")
+
+
+def test_the_room_speaks_each_pages_language_and_refuses_in_it():
+    """The class session (studio.room_views, studio.room's refusals and verdicts) in Chinese: every
+    phase of a phone's page, the teacher's panel, every refusal, the verdict of every lesson round
+    (gated, unscored, narrow and wide ones); the exception's own text stays English."""
+    from specfuse.records import Draft
+    from studio import room, room_views
+    from studio.room import Ballot, Beat, RoomError, Rooms, choices_of, verdict_of
+
+    assert {*room_views.SAY.values(), *room.REFUSED.values()} <= set(catalogue(ZH))
+    rooms = Rooms(secret=b"s" * 32)
+    session = rooms.open("teacher", 0.0)
+    token = rooms.join(session.code, None, "phone", 0.0)[1]
+    student = rooms.student(session.code, token)[1]
+    texts: dict[str, str] = {}
+    # the letters, the code and the link (a URL; its option --host), none of them words to translate
+    allowed: set[str] = {"A", "B", "C", "QR", "http", "join", "host"}
+    allowed |= set(re.findall(r"[A-Za-z][A-Za-z0-9_]+", f"{session.code[:3]} {session.code[3:]}"))
+    now = 0.0
+    with i18n.speaking(ZH):
+        texts["joined"] = room_views.student_html(session, student)
+        for one in LESSONS:
+            trace = load_lesson(one.slug)
+            allowed |= trace_words(trace)
+            for rnd in trace.rounds:
+                now += 2.0
+                choices = choices_of([Draft(rnd.k, c, 0.0) for c in rnd.candidates])
+                session.follow(Beat(rnd.k, Ballot(rnd.k, rnd.k, choices, "问", "答")), now)
+                texts[f"{one.slug}-{rnd.k}-drafts"] = room_views.student_html(session, student, "A")
+                texts[f"{one.slug}-{rnd.k}-hidden"] = room_views.teacher_html(session, "http://h/join", False)
+                texts[f"{one.slug}-{rnd.k}-shown"] = room_views.teacher_html(session, "http://h/join", True)
+                rooms.vote(session.code, token, f"{rnd.k}-{rnd.k}", "A", now)
+                session.follow(Beat(rnd.k, None, verdict_of(rnd.k, rnd, choices)), now)
+                texts[f"{one.slug}-{rnd.k}-verdict"] = room_views.student_html(session, student)
+                texts[f"{one.slug}-{rnd.k}-spread"] = room_views.teacher_html(
+                    session, "http://127.0.0.1/join", True
+                )
+        texts["choices"] = " ".join(label for label, _v in room_views.pick_choices(choices_of([])))
+        for key in room.REFUSED:
+            error = RoomError(key)
+            assert english_words(str(error)), key  # the exception (logs, the API) stays English
+            texts[f"refused-{key}"] = room_views.refusal(error)
+        rooms.close("teacher")
+        texts["ended"] = room_views.student_html(session, student)
+    found = {name: english_words(i18n.plain(text), allowed) for name, text in texts.items()}
+    assert not {name: words for name, words in found.items() if words}
+    assert "第 1 轮" in texts["weak-member-exits-1-drafts"] and "QR" not in texts["ended"]
+
+
+def test_the_failure_browser_speaks_chinese():
+    """The failure-case browser over a shipped study (app.py --eval-dir): its fixed text, the note
+    (the ceiling's lines included), the table and an opened case, in Chinese."""
+    import app
+    from studio import browse, failures
+
+    report = failures.load_eval(ROOT / "results" / "eval" / "gsm8k.json")  # the shipped study, with a ceiling
+    demo = app.build_demo(
+        lambda name, device, progress: None, choices=sorted(MEMBERS), eval_dir=report.report
+    )
+    names = {
+        *MEMBERS,
+        *re.findall(r"[A-Za-z][A-Za-z0-9_]+", " ".join(report.systems())),
+        "gsm8k",
+    }
+    names |= {"McNemar"}  # a test's name
+    update = i18n.LOCALIZER.updates(demo, set(), ZH)
+    texts = {}
+    for component in demo.blocks.values():
+        if str(getattr(component, "elem_id", "")).startswith("failures"):
+            props = {**i18n.texts(component), **update.get(component, {})}
+            value = props.get("value")
+            shown = [str(props.get("label", "")), *(label for label, _v in props.get("choices", []))]
+            if hasattr(value, "columns"):  # a table: its headers (its cells are the study's data)
+                shown += map(str, value.columns)
+            elif isinstance(value, str):
+                shown.append(i18n.plain(value))
+            texts[component.elem_id] = " ".join(shown)
+    assert set(texts) >= {"failures", "failures-note", "failures-filter", "failures-table"}
+    assert "上限" in texts["failures-note"] and "神谕" in texts["failures-note"]
+    with i18n.speaking(ZH):
+        problem = report.problems()[0]
+        mine = report.get(report.ensemble(), problem)
+        texts["case"] = i18n.plain(browse.case_html(problem, "18", [("x", "y")], True))
+        texts["case-none"] = i18n.plain(browse.case_html(problem, None, [("x", "y")], False))
+        assert mine is not None
+    found = {name: english_words(text, names) for name, text in texts.items()}
+    assert not {name: words for name, words in found.items() if words}
+
+
+def test_the_engines_errors_show_in_the_pages_language_and_stay_english_in_the_exception(tmp_path):
+    """An engine error the app shows (studio.untrusted.error, a step run's end) is said by its
+    template in Chinese; the exception's text, for logs and the API, is English."""
+    from specfuse import ConfigError, EnsembleConfig, SpecfuseError
+    from specfuse.limits import check_prompt
+    from specfuse.trace import parse_trace
+    from studio.untrusted import error
+
+    raised: list[SpecfuseError] = []
+    for bad in (
+        lambda: check_prompt("   "),
+        lambda: check_prompt([{"role": "user", "content": " "}]),
+        lambda: check_prompt("x" * 200_000),
+        lambda: EnsembleConfig(temperature=1e-7),
+        lambda: EnsembleConfig(top_p=2.0),
+        lambda: parse_trace(b"x" * 100, max_bytes=10),
+        lambda: parse_trace('{"schema": "other"}'),
+        lambda: parse_trace('{"schema": "specfuse.trace", "version": 99}'),
+    ):
+        with pytest.raises((SpecfuseError, ConfigError)) as caught:
+            bad()
+        raised.append(caught.value)
+    for e in raised:
+        assert english_words(str(e)), e  # the exception's own text: English
+        with i18n.speaking(ZH):
+            shown = str(error(e).message)
+        assert not english_words(i18n.plain(shown), {"schema", "trace"}), (
+            str(e),
+            shown,
+        )  # a file field, its value
+        assert str(error(e).message) != shown  # English pages: the engine's words
+    for template in i18n.ENGINE_TEXTS:
+        assert catalogue(ZH).get(template), template

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from specfuse.bench.room import Phone, Server, drill, page_of
-from studio.room import FAILS_PER_CLIENT, REFUSED
+from studio.room import FAILS_PER_CLIENT, RoomError
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +65,9 @@ def test_hostile_phones_are_refused_and_the_class_goes_on(server):
     # Gradio's radio refuses a value not among its choices before the app reads it (its own
     # sentence, which repeats the value); the app's own refusal stands behind it
     assert len(seen["big"]) == 2 and all("not in the list of choices" in r for r in seen["big"])
-    assert seen["forger"] == [REFUSED["forged"]]
+    assert seen["forger"] == [str(RoomError("forged"))]
     assert seen["counts"] == {seen["letter"]: 2}  # the good phone's and the big one's honest vote
-    assert seen["after"] is None and seen["good"] == [REFUSED["closed"]]  # after the reveal
+    assert seen["after"] is None and seen["good"] == [str(RoomError("closed"))]  # after the reveal
     guesses = seen["guesser"]
-    assert guesses[:FAILS_PER_CLIENT] == [REFUSED["no_code"]] * FAILS_PER_CLIENT
-    assert guesses[-1] == REFUSED["guessing"]
+    assert guesses[:FAILS_PER_CLIENT] == [str(RoomError("no_code"))] * FAILS_PER_CLIENT
+    assert guesses[-1] == str(RoomError("guessing"))
