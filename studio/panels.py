@@ -35,7 +35,7 @@ class Controls:
     upload: gr.File
     download: gr.DownloadButton
     step: gr.Checkbox  # step mode (studio.stepping)
-    system: gr.Textbox | None = None  # the conversation's system prompt (studio.conversation)
+    system: gr.Textbox  # the conversation's system prompt (studio.conversation)
 
 
 @dataclass
