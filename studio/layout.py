@@ -153,28 +153,11 @@ def wire_replay(studio: Studio) -> Any:
     on_status = [shown.status]
     w = shown.what_if
     panels = [*shown.by_name().values(), *w.round_outputs()]
-    shown.round.release(
-        studio.replay,
-        [trace, shown.round, shown.view],
-        panels,
-        api_name="replay",
-        show_progress_on=on_status,
-    )
-    shown.round.input(  # its keys (arrows, Home, End, Page keys) and a typed round: no release comes
-        studio.replay,
-        [trace, shown.round, shown.view],
-        panels,
-        api_visibility="private",
-        trigger_mode="always_last",
-        show_progress="hidden",
-    )
-    shown.view.change(
-        studio.replay,
-        [trace, shown.round, shown.view],
-        panels,
-        api_visibility="private",
-        show_progress_on=on_status,
-    )
+    replay = (studio.replay, [trace, shown.round, shown.view], panels)  # the round shown, in the view shown
+    shown.round.release(*replay, api_name="replay", show_progress_on=on_status)
+    # its keys (arrows, Home, End, Page keys) and a typed round: no release comes
+    shown.round.input(*replay, api_visibility="private", trigger_mode="always_last", show_progress="hidden")
+    shown.view.change(*replay, api_visibility="private", show_progress_on=on_status)
     shown.answer.select(
         studio.select_segment,
         [trace, shown.view],
