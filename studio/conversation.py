@@ -1,16 +1,16 @@
 """Conversations in the app (issue 44, item 4): Run asks a new conversation's first question, "Ask a
 follow-up" the next one, and every run's prompt is the Conversation so far (chat_views.Chat).
 
-Both go through Studio's own run handler (the scheduler's batch, Stop, Compare, the download), with
-the prompt replaced by the conversation; the ensemble's answer becomes the assistant message every
-member sees on the next turn. The conversation is the session's (a gr.State): bubbles, a turn
-selector whose turn the panels show (and Branch and the download use), and New conversation.
-studio.layout places the panel and calls `wire_chat` once.
+Both are one Gradio function over Studio's form (studio.request: the page's values become one
+RunRequest), through Studio's own run (the scheduler's batch, Stop, Compare, the download) or step
+mode's start, with the prompt replaced by the conversation; the ensemble's answer becomes the
+assistant message every member sees on the next turn. The conversation is the session's (a
+gr.State): bubbles, a turn selector whose turn the panels show (and Branch and the download use),
+and New conversation. studio.layout places the panel and calls `wire_chat` once.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Optional, cast
@@ -25,18 +25,28 @@ from .chat_panel import ChatPanel
 from .chat_views import Chat, bubbles_html, chat_from_prompt, turn_choices
 from .handlers import Studio, limits
 from .i18n import _
-from .updates import Update, download_value, session_of, unchanged
+from .request import RunForm, RunRequest
+from .stepping import Stepper
+from .updates import Update, session_of, unchanged
 
 NEW = "New conversation: type a question and press **Run**; then ask follow-ups under the answer."
+# What an API caller reads of Run and of the follow-up (Gradio shows a handler's __doc__)
+RUN = (
+    "Load the members (once, shared), then stream one update per round. With step=True: a run paused "
+    "before round 1 (step mode). With system: the conversation's system message."
+)
+ASK = "Ask a follow-up: the session's conversation's next turn, through Run's batch."
 
 
 @dataclass
 class Conversing:
-    """Studio's runs as turns of the session's conversation."""
+    """Studio's runs as turns of the session's conversation: Run (stepping when step mode's box is
+    checked) asks a new one's first question, Ask a follow-up its next."""
 
     studio: Studio
     panel: ChatPanel
     system: gr.Textbox
+    stepper: Stepper
 
     def shown(self, chat: Chat, selected: int | None = None) -> Update:
         """The conversation's components for `chat`, the turn `selected` (default the latest) shown."""
@@ -47,89 +57,75 @@ class Conversing:
             self.panel.turn: gr.Dropdown(choices=turn_choices(chat), value=index if chat.turns else None),
         }
 
-    async def turns(
-        self, run: Callable[..., AsyncIterator[Update]], chat: Chat, given: list[Any], extra: list[Any]
-    ) -> AsyncIterator[Update]:
-        """Run `chat`'s last question (`given[1]` is its prompt) and keep its run as the turn's
-        answer; a turn with no answer at the end (stopped before round 1, refused) goes."""
-        trace_box, seen = self.studio.trace, cast(Update, {})
-        first = self.shown(chat)  # the question's bubble, with the run's first update (no extra one)
-        try:
-            async for update in run(*given, *extra):
-                if trace_box in update and update[trace_box] is not None:
-                    chat = chat.answering(update[trace_box])
-                    update = update | self.shown(chat)
-                update, first = first | update, {}
-                seen |= update
-                yield update
-        except gr.Error:
-            yield self.shown(chat.settled())  # the question refused leaves the bubbles, then the error
-            raise
-        if len(chat.settled().turns) < len(chat.turns):  # no answer: the whole page once more, so
-            yield seen | self.shown(chat.settled())  # an API caller's last update has it all
-
-    def around(
-        self, run: Callable[..., AsyncIterator[Update]], inputs: list[Any], outputs: list[Any]
+    def event(
+        self, followup: bool = False
     ) -> tuple[Callable[..., AsyncIterator[Update]], list[Any], list[Any]]:
-        """Run's handler with the conversation: it starts a new one (the system prompt set, the
-        prompt its first question). Its parameters gain `system`; its outputs the conversation's,
-        right after Studio's own (those another wrapper added stay last)."""
+        """Run's handler, inputs and outputs (Ask a follow-up's with `followup`): its parameters are
+        Studio's form with `system` and the conversation (and Run's `step`); its outputs Studio's, the
+        conversation's, then step mode's bar (Ask's: the follow-up box, which it empties)."""
+        form = replace(self.studio.form(), system=self.system, chat=self.panel.state)
+        last: list[Any] = [self.panel.followup] if followup else self.stepper.bar.outputs()
+        if followup:
+            form = replace(form, prompt=self.panel.followup, question=True)
+        else:
+            form = replace(form, step=self.stepper.mode)
+        outputs = [*self.studio.run_outputs(), *self.panel.outputs(), *last]
+        run = form.signed(self.handler(form, followup), ASK if followup else RUN)
+        run.__name__ = "ask" if followup else "run_new"  # the private events' API names, as they were
+        return run, form.inputs(), outputs
 
-        async def run_new(*values: Any) -> AsyncIterator[Update]:
-            *given, system, _chat, progress, request = values
-            chat = Chat(system or "")
-            question = given[1]
-            if isinstance(question, str):
-                given[1] = chat.prompt(question)
-                chat = chat.asking(question)
-            async for update in self.turns(run, chat, given, [progress, request]):
-                yield update
+    def handler(self, form: RunForm, followup: bool) -> Callable[..., AsyncIterator[Update]]:
+        """The run of the request the page sent, as the conversation's next turn: its question's
+        bubble with the run's first update, the answer kept as the run's trace grows, a turn with no
+        answer at the end (stopped before round 1, refused) taken back. Run ends the session's
+        stepping run (and starts one with the box checked); a follow-up leaves step mode alone."""
+        s, stepper = self.studio, self.stepper
 
-        mine = self.panel.outputs()
-        n = len(self.studio.run_outputs())
-        run_new.__signature__ = self.signature(run)  # type: ignore[attr-defined]
-        run_new.__annotations__ = dict(run.__annotations__)
-        run_new.__doc__ = f"{run.__doc__ or ''} With system: the conversation's system message."
-        return run_new, [*inputs, self.system, self.panel.state], [*outputs[:n], *mine, *outputs[n:]]
-
-    @staticmethod
-    def signature(run: Callable[..., Any], first: str = "prompt") -> inspect.Signature:
-        """`run`'s signature with `system` and the conversation's state before progress and request
-        (and its prompt parameter named `first`)."""
-        keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
-        parameters = list(inspect.signature(run).parameters.values())
-        parameters[1] = parameters[1].replace(name=first)
-        added = [
-            inspect.Parameter("system", keyword, default=""),
-            inspect.Parameter("chat", keyword, default=None),
-        ]
-        return inspect.Signature([*parameters[:-2], *added, *parameters[-2:]])
-
-    def followup_handler(self) -> Callable[..., AsyncIterator[Update]]:
-        """ask(members, question, <settings>, device, compare, view_name, system): the next turn."""
-        run = self.studio.run_handler()
-
-        async def ask(*values: Any) -> AsyncIterator[Update]:
-            *given, system, chat, progress, request = values
-            chat = replace(chat or Chat(), system=system or "")
-            question = given[1]
-            if not isinstance(question, str) or not question.strip():
-                raise self.studio.error(_("Type a follow-up question first."))
+        async def run(*values: Any) -> AsyncIterator[Update]:
+            request = self.asked(form.request(values), followup)
+            chat = cast(Chat, request.chat)
+            stepping = request.step and not followup
+            if not followup:
+                stepper.drop(request.session)
+            updates = stepper.start(request) if stepping else s.run(request)
+            reset = stepper.reset() if not (followup or stepping) else {}
+            first, seen = self.shown(chat) | reset, cast(Update, {})
+            emptied: Update = {self.panel.followup: ""} if followup else {}  # with the first yield
             try:
-                chat.room()
-                given[1] = chat.prompt(question)
-            except SpecfuseError as e:
-                raise self.studio.error(e) from e
-            chat = chat.asking(question)
-            first = {self.panel.followup: ""}
-            async for update in self.turns(run, chat, given, [progress, request]):
-                yield first | update
-                first = {}
+                async for update in updates:
+                    if s.trace in update and update[s.trace] is not None:
+                        chat = chat.answering(update[s.trace])
+                        update = update | self.shown(chat)
+                    update, first = first | update, {}
+                    seen |= update
+                    yield emptied | update
+                    emptied = {}
+            except gr.Error:
+                yield emptied | self.shown(chat.settled())  # the refused question's bubble goes
+                raise
+            if len(chat.settled().turns) < len(chat.turns):  # no answer: the whole page once more, so
+                yield seen | self.shown(chat.settled())  # an API caller's last update has it all
 
-        ask.__signature__ = self.signature(run, "question")  # type: ignore[attr-defined]
-        ask.__annotations__ = dict(run.__annotations__)
-        ask.__doc__ = "Ask a follow-up: the session's conversation's next turn, through Run's batch."
-        return ask
+        return run
+
+    def asked(self, request: RunRequest, followup: bool) -> RunRequest:
+        """The request as its conversation's next turn: its prompt the conversation so far and the
+        question, its chat the conversation with the question asked (Run's: a new one)."""
+        question = request.prompt
+        if not followup:
+            chat = Chat(request.system or "")
+            if not isinstance(question, str):  # an API caller's messages: a run as sent
+                return replace(request, chat=chat)
+            return replace(request, prompt=chat.prompt(question), chat=chat.asking(question))
+        chat = replace(request.chat or Chat(), system=request.system or "")
+        if not isinstance(question, str) or not question.strip():
+            raise self.studio.error(_("Type a follow-up question first."))
+        try:
+            chat.room()
+            prompt = chat.prompt(question)
+        except SpecfuseError as e:
+            raise self.studio.error(e) from e
+        return replace(request, prompt=prompt, chat=chat.asking(question))
 
     # ---- the turn shown, a new conversation, an uploaded trace's ----------------------------------
 
@@ -141,22 +137,11 @@ class Conversing:
         request: Optional[gr.Request] = None,  # noqa: UP045 (Gradio looks for this type)
     ) -> Update:
         """The panels (and Branch, and the download) on the rounds of the turn picked."""
-        s, v = self.studio, self.studio.display
         turn = (chat or Chat()).turn(index)
         if chat is None or turn is None or turn.trace is None or not turn.trace.rounds:
             return unchanged()
-        trace = turn.trace
-        return {
-            **s.clear_branch(),
-            s.trace: trace,
-            **s.panels(trace, None, view),
-            v.round: views.slider_value(trace),
-            v.segment: "",
-            v.compared: "",
-            v.plain: views.plain_answer(trace.rounds),
-            s.controls.download: download_value(trace, session_of(request)),
-            self.panel.bubbles: bubbles_html(chat, index),
-        }
+        shown = self.studio.show_trace(turn.trace, view, "", session_of(request))
+        return shown | {self.studio.display.compared: "", self.panel.bubbles: bubbles_html(chat, index)}
 
     def new(self, system: str) -> Update:
         """New conversation: no turns (the system prompt stays set), every panel emptied."""
@@ -189,10 +174,7 @@ def wire_chat(conversing: Conversing, concurrency_limit: int | None) -> None:
     conversation an uploaded trace continues."""
     s, p = conversing.studio, conversing.panel
     c, v = s.controls, s.display
-    ask = conversing.followup_handler()
-    inputs = [c.models, p.followup, *c.settings.values(), c.device, c.compare, v.view]
-    inputs += [conversing.system, p.state]
-    outputs = [*s.run_outputs(), *p.outputs(), p.followup]
+    ask, inputs, outputs = conversing.event(followup=True)
     for trigger, api in ((p.ask.click, "followup"), (p.followup.submit, None)):
         trigger(
             ask,

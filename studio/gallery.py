@@ -349,8 +349,8 @@ def wire_gallery(
     gallery: Gallery,
     notes: Notes,
     concurrency_limit: int | None,
-    stepper: Stepper | None = None,
-    conversing: Conversing | None = None,
+    stepper: Stepper,
+    conversing: Conversing,
     page: gr.Blocks | None = None,
 ) -> None:
     """Open (each card, and the `page`'s link on load), Run it live (fill, then Run's own handler:
@@ -363,27 +363,25 @@ def wire_gallery(
     panels = [*shown.by_name().values(), *shown.what_if.round_outputs()]
     opened = [studio.trace, *panels, shown.round, shown.segment, controls.download, shown.plain]
     opened += [*shown.what_if.branch_outputs(), shown.what_if.branch_text, *lesson_outputs]
-    opened += stepper.bar.outputs() if stepper is not None else []
-    opened += conversing.panel.outputs() if conversing is not None else []
-    step = [stepper.mode] if stepper is not None else []
+    opened += [*stepper.bar.outputs(), *conversing.panel.outputs()]
     if page is not None:  # a link's lesson and round (parse_link), as the card opens it
-        linked = opened + ([stepper.mode, stepper.bar.bar] if stepper is not None else [])
+        linked = [*opened, stepper.mode, stepper.bar.bar]
         page.load(
-            room.open_link, [shown.view, *step], linked, api_visibility="private", show_progress="hidden"
+            room.open_link,
+            [shown.view, stepper.mode],
+            linked,
+            api_visibility="private",
+            show_progress="hidden",
         ).then(None, js=INTO_VIEW)
     for slug, button in gallery.opens.items():
         button.click(
             room.open_handler(slug),
-            [shown.view, *step],
+            [shown.view, stepper.mode],
             opened,
             api_visibility="private",
             show_progress_on=[shown.status],
         ).then(None, js=INTO_VIEW)
-    run, inputs, outputs = studio.run_handler(), studio.run_inputs(), studio.run_outputs()
-    if stepper is not None:
-        run, inputs, outputs = stepper.around(run, inputs, outputs)
-    if conversing is not None:
-        run, inputs, outputs = conversing.around(run, inputs, outputs)
+    run, inputs, outputs = conversing.event()  # Run's own handler (studio.conversation)
     form = [controls.prompt, controls.models, *controls.settings.values(), *lesson_outputs]
     gallery.live.click(room.fill, [gallery.opened], form, api_visibility="private").success(
         run,

@@ -10,24 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, cast
+from typing import TYPE_CHECKING, Any, Optional
 
 import gradio as gr
 
 from specfuse import ConfigError, ModelLoadError, Prompt, Round, SpecfuseError, Trace, TraceError
-from specfuse.engine import check_prompt
+from specfuse.limits import check_request
 from specfuse.records import Draft, Queued
 from specfuse.trace import MAX_TRACE_BYTES, load_trace
 
-from . import settings, views
+from . import views
 from .i18n import _
 from .loading import DevicePlan, Load, Loader, check_members
 from .panels import Controls, Views
 from .preparing import POLL_S, Preparing, relay
+from .request import RunForm, RunRequest
 from .serving import Held, Schedulers, gpu, in_worker
 from .untrusted import Servers, error
 from .updates import Update, download_value, session_of, unchanged
@@ -91,9 +91,10 @@ class Studio(WhatIf):
 
     # ---- run -----------------------------------------------------------------------------------
 
-    def run_inputs(self) -> list[gr.components.Component]:
+    def form(self) -> RunForm:
+        """Run's own parameters (step mode and the conversation add theirs: studio.conversation)."""
         c = self.controls
-        return [c.models, c.prompt, *c.settings.values(), c.device, c.compare, self.display.view]
+        return RunForm(c.models, c.prompt, c.settings, c.device, c.compare, self.display.view)
 
     def run_outputs(self) -> list[gr.components.Component]:
         v = self.display
@@ -109,53 +110,50 @@ class Studio(WhatIf):
             *v.what_if.branch_outputs(),
         ]
 
-    def run_handler(self) -> Callable[..., AsyncIterator[Update]]:
-        """run(members, prompt, <one argument per EnsembleConfig field>, device, compare, view_name).
+    async def run(self, request: RunRequest) -> AsyncIterator[Update]:
+        """The session's live run (see `LiveRun`): load the members (once, shared), then one update
+        per round, from stream_run on a thread of its own."""
+        session, live = request.session, LiveRun()
+        self.live[session] = live
+        try:
+            async for update in in_worker(self.stream_run(request, live), live.halt, live.held):
+                live.trace = update.get(self.trace, live.trace)
+                yield update
+            if live.halt.is_set():  # Gradio re-sends a run's last update when it completes,
+                # maybe after Stop's answer: let both say it (and clear what an earlier run left)
+                yield self.stopped(live.trace, session) | self.cleared(live.trace)
+        finally:  # a halted or cancelled run too: Stop waits for this, so it answers last
+            live.ended.set()
+            if self.live.get(session) is live:
+                del self.live[session]
 
-        Its signature names every setting, so the API takes them as keywords (`segment_len=4`).
-        """
-        names = list(self.controls.settings)
-
-        async def run(*values: Any) -> AsyncIterator[Update]:
-            members, prompt, *rest = values
-            form = dict(zip(names, rest[: len(names)]))
-            device, compare, view, progress, request = rest[len(names) :]
-            session, live = session_of(request), LiveRun()
-            self.live[session] = live
-            try:
-                async for update in in_worker(
-                    self.stream_run(members, prompt, form, device, compare, view, progress, session, live),
-                    live.halt,
-                    live.held,
-                ):
-                    live.trace = update.get(self.trace, live.trace)
-                    yield update
-                if live.halt.is_set():  # Gradio re-sends a run's last update when it completes,
-                    # maybe after Stop's answer: let both say it (and clear what an earlier run left)
-                    yield self.stopped(live.trace, session) | self.cleared(live.trace)
-            finally:  # a halted or cancelled run too: Stop waits for this, so it answers last
-                live.ended.set()
-                if self.live.get(session) is live:
-                    del self.live[session]
-
-        keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
-        c = self.controls
-        parameters = [inspect.Parameter("members", keyword), inspect.Parameter("prompt", keyword)]
-        parameters += [inspect.Parameter(n, keyword, default=c.settings[n].value) for n in names]
-        parameters += [
-            inspect.Parameter(name, keyword, default=widget.value)
-            for name, widget in (
-                ("device", c.device),
-                ("compare", c.compare),
-                ("view_name", self.display.view),
-            )
-        ]
-        progress = inspect.Parameter("progress", keyword, default=gr.Progress())
-        request = inspect.Parameter("request", keyword, default=None)
-        run.__signature__ = inspect.Signature([*parameters, progress, request])  # type: ignore[attr-defined]
-        run.__annotations__ = {"request": Optional[gr.Request]}  # noqa: UP045 (Gradio looks for this type)
-        run.__doc__ = "Load the members (once, shared), then stream one update per round."
-        return run
+    def begin(
+        self,
+        request: RunRequest,
+        held: Held,
+        *,
+        say: bool = True,
+        unloadable: Callable[[SpecfuseError], str] | None = None,
+        **branch: Any,
+    ) -> Generator[Update, None, tuple[Ticket, list[Member]]]:
+        """Every run's prologue (Run's, step mode's, a branch's): check the members, read the config,
+        check the request (the engine checks it too: this fails before any loading), load the
+        members (prepare: `say` puts its word on the status line), submit to the batch (`branch`:
+        the scheduler's start, forced, origin, step) and hold the ticket. Refusals are one gr.Error;
+        `unloadable(e)` words the page's message when the members cannot be checked or loaded.
+        `ticket, members = yield from studio.begin(request, held)`."""
+        loading = True  # while the members are checked, and again while they load
+        try:
+            names = check_members(request.members, self.choices, self.allow_paths)
+            loading = False
+            config = request.config()
+            check_request(request.prompt, config, branch.get("start", ()), branch.get("forced"))
+            loading = True
+            loaded = yield from self.prepare(names, request.device, request.progress, say)
+            loading = False
+            return held.keep(self.schedulers.submit(loaded, request.prompt, config, **branch)), loaded
+        except SpecfuseError as e:
+            raise self.error(unloadable(e) if loading and unloadable is not None else e) from e
 
     def load(
         self,
@@ -192,10 +190,10 @@ class Studio(WhatIf):
         return load_each(names, devices, one, shown)
 
     def prepare(
-        self, names: list[str], device: str, progress: Callable[..., Any]
+        self, names: list[str], device: str, progress: Callable[..., Any], say: bool = True
     ) -> Generator[Update, None, list[Member]]:
-        """load()'s members, loaded on a thread of their own while this yields the status line's
-        word of what is happening (studio.preparing) and drives Gradio's progress bar; members
+        """load()'s members, loaded on a thread of their own while this drives Gradio's progress bar
+        and (`say`) yields the status line's word of what is happening (studio.preparing); members
         already loaded come back at once, nothing said. `members = yield from studio.prepare(...)`."""
         job = Preparing.start(self.load, names, device, self.under_way)
         last = None
@@ -203,7 +201,8 @@ class Studio(WhatIf):
             text = relay(job, progress, last)
             if text is not None:
                 last = text
-                yield {self.display.status: text}
+                if say:
+                    yield {self.display.status: text}
         return job.result()
 
     def under_way(self, name: str, device: str) -> Load | None:
@@ -212,18 +211,7 @@ class Studio(WhatIf):
         return under_way(self.servers.spec(name), device) if under_way is not None else None
 
     @gpu
-    def stream_run(
-        self,
-        members: list[str],
-        prompt: str,
-        form: dict[str, Any],
-        device: str,
-        compare: bool,
-        view: str,
-        progress: Callable[..., Any],
-        session: str = "",
-        live: LiveRun | None = None,
-    ) -> Iterator[Update]:
+    def stream_run(self, request: RunRequest, live: LiveRun | None = None) -> Iterator[Update]:
         """Load the members (once, shared), then yield one update per round (and per compared member).
 
         The run is a ticket in the scheduler's batch, beside every other user's (and API client's);
@@ -231,36 +219,27 @@ class Studio(WhatIf):
         v = self.display
         held = live.held if live is not None else Held()
         began = time.perf_counter()
-        try:
-            names = check_members(members, self.choices, self.allow_paths)
-            config = settings.config_from_form(form)
-            check_prompt(prompt)  # the engine checks it too; this fails before any loading
-            loaded = yield from self.prepare(names, device, progress)
-            stream = held.hold(self.schedulers.submit(loaded, prompt, config))
-        except SpecfuseError as e:
-            raise self.error(e) from e
+        ticket, loaded = yield from self.begin(request, held)
+        stream = ticket.events()
         clock = RunClock(began, time.perf_counter() - began)
-        rounds: list[Round] = []
         drafts: list[Draft] = []  # the candidates of the round being drafted, as they arrive
         trace = None
-        ticket = cast("Ticket", held.ticket)
         try:
-            for rnd in stream:
-                if isinstance(rnd, Queued):  # still waiting for a place in the batch
-                    yield {v.status: views.waiting_status(rnd.place, self.schedulers.stats()["running"])}
-                elif isinstance(rnd, Draft):
-                    drafts.append(rnd)
-                    yield self.draft_update(drafts, rounds, ticket, clock)
-                elif isinstance(rnd, Round):  # else Finished: the last round came before it
+            for event in stream:
+                if isinstance(event, Queued):  # still waiting for a place in the batch
+                    yield {v.status: views.waiting_status(event.place, self.schedulers.stats()["running"])}
+                elif isinstance(event, Draft):
+                    drafts.append(event)
+                    yield self.draft_update(drafts, trace.rounds if trace else (), ticket, clock)
+                elif isinstance(event, Round):  # else Finished: the last round came before it
                     drafts = []
-                    rounds.append(rnd)
                     clock.waited_s = clock.waited_s or time.perf_counter() - began
-                    trace = Trace(prompt, ticket.members, config, tuple(rounds), id=ticket.id)
-                    yield self.round_update(trace, view, session, clock, compare)
+                    trace = ticket.trace(upto=event.k)  # the ticket may hold rounds not read yet
+                    yield self.round_update(trace, request, clock)
             if held.cancelled:  # stopped: no member alone after it
                 return
-            if compare and trace is not None:
-                yield from self.compare_updates(trace, loaded, view, session, clock, held)
+            if request.compare and trace is not None:
+                yield from self.compare_updates(trace, loaded, request, clock, held)
         except SpecfuseError as e:
             raise self.error(e) from e
         finally:
@@ -268,7 +247,7 @@ class Studio(WhatIf):
             held.cancel()
 
     def draft_update(
-        self, drafts: list[Draft], rounds: list[Round], ticket: Ticket, clock: RunClock
+        self, drafts: list[Draft], rounds: Sequence[Round], ticket: Ticket, clock: RunClock
     ) -> Update:
         """A candidate of the round being drafted arrived: show the candidates so far."""
         v = self.display
@@ -283,21 +262,21 @@ class Studio(WhatIf):
             ),
         }
 
-    def round_update(self, trace: Trace, view: str, session: str, clock: RunClock, compare: bool) -> Update:
+    def round_update(self, trace: Trace, request: RunRequest, clock: RunClock) -> Update:
         """A round was decided: every panel, for the run so far (its download once it is done)."""
         rnd = trace.rounds[-1]
-        done = rnd.stop_reason is not None and not compare
+        done = rnd.stop_reason is not None and not request.compare
         return self.run_update(
             trace,
-            view,
+            request.view,
             clock,
             fresh=len(trace.rounds) == 1,
-            download=download_value(trace if done else None, session),
-            compared=views.compare_html([("ensemble", rnd.text)]) if compare else "",
+            download=download_value(trace if done else None, request.session),
+            compared=views.compare_html([("ensemble", rnd.text)]) if request.compare else "",
         )
 
     def compare_updates(
-        self, trace: Trace, loaded: list[Member], view: str, session: str, clock: RunClock, held: Held
+        self, trace: Trace, loaded: list[Member], request: RunRequest, clock: RunClock, held: Held
     ) -> Iterator[Update]:
         """Compare: each member alone, its answer growing beside the ensemble's; then the whole run."""
         v = self.display
@@ -309,8 +288,9 @@ class Studio(WhatIf):
                 yield {v.compared: views.compare_html([*columns, (f"{member.name} alone", alone)])}
             columns.append((f"{member.name} alone", alone))
         # everything again: an API caller reads the whole run from the last update
+        download = download_value(trace, request.session)
         yield self.run_update(
-            trace, view, clock, download=download_value(trace, session), compared=views.compare_html(columns)
+            trace, request.view, clock, download=download, compared=views.compare_html(columns)
         )
 
     def run_update(

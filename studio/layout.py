@@ -96,10 +96,10 @@ def build_demo(
         if study is not None and panel is not None:
             wire_failures(studio, study, panel)
         stepper = Stepper(studio, step_bar, controls.step)
-        conversing = Conversing(studio, chat, controls.system) if controls.system is not None else None
+        conversing = Conversing(studio, chat, controls.system, stepper)
         # The gallery first: its "close the lesson" on Run and upload goes before a run's stream.
         wire_gallery(studio, gallery, notes, concurrency_limit, stepper, conversing, page=demo)
-        desk = wire_room(Desk(stepper), demo, room, wire(studio, concurrency_limit, stepper, conversing))
+        desk = wire_room(Desk(stepper), demo, room, wire(studio, concurrency_limit, conversing))
         wire_handouts(studio, handouts, desk.spread)  # the class's votes go into the handout
         wire_presenter(demo, presenter)
         wire_keys(demo)
@@ -110,58 +110,30 @@ def build_demo(
     return demo
 
 
-def wire(
-    studio: Studio,
-    concurrency_limit: int | None,
-    stepper: Stepper | None = None,
-    conversing: Conversing | None = None,
-) -> list[Any]:
+def wire(studio: Studio, concurrency_limit: int | None, conversing: Conversing) -> list[Any]:
     """The listeners of the run, its replay and its what-if panels, in this order (then step mode's
     and the conversation's). Step mode's beats' events."""
-    wire_run(studio, concurrency_limit, stepper, conversing)
+    wire_run(studio, concurrency_limit, conversing)
     uploaded = wire_replay(studio)
     wire_branch(studio, concurrency_limit)
-    events = wire_step(stepper, concurrency_limit, uploaded) if stepper is not None else []
-    if conversing is not None:
-        wire_chat(conversing, concurrency_limit)
+    events = wire_step(conversing.stepper, concurrency_limit, uploaded)
+    wire_chat(conversing, concurrency_limit)
     return events
 
 
-def wire_run(
-    studio: Studio,
-    concurrency_limit: int | None,
-    stepper: Stepper | None = None,
-    conversing: Conversing | None = None,
-) -> None:
-    """Run (the button and the prompt's Enter) and Stop; with `stepper`, Run steps when its box is
-    checked; with `conversing`, Run starts a new conversation (the system prompt set)."""
+def wire_run(studio: Studio, concurrency_limit: int | None, conversing: Conversing) -> None:
+    """Run (the button and the prompt's Enter) and Stop: Run starts a new conversation (the system
+    prompt set), stepping when step mode's box is checked."""
     controls, shown = studio.controls, studio.display
-    run = studio.run_handler()
-    on_status = [shown.status]  # one progress bar and one error, on the status line
-    inputs, outputs = studio.run_inputs(), studio.run_outputs()
-    if stepper is not None:
-        run, inputs, outputs = stepper.around(run, inputs, outputs)
-    if conversing is not None:
-        run, inputs, outputs = conversing.around(run, inputs, outputs)
+    run, inputs, outputs = conversing.event()
+    common: dict[str, Any] = {
+        "show_progress_on": [shown.status],  # one progress bar and one error, on the status line
+        "concurrency_limit": concurrency_limit,
+        "concurrency_id": "run",
+    }
     run_events = [
-        controls.run.click(
-            run,
-            inputs,
-            outputs,
-            api_name="run",
-            show_progress_on=on_status,
-            concurrency_limit=concurrency_limit,
-            concurrency_id="run",
-        ),
-        controls.prompt.submit(
-            run,
-            inputs,
-            outputs,
-            api_visibility="private",
-            show_progress_on=on_status,
-            concurrency_limit=concurrency_limit,
-            concurrency_id="run",
-        ),
+        controls.run.click(run, inputs, outputs, api_name="run", **common),
+        controls.prompt.submit(run, inputs, outputs, api_visibility="private", **common),
     ]
     controls.stop.click(
         studio.stop,
@@ -169,7 +141,7 @@ def wire_run(
         [shown.status, controls.download],
         cancels=run_events,  # type: ignore[arg-type]
         api_name="stop",
-        show_progress_on=on_status,
+        show_progress_on=[shown.status],
         concurrency_limit=None,  # it waits for its own run's end: never behind another user's Stop
     )
 
@@ -181,28 +153,11 @@ def wire_replay(studio: Studio) -> Any:
     on_status = [shown.status]
     w = shown.what_if
     panels = [*shown.by_name().values(), *w.round_outputs()]
-    shown.round.release(
-        studio.replay,
-        [trace, shown.round, shown.view],
-        panels,
-        api_name="replay",
-        show_progress_on=on_status,
-    )
-    shown.round.input(  # its keys (arrows, Home, End, Page keys) and a typed round: no release comes
-        studio.replay,
-        [trace, shown.round, shown.view],
-        panels,
-        api_visibility="private",
-        trigger_mode="always_last",
-        show_progress="hidden",
-    )
-    shown.view.change(
-        studio.replay,
-        [trace, shown.round, shown.view],
-        panels,
-        api_visibility="private",
-        show_progress_on=on_status,
-    )
+    replay = (studio.replay, [trace, shown.round, shown.view], panels)  # the round shown, in the view shown
+    shown.round.release(*replay, api_name="replay", show_progress_on=on_status)
+    # its keys (arrows, Home, End, Page keys) and a typed round: no release comes
+    shown.round.input(*replay, api_visibility="private", trigger_mode="always_last", show_progress="hidden")
+    shown.view.change(*replay, api_visibility="private", show_progress_on=on_status)
     shown.answer.select(
         studio.select_segment,
         [trace, shown.view],

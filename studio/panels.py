@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import gradio as gr
 
@@ -35,7 +36,7 @@ class Controls:
     upload: gr.File
     download: gr.DownloadButton
     step: gr.Checkbox  # step mode (studio.stepping)
-    system: gr.Textbox | None = None  # the conversation's system prompt (studio.conversation)
+    system: gr.Textbox  # the conversation's system prompt (studio.conversation)
 
 
 @dataclass
@@ -133,6 +134,19 @@ def controls_panel(
     return Controls(models, prompt, run, stop, compare, form, device_box, upload, download, step, system)
 
 
+def table(label: str, headers: list[str], elem_id: str, **more: Any) -> gr.Dataframe:
+    """A read-only table of the round (or its rules): its text wraps, its width fits the panel."""
+    return gr.Dataframe(
+        label=label,
+        headers=headers,
+        interactive=False,
+        wrap=True,
+        elem_id=elem_id,
+        elem_classes=["sf-fit"],
+        **more,
+    )
+
+
 def views_panel(notes: Notes | None = None) -> Views:
     """The run as it unfolds: status, answer (coloured and plain), the round's tables and charts;
     `notes` places what each panel shows (and a lesson's "look for") under it."""
@@ -151,14 +165,11 @@ def views_panel(notes: Notes | None = None) -> Views:
         )
     segment = gr.HTML(elem_id="segment")
     round_slider = gr.Slider(1, 2, 1, step=1, label="Round (replay)", interactive=False, elem_id="round")
-    candidates = gr.Dataframe(
-        label="Candidates of the round",
-        headers=report.CANDIDATE_COLUMNS,
+    candidates = table(
+        "Candidates of the round",
+        report.CANDIDATE_COLUMNS,
+        "candidates",
         datatype=["str", "str", "number", "str", "str", "number", "number", "str"],  # yes/no: views._table
-        interactive=False,
-        wrap=True,
-        elem_id="candidates",
-        elem_classes=["sf-fit"],
     )
     candidates_text = gr.HTML(elem_id="candidates-text", elem_classes=["sf-text-view"])  # presenter view's
     notes.place("candidates")
@@ -175,23 +186,9 @@ def views_panel(notes: Notes | None = None) -> Views:
             weights = gr.Plot(label="Weights", elem_id="weights")
             weights_text = gr.HTML(elem_id="weights-text", elem_classes=["sf-text-view"])
             notes.place("weights")
-    exits = gr.Dataframe(
-        label="Exited members",
-        headers=report.EXIT_COLUMNS,
-        interactive=False,
-        wrap=True,
-        elem_id="exits",
-        elem_classes=["sf-fit"],
-    )
+    exits = table("Exited members", report.EXIT_COLUMNS, "exits")
     notes.place("exits")
-    summary = gr.Dataframe(
-        label="Per-member summary",
-        headers=report.SUMMARY_COLUMNS,
-        interactive=False,
-        wrap=True,
-        elem_id="summary",
-        elem_classes=["sf-fit"],
-    )
+    summary = table("Per-member summary", report.SUMMARY_COLUMNS, "summary")
     compared = gr.HTML(elem_id="compare-panel")
     what_if = what_if_panel()
     return Views(
@@ -217,14 +214,11 @@ def views_panel(notes: Notes | None = None) -> Views:
 def what_if_panel() -> WhatIf:
     """What if another candidate had won? Rules on the same scores, token evidence, a branch."""
     with gr.Accordion("What if another candidate had won?", open=False, elem_id="what-if"):
-        rules = gr.Dataframe(
-            label="Which candidate each selection rule would choose on this round's scores",
-            headers=views.RULE_COLUMNS,
-            interactive=False,
-            wrap=True,
+        rules = table(
+            "Which candidate each selection rule would choose on this round's scores",
+            views.RULE_COLUMNS,
+            "rules",
             max_height=2000,  # all the rules in view: no scrolling inside a fixed height
-            elem_id="rules",
-            elem_classes=["sf-fit"],
         )
         with gr.Row():
             verifier = gr.Dropdown([], label="Verifier (matrix row)", elem_id="evidence-verifier")

@@ -69,7 +69,13 @@ REFUSED = {
     "phones": "This server follows {n} phones at most, in all its class sessions: try again later.",
     "not_joined": "You have not joined this class session: open the join link again.",
 }
-LIMITS = {"too_fast": VOTES_PER_S, "busy": MAX_ROOMS, "guessing": FAILS_PER_CLIENT, "full": MAX_STUDENTS, "phones": MAX_PHONES}
+LIMITS = {
+    "too_fast": VOTES_PER_S,
+    "busy": MAX_ROOMS,
+    "guessing": FAILS_PER_CLIENT,
+    "full": MAX_STUDENTS,
+    "phones": MAX_PHONES,
+}
 
 # A sentence kept as its English template and fields (studio.room_views says it in each reader's
 # language: one beat is read by phones in several).
@@ -453,7 +459,8 @@ class Rooms:
         if sid not in session.students:
             if len(session.students) >= MAX_STUDENTS:
                 raise RoomError("full")
-    "phones": "This server follows {n} phones at most, in all its class sessions: try again later.",
+            if sum(len(s.students) for s in self.by_code.values()) >= MAX_PHONES:
+                raise RoomError("phones")
             session.students[sid] = Student(sid)
         session.touched = now
         assert isinstance(token, str)

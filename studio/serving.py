@@ -108,13 +108,17 @@ class Held:
         self.ticket: Ticket | None = None
         self.cancelled = False
 
-    def hold(self, ticket: Ticket) -> Generator[Event, None, None]:
-        """Hold a submitted ticket and follow its events (its place in line while it waits, then
-        Draft and Round, then Finished). Closing the stream cancels the ticket."""
+    def keep(self, ticket: Ticket) -> Ticket:
+        """Hold a submitted ticket (cancelled at once if cancel() came first)."""
         self.ticket = ticket
         if self.cancelled:
             ticket.cancel()
-        return ticket.events()
+        return ticket
+
+    def hold(self, ticket: Ticket) -> Generator[Event, None, None]:
+        """Hold a submitted ticket and follow its events (its place in line while it waits, then
+        Draft and Round, then Finished). Closing the stream cancels the ticket."""
+        return self.keep(ticket).events()
 
     def cancel(self) -> None:
         self.cancelled = True

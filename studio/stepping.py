@@ -12,26 +12,23 @@ from there. Knows nothing about layout: studio.layout's `wire_step` wires them o
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import inspect
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import gradio as gr
 
 from specfuse import Round, SpecfuseError, Trace
-from specfuse.engine import check_prompt
 from specfuse.records import Draft, Finished, Queued
 
-from . import settings, views
+from . import views
 from .handlers import Studio
 from .i18n import _, said
-from .loading import check_members
-from .preparing import POLL_S, Preparing, relay
 from .recorded import RecordedTicket, StepRun
+from .request import RunRequest
+from .serving import Held, in_worker
 from .step_panel import PAUSE, PLAY, StepBar
 from .step_views import (
     ENDED,
@@ -50,6 +47,9 @@ from .step_views import (
 )
 from .untrusted import md
 from .updates import Update, download_value, session_of, unchanged
+
+if TYPE_CHECKING:
+    from specfuse.engine import Ticket
 
 # A link's round in step mode (Stepper.replaying): the rounds before it revealed
 FROM_ROUND = (
@@ -81,66 +81,24 @@ class Stepper:
             *self.bar.outputs(),
         ]
 
-    # ---- Run, with the box checked or not ---------------------------------------------------------
+    # ---- Run with the box checked ---------------------------------------------------------------
 
-    def around(
-        self, run: Callable[..., AsyncIterator[Update]], inputs: list[Any], outputs: list[Any]
-    ) -> tuple[Callable[..., AsyncIterator[Update]], list[Any], list[Any]]:
-        """Run's handler, inputs and outputs with step mode: `run` as it was when the box is not
-        checked (its last argument before progress, `step`, defaults to False), a stepping run when
-        it is. Either way a new run ends the session's stepping run."""
-
-        async def run_or_step(*values: Any) -> AsyncIterator[Update]:
-            *given, step, progress, request = values
-            session = session_of(request)
-            self.drop(session)
-            if step:
-                async for update in self.start(given, progress, session):
-                    yield update
-                return
-            reset = self.reset()
-            async for update in run(*given, progress, request):
-                yield reset | update
-                reset = {}
-
-        signature = inspect.signature(run)
-        parameters = list(signature.parameters.values())
-        step = inspect.Parameter("step", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=False)
-        run_or_step.__signature__ = signature.replace(  # type: ignore[attr-defined]
-            parameters=[*parameters[:-2], step, *parameters[-2:]]
-        )
-        run_or_step.__annotations__ = dict(run.__annotations__)
-        run_or_step.__doc__ = f"{run.__doc__ or ''} With step=True: a run paused before round 1 (step mode)."
-        return run_or_step, [*inputs, self.mode], [*outputs, *self.bar.outputs()]
-
-    async def start(self, given: list[Any], progress: Any, session: str) -> AsyncIterator[Update]:
+    async def start(self, request: RunRequest) -> AsyncIterator[Update]:
         """Load the members, submit a run paused before round 1, and say that Next plays it."""
         s, v = self.studio, self.studio.display
-        members, prompt, *rest = given
-        names = list(s.controls.settings)
-        form = dict(zip(names, rest[: len(names)]))
-        device, _compare, view = rest[len(names) :]
-        try:
-            chosen = check_members(members, s.choices, s.allow_paths)
-            config = settings.config_from_form(form)
-            check_prompt(prompt)  # before any loading, as a run's
-        except SpecfuseError as e:
-            raise s.error(e) from e
-        job, last = Preparing.start(s.load, chosen, device, s.under_way), None  # as a run's (handlers)
-        while not await asyncio.to_thread(job.done.wait, POLL_S):
-            text = relay(job, progress, last)
-            if text is not None:
-                last = text
-                yield {v.status: text}
-        try:
-            ticket = s.schedulers.submit(job.result(), prompt, config, step=True)
-        except SpecfuseError as e:
-            raise s.error(e) from e
-        run = StepRun(ticket, prompt, config)
-        self.runs[session] = run
+        held = Held()
+        try:  # the prologue of every run (Studio.begin), on a thread of its own as a run's is
+            async for update in in_worker(s.begin(request, held, step=True)):
+                yield update
+        except BaseException:  # refused, or cancelled (a new Run, the page closed) while it loaded:
+            held.cancel()  # a ticket submitted meanwhile does not wait paused for its idle limit
+            raise
+        ticket = cast("Ticket", held.ticket)
+        run = StepRun(ticket, ticket.prompt, ticket.config)
+        self.runs[request.session] = run
         yield {
             **s.cleared(None),
-            **s.panels(None, view=view),
+            **s.panels(None, view=request.view),
             **s.clear_branch(),
             v.round: views.slider_value(None),
             v.compared: "",

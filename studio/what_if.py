@@ -6,24 +6,24 @@ methods are its own, read apart. What they use of Studio is declared below, for 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Optional
 
 import gradio as gr
 
 from specfuse import Round, SpecfuseError, Trace
 from specfuse.engine import TYPED
-from specfuse.limits import check_request
 from specfuse.records import Branch, Queued
 
 from . import views
 from .i18n import _
-from .loading import check_members
 from .panels import Views
+from .request import RunRequest
 from .serving import Held, Schedulers, gpu, in_worker
 from .updates import Update, download_value, session_of, shown_round
 
 if TYPE_CHECKING:  # members.py brings torch; the app needs it only once models load
+    from specfuse.engine import Ticket
     from specfuse.members.protocol import Member
 
 
@@ -31,14 +31,12 @@ class WhatIf:
     """Studio's what-if panels (rules, evidence, the branch pick) and the branch it runs."""
 
     if TYPE_CHECKING:  # Studio's (handlers.py)
-        choices: Sequence[str]
-        allow_paths: bool
         display: Views
         schedulers: Schedulers
         branching: dict[str, Held]
+        begin: Callable[..., Generator[Update, None, tuple[Ticket, list[Member]]]]  # the prologue
 
         def error(self, message: object) -> gr.Error: ...
-        def load(self, names: list[str], device: str, progress: Callable[..., Any]) -> list[Member]: ...
 
     def what_if(self, trace: Trace | None, k: int | float | None) -> Update:
         """The what-if panels for round k (default: the last): rules, evidence pickers, branch pick."""
@@ -113,31 +111,21 @@ class WhatIf:
         else:
             raise self.error(_("Pick a candidate to force, or type a segment."))
         start = trace.rounds[: k - 1]
-        try:  # the engine checks it too; this refuses a bad segment before any loading
-            check_request(trace.prompt, trace.config, start, forced)
-        except SpecfuseError as e:
-            raise self.error(e) from e
-        try:
-            names = check_members(list(trace.members), self.choices, self.allow_paths)
-            loaded = self.load(names, device, progress)
-        except SpecfuseError as e:
-            raise self.error(
-                _(
-                    "Branching runs the trace's members ({members}) again, and this app cannot load them: "
-                    "{e} The replay works without them; branching does not.",
-                    members=", ".join(trace.members),
-                    e=e,
-                )
-            ) from e
-        rounds = list(start)
-        try:  # through the same batch as every run
-            stream = held.hold(
-                self.schedulers.submit(
-                    loaded, trace.prompt, trace.config, start=start, forced=forced, origin=origin
-                )
+
+        def unloadable(e: SpecfuseError) -> str:
+            return _(
+                "Branching runs the trace's members ({members}) again, and this app cannot load them: "
+                "{e} The replay works without them; branching does not.",
+                members=", ".join(trace.members),
+                e=e,
             )
-        except SpecfuseError as e:
-            raise self.error(e) from e
+
+        # the trace's members, prompt and config, through the same prologue and batch as every run
+        request = RunRequest(list(trace.members), trace.prompt, trace.config, device, progress=progress)
+        branch = {"start": start, "forced": forced, "origin": origin}
+        ticket, _loaded = yield from self.begin(request, held, say=False, unloadable=unloadable, **branch)
+        stream = ticket.events()
+        rounds = list(start)
         try:
             for new in stream:
                 if isinstance(new, Queued):

@@ -164,8 +164,11 @@ class Ticket:
         """The rounds so far as a Result (stop_reason "cancelled" when it was cut short)."""
         return summarize(self.rounds)
 
-    def trace(self) -> Trace:
-        return Trace(self.prompt, self.members, self.config, tuple(self.rounds), id=self.id)
+    def trace(self, upto: int | None = None) -> Trace:
+        """The run so far as a trace; `upto`: its rounds up to round k only (a reader behind the
+        scheduler, which may have played on, shows the run as of the round it has read)."""
+        rounds = tuple(r for r in self.rounds if upto is None or r.k <= upto)
+        return Trace(self.prompt, self.members, self.config, rounds, id=self.id)
 
     # -- the scheduler's side ------------------------------------------------------------------------
 
