@@ -243,20 +243,27 @@ def test_the_room_speaks_each_pages_language_and_refuses_in_it():
     assert "第 1 轮" in texts["weak-member-exits-1-drafts"] and "QR" not in texts["ended"]
 
 
-def test_the_failure_browser_speaks_chinese():
-    """The failure-case browser over a shipped study (app.py --eval-dir): its fixed text, the note
+def test_the_failure_browser_speaks_chinese(tmp_path):
+    """The failure-case browser over a study (app.py --eval-dir): its fixed text, the note
     (the ceiling's lines included), the table and an opened case, in Chinese."""
     import app
     from studio import browse, failures
 
-    report = failures.load_eval(ROOT / "results" / "eval" / "gsm8k.json")  # the shipped study, with a ceiling
+    from specfuse.eval import report as eval_report
+    from specfuse.eval.problems import Problem
+
+    from .test_ceiling import outcomes  # a study with a ceiling, its figures known by hand
+
+    problems = [Problem(f"p{i}", "q", "1") for i in range(10)]
+    eval_report.write_reports(outcomes(), problems, tmp_path, "RESULTS-c", png=False)
+    report = failures.load_eval(tmp_path / "RESULTS-c.json")
     demo = app.build_demo(
         lambda name, device, progress: None, choices=sorted(MEMBERS), eval_dir=report.report
     )
     names = {
         *MEMBERS,
         *re.findall(r"[A-Za-z][A-Za-z0-9_]+", " ".join(report.systems())),
-        "gsm8k",
+        "RESULTS",
     }
     names |= {"McNemar"}  # a test's name
     update = i18n.LOCALIZER.updates(demo, set(), ZH)
