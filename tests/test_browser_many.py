@@ -16,14 +16,13 @@ import httpx
 import openai
 import pytest
 
-import app
 from specfuse import Ensemble, EnsembleConfig
 from specfuse.serve.api import create_app
 from studio.serving import Schedulers
 
-from .conftest import TINY, free_port, rss_bytes, tiny_member
-from .helpers_browser import open_page, use_members
-from .scripted import ScriptedMember
+from .conftest import TINY, rss_bytes, tiny_member
+from .helpers_browser import launched, open_page, use_members
+from .scripted import looping
 
 pytestmark = pytest.mark.browser
 
@@ -42,28 +41,14 @@ FINISHED = (  # the run started after start(): its rounds came, and it ran to it
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     members = {name: tiny_member(name) for name in TINY}
-    members["loop-a"] = ScriptedMember("loop-a", ["a "] * 2000, len, draft_delay=0.05)
-    members["loop-b"] = ScriptedMember("loop-b", ["b "] * 2000, len, draft_delay=0.05)
+    members |= looping(draft_delay=0.05)
     schedulers = Schedulers(batch_size=4)
+    scheduler = schedulers.of([members[n] for n in TINY])  # the app's own: the API is served from it
+    defaults = {"segment_len": CONFIG.segment_len, "max_new_tokens": CONFIG.max_new_tokens}
+    build = {"default_models": TINY, "defaults": defaults, "schedulers": schedulers}
     cache = tmp_path_factory.mktemp("gradio")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("GRADIO_TEMP_DIR", str(cache))
-        demo = app.build_demo(
-            lambda name, device, progress: members[name],
-            choices=list(members),
-            default_models=TINY,
-            defaults={"segment_len": CONFIG.segment_len, "max_new_tokens": CONFIG.max_new_tokens},
-            concurrency_limit=8,
-            schedulers=schedulers,
-        )
-        scheduler = schedulers.of([members[n] for n in TINY])
-        api = create_app(scheduler)
-        _, address, _ = app.serve(demo, port=free_port(), concurrency=8, prevent_thread_lock=True, api=api)
-    try:
+    with launched(cache, members, concurrency=8, api=create_app(scheduler), **build) as address:
         yield address.rstrip("/"), members, scheduler, cache
-    finally:
-        demo.close()
-        schedulers.close()
 
 
 def new_page(browser, served, monkeypatch):

@@ -340,22 +340,27 @@ def test_auto_picks_llama_cpp_for_gguf_models_on_the_cpu_only(tmp_path):
 
 def test_the_app_runs_the_default_trio_in_llama_cpp(tmp_path, monkeypatch):
     # The app's default (--quantize auto) as a person meets it: the real trio, through its own API.
-    from gradio_client import Client
-
-    import app
     from studio.loading import SharedLoader
 
-    from .conftest import free_port
-    from .helpers_app import ANSWER, DOWNLOAD, MATRIX, WEIGHTS, figure, path_of, round_updates, submit
+    from .helpers_app import (
+        ANSWER,
+        DOWNLOAD,
+        MATRIX,
+        WEIGHTS,
+        client_on,
+        figure,
+        launched,
+        path_of,
+        round_updates,
+        submit,
+    )
 
     _needs_build()
-    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
     trio = ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"]
     loader = SharedLoader(quantize="auto")
-    demo = app.build_demo(loader, choices=trio, default_models=trio, concurrency_limit=2)
-    _, url, _ = app.serve(demo, port=free_port(), concurrency=2, prevent_thread_lock=True)
-    try:
-        client = Client(url, verbose=False, download_files=str(tmp_path))
+    cache = tmp_path / "gradio"
+    with launched(cache, dict.fromkeys(trio), loader, concurrency=2, default_models=trio) as url:
+        client = client_on(url, cache, monkeypatch, tmp_path)
         job = submit(client, trio, "What is 12 times 7? Answer briefly.", max_new_tokens=32, segment_len=10)
         job.result(timeout=300)
         outputs = job.outputs()
@@ -366,8 +371,6 @@ def test_the_app_runs_the_default_trio_in_llama_cpp(tmp_path, monkeypatch):
         assert "84" in trace.rounds[-1].text
         assert "".join(span["token"] for span in outputs[-1][ANSWER]["value"]) == trace.rounds[-1].text
         assert all(type(m).__name__ == "LlamaCppMember" for m in loader._members.values())
-    finally:
-        demo.close()
 
 
 def test_a_model_listed_twice_shares_its_weights_and_outlives_the_first():
