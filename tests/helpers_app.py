@@ -5,6 +5,7 @@ helpers that submit a run and read its updates."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +35,25 @@ def path_of(download) -> str:
 def round_updates(outputs):
     """The updates a finished round sent (those for arriving candidates carry no round number)."""
     return [o for o in outputs if "value" in (o[SLIDER] or {})]
+
+
+def wait_rounds(job, n: int, seconds: float = 30) -> list:
+    """The round updates `job` has sent, once there are `n` of them or `seconds` have passed."""
+    deadline = time.time() + seconds
+    while len(round_updates(job.outputs())) < n and time.time() < deadline:
+        time.sleep(0.05)
+    return round_updates(job.outputs())
+
+
+def stop_after_two_rounds(client, job):
+    """Stop pressed in the job's session once it has sent two rounds: /stop's status and trace, when
+    the job has ended too (10 s at most; the caller checks that it did)."""
+    wait_rounds(job, 2)
+    status, path = client.predict(api_name="/stop")
+    deadline = time.time() + 10
+    while not job.done() and time.time() < deadline:
+        time.sleep(0.05)
+    return status, path
 
 
 def figure(output):

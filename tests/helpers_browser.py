@@ -13,6 +13,7 @@ import pytest
 
 from .chromium import CHROMIUM
 from .helpers_app import launched as launched  # re-exported: the browser tests launch the app from here
+from .scripted import ScriptedMember, prefers
 
 if not CHROMIUM.exists():
     pytest.skip(
@@ -94,3 +95,18 @@ def show_round(page, k: int) -> None:
     number.fill(str(k))
     number.blur()
     page.wait_for_function(f"document.querySelector('#status').innerText.startsWith('Round {k} ')")
+
+
+def scripted_pair(tmp_path_factory, b_drafts: str = "x "):
+    """A module fixture's body (the lesson and room tests'): the app on two scripted members, a
+    drafting "x " and b `b_drafts`, judged alike (a's candidates win), a picked; its address and
+    the names its loader was asked for, in order (a recorded lesson loads none)."""
+    members = {m: ScriptedMember(m, [text] * 9, prefers("x ")) for m, text in (("a", "x "), ("b", b_drafts))}
+    loaded: list[str] = []
+
+    def loader(name, device, progress):
+        loaded.append(name)
+        return members[name]
+
+    with launched(tmp_path_factory.mktemp("gradio"), members, loader, default_models=["a"]) as address:
+        yield address, loaded

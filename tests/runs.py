@@ -16,6 +16,24 @@ from specfuse.records import Draft, Finished, Round
 PROMPTS = ["Once upon a time", "Écris 猫 in code: x_1 =", "Why is the sky blue? Explain it to a child."]
 
 
+def chat(system: str, *turns: str) -> list[dict[str, str]]:
+    """A conversation as OpenAI's messages: the system prompt, then `turns`, the user's and the
+    assistant's in turn (the user's first)."""
+    said = [{"role": ("user", "assistant")[i % 2], "content": text} for i, text in enumerate(turns)]
+    return [{"role": "system", "content": system}, *said]
+
+
+# The conversation tests' prompt: a system prompt and three questions, the first two answered.
+SYSTEM_AND_THREE_TURNS = chat(
+    "Answer in one short sentence.",
+    "What colour is the sky?",
+    "Blue, on a clear day.",
+    "And at night?",
+    "Dark, with stars.",
+    "Why is that?",
+)
+
+
 def flat(matrix):
     return [v for row in matrix for v in row]
 

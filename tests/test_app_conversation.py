@@ -6,8 +6,6 @@ Stop on a follow-up, the turn shown, a branch on turn 2, New conversation."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from gradio_client.exceptions import AppError
 
@@ -19,7 +17,15 @@ from studio.chat_views import Chat, Turn, bubbles_html, chat_from_prompt, next_c
 from studio.serving import Schedulers
 
 from .conftest import TINY, tiny_member
-from .helpers_app import ANSWER, PLAIN, STATUS, client_on, launched, path_of, round_updates
+from .helpers_app import (
+    ANSWER,
+    PLAIN,
+    STATUS,
+    client_on,
+    launched,
+    path_of,
+    stop_after_two_rounds,
+)
 from .scripted import ScriptedMember, prefers
 
 SETTINGS = dict(segment_len=4, max_new_tokens=24, device="cpu")
@@ -195,13 +201,7 @@ def test_stop_ends_a_follow_up_and_keeps_its_rounds(served, client):
         **(SETTINGS | {"max_new_tokens": 1024}),
         api_name="/followup",
     )
-    deadline = time.time() + 30
-    while len(round_updates(job.outputs())) < 2 and time.time() < deadline:
-        time.sleep(0.05)
-    status, path = client.predict(api_name="/stop")
-    deadline = time.time() + 10
-    while not job.done() and time.time() < deadline:
-        time.sleep(0.05)
+    status, path = stop_after_two_rounds(client, job)
     assert job.done() and "stopped by the user" in status
     kept = load_trace(path_of(path))
     assert len(kept.rounds) >= 2 and kept.rounds[-1].stop_reason is None

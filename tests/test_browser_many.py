@@ -6,14 +6,11 @@ left in the batch, resident memory within 10 %."""
 
 from __future__ import annotations
 
-import json
 import random
-import socket
 import threading
 import time
 
 import httpx
-import openai
 import pytest
 
 from specfuse import Ensemble, EnsembleConfig
@@ -22,6 +19,7 @@ from studio.serving import Schedulers
 
 from .conftest import TINY, rss_bytes, tiny_member
 from .helpers_browser import launched, open_page, use_members
+from .helpers_clients import hang_up, openai_client, send_and_close
 from .scripted import looping
 
 pytestmark = pytest.mark.browser
@@ -126,13 +124,12 @@ def test_a_soak_of_api_clients_and_a_browser_user(browser, served, monkeypatch):
     config = EnsembleConfig(segment_len=4, max_new_tokens=16)
     good = [(p, solo(members, p, config=config)) for p in PROMPTS]
     page_good = [(p, solo(members, p)) for p in PROMPTS]
-    host, port = address.removeprefix("http://").split(":")
     failures: list[str] = []
     kinds: dict[str, int] = {}
 
     def api_client(seed: int, requests: int) -> None:
         rng = random.Random(seed)
-        client = openai.OpenAI(base_url=address + "/v1", api_key="EMPTY", max_retries=0, timeout=120)
+        client = openai_client(address)
         extra = {"specfuse": {"segment_len": 4, "members": TINY}}
         for _ in range(requests):
             kind = rng.choice(["good", "good", "cancel", "disconnect", "bad"])
@@ -148,19 +145,10 @@ def test_a_soak_of_api_clients_and_a_browser_user(browser, served, monkeypatch):
                     )
                     if reply.choices[0].message.content != expected:
                         failures.append(f"api {prompt!r}: {reply.choices[0].message.content!r}")
-                elif kind == "cancel":  # one chunk of a long stream, then hang up
-                    body = {"model": "specfuse", "prompt": PROMPTS[0], "stream": True, "max_tokens": 200}
-                    with httpx.stream("POST", address + "/v1/completions", json=body, timeout=60) as r:
-                        next(r.iter_lines())
-                elif kind == "disconnect":  # a whole request, then the socket closes
-                    body = json.dumps({"model": "specfuse", "prompt": PROMPTS[1], "max_tokens": 200}).encode()
-                    with socket.create_connection((host, int(port))) as sock:
-                        sock.sendall(
-                            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-                            + body
-                        )
-                        time.sleep(rng.uniform(0.0, 0.3))
+                elif kind == "cancel":
+                    hang_up(address, PROMPTS[0])
+                elif kind == "disconnect":
+                    send_and_close(address, PROMPTS[1], rng)
                 else:
                     body = {"model": "specfuse", "messages": [{"role": "wizard", "content": "hi"}]}
                     status = httpx.post(address + "/v1/chat/completions", json=body, timeout=30).status_code
