@@ -22,7 +22,7 @@ import app  # noqa: E402
 from tests.chromium import launch  # noqa: E402
 from tests.conftest import TINY_SPECS, free_port, tiny_member  # noqa: E402
 from tests.helpers_browser import pick, run_and_wait, show_round  # noqa: E402
-from tests.test_browser import eval_folder  # noqa: E402
+from tests.helpers_eval import eval_folder  # noqa: E402
 
 
 def main() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from specfuse import load_trace
 
 from .conftest import TINY, tiny_member
 from .helpers_browser import launched, opened, page_on, pick, run_and_wait, show_round, upload, use_members
+from .helpers_eval import eval_folder
 from .scripted import ScriptedMember, SlowMember, scripted_trace
 
 pytestmark = pytest.mark.browser
@@ -317,39 +317,6 @@ def test_picking_a_matrix_cell_shows_the_candidates_tokens_shaded(page, tmp_path
     assert page.locator(shaded).count() >= 1
     rules = page.inner_text("#rules")
     assert "z-softmax, weighted mean" in rules and "weighted median" in rules
-
-
-def eval_folder(root: Path) -> Path:
-    """A small evaluation run: two problems, the ensemble and one single member, traces and report."""
-    runs = root / "runs"
-    outcomes = []
-    answers = {  # (system, problem) → (answer text, predicted, correct)
-        ("ensemble", "p1"): ("The answer is 5.", "5", False),
-        ("single-a", "p1"): ("So the answer is 7.", "7", True),
-        ("ensemble", "p2"): ("The answer is 9.", "9", True),
-        ("single-a", "p2"): ("The answer is 8.", "8", False),
-    }
-    for (system, problem), (text, predicted, correct) in answers.items():
-        (runs / system).mkdir(parents=True, exist_ok=True)
-        path = runs / system / f"{problem}.json"
-        drafts = {"a": [text], "b": ["other "]} if system == "ensemble" else {"a": [text]}
-        if system != "ensemble":
-            drafts["b"] = [text]
-        scripted_trace(path, drafts, rounds=1)
-        gold = "7" if problem == "p1" else "9"
-        outcomes.append(
-            dict(
-                system=system,
-                problem=problem,
-                predicted=predicted,
-                correct=correct,
-                gold=gold,
-                traces=[str(path)],
-            )
-        )
-    report = {"mix": "test", "failure_cases": {"best_member": "a"}, "outcomes": outcomes}
-    (root / "eval-test.json").write_text(json.dumps(report))
-    return root
 
 
 @pytest.fixture
