@@ -99,8 +99,9 @@ def show_round(page, k: int) -> None:
 
 def scripted_pair(tmp_path_factory, b_drafts: str = "x "):
     """A module fixture's body (the lesson and room tests'): the app on two scripted members, a
-    drafting "x " and b `b_drafts`, judged alike (a's candidates win), a picked; its address and
-    the names its loader was asked for, in order (a recorded lesson loads none)."""
+    drafting "x " and b `b_drafts`, both scoring "x " highest (a's candidates win where b's differ),
+    a picked; its address and the names its loader was asked for, in order (a recorded lesson
+    loads none)."""
     members = {m: ScriptedMember(m, [text] * 9, prefers("x ")) for m, text in (("a", "x "), ("b", b_drafts))}
     loaded: list[str] = []
 
