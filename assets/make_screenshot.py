@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import sys
 import time
 from pathlib import Path
@@ -38,23 +37,8 @@ from specfuse import load_trace  # noqa: E402
 from specfuse.lessons import lesson  # noqa: E402
 from specfuse.lessons.checks import ensemble_at_work  # noqa: E402
 from studio.panels import EXAMPLES  # noqa: E402
-
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.chromium import launch  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
 
 
 def main() -> None:
@@ -99,9 +83,7 @@ def main() -> None:
     began = time.perf_counter()
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(
-                executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS, headless=True
-            )
+            browser = launch(p)
             page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
             page.set_default_timeout(args.timeout_min * 60_000)
             if args.step:

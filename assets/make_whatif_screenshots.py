@@ -19,8 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import app  # noqa: E402
-from tests.conftest import TINY_SPECS, tiny_member  # noqa: E402
-from tests.test_browser import CHROMIUM_ARGS, eval_folder, free_port, pick  # noqa: E402
+from tests.chromium import launch  # noqa: E402
+from tests.conftest import TINY_SPECS, free_port, tiny_member  # noqa: E402
+from tests.helpers_browser import pick, run_and_wait, show_round  # noqa: E402
+from tests.helpers_eval import eval_folder  # noqa: E402
 
 
 def main() -> None:
@@ -41,25 +43,18 @@ def main() -> None:
     _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(
-                executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS, headless=True
-            )
+            browser = launch(p)
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(120_000)
             page.goto(url)
             page.wait_for_selector("#prompt textarea")
             pick(page, list(members)[2])
-            page.fill("#prompt textarea", "Hello there")
-            page.click("#run")
-            page.wait_for_function("document.querySelector('#status').innerText.includes('stopped:')")
+            run_and_wait(page, "Hello there")
             page.locator("#what-if button").first.click()
             page.wait_for_selector("#tokens .sf-token")
             page.locator("#tokens").scroll_into_view_if_needed()
             page.locator("#what-if").screenshot(path=str(args.out / "whatif-tokens.png"))
-            number = page.locator("#round input[type=number]")
-            number.fill("2")
-            number.blur()
-            page.wait_for_function("document.querySelector('#status').innerText.startsWith('Round 2 ')")
+            show_round(page, 2)
             page.fill("#branch-text textarea", " (a segment typed by a person)")
             page.click("#branch")
             page.wait_for_selector("#branch-download", state="visible")

@@ -26,7 +26,7 @@ from transformers import (
 from specfuse.errors import ModelLoadError
 from specfuse.members.hf import HFMember
 
-from .scripted import ScriptedMember, prefers
+from .scripted import ScriptedMember, looping, prefers
 
 
 def free_port() -> int:
@@ -211,15 +211,12 @@ def tiny_checkpoints(tmp_path_factory):
 def served(tmp_path_factory):
     """The app launched for the module on the tiny members and scripted ones (hostile drafts, endless
     loops, one that fails to load): its url, members, downloads folder and Gradio cache."""
-    import app  # gradio: imported by the tests that launch the app, not by every session
-
-    from .helpers_app import XSS_IMG, XSS_SCRIPT
+    from .helpers_app import XSS_IMG, XSS_SCRIPT, launched
 
     members = {name: tiny_member(name) for name in TINY}
     members["xss-script"] = ScriptedMember("xss-script", [XSS_SCRIPT] * 100, prefers(XSS_SCRIPT))
     members["xss-img"] = ScriptedMember("xss-img", [XSS_IMG] * 100, prefers(XSS_SCRIPT))
-    members["loop-a"] = ScriptedMember("loop-a", ["a "] * 2000, len)
-    members["loop-b"] = ScriptedMember("loop-b", ["b "] * 2000, len)
+    members |= looping()
 
     def loader(name, device, progress):
         progress(0.5, f"{name}: loading")
@@ -229,25 +226,19 @@ def served(tmp_path_factory):
 
     # One server for the module, so one Gradio cache folder for it: the per-test one would move.
     cache = tmp_path_factory.mktemp("gradio")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("GRADIO_TEMP_DIR", str(cache))
-        demo = app.build_demo(
-            loader, choices=[*members, "broken"], default_models=TINY[:2], concurrency_limit=2
-        )
-        _, url, _ = app.serve(demo, port=free_port(), concurrency=2, prevent_thread_lock=True)
-    try:
+    build = {"choices": [*members, "broken"], "default_models": TINY[:2]}
+    with launched(cache, members, loader, concurrency=2, **build) as url:
         yield url, members, tmp_path_factory.mktemp("downloads"), cache
-    finally:
-        demo.close()
 
 
 @pytest.fixture(scope="module")
 def browser():
     """Debian's chromium under Playwright, one per module (helpers_browser skips a module without it)."""
-    from .helpers_browser import CHROMIUM, CHROMIUM_ARGS, sync_api
+    from .chromium import launch
+    from .helpers_browser import sync_api
 
     with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        chromium = launch(p)
         try:
             yield chromium
         finally:

@@ -1,9 +1,18 @@
-"""The app tests' client side: the /run outputs by position, hostile drafts, and the helpers that
-submit a run and read its updates (test_app, test_app_branch, test_app_serve, test_llamacpp)."""
+"""The app tests' side: the app launched on a free port (every test that serves it, in a browser or
+through gradio_client), the client on it, the /run outputs by position, hostile drafts, and the
+helpers that submit a run and read its updates."""
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
 import plotly.io as pio
+import pytest
+
+from .conftest import free_port
 
 XSS_SCRIPT = "<script>alert(1)</script> "
 XSS_IMG = "<img src=x onerror=alert(1)> "
@@ -28,5 +37,61 @@ def round_updates(outputs):
     return [o for o in outputs if "value" in (o[SLIDER] or {})]
 
 
+def wait_rounds(job, n: int, seconds: float = 30) -> list:
+    """The round updates `job` has sent, once there are `n` of them or `seconds` have passed."""
+    deadline = time.time() + seconds
+    while len(round_updates(job.outputs())) < n and time.time() < deadline:
+        time.sleep(0.05)
+    return round_updates(job.outputs())
+
+
+def stop_after_two_rounds(client, job):
+    """Stop pressed in the job's session once it has sent two rounds: /stop's status and trace, when
+    the job has ended too (10 s at most; the caller checks that it did)."""
+    wait_rounds(job, 2)
+    status, path = client.predict(api_name="/stop")
+    deadline = time.time() + 10
+    while not job.done() and time.time() < deadline:
+        time.sleep(0.05)
+    return status, path
+
+
 def figure(output):
     return pio.from_json(output["plot"])
+
+
+@contextlib.contextmanager
+def launched(cache: Path, members, loader=None, *, concurrency=None, api=None, **build) -> Iterator[str]:
+    """The app on a free loopback port serving `members` (through `loader`, or straight from the
+    dict; the choices are its names unless `build` says), its Gradio cache in `cache` (files outside
+    it are not served); `concurrency` runs at once (build_demo's limit and the queue's), `api` (an
+    ASGI app) mounted beside the page; closed afterwards with the `schedulers` it was given. `build`
+    goes to app.build_demo. The address."""
+    import app  # gradio: imported by the tests that launch the app, not by every session
+
+    load = loader or (lambda name, device, progress: members[name])
+    build.setdefault("choices", list(members))
+    serving = {"api": api}
+    if concurrency is not None:
+        build["concurrency_limit"] = serving["concurrency"] = concurrency
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GRADIO_TEMP_DIR", str(cache))
+        demo = app.build_demo(load, **build)
+        _, address, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True, **serving)
+    try:
+        yield address
+    finally:
+        demo.close()
+        if build.get("schedulers") is not None:
+            build["schedulers"].close()
+
+
+def client_on(address: str, cache: Path, monkeypatch, downloads: Path | None = None):
+    """A gradio_client on an app a module launched with its Gradio cache in `cache`: the test's own
+    cache (conftest's, per test) is pointed back at it; files it fetches go to `downloads`."""
+    from gradio_client import Client
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
+    if downloads is None:
+        return Client(address, verbose=False)
+    return Client(address, verbose=False, download_files=str(downloads))

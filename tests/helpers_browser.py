@@ -1,6 +1,7 @@
 """The browser tests' side of Playwright: Debian's chromium (a module that imports this is skipped
-where chromium or playwright is missing), the app launched on a free port, pages opened on it, and
-what a user does there (upload a trace, pick members). The `browser` fixture is conftest's."""
+where chromium or playwright is missing), the app launched on a free port (helpers_app.launched),
+pages opened on it, and what a user does there (upload a trace, pick members, run, show a round).
+The `browser` fixture is conftest's."""
 
 from __future__ import annotations
 
@@ -10,21 +11,10 @@ from pathlib import Path
 
 import pytest
 
-import app
+from .chromium import CHROMIUM
+from .helpers_app import launched as launched  # re-exported: the browser tests launch the app from here
+from .scripted import ScriptedMember, prefers
 
-from .conftest import free_port
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 if not CHROMIUM.exists():
     pytest.skip(
         "needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)", allow_module_level=True
@@ -37,24 +27,6 @@ TIMEOUT_MS = 60_000
 def upload(page, path: Path) -> None:
     page.locator("#replay button").first.click()  # open the accordion
     page.locator("#upload input[type=file]").set_input_files(str(path))
-
-
-@contextlib.contextmanager
-def launched(cache: Path, members, loader=None, **build) -> Iterator[str]:
-    """The app on a free loopback port serving `members` (through `loader`, or straight from the
-    dict), its Gradio cache in `cache` (files outside it are not served), closed afterwards with the
-    `schedulers` it was given; `build` goes to app.build_demo. The address."""
-    load = loader or (lambda name, device, progress: members[name])
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("GRADIO_TEMP_DIR", str(cache))
-        demo = app.build_demo(load, choices=list(members), **build)
-        _, address, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
-    try:
-        yield address
-    finally:
-        demo.close()
-        if build.get("schedulers") is not None:
-            build["schedulers"].close()
 
 
 def open_page(browser, address: str, ready: str = "#prompt textarea", **options):
@@ -98,3 +70,44 @@ def use_members(page, *names: str) -> None:
         page.locator("#models .token-remove").first.click()
     for name in names:
         pick(page, name)
+
+
+@contextlib.contextmanager
+def page_on(browser, address: str, cache: Path, monkeypatch, **options) -> Iterator:
+    """opened's page on an app a module launched with its Gradio cache in `cache`: the test's own
+    cache (conftest's, per test) is pointed back at it, or the files the page uploads would move."""
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
+    with opened(browser, address, **options) as page:
+        yield page
+
+
+def run_and_wait(page, prompt: str) -> str:
+    """Run `prompt` with the members picked and wait for the run's end: the status line."""
+    page.fill("#prompt textarea", prompt)
+    page.click("#run")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('stopped:')")
+    return page.inner_text("#status")
+
+
+def show_round(page, k: int) -> None:
+    """Round k on the panels, as the round number's box shows it."""
+    number = page.locator("#round input[type=number]")
+    number.fill(str(k))
+    number.blur()
+    page.wait_for_function(f"document.querySelector('#status').innerText.startsWith('Round {k} ')")
+
+
+def scripted_pair(tmp_path_factory, b_drafts: str = "x "):
+    """A module fixture's body (the lesson and room tests'): the app on two scripted members, a
+    drafting "x " and b `b_drafts`, both scoring "x " highest (a's candidates win where b's differ),
+    a picked; its address and the names its loader was asked for, in order (a recorded lesson
+    loads none)."""
+    members = {m: ScriptedMember(m, [text] * 9, prefers("x ")) for m, text in (("a", "x "), ("b", b_drafts))}
+    loaded: list[str] = []
+
+    def loader(name, device, progress):
+        loaded.append(name)
+        return members[name]
+
+    with launched(tmp_path_factory.mktemp("gradio"), members, loader, default_models=["a"]) as address:
+        yield address, loaded

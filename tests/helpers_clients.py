@@ -1,15 +1,28 @@
-"""Real clients' side of the live-server tests (test_serve_clients, test_serve_chat_clients): an
-offline GSM8K task for lm-evaluation-harness and its run, and an ASGI wrapper that keeps what the
-server was sent (to check what a client nobody here wrote really put in its requests)."""
+"""Real clients' side of the live-server tests (test_serve_*): the API served on a scheduler for a
+block, the official `openai` client on it, the requests a client leaves unfinished (a stream hung up,
+a socket closed), an offline GSM8K task for lm-evaluation-harness and its run, and an ASGI wrapper
+that keeps what the server was sent (to check what a client nobody here wrote really put in its
+requests)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import httpx
+import openai
+
+from specfuse.bench.serve import running
+from specfuse.serve.api import create_app
 
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "dev.jsonl"
@@ -54,6 +67,55 @@ def load(**kwargs):
         files["train"] = str(here / "shots.jsonl")
     return datasets.load_dataset("json", data_files=files)
 """
+
+
+@contextlib.contextmanager
+def api_on(scheduler, wrap: Callable[[Any], Any] | None = None, **options) -> Iterator[tuple[str, Any]]:
+    """The API on `scheduler` (create_app's `options`: limits, api_key), `wrap`ped if given (Recorder),
+    live on a free loopback port for the block: its URL and the app served. The scheduler is closed
+    afterwards."""
+    try:
+        app = create_app(scheduler, **options)
+        app = wrap(app) if wrap else app
+        with running(app) as url:
+            yield url, app
+    finally:
+        scheduler.close()
+
+
+def openai_client(url: str, **options) -> openai.OpenAI:
+    """The official client on the API at `url`: no retries (a test sees the first answer), 120 s."""
+    return openai.OpenAI(
+        base_url=url + "/v1", **({"api_key": "EMPTY", "max_retries": 0, "timeout": 120} | options)
+    )
+
+
+def hang_up(url: str, prompt: str) -> None:
+    """A long completion streamed, one chunk of it read, then the connection closed."""
+    body = {"model": "specfuse", "prompt": prompt, "stream": True, "max_tokens": 200}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+        next(response.iter_lines())
+
+
+@contextlib.contextmanager
+def unanswered(url: str, path: str, body: dict) -> Iterator[None]:
+    """`body` POSTed whole to `path` on a socket of its own, closed when the block ends, its answer
+    never read: a client that went away."""
+    host, port = url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+            + f"Content-Length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
+        yield
+
+
+def send_and_close(url: str, prompt: str, rng: random.Random) -> None:
+    """A whole completion request sent, its socket closed up to 0.3 s later (drawn from `rng`)."""
+    with unanswered(url, "/v1/completions", {"model": "specfuse", "prompt": prompt, "max_tokens": 200}):
+        time.sleep(rng.uniform(0.0, 0.3))
 
 
 def gsm8k_task(folder: Path, name: str, rows: int, shots: int = 0, shortest: bool = False) -> Path:

@@ -1,13 +1,15 @@
-"""The evaluation tests' pieces (test_eval, test_paired_runs): a GSM8K-style data file, a scripted
-member that answers a number, and the small config the scripted runs use."""
+"""The evaluation tests' pieces (test_eval, test_paired_runs, the failure browser's): a GSM8K-style
+data file, a scripted member that answers a number, the small config the scripted runs use, and a
+small evaluation run folder."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from specfuse.config import EnsembleConfig
 
-from .scripted import ScriptedMember
+from .scripted import ScriptedMember, scripted_trace
 
 
 def write_data(path, n=2):
@@ -25,3 +27,36 @@ def scripted(name, answer, score=1.0):
 
 
 CONFIG = EnsembleConfig(max_new_tokens=12, segment_len=4)
+
+
+def eval_folder(root: Path) -> Path:
+    """A small evaluation run: two problems, the ensemble and one single member, traces and report."""
+    runs = root / "runs"
+    outcomes = []
+    answers = {  # (system, problem) → (answer text, predicted, correct)
+        ("ensemble", "p1"): ("The answer is 5.", "5", False),
+        ("single-a", "p1"): ("So the answer is 7.", "7", True),
+        ("ensemble", "p2"): ("The answer is 9.", "9", True),
+        ("single-a", "p2"): ("The answer is 8.", "8", False),
+    }
+    for (system, problem), (text, predicted, correct) in answers.items():
+        (runs / system).mkdir(parents=True, exist_ok=True)
+        path = runs / system / f"{problem}.json"
+        drafts = {"a": [text], "b": ["other "]} if system == "ensemble" else {"a": [text]}
+        if system != "ensemble":
+            drafts["b"] = [text]
+        scripted_trace(path, drafts, rounds=1)
+        gold = "7" if problem == "p1" else "9"
+        outcomes.append(
+            dict(
+                system=system,
+                problem=problem,
+                predicted=predicted,
+                correct=correct,
+                gold=gold,
+                traces=[str(path)],
+            )
+        )
+    report = {"mix": "test", "failure_cases": {"best_member": "a"}, "outcomes": outcomes}
+    (root / "eval-test.json").write_text(json.dumps(report))
+    return root

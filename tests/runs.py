@@ -4,6 +4,9 @@ rounds) must agree on. The batched, scheduled, compiled and llama.cpp paths are 
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from specfuse.config import EnsembleConfig
@@ -11,6 +14,24 @@ from specfuse.engine import Ensemble
 from specfuse.records import Draft, Finished, Round
 
 PROMPTS = ["Once upon a time", "Écris 猫 in code: x_1 =", "Why is the sky blue? Explain it to a child."]
+
+
+def chat(system: str, *turns: str) -> list[dict[str, str]]:
+    """A conversation as OpenAI's messages: the system prompt, then `turns`, the user's and the
+    assistant's in turn (the user's first)."""
+    said = [{"role": ("user", "assistant")[i % 2], "content": text} for i, text in enumerate(turns)]
+    return [{"role": "system", "content": system}, *said]
+
+
+# The conversation tests' prompt: a system prompt and three questions, the first two answered.
+SYSTEM_AND_THREE_TURNS = chat(
+    "Answer in one short sentence.",
+    "What colour is the sky?",
+    "Blue, on a clear day.",
+    "And at night?",
+    "Dark, with stars.",
+    "Why is that?",
+)
 
 
 def flat(matrix):
@@ -56,6 +77,36 @@ def collect(ticket):
     assert events[-1] == Finished("done") and not any(isinstance(e, Finished) for e in events[:-1])
     drafts = [e for e in events if isinstance(e, Draft)]
     return drafts, [e for e in events if isinstance(e, Round)]
+
+
+def collected_apart(scheduler, jobs, gap: float) -> list[tuple[list, list]]:
+    """Each job (prompt, config, members) submitted to `scheduler` by a client thread of its own, the
+    i-th `gap`·i seconds after the first (arrivals spread over the first rounds of the others):
+    each one's collect(), in order. The scheduler is closed afterwards."""
+    got: dict[int, tuple[list, list]] = {}
+
+    def client(i: int) -> None:
+        time.sleep(gap * i)
+        prompt, config, members = jobs[i]
+        got[i] = collect(scheduler.submit(prompt, config, members=members))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(jobs))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        scheduler.close()
+    return [got[i] for i in range(len(jobs))]
+
+
+def streamed_many(ensemble, prompts, batch_size: int) -> list[list]:
+    """Each prompt's rounds from one rolling batch of `batch_size` (Ensemble.stream_many), in order."""
+    got: dict[int, list] = {}
+    for i, rnd in ensemble.stream_many(prompts, batch_size=batch_size):
+        got.setdefault(i, []).append(rnd)
+    return [got[i] for i in range(len(prompts))]
 
 
 def scores_by_hand(member, prompt: str, answer: str, candidates, config: EnsembleConfig) -> list[float]:

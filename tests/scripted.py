@@ -57,6 +57,12 @@ def prefers(favourite: str):
     return lambda text: 3.0 if text == favourite else 1.0
 
 
+def looping(**options) -> dict[str, ScriptedMember]:
+    """loop-a and loop-b, drafting "a " and "b " 2,000 times: their runs last until they are stopped
+    (`options` go to ScriptedMember: draft_delay)."""
+    return {f"loop-{c}": ScriptedMember(f"loop-{c}", [f"{c} "] * 2000, len, **options) for c in "ab"}
+
+
 def scripted_rounds(max_rounds: int = 6, **config):
     """Three scripted members: b always wins, c always loses (and exits once allowed)."""
     members = [

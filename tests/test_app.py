@@ -33,7 +33,9 @@ from .helpers_app import (
     figure,
     path_of,
     round_updates,
+    stop_after_two_rounds,
     submit,
+    wait_rounds,
 )
 from .scripted import ScriptedMember, prefers, scripted_rounds
 
@@ -258,10 +260,7 @@ def test_replay_shows_a_past_round_from_the_session_trace(client):
 def test_stop_ends_the_run_keeps_what_was_produced_and_the_next_run_works(served, client):
     _, members, _, _ = served
     job = submit(client, ["loop-a", "loop-b"], "go", max_new_tokens=1024)
-    deadline = time.time() + 30
-    while len(round_updates(job.outputs())) < 3 and time.time() < deadline:
-        time.sleep(0.05)
-    assert len(round_updates(job.outputs())) >= 3
+    assert len(wait_rounds(job, 3)) >= 3
     job.cancel()
     time.sleep(0.5)
     calls = len(members["loop-a"].calls)
@@ -281,13 +280,7 @@ def test_stop_alone_ends_the_session_run_and_answers_with_its_last_round(served,
     late: the run's next update then hid "stopped by the user". Stop now ends its session's run
     itself, before it answers. Here no cancel is sent at all."""
     job = submit(client, ["loop-a", "loop-b"], "go", max_new_tokens=1024)
-    deadline = time.time() + 30
-    while len(round_updates(job.outputs())) < 2 and time.time() < deadline:
-        time.sleep(0.05)
-    status, path = client.predict(api_name="/stop")
-    deadline = time.time() + 10
-    while not job.done() and time.time() < deadline:
-        time.sleep(0.05)
+    status, path = stop_after_two_rounds(client, job)
     assert job.done()  # ended by Stop, long before its 1024-token budget
     sent = round_updates(job.outputs())
     kept = load_trace(path_of(path))

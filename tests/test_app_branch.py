@@ -17,6 +17,7 @@ from studio import views
 
 from .conftest import TINY
 from .helpers_app import DOWNLOAD, path_of
+from .runs import chat
 from .scripted import scripted_rounds
 
 
@@ -61,12 +62,7 @@ def test_a_branch_of_an_uploaded_conversation_trace_feeds_the_members_the_messag
     the tiny members other ids, and another answer)."""
     url, members, downloads, cache = served
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))  # where the app put the upload (test_app's client)
-    messages = [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Hello there"},
-        {"role": "assistant", "content": "Hi."},
-        {"role": "user", "content": "And again?"},
-    ]
+    messages = chat("Be brief.", "Hello there", "Hi.", "And again?")
     config = EnsembleConfig(segment_len=4, max_new_tokens=24)
     rounds = tuple(Ensemble([members[n] for n in TINY], config).stream(messages))
     path = save_trace(Trace(messages, tuple(TINY), config, rounds), tmp_path / "conversation.json")

@@ -6,13 +6,9 @@ Stop on a follow-up, the turn shown, a branch on turn 2, New conversation."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-import app
 from specfuse import ConfigError, Ensemble, EnsembleConfig, Trace
 from specfuse.limits import MAX_MESSAGES
 from specfuse.prompts import Message, prompt_text
@@ -20,8 +16,16 @@ from specfuse.trace import load_trace
 from studio.chat_views import Chat, Turn, bubbles_html, chat_from_prompt, next_conversation, turn_choices
 from studio.serving import Schedulers
 
-from .conftest import TINY, free_port, tiny_member
-from .helpers_app import ANSWER, PLAIN, STATUS, path_of, round_updates
+from .conftest import TINY, tiny_member
+from .helpers_app import (
+    ANSWER,
+    PLAIN,
+    STATUS,
+    client_on,
+    launched,
+    path_of,
+    stop_after_two_rounds,
+)
 from .scripted import ScriptedMember, prefers
 
 SETTINGS = dict(segment_len=4, max_new_tokens=24, device="cpu")
@@ -106,29 +110,14 @@ def served(tmp_path_factory):
     members = {name: tiny_member(name) for name in TINY}
     members |= {m: ScriptedMember(m, [f"{m}{m} "] * 50, prefers("bb ")) for m in ("a", "b")}
     members |= {m: ScriptedMember(m, ["x "] * 2000, len) for m in ("loop-a", "loop-b")}
-    schedulers = Schedulers()
     cache = tmp_path_factory.mktemp("gradio")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("GRADIO_TEMP_DIR", str(cache))
-        demo = app.build_demo(
-            lambda name, device, progress: members[name],
-            choices=list(members),
-            default_models=TINY,
-            concurrency_limit=4,
-            schedulers=schedulers,
-        )
-        _, url, _ = app.serve(demo, port=free_port(), concurrency=4, prevent_thread_lock=True)
-    try:
+    with launched(cache, members, concurrency=4, default_models=TINY, schedulers=Schedulers()) as url:
         yield url, members, cache
-    finally:
-        demo.close()
-        schedulers.close()
 
 
 @pytest.fixture
 def client(served, monkeypatch):
-    monkeypatch.setenv("GRADIO_TEMP_DIR", str(served[2]))
-    return Client(served[0], verbose=False)
+    return client_on(served[0], served[2], monkeypatch)
 
 
 def bubbles(out) -> str:
@@ -212,13 +201,7 @@ def test_stop_ends_a_follow_up_and_keeps_its_rounds(served, client):
         **(SETTINGS | {"max_new_tokens": 1024}),
         api_name="/followup",
     )
-    deadline = time.time() + 30
-    while len(round_updates(job.outputs())) < 2 and time.time() < deadline:
-        time.sleep(0.05)
-    status, path = client.predict(api_name="/stop")
-    deadline = time.time() + 10
-    while not job.done() and time.time() < deadline:
-        time.sleep(0.05)
+    status, path = stop_after_two_rounds(client, job)
     assert job.done() and "stopped by the user" in status
     kept = load_trace(path_of(path))
     assert len(kept.rounds) >= 2 and kept.rounds[-1].stop_reason is None

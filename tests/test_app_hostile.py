@@ -10,13 +10,13 @@ import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
-import app
 from specfuse import ConfigError, ModelLoadError, load_trace
 from studio import downloads, views
 from studio.loading import served_members
 from studio.untrusted import Servers, md
 
-from .conftest import TINY, free_port
+from .conftest import TINY
+from .helpers_app import launched
 from .scripted import scripted_rounds, scripted_trace
 
 ATTACKER = "https://attacker.example/"
@@ -105,19 +105,9 @@ def hostile_app(tmp_path_factory):
 
     cache = tmp_path_factory.mktemp("gradio")
     spec = "llama-server:http://10.9.8.7:8080#served-one?tokenizer=/srv/t&timeout=5"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("GRADIO_TEMP_DIR", str(cache))
-        demo = app.build_demo(
-            loader,
-            choices=[*TINY, "served-one"],
-            default_models=TINY[:2],
-            served={"served-one": spec},
-        )
-        _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
-    try:
+    build = {"choices": [*TINY, "served-one"], "default_models": TINY[:2], "served": {"served-one": spec}}
+    with launched(cache, members, loader, **build) as url:
         yield url, cache
-    finally:
-        demo.close()
 
 
 def test_the_api_gets_escaped_messages_with_no_server_url(hostile_app, tmp_path, monkeypatch):

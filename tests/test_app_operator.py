@@ -6,13 +6,12 @@ from __future__ import annotations
 import time
 
 import pytest
-from gradio_client import Client
 
 import app
 from specfuse.engine import DEFAULT_BATCH_SIZE
 from studio.serving import DEFAULT_CONCURRENCY, Schedulers
 
-from .conftest import free_port
+from .helpers_app import client_on, launched
 from .scripted import ScriptedMember
 
 
@@ -60,23 +59,14 @@ def test_the_operators_parallel_decides_whether_the_apps_members_draft_at_once(
     """`parallel` is where members run, so the operator's (app.py --parallel), and the app's runs follow
     it; the settings form no longer offers a choice that the app's batch never read."""
     members = {m.name: m for m in (Clocked("clock-a"), Clocked("clock-b"))}
-    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
-    demo = app.build_demo(
-        lambda name, device, progress: members[name],
-        choices=list(members),
-        default_models=list(members),
-        schedulers=Schedulers(parallel=parallel),
-    )
-    _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
-    try:
-        client = Client(url, verbose=False, download_files=str(tmp_path))
+    build = {"default_models": list(members), "schedulers": Schedulers(parallel=parallel)}
+    with launched(tmp_path, members, **build) as url:
+        client = client_on(url, tmp_path, monkeypatch, tmp_path)
         with pytest.raises(TypeError):  # the form has no such field any more
             client.submit(members=list(members), prompt="Go", parallel="on", api_name="/run")
         client.submit(
             members=list(members), prompt="Go", max_new_tokens=6, device="cpu", api_name="/run"
         ).result(timeout=60)
-    finally:
-        demo.close()
     (a_began, a_ended), (b_began, b_ended) = members["clock-a"].spans[0], members["clock-b"].spans[0]
     overlap = min(a_ended, b_ended) - max(a_began, b_began)
     assert overlap > 0.15 if parallel == "on" else overlap <= 0

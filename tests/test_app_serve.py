@@ -21,9 +21,20 @@ from specfuse.models.quantize import QuantizedLinear
 from specfuse.serve.api import create_app
 from studio.serving import Schedulers
 
-from .conftest import TINY_SPECS, free_port, tiny_member
-from .helpers_app import ANSWER, COMPARE, DOWNLOAD, SLIDER, STATUS, path_of, round_updates, submit
-from .scripted import ScriptedMember
+from .conftest import TINY_SPECS, tiny_member
+from .helpers_app import (
+    ANSWER,
+    COMPARE,
+    DOWNLOAD,
+    SLIDER,
+    STATUS,
+    client_on,
+    launched,
+    path_of,
+    round_updates,
+    submit,
+)
+from .scripted import ScriptedMember, looping
 
 TINY = list(TINY_SPECS)
 CONFIG = EnsembleConfig(segment_len=4, max_new_tokens=24)  # helpers_app.submit's settings
@@ -32,32 +43,18 @@ CONFIG = EnsembleConfig(segment_len=4, max_new_tokens=24)  # helpers_app.submit'
 @pytest.fixture(scope="module")
 def many(tmp_path_factory):
     members = {name: tiny_member(name) for name in TINY}
-    members["loop-a"] = ScriptedMember("loop-a", ["a "] * 2000, len, draft_delay=0.05)
-    members["loop-b"] = ScriptedMember("loop-b", ["b "] * 2000, len, draft_delay=0.05)
+    members |= looping(draft_delay=0.05)
     schedulers = Schedulers(batch_size=2)  # two runs play at once: a third waits in line
+    api = create_app(schedulers.of([members[n] for n in TINY]))  # the app's own scheduler
+    build = {"default_models": TINY[:2], "schedulers": schedulers}
     cache = tmp_path_factory.mktemp("gradio")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("GRADIO_TEMP_DIR", str(cache))
-        demo = app.build_demo(
-            lambda name, device, progress: members[name],
-            choices=list(members),
-            default_models=TINY[:2],
-            concurrency_limit=4,
-            schedulers=schedulers,
-        )
-        api = create_app(schedulers.of([members[n] for n in TINY]))  # the app's own scheduler
-        _, url, _ = app.serve(demo, port=free_port(), concurrency=4, prevent_thread_lock=True, api=api)
-    try:
+    with launched(cache, members, concurrency=4, api=api, **build) as url:
         yield url, members, schedulers, tmp_path_factory.mktemp("downloads"), cache
-    finally:
-        demo.close()
-        schedulers.close()
 
 
 def client_of(many, monkeypatch) -> Client:
     url, _, _, downloads, cache = many
-    monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
-    return Client(url, verbose=False, download_files=str(downloads))
+    return client_on(url, cache, monkeypatch, downloads)
 
 
 def answer_of(output) -> str:

@@ -12,15 +12,14 @@ import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
-import app
 from specfuse import Ensemble, EnsembleConfig, load_trace
 from specfuse.records import Candidate, Draft
 from studio import step_views
 from studio.serving import Schedulers
 from studio.step_views import ENDED, FORWARD, NEXT, REVEAL, Tally, due
 
-from .conftest import TINY, free_port, tiny_member
-from .helpers_app import ANSWER, CANDIDATES, MATRIX, SLIDER, STATUS, figure
+from .conftest import TINY, tiny_member
+from .helpers_app import ANSWER, CANDIDATES, MATRIX, SLIDER, STATUS, client_on, figure, launched
 from .scripted import ScriptedMember, prefers, scripted_rounds
 
 # The step bar's guess, note and timer come last in /run's and every /step_* endpoint's outputs (the
@@ -100,50 +99,30 @@ def test_the_notes_say_who_won_the_verdict_the_tally_and_the_end_with_names_as_t
 
 
 def launch(tmp_path_factory, **limits):
-    """The app on the tiny members and three scripted ones (b always wins), with a scheduler of
-    its own (`limits`: max_paused, pause_idle_s)."""
+    """A module fixture's body: the app on the tiny members and three scripted ones (b always wins),
+    with a scheduler of its own (`limits`: max_paused, pause_idle_s)."""
     members = {name: tiny_member(name) for name in TINY}
     members |= {m: ScriptedMember(m, [f"{m}{m} "] * 50, prefers("bb ")) for m in ("a", "b", "c")}
     schedulers = Schedulers(**limits)
     cache = tmp_path_factory.mktemp("gradio")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("GRADIO_TEMP_DIR", str(cache))
-        demo = app.build_demo(
-            lambda name, device, progress: members[name],
-            choices=list(members),
-            default_models=TINY,
-            concurrency_limit=4,
-            schedulers=schedulers,
-        )
-        _, url, _ = app.serve(demo, port=free_port(), concurrency=4, prevent_thread_lock=True)
-    return demo, url, schedulers, cache
+    with launched(cache, members, concurrency=4, default_models=TINY, schedulers=schedulers) as url:
+        yield url, schedulers, cache
 
 
 @pytest.fixture(scope="module")
 def stepping(tmp_path_factory):
-    demo, url, schedulers, cache = launch(tmp_path_factory)
-    try:
-        yield url, schedulers, cache
-    finally:
-        demo.close()
-        schedulers.close()
+    yield from launch(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def strict(tmp_path_factory):
     """One paused run at once, and 1.5 s without a step ends it."""
-    demo, url, schedulers, cache = launch(tmp_path_factory, max_paused=1, pause_idle_s=1.5)
-    try:
-        yield url, schedulers, cache
-    finally:
-        demo.close()
-        schedulers.close()
+    yield from launch(tmp_path_factory, max_paused=1, pause_idle_s=1.5)
 
 
 def client_of(server, monkeypatch) -> Client:
     url, _, cache = server
-    monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
-    return Client(url, verbose=False)
+    return client_on(url, cache, monkeypatch)
 
 
 def start(client, members=TINY, prompt=PROMPT, **settings):

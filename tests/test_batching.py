@@ -7,7 +7,7 @@ import pytest
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble
 
-from .runs import PROMPTS, same_rounds
+from .runs import PROMPTS, same_rounds, streamed_many
 
 
 def test_stream_many_matches_one_at_a_time_on_three_architectures(tiny_members):
@@ -74,8 +74,5 @@ def test_token_scores_are_the_evidence_behind_each_raw_score(tiny_members):
 def test_a_rolling_batch_gives_the_same_answers(tiny_members):
     config = EnsembleConfig(segment_len=5, max_new_tokens=20)
     ensemble = Ensemble(tiny_members, config)
-    got: dict[int, list] = {}
-    for i, rnd in ensemble.stream_many(PROMPTS, batch_size=2):
-        got.setdefault(i, []).append(rnd)
-    for i, prompt in enumerate(PROMPTS):
-        same_rounds(list(ensemble.stream(prompt)), got[i])
+    for prompt, rounds in zip(PROMPTS, streamed_many(ensemble, PROMPTS, batch_size=2)):
+        same_rounds(list(ensemble.stream(prompt)), rounds)

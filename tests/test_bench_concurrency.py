@@ -10,6 +10,7 @@ import pytest
 from specfuse.bench import concurrency as bench_concurrency
 
 from .conftest import REAL_MODEL_CACHE
+from .helpers_bench import assert_ratios
 
 
 def test_every_mode_reports_finite_ratios_and_says_whether_answers_match(tiny_members):
@@ -18,14 +19,7 @@ def test_every_mode_reports_finite_ratios_and_says_whether_answers_match(tiny_me
         "exit off, parallel off", "exit off, parallel on", "exit on, parallel off", "exit on, parallel on"
     ]  # fmt: skip
     for mode in report["modes"].values():
-        for key in (
-            "s_per_token",
-            "overhead_vs_single_sum",
-            "overhead_vs_slowest",
-            "first_segment_ratio",
-            "floor_ratio",
-        ):
-            assert math.isfinite(mode[key]) and mode[key] > 0, key
+        assert_ratios(mode)
         assert 0 < mode["first_candidate_s"] <= mode["first_segment_s"]
         assert 0 <= mode["decode_steps_saved"] < mode["tokens"] * 3
     on = report["modes"]["exit off, parallel on"]

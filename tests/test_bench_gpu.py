@@ -13,6 +13,7 @@ from specfuse.bench import gpu as bench_gpu
 from specfuse.bench import shapes
 
 from .conftest import REAL_MODEL_CACHE
+from .helpers_bench import assert_ratios
 
 
 @pytest.mark.parametrize("name", list(shapes.SHAPES["real"]))
@@ -52,14 +53,7 @@ def test_the_whole_benchmark_runs_on_tiny_shapes_and_reports_finite_ratios():
     report = bench_gpu.run_gpu_bench(members, max_new_tokens=20, segment_len=5, repeats=1)
     for parallel in ("off", "on"):
         mode = report["modes"][parallel]
-        for key in (
-            "s_per_token",
-            "overhead_vs_single_sum",
-            "overhead_vs_slowest",
-            "first_segment_ratio",
-            "floor_ratio",
-        ):
-            assert math.isfinite(mode[key]) and mode[key] > 0, key
+        assert_ratios(mode)
         assert mode["tokens"] == 20
         # Random weights behind the biased head: printable ASCII, one byte per token.
         assert mode["answer"] and mode["answer"].isascii() and mode["answer"].isprintable()

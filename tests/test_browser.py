@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import pytest
 
-import app
 from specfuse import load_trace
 
-from .conftest import TINY, free_port, tiny_member
-from .helpers_browser import launched, opened, pick, upload, use_members
+from .conftest import TINY, tiny_member
+from .helpers_browser import launched, opened, page_on, pick, run_and_wait, show_round, upload, use_members
+from .helpers_eval import eval_folder
 from .scripted import ScriptedMember, SlowMember, scripted_trace
 
 pytestmark = pytest.mark.browser
@@ -48,17 +47,8 @@ def url(tmp_path_factory):
 
 @pytest.fixture
 def page(browser, url, monkeypatch):
-    address, cache = url
-    monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
-    with opened(browser, address, accept_downloads=True) as page:
+    with page_on(browser, *url, monkeypatch, accept_downloads=True) as page:
         yield page
-
-
-def run_and_wait(page, prompt: str) -> str:
-    page.fill("#prompt textarea", prompt)
-    page.click("#run")
-    page.wait_for_function("document.querySelector('#status').innerText.includes('stopped:')")
-    return page.inner_text("#status")
 
 
 def test_a_user_runs_the_ensemble_replays_a_round_and_downloads_the_trace(page, tmp_path):
@@ -80,10 +70,7 @@ def test_a_user_runs_the_ensemble_replays_a_round_and_downloads_the_trace(page, 
     assert trace.members == tuple(TINY) and trace.prompt == "Hello there"
 
     # Replay round 1 with the slider's number box (blur releases it).
-    number = page.locator("#round input[type=number]")
-    number.fill("1")
-    number.blur()
-    page.wait_for_function("document.querySelector('#status').innerText.startsWith('Round 1 ')")
+    show_round(page, 1)
     page.wait_for_function("document.querySelector('#matrix').innerText.includes('round 1:')")
 
     # Replay the downloaded trace in a fresh page: no model is loaded for it.
@@ -296,10 +283,7 @@ def replayed_tiny_trace(page, tmp_path) -> Path:
 def test_a_typed_segment_branches_a_replayed_trace_and_both_answers_show(page, tmp_path):
     saved = replayed_tiny_trace(page, tmp_path)
     original = load_trace(saved)
-    number = page.locator("#round input[type=number]")
-    number.fill("2")
-    number.blur()
-    page.wait_for_function("document.querySelector('#status').innerText.startsWith('Round 2 ')")
+    show_round(page, 2)
     page.locator("#what-if button").first.click()
     typed = "<b>typed</b> by you "
     page.fill("#branch-text textarea", typed)
@@ -321,10 +305,7 @@ def test_a_typed_segment_branches_a_replayed_trace_and_both_answers_show(page, t
 def test_picking_a_matrix_cell_shows_the_candidates_tokens_shaded(page, tmp_path):
     replayed_tiny_trace(page, tmp_path)
     # Round 1: every member drafts and is scored (a late round may be a lone, unverified draft).
-    number = page.locator("#round input[type=number]")
-    number.fill("1")
-    number.blur()
-    page.wait_for_function("document.querySelector('#status').innerText.startsWith('Round 1 ')")
+    show_round(page, 1)
     page.locator("#what-if button").first.click()
     page.wait_for_selector("#tokens .sf-token")
     box = page.locator("#evidence-candidate input")
@@ -338,56 +319,14 @@ def test_picking_a_matrix_cell_shows_the_candidates_tokens_shaded(page, tmp_path
     assert "z-softmax, weighted mean" in rules and "weighted median" in rules
 
 
-def eval_folder(root: Path) -> Path:
-    """A small evaluation run: two problems, the ensemble and one single member, traces and report."""
-    runs = root / "runs"
-    outcomes = []
-    answers = {  # (system, problem) → (answer text, predicted, correct)
-        ("ensemble", "p1"): ("The answer is 5.", "5", False),
-        ("single-a", "p1"): ("So the answer is 7.", "7", True),
-        ("ensemble", "p2"): ("The answer is 9.", "9", True),
-        ("single-a", "p2"): ("The answer is 8.", "8", False),
-    }
-    for (system, problem), (text, predicted, correct) in answers.items():
-        (runs / system).mkdir(parents=True, exist_ok=True)
-        path = runs / system / f"{problem}.json"
-        drafts = {"a": [text], "b": ["other "]} if system == "ensemble" else {"a": [text]}
-        if system != "ensemble":
-            drafts["b"] = [text]
-        scripted_trace(path, drafts, rounds=1)
-        gold = "7" if problem == "p1" else "9"
-        outcomes.append(
-            dict(
-                system=system,
-                problem=problem,
-                predicted=predicted,
-                correct=correct,
-                gold=gold,
-                traces=[str(path)],
-            )
-        )
-    report = {"mix": "test", "failure_cases": {"best_member": "a"}, "outcomes": outcomes}
-    (root / "eval-test.json").write_text(json.dumps(report))
-    return root
-
-
 @pytest.fixture
 def eval_page(browser, tmp_path):
-    cache = tmp_path / "gradio"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("GRADIO_TEMP_DIR", str(cache))
-        demo = app.build_demo(
-            lambda name, device, progress: None,
-            choices=TINY,
-            default_models=TINY[:2],
-            eval_dir=eval_folder(tmp_path / "eval"),
-        )
-        _, address, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
-        try:
-            with opened(browser, address, "#failures-table") as page:
-                yield page
-        finally:
-            demo.close()
+    build = {"default_models": TINY[:2], "eval_dir": eval_folder(tmp_path / "eval")}
+    with (
+        launched(tmp_path / "gradio", dict.fromkeys(TINY), **build) as address,
+        opened(browser, address, "#failures-table") as page,
+    ):
+        yield page
 
 
 def test_a_failure_case_opens_beside_the_best_members_answer(eval_page):

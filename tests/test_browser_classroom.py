@@ -13,7 +13,7 @@ from specfuse import lessons
 from specfuse.lessons import Lesson
 from studio.gallery import Shelf
 
-from .helpers_browser import launched, opened
+from .helpers_browser import launched, page_on, show_round
 from .scripted import ScriptedMember, prefers, scripted_rounds
 
 pytestmark = pytest.mark.browser
@@ -74,8 +74,7 @@ def served_app(tmp_path_factory):
 @pytest.fixture
 def page(browser, served_app, monkeypatch):
     address, cache, _ = served_app
-    monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
-    with opened(browser, address, accept_downloads=True) as page:
+    with page_on(browser, address, cache, monkeypatch, accept_downloads=True) as page:
         page.requested = []
         page.on("request", lambda r: page.requested.append(r.url))
         yield page
@@ -88,13 +87,6 @@ def open_lesson(page, slug: str) -> float:
     page.wait_for_function("document.querySelector('#status').innerText.includes('recorded run')")
     page.wait_for_selector("#class-lesson", state="visible")
     return time.perf_counter() - began
-
-
-def show_round(page, k: int) -> None:
-    number = page.locator("#round input[type=number]")
-    number.fill(str(k))
-    number.blur()
-    page.wait_for_function(f"document.querySelector('#status').innerText.startsWith('Round {k} ')")
 
 
 def shown_panels(page) -> list[str]:

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-import app
 from specfuse import load_trace
 
-from .conftest import TINY, free_port
-from .helpers_browser import opened
+from .conftest import TINY
+from .helpers_browser import launched, opened
 
 pytestmark = pytest.mark.browser
 
@@ -36,19 +35,12 @@ def shipped(copy: str) -> Path:
 @pytest.fixture
 def page(browser, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the shipped paths must resolve from the folder, not the checkout
-    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
-    demo = app.build_demo(
-        lambda name, device, progress: None,
-        choices=TINY,
-        default_models=TINY[:2],
-        eval_dir=REPORT_FILE,
-    )
-    _, address, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
-    try:
-        with opened(browser, address, "#failures-table") as page:
-            yield page
-    finally:
-        demo.close()
+    build = {"default_models": TINY[:2], "eval_dir": REPORT_FILE}
+    with (
+        launched(tmp_path / "gradio", dict.fromkeys(TINY), **build) as address,
+        opened(browser, address, "#failures-table") as page,
+    ):
+        yield page
 
 
 def open_problem(page, problem: str) -> None:

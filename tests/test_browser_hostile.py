@@ -10,10 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-import app
-
-from .conftest import TINY, free_port, tiny_member
-from .helpers_browser import launched, opened, upload, use_members
+from .conftest import TINY, tiny_member
+from .helpers_browser import launched, opened, page_on, run_and_wait, upload, use_members
 from .scripted import ScriptedMember, scripted_trace
 
 pytestmark = pytest.mark.browser
@@ -58,9 +56,7 @@ def address(tmp_path_factory):
 
 @pytest.fixture
 def page(browser, address, monkeypatch):
-    url, cache = address
-    monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
-    with opened(browser, url) as page:
+    with page_on(browser, *address, monkeypatch) as page:
         yield page
 
 
@@ -140,9 +136,7 @@ def test_a_prompt_and_a_typed_segment_with_a_lone_surrogate_get_a_clear_message(
     text = toasts(page, 1)
     assert "prompt holds" in text and "lone surrogate" in text and "TextEncodeInput" not in text
     fresh(page)
-    page.fill("#prompt textarea", "Hello there")
-    page.click("#run")
-    page.wait_for_function("document.querySelector('#status').innerText.includes('stopped:')")
+    run_and_wait(page, "Hello there")
     page.locator("#what-if button").first.click()
     type_into(page, "#branch-text textarea", "'typed \\udfff'")
     page.click("#branch")
@@ -153,9 +147,7 @@ def test_a_prompt_and_a_typed_segment_with_a_lone_surrogate_get_a_clear_message(
 def test_a_stopped_run_before_round_1_keeps_no_earlier_answer(page):
     """After Stop before round 1, the Answer panel kept the previous run's text under "Nothing to
     keep" (issue 24, item 10)."""
-    page.fill("#prompt textarea", "Hello there")
-    page.click("#run")
-    page.wait_for_function("document.querySelector('#status').innerText.includes('stopped:')")
+    run_and_wait(page, "Hello there")
     page.locator("#plain-box button").first.click()
     assert page.locator("#answer .token").count() >= 1 and page.input_value("#plain textarea") != ""
     use_members(page, "quick", "slow-draft")  # slow-draft takes 2 s: round 1 is still being drafted
@@ -167,23 +159,16 @@ def test_a_stopped_run_before_round_1_keeps_no_earlier_answer(page):
     assert not page.locator("#download").is_visible()
 
 
-def test_the_members_list_shows_a_served_members_name_and_no_url(browser, tmp_path, monkeypatch):
+def test_the_members_list_shows_a_served_members_name_and_no_url(browser, tmp_path):
     """The Members dropdown listed raw specs, `?tokenizer=…&timeout=5` and all (issue 24, item 4)."""
     spec = "llama-server:http://10.9.8.7:8080#served-one?tokenizer=/srv/t&timeout=5"
-    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
-    demo = app.build_demo(
-        lambda name, device, progress: None,
-        choices=[*TINY, "served-one"],
-        default_models=[TINY[0], "served-one"],
-        served={"served-one": spec},
-    )
-    _, url, _ = app.serve(demo, port=free_port(), prevent_thread_lock=True)
-    try:
-        with opened(browser, url, "#models input[role=combobox]") as page:
-            page.locator("#models input[role=combobox]").click()
-            page.wait_for_selector("ul[role=listbox]")
-            shown = page.inner_text("#models") + page.inner_text("ul[role=listbox]")
-            assert "served-one" in shown and "10.9.8.7" not in shown and "tokenizer" not in shown
-            assert "10.9.8.7" not in page.content()
-    finally:
-        demo.close()
+    build = {"default_models": [TINY[0], "served-one"], "served": {"served-one": spec}}
+    with (
+        launched(tmp_path / "gradio", dict.fromkeys([*TINY, "served-one"]), **build) as url,
+        opened(browser, url, "#models input[role=combobox]") as page,
+    ):
+        page.locator("#models input[role=combobox]").click()
+        page.wait_for_selector("ul[role=listbox]")
+        shown = page.inner_text("#models") + page.inner_text("ul[role=listbox]")
+        assert "served-one" in shown and "10.9.8.7" not in shown and "tokenizer" not in shown
+        assert "10.9.8.7" not in page.content()

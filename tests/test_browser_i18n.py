@@ -12,9 +12,8 @@ import pytest
 from specfuse.lessons import LESSONS, load_lesson
 from studio.panels import EXAMPLES
 
-from .helpers_browser import launched, opened
+from .helpers_browser import opened, scripted_pair
 from .i18n_keys import english_words, trace_words
-from .scripted import ScriptedMember, prefers
 
 pytestmark = pytest.mark.browser
 
@@ -40,15 +39,7 @@ VISIBLE = """() => {
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    members = {m: ScriptedMember(m, ["x "] * 9, prefers("x ")) for m in ("a", "b")}
-    loaded: list[str] = []
-
-    def loader(name, device, progress):
-        loaded.append(name)
-        return members[name]
-
-    with launched(tmp_path_factory.mktemp("gradio"), members, loader, default_models=["a"]) as address:
-        yield address, loaded
+    yield from scripted_pair(tmp_path_factory)
 
 
 def wait_text(page, selector: str, text: str) -> None:

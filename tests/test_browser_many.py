@@ -6,24 +6,21 @@ left in the batch, resident memory within 10 %."""
 
 from __future__ import annotations
 
-import json
 import random
-import socket
 import threading
 import time
 
 import httpx
-import openai
 import pytest
 
-import app
 from specfuse import Ensemble, EnsembleConfig
 from specfuse.serve.api import create_app
 from studio.serving import Schedulers
 
-from .conftest import TINY, free_port, rss_bytes, tiny_member
-from .helpers_browser import open_page, use_members
-from .scripted import ScriptedMember
+from .conftest import TINY, rss_bytes, tiny_member
+from .helpers_browser import launched, open_page, use_members
+from .helpers_clients import hang_up, openai_client, send_and_close
+from .scripted import looping
 
 pytestmark = pytest.mark.browser
 
@@ -42,28 +39,14 @@ FINISHED = (  # the run started after start(): its rounds came, and it ran to it
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     members = {name: tiny_member(name) for name in TINY}
-    members["loop-a"] = ScriptedMember("loop-a", ["a "] * 2000, len, draft_delay=0.05)
-    members["loop-b"] = ScriptedMember("loop-b", ["b "] * 2000, len, draft_delay=0.05)
+    members |= looping(draft_delay=0.05)
     schedulers = Schedulers(batch_size=4)
+    scheduler = schedulers.of([members[n] for n in TINY])  # the app's own: the API is served from it
+    defaults = {"segment_len": CONFIG.segment_len, "max_new_tokens": CONFIG.max_new_tokens}
+    build = {"default_models": TINY, "defaults": defaults, "schedulers": schedulers}
     cache = tmp_path_factory.mktemp("gradio")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("GRADIO_TEMP_DIR", str(cache))
-        demo = app.build_demo(
-            lambda name, device, progress: members[name],
-            choices=list(members),
-            default_models=TINY,
-            defaults={"segment_len": CONFIG.segment_len, "max_new_tokens": CONFIG.max_new_tokens},
-            concurrency_limit=8,
-            schedulers=schedulers,
-        )
-        scheduler = schedulers.of([members[n] for n in TINY])
-        api = create_app(scheduler)
-        _, address, _ = app.serve(demo, port=free_port(), concurrency=8, prevent_thread_lock=True, api=api)
-    try:
+    with launched(cache, members, concurrency=8, api=create_app(scheduler), **build) as address:
         yield address.rstrip("/"), members, scheduler, cache
-    finally:
-        demo.close()
-        schedulers.close()
 
 
 def new_page(browser, served, monkeypatch):
@@ -141,13 +124,12 @@ def test_a_soak_of_api_clients_and_a_browser_user(browser, served, monkeypatch):
     config = EnsembleConfig(segment_len=4, max_new_tokens=16)
     good = [(p, solo(members, p, config=config)) for p in PROMPTS]
     page_good = [(p, solo(members, p)) for p in PROMPTS]
-    host, port = address.removeprefix("http://").split(":")
     failures: list[str] = []
     kinds: dict[str, int] = {}
 
     def api_client(seed: int, requests: int) -> None:
         rng = random.Random(seed)
-        client = openai.OpenAI(base_url=address + "/v1", api_key="EMPTY", max_retries=0, timeout=120)
+        client = openai_client(address)
         extra = {"specfuse": {"segment_len": 4, "members": TINY}}
         for _ in range(requests):
             kind = rng.choice(["good", "good", "cancel", "disconnect", "bad"])
@@ -163,19 +145,10 @@ def test_a_soak_of_api_clients_and_a_browser_user(browser, served, monkeypatch):
                     )
                     if reply.choices[0].message.content != expected:
                         failures.append(f"api {prompt!r}: {reply.choices[0].message.content!r}")
-                elif kind == "cancel":  # one chunk of a long stream, then hang up
-                    body = {"model": "specfuse", "prompt": PROMPTS[0], "stream": True, "max_tokens": 200}
-                    with httpx.stream("POST", address + "/v1/completions", json=body, timeout=60) as r:
-                        next(r.iter_lines())
-                elif kind == "disconnect":  # a whole request, then the socket closes
-                    body = json.dumps({"model": "specfuse", "prompt": PROMPTS[1], "max_tokens": 200}).encode()
-                    with socket.create_connection((host, int(port))) as sock:
-                        sock.sendall(
-                            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-                            + body
-                        )
-                        time.sleep(rng.uniform(0.0, 0.3))
+                elif kind == "cancel":
+                    hang_up(address, PROMPTS[0])
+                elif kind == "disconnect":
+                    send_and_close(address, PROMPTS[1], rng)
                 else:
                     body = {"model": "specfuse", "messages": [{"role": "wizard", "content": "hi"}]}
                     status = httpx.post(address + "/v1/chat/completions", json=body, timeout=30).status_code

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from .conftest import TINY, tiny_member
-from .helpers_browser import launched, opened, upload
+from .helpers_browser import launched, page_on, run_and_wait, show_round, upload
 from .scripted import ScriptedMember, SlowMember, scripted_trace
 
 pytestmark = pytest.mark.browser
@@ -28,16 +28,8 @@ def address(tmp_path_factory):
 
 @pytest.fixture
 def page(browser, address, monkeypatch):
-    url, cache = address
-    monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
-    with opened(browser, url, accept_downloads=True) as page:
+    with page_on(browser, *address, monkeypatch, accept_downloads=True) as page:
         yield page
-
-
-def run(page, prompt: str = "Hello there") -> None:
-    page.fill("#prompt textarea", prompt)
-    page.click("#run")
-    page.wait_for_function("document.querySelector('#status').innerText.includes('stopped:')")
 
 
 def test_opening_settings_and_changing_max_new_tokens_then_run_answers(page):
@@ -48,7 +40,7 @@ def test_opening_settings_and_changing_max_new_tokens_then_run_answers(page):
     number.fill("12")
     number.blur()
     assert page.locator("#setting-max_rounds textarea").input_value() == ""  # still no limit
-    run(page)
+    run_and_wait(page, "Hello there")
     assert page.locator("#answer .token").count() >= 1
     assert page.locator(".toast-body").count() == 0
     assert "budget" in page.inner_text("#status") or "final" in page.inner_text("#status")
@@ -77,7 +69,7 @@ ONE_LINE = (
 
 def test_tables_break_no_header_word_and_no_member_name_at_1400_pixels(page):
     """ "token s", "eligib le", "roun d" and "qwen2.5- coder-0.5b" (issue 24, item 10)."""
-    run(page)
+    run_and_wait(page, "Hello there")
     page.locator("#what-if button").first.click()
     page.wait_for_selector("#rules [role=gridcell]")
     for table in ("#candidates", "#exits", "#summary", "#rules"):
@@ -99,7 +91,7 @@ def test_tables_break_no_header_word_and_no_member_name_at_1400_pixels(page):
 
 
 def test_a_dropdown_label_ends_before_its_arrow(page):
-    run(page)
+    run_and_wait(page, "Hello there")
     page.locator("#what-if button").first.click()
     box = page.locator("#branch-candidate input[role=combobox]")
     page.wait_for_function("document.querySelector('#branch-candidate input')?.value.length > 10")
@@ -119,10 +111,7 @@ def test_a_new_branch_hides_the_old_download_and_an_error_clears_the_old_view(pa
     upload(page, path)
     page.wait_for_function("document.querySelector('#status').innerText.includes('replayed')")
     page.locator("#what-if button").first.click()
-    number = page.locator("#round input[type=number]")
-    number.fill("2")
-    number.blur()
-    page.wait_for_function("document.querySelector('#status').innerText.startsWith('Round 2 ')")
+    show_round(page, 2)
     page.fill("#branch-text textarea", "typed ")
     page.click("#branch")
     page.wait_for_selector("#branch-download", state="visible")

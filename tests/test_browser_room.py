@@ -15,8 +15,7 @@ from specfuse.lessons import load_lesson
 from studio.recorded import arrivals
 from studio.room import choices_of
 
-from .helpers_browser import launched, opened, use_members
-from .scripted import ScriptedMember, prefers
+from .helpers_browser import opened, scripted_pair, use_members
 
 pytestmark = pytest.mark.browser
 
@@ -26,16 +25,7 @@ PHONE = {"width": 390, "height": 844}
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    # two members that draft differently, judged alike: a's candidates win (the live test)
-    members = {m: ScriptedMember(m, [f"{text} "] * 9, prefers("x ")) for m, text in (("a", "x"), ("b", "y"))}
-    loaded: list[str] = []
-
-    def loader(name, device, progress):
-        loaded.append(name)
-        return members[name]
-
-    with launched(tmp_path_factory.mktemp("gradio"), members, loader, default_models=["a"]) as address:
-        yield address, loaded
+    yield from scripted_pair(tmp_path_factory, b_drafts="y ")  # two drafts: a's win (the live test)
 
 
 # The phone's page as it stands, without the app's shared style sheet (its comments name models).

@@ -14,8 +14,7 @@ import pytest
 
 from specfuse.lessons import load_lesson
 
-from .helpers_browser import launched, opened
-from .scripted import ScriptedMember, prefers
+from .helpers_browser import opened, scripted_pair
 
 pytestmark = pytest.mark.browser
 
@@ -25,15 +24,7 @@ LABEL_PX = 24
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    loaded: list[str] = []
-    members = {m: ScriptedMember(m, ["x "] * 9, prefers("x ")) for m in ("a", "b")}
-
-    def loader(name, device, progress):
-        loaded.append(name)
-        return members[name]
-
-    with launched(tmp_path_factory.mktemp("gradio"), members, loader, default_models=["a"]) as address:
-        yield address, loaded
+    yield from scripted_pair(tmp_path_factory)
 
 
 def note(page) -> str:

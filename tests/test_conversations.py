@@ -26,15 +26,8 @@ from specfuse.prompts import (
 from specfuse.trace import dump_trace, parse_trace
 
 from .conftest import TINY, tiny_member
+from .runs import SYSTEM_AND_THREE_TURNS, chat
 
-SYSTEM_AND_THREE_TURNS = [
-    {"role": "system", "content": "Answer in one short sentence."},
-    {"role": "user", "content": "What colour is the sky?"},
-    {"role": "assistant", "content": "Blue, on a clear day."},
-    {"role": "user", "content": "And at night?"},
-    {"role": "assistant", "content": "Dark, with stars."},
-    {"role": "user", "content": "Why is that?"},
-]
 # Prompts whose ids today's code gave, rendered the way it rendered them (see old_prompt_ids).
 PLAIN = [
     "Explain in two sentences why the sky is blue.",
@@ -139,14 +132,7 @@ def test_chat_messages_pass_through_and_the_conversations_system_replaces_the_fo
 
 
 def test_a_base_model_sees_the_documented_completion_rendering():
-    conv = as_prompt(
-        [
-            {"role": "system", "content": "Be brief."},
-            {"role": "user", "content": "2+2?"},
-            {"role": "assistant", "content": "4"},
-            {"role": "user", "content": "And 3+3?"},
-        ]
-    )
+    conv = as_prompt(chat("Be brief.", "2+2?", "4", "And 3+3?"))
     assert (
         QA_COMPLETION.completion(conv)
         == "Be brief.\n\nQuestion: 2+2?\nAnswer: 4\n\nQuestion: And 3+3?\nAnswer:"
@@ -187,14 +173,7 @@ def test_a_base_model_sees_the_documented_completion_rendering():
 
 def test_prompt_text_keeps_a_string_and_writes_a_conversation_as_a_transcript():
     assert prompt_text("Hi") == prompt_text(conversation("Hi")) == "Hi"
-    conv = as_prompt(
-        [
-            {"role": "system", "content": "Be brief."},
-            {"role": "user", "content": "2+2?"},
-            {"role": "assistant", "content": "4"},
-            {"role": "user", "content": "And 3+3?"},
-        ]
-    )
+    conv = as_prompt(chat("Be brief.", "2+2?", "4", "And 3+3?"))
     assert prompt_text(conv) == "System: Be brief.\n\nUser: 2+2?\n\nAssistant: 4\n\nUser: And 3+3?"
 
 

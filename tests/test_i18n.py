@@ -40,20 +40,20 @@ def demo():
     return app.build_demo(lambda name, device, progress: None, choices=sorted(MEMBERS))
 
 
+def prop_texts(prop: str, value) -> list:
+    """The texts one property of a component shows: a choice's label, each header, or the value."""
+    if prop == "choices":
+        return [label for label, _v in value]
+    return value if prop == "headers" else [value]
+
+
 def page_texts(demo):
     """(component, text) of the page's fixed text, outside the components whose text is computed."""
     for component in demo.blocks.values():
         if component in i18n.LOCALIZER.made:
             continue
         for prop, value in i18n.texts(component).items():
-            items = (
-                [label for label, _v in value]
-                if prop == "choices"
-                else value
-                if prop == "headers"
-                else [value]
-            )
-            for text in items:
+            for text in prop_texts(prop, value):
                 yield component, str(text)
 
 
@@ -107,14 +107,7 @@ def test_the_page_a_chinese_session_loads_has_no_english(demo):
         props = {**i18n.texts(component), **update.get(component, {})}
         props.pop("__type__", None)
         for prop, value in props.items():
-            items = (
-                [label for label, _v in value]
-                if prop == "choices"
-                else value
-                if prop == "headers"
-                else [value]
-            )
-            for text in items:
+            for text in prop_texts(prop, value):
                 found += [(prop, w, str(text)[:60]) for w in english_words(i18n.plain(str(text)), names)]
     assert not found, found[:20]
 

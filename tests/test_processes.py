@@ -18,6 +18,7 @@ from specfuse.members.workers import MemberWorkers, cpu_cores, run_concurrently,
 from specfuse.models.loading import load_members
 
 from .conftest import TINY_SPECS, tiny_member
+from .runs import chat
 
 NAMES = list(TINY_SPECS)[:3]
 
@@ -44,12 +45,7 @@ def test_an_ensemble_of_process_members_gives_the_same_rounds_as_members_here(in
 
 
 def test_a_conversation_crosses_the_pipe_and_is_answered_as_here(in_processes):
-    conversation = [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Hi<|user|>"},
-        {"role": "assistant", "content": "Hello."},
-        {"role": "user", "content": "And then?"},
-    ]
+    conversation = chat("Be brief.", "Hi<|user|>", "Hello.", "And then?")
     config = EnsembleConfig(segment_len=4, max_new_tokens=16)
     here = Ensemble([tiny_member(n) for n in NAMES], config).run(conversation)
     assert Ensemble(in_processes, config).run(conversation).answer == here.answer

@@ -4,6 +4,7 @@ the member and the server."""
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import pytest
@@ -41,25 +42,31 @@ def served(engine, member, **kwargs):
     return stub, remote
 
 
+@contextlib.contextmanager
+def serving(engine, member, **kwargs):
+    """served()'s stub and member for the block; the stub stopped afterwards."""
+    stub, remote = served(engine, member, **kwargs)
+    try:
+        yield stub, remote
+    finally:
+        stub.stop()
+
+
 @pytest.fixture(params=ENGINES)
 def engine(request):
     return request.param
 
 
 def test_a_remote_member_implements_the_protocol(local):
-    stub, remote = served("vllm", local["llama-bytes"])
-    try:
+    with serving("vllm", local["llama-bytes"]) as (stub, remote):
         assert isinstance(remote, Member)
         assert remote.host == stub.url and remote.device == "server"  # where it works; no local device
-    finally:
-        stub.stop()
 
 
 @pytest.mark.parametrize("spec", ["llama-bytes", "gemma-meta"])
 def test_drafts_scores_and_accepts_equal_the_local_members(local, engine, spec):
     member = local[spec]
-    stub, remote = served(engine, member, trim_stop=engine == "vllm")
-    try:
+    with serving(engine, member, trim_stop=engine == "vllm") as (stub, remote):
         for prompt in ("Once upon a time", "Say something."):
             mine, theirs = member.start(prompt, LOGPROB), remote.start(prompt, LOGPROB)
             assert theirs.ids == mine.ids
@@ -82,8 +89,6 @@ def test_drafts_scores_and_accepts_equal_the_local_members(local, engine, spec):
                 remote.accept(theirs, text)
                 assert theirs.ids == mine.ids
             assert remote.draft(theirs, 10).text == member.draft(mine, 10).text
-    finally:
-        stub.stop()
 
 
 def whole_token_mean(member, state, cand):
@@ -128,23 +133,19 @@ def test_a_remote_ensemble_plays_the_same_rounds_as_the_local_one(local, engine)
 
 
 def test_sampled_drafts_follow_the_seed(local):
-    stub, remote = served("sglang", local["llama-bytes"])
-    try:
+    with serving("sglang", local["llama-bytes"]) as (stub, remote):
         settings = MemberSettings(score="logprob", temperature=1.0, seed=3)
         drafts = [remote.draft(remote.start("Sing", s), 8).text for s in (settings, settings)]
         assert drafts[0] == drafts[1]
         assert stub.requests[-1][1]["sampling_params"]["sampling_seed"] == 3
-    finally:
-        stub.stop()
 
 
 def test_asking_a_server_for_raw_logits_is_a_config_error_naming_the_member(local):
-    stub, remote = served("llama-server", local["llama-bytes"])
-    try:
-        with pytest.raises(ConfigError, match=r"llama-bytes@llama-server: .*log-prob"):
-            remote.start("hi", MemberSettings(score="logit"))
-    finally:
-        stub.stop()
+    with (
+        serving("llama-server", local["llama-bytes"]) as (_, remote),
+        pytest.raises(ConfigError, match=r"llama-bytes@llama-server: .*log-prob"),
+    ):
+        remote.start("hi", MemberSettings(score="logit"))
 
 
 def test_members_on_different_servers_run_concurrently(local):
@@ -201,16 +202,13 @@ def test_a_slow_server_times_out_with_a_member_error(local):
 
 
 def test_malformed_json_is_a_member_error(local, engine):
-    stub, remote = served(engine, local["llama-bytes"])
-    try:
+    with serving(engine, local["llama-bytes"]) as (stub, remote):
         state = remote.start("hi", LOGPROB)
         stub.malformed = True
         with pytest.raises(
             MemberError, match=rf"@{engine}: the {engine} server at {stub.url} sent a malformed"
         ):
             remote.draft(state, 5)
-    finally:
-        stub.stop()
 
 
 def test_a_server_with_another_tokenizer_is_refused_at_start(local):
@@ -341,22 +339,18 @@ def test_a_trickling_server_is_cut_off_at_the_overall_deadline(local):
     """One byte every 0.2 s never trips a per-read timeout of 1 s; the request's deadline ends it."""
     import time
 
-    stub, remote = served("llama-server", local["llama-bytes"], timeout=1.0)
-    try:
+    with serving("llama-server", local["llama-bytes"], timeout=1.0) as (stub, remote):
         state = remote.start("hi", LOGPROB)
         stub.fault, stub.trickle_s = "trickle", 0.2
         began = time.monotonic()
         with pytest.raises(MemberError, match=rf"{stub.url} did not answer /completion within 1 s"):
             remote.draft(state, 5)
         assert time.monotonic() - began < 1.5
-    finally:
-        stub.stop()
 
 
 def test_connections_are_pooled_and_503s_and_resets_are_retried(local):
     member = local["llama-bytes"]
-    stub, remote = served("sglang", member)
-    try:
+    with serving("sglang", member) as (stub, remote):
         state = remote.start("hi", LOGPROB)
         expected = remote.draft(state, 6).text
         assert len(set(stub.clients)) == 1  # every request so far on one kept-alive connection
@@ -365,8 +359,6 @@ def test_connections_are_pooled_and_503s_and_resets_are_retried(local):
         stub.fault = "http503"
         with pytest.raises(MemberError, match=r"answered HTTP 503 to /generate \(after 4 tries\): <html>"):
             remote.draft(state, 6)
-    finally:
-        stub.stop()
 
 
 def test_a_redirect_is_not_followed(local):
@@ -385,27 +377,21 @@ def test_a_redirect_is_not_followed(local):
 
 @pytest.mark.parametrize("fault", ["big", "flood"])
 def test_an_answer_beyond_the_size_cap_is_a_member_error(local, fault):
-    stub, remote = served("vllm", local["llama-bytes"])
-    try:
+    with serving("vllm", local["llama-bytes"]) as (stub, remote):
         state = remote.start("hi", LOGPROB)
         remote.http.max_body = 5000
         stub.fault, stub.big_bytes = fault, 20_000
         with pytest.raises(MemberError, match=r"answered /v1/completions with more than 5,000 bytes"):
             remote.draft(state, 5)
-    finally:
-        stub.stop()
 
 
 def test_an_error_body_is_read_only_in_part(local):
-    stub, remote = served("vllm", local["llama-bytes"])
-    try:
+    with serving("vllm", local["llama-bytes"]) as (stub, remote):
         state = remote.start("hi", LOGPROB)
         stub.fault = "http500"
         with pytest.raises(MemberError, match=r"answered HTTP 500 to /v1/completions: <html>") as info:
             remote.draft(state, 5)
         assert len(str(info.value)) < 500
-    finally:
-        stub.stop()
 
 
 def test_the_environments_proxy_is_used_only_when_the_spec_asks(local, monkeypatch):
@@ -461,8 +447,7 @@ def test_credentials_in_a_url_are_sent_as_basic_auth_and_never_shown(local):
 
 def test_after_a_refused_answer_the_member_works_on(local):
     """An answer left unread (too big, an error) must not be read as the next request's answer."""
-    stub, remote = served("sglang", local["llama-bytes"])
-    try:
+    with serving("sglang", local["llama-bytes"]) as (stub, remote):
         state = remote.start("hi", LOGPROB)
         before = len(stub.requests)
         expected = remote.draft(state, 6).text
@@ -475,5 +460,3 @@ def test_after_a_refused_answer_the_member_works_on(local):
             before = len(stub.requests)
             assert remote.draft(state, 6).text == expected
             assert len(stub.requests) - before == each  # no garbled answer, no retry
-    finally:
-        stub.stop()

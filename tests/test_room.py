@@ -60,6 +60,14 @@ def letter_of(b: Ballot, text: str) -> str:
     return next(c.letter for c in b.choices if c.text == text)
 
 
+def voting(rooms, trace, *students):
+    """A session opened at T0 on round 1's drafts, `students` joined: the session, its ballot and
+    each student's token."""
+    session = rooms.open("teacher", T0)
+    session.follow(drafted(trace, 1), T0)
+    return session, session.beat.ballot, [rooms.join(session.code, None, s, T0)[1] for s in students]
+
+
 @pytest.fixture
 def rooms():
     return Rooms(secret=b"k" * 32)
@@ -118,10 +126,8 @@ def test_the_server_follows_at_most_max_phones_in_all_its_sessions(rooms):
 
 
 def test_a_forged_or_foreign_id_is_refused_and_a_join_with_one_gets_a_new_id(rooms, trace):
-    session = rooms.open("teacher", T0)
-    session.follow(drafted(trace, 1), T0)
-    key = session.beat.ballot.key
-    _, token = rooms.join(session.code, None, "p", T0)
+    session, b, (token,) = voting(rooms, trace, "p")
+    key = b.key
     sid, _mac = token.split(".")
     for forged in (f"{sid}.{'0' * 32}", "x" * 5000, f"other.{_mac}", None, 42, Rooms().new_token()):
         with pytest.raises(RoomError, match="id"):
@@ -131,11 +137,7 @@ def test_a_forged_or_foreign_id_is_refused_and_a_join_with_one_gets_a_new_id(roo
 
 
 def test_one_vote_per_student_per_round_a_later_one_replaces_it(rooms, trace):
-    session = rooms.open("teacher", T0)
-    session.follow(drafted(trace, 1), T0)
-    b = session.beat.ballot
-    one = rooms.join(session.code, None, "1", T0)[1]
-    two = rooms.join(session.code, None, "2", T0)[1]
+    session, b, (one, two) = voting(rooms, trace, "1", "2")
     good, fine = letter_of(b, "good "), letter_of(b, "fine ")
     rooms.vote(session.code, one, b.key, fine, T0)
     rooms.vote(session.code, one, b.key, good, T0 + 0.1)  # changed: replaces
@@ -157,30 +159,21 @@ def test_one_vote_per_student_per_round_a_later_one_replaces_it(rooms, trace):
     ],
 )
 def test_a_vote_for_what_is_not_on_the_table_is_refused(rooms, trace, letter, key, says):
-    session = rooms.open("teacher", T0)
-    session.follow(drafted(trace, 1), T0)
-    token = rooms.join(session.code, None, "p", T0)[1]
+    session, b, (token,) = voting(rooms, trace, "p")
     with pytest.raises(RoomError, match=says):
-        rooms.vote(session.code, token, session.beat.ballot.key if key is None else key, letter, T0)
+        rooms.vote(session.code, token, b.key if key is None else key, letter, T0)
     assert not session.votes
 
 
 def test_a_vote_after_the_reveal_is_refused(rooms, trace):
-    session = rooms.open("teacher", T0)
-    session.follow(drafted(trace, 1), T0)
-    key = session.beat.ballot.key
-    token = rooms.join(session.code, None, "p", T0)[1]
+    session, b, (token,) = voting(rooms, trace, "p")
     session.follow(revealed(trace, 1), T0 + 1)
     with pytest.raises(RoomError, match="closed"):
-        rooms.vote(session.code, token, key, "A", T0 + 2)
+        rooms.vote(session.code, token, b.key, "A", T0 + 2)
 
 
 def test_a_thousand_votes_in_a_second_from_one_client_are_refused_past_the_rate(rooms, trace):
-    session = rooms.open("teacher", T0)
-    session.follow(drafted(trace, 1), T0)
-    b = session.beat.ballot
-    token = rooms.join(session.code, None, "spam", T0)[1]
-    other = rooms.join(session.code, None, "calm", T0)[1]
+    session, b, (token, other) = voting(rooms, trace, "spam", "calm")
     refused = 0
     for i in range(1000):
         try:

@@ -5,7 +5,6 @@ runs, streaming in OpenAI's chunk format, the `specfuse` extras, traces, errors 
 from __future__ import annotations
 
 import json
-import socket
 import time
 from dataclasses import replace
 
@@ -21,6 +20,8 @@ from specfuse.serve.api import create_app
 from specfuse.serve.schema import Limits
 from specfuse.trace import parse_trace
 
+from .helpers_clients import api_on, openai_client, unanswered
+
 BASE = EnsembleConfig(segment_len=5, max_new_tokens=24)
 LONG = {"max_tokens": 400, "specfuse": {"max_rounds": 80, "segment_len": 4, "exit": False}}
 PROMPT = "Explain in two sentences why the sky is blue."
@@ -29,17 +30,13 @@ PROMPT = "Explain in two sentences why the sky is blue."
 @pytest.fixture(scope="module")
 def server(tiny_members):
     scheduler = Scheduler(tiny_members, BASE, batch_size=4, queue=8)
-    app = create_app(scheduler, limits=Limits(max_prompt_chars=2000, max_tokens=500))
-    try:
-        with running(app) as url:
-            yield url, scheduler, app
-    finally:
-        scheduler.close()
+    with api_on(scheduler, limits=Limits(max_prompt_chars=2000, max_tokens=500)) as (url, app):
+        yield url, scheduler, app
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server[0] + "/v1", api_key="EMPTY", max_retries=0, timeout=120)
+    return openai_client(server[0])
 
 
 def solo(members, prompt, config, names=None):
@@ -130,14 +127,9 @@ def test_completions_whole_and_streamed_honour_stop_and_a_subset_of_members(clie
 def test_n_answers_are_n_runs_with_seeds_seed_plus_i_each_its_own_choice_and_trace(
     client, server, tiny_members
 ):
-    reply = client.chat.completions.create(
-        model="specfuse",
-        messages=[{"role": "user", "content": PROMPT}],
-        max_tokens=12,
-        temperature=1.0,
-        seed=5,
-        n=3,
-    )
+    ask = {"model": "specfuse", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 12}
+    ask |= {"temperature": 1.0, "seed": 5, "n": 3}
+    reply = client.chat.completions.create(**ask)
     config = replace(BASE, max_new_tokens=12, temperature=1.0)
     wants = [solo(tiny_members, PROMPT, replace(config, seed=5 + i)) for i in range(3)]
     assert [c.index for c in reply.choices] == [0, 1, 2]
@@ -149,16 +141,7 @@ def test_n_answers_are_n_runs_with_seeds_seed_plus_i_each_its_own_choice_and_tra
         trace = parse_trace(httpx.get(f"{server[0]}/v1/traces/{run['trace_id']}").text)
         assert trace.config.seed == 5 + i and trace.result.answer == wants[i].answer
     # Streamed, the same n runs: each chunk says its choice's index, all under one response id.
-    stream = client.chat.completions.create(
-        model="specfuse",
-        messages=[{"role": "user", "content": PROMPT}],
-        max_tokens=12,
-        temperature=1.0,
-        seed=5,
-        n=3,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
+    stream = client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
     texts, finished = ["", "", ""], set()
     for chunk in chunks:
@@ -207,43 +190,33 @@ def test_errors_come_as_openai_error_json_with_the_right_status(client, server):
 
 
 def test_a_key_is_required_when_set_and_a_server_still_loading_answers_503(tiny_members):
-    scheduler = Scheduler(tiny_members[:1], BASE)
-    try:
-        with running(create_app(scheduler, api_key="sesame")) as url:
-            bad = openai.OpenAI(base_url=url + "/v1", api_key="EMPTY", max_retries=0)
-            with pytest.raises(openai.AuthenticationError):
-                bad.models.list()
-            good = openai.OpenAI(base_url=url + "/v1", api_key="sesame", max_retries=0)
-            assert [m.id for m in good.models.list()] == ["specfuse", tiny_members[0].name]
-    finally:
-        scheduler.close()
+    with api_on(Scheduler(tiny_members[:1], BASE), api_key="sesame") as (url, _):
+        with pytest.raises(openai.AuthenticationError):
+            openai_client(url).models.list()
+        good = openai_client(url, api_key="sesame")
+        assert [m.id for m in good.models.list()] == ["specfuse", tiny_members[0].name]
     with running(create_app()) as url:
-        loading = openai.OpenAI(base_url=url + "/v1", api_key="EMPTY", max_retries=0)
+        loading = openai_client(url)
         with pytest.raises(openai.InternalServerError) as e:
             loading.chat.completions.create(model="specfuse", messages=[{"role": "user", "content": "hi"}])
         assert e.value.status_code == 503 and httpx.get(url + "/health").status_code == 503
 
 
 def test_a_full_line_answers_429(tiny_members):
-    scheduler = Scheduler(tiny_members, BASE, batch_size=1, queue=0)
-    try:
-        with running(create_app(scheduler)) as url:
-            body = {
-                "model": "specfuse",
-                "messages": [{"role": "user", "content": PROMPT}],
-                "stream": True,
-                **LONG,
-            }
-            with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as busy:
-                assert busy.status_code == 200
-                client = openai.OpenAI(base_url=url + "/v1", api_key="EMPTY", max_retries=0)
-                with pytest.raises(openai.RateLimitError) as e:
-                    client.chat.completions.create(
-                        model="specfuse", messages=[{"role": "user", "content": "hi"}]
-                    )
-                assert e.value.body["code"] == "queue_full"
-    finally:
-        scheduler.close()
+    with api_on(Scheduler(tiny_members, BASE, batch_size=1, queue=0)) as (url, _):
+        body = {
+            "model": "specfuse",
+            "messages": [{"role": "user", "content": PROMPT}],
+            "stream": True,
+            **LONG,
+        }
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as busy:
+            assert busy.status_code == 200
+            with pytest.raises(openai.RateLimitError) as e:
+                openai_client(url).chat.completions.create(
+                    model="specfuse", messages=[{"role": "user", "content": "hi"}]
+                )
+            assert e.value.body["code"] == "queue_full"
 
 
 def test_a_client_that_disconnects_cancels_its_request(server, tiny_members):
@@ -259,14 +232,7 @@ def test_a_client_that_disconnects_cancels_its_request(server, tiny_members):
         assert httpx.get(url + "/health").json()["running"] == 1
     wait_idle(url, 10)  # the stream was closed: the request left the batch long before its 80 rounds
     # The same for a whole (non-streamed) answer: the connection closes while the server works.
-    whole = json.dumps({**body, "stream": False}).encode()
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(whole)}\r\n\r\n".encode()
-            + whole
-        )
+    with unanswered(url, "/v1/chat/completions", {**body, "stream": False}):
         deadline = time.monotonic() + 20  # until its first round is played (it then has a trace)
         while not any(t.rounds for t in list(scheduler._running.values())) and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -282,26 +248,21 @@ def test_a_client_that_disconnects_cancels_its_request(server, tiny_members):
 
 def test_a_request_past_the_time_limit_is_cancelled_with_a_504_or_an_error_event(tiny_members):
     scheduler = Scheduler(tiny_members, BASE, batch_size=2)
-    try:
-        with running(create_app(scheduler, limits=Limits(request_timeout_s=1.5))) as url:
-            # One token a round, every member drafting, under the mean (here the tiny members never
-            # pick a final candidate under it): far longer than the 1.5 s limit.
-            endless = {
-                "max_tokens": 440,
-                "specfuse": {"max_rounds": 440, "segment_len": 1, "exit": False, "aggregation": "mean"},
-            }
-            body = {"model": "specfuse", "messages": [{"role": "user", "content": PROMPT}], **endless}
-            whole = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
-            assert whole.status_code == 504 and whole.json()["error"]["code"] == "timeout"
-            with httpx.stream(
-                "POST", url + "/v1/chat/completions", json={**body, "stream": True}
-            ) as streamed:
-                events = [line for line in streamed.iter_lines() if line.startswith("data: ")]
-            assert streamed.status_code == 200 and events[-1] == "data: [DONE]"
-            assert json.loads(events[-2][6:])["error"]["code"] == "timeout"
-            assert wait_idle(url)["running"] == 0
-    finally:
-        scheduler.close()
+    with api_on(scheduler, limits=Limits(request_timeout_s=1.5)) as (url, _):
+        # One token a round, every member drafting, under the mean (here the tiny members never
+        # pick a final candidate under it): far longer than the 1.5 s limit.
+        endless = {
+            "max_tokens": 440,
+            "specfuse": {"max_rounds": 440, "segment_len": 1, "exit": False, "aggregation": "mean"},
+        }
+        body = {"model": "specfuse", "messages": [{"role": "user", "content": PROMPT}], **endless}
+        whole = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+        assert whole.status_code == 504 and whole.json()["error"]["code"] == "timeout"
+        with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}) as streamed:
+            events = [line for line in streamed.iter_lines() if line.startswith("data: ")]
+        assert streamed.status_code == 200 and events[-1] == "data: [DONE]"
+        assert json.loads(events[-2][6:])["error"]["code"] == "timeout"
+        assert wait_idle(url)["running"] == 0
 
 
 def test_openapi_json_publishes_the_request_bodies_with_the_specfuse_fields_behind_the_key():

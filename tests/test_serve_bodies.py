@@ -12,14 +12,13 @@ import time
 import httpx
 import pytest
 
-from specfuse.bench.serve import running
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Scheduler
 from specfuse.serve import bodies
-from specfuse.serve.api import create_app
 from specfuse.serve.schema import Limits
 
 from .conftest import rss_bytes
+from .helpers_clients import api_on
 from .scripted import ScriptedMember, prefers
 
 CHAT = "/v1/chat/completions"
@@ -30,12 +29,8 @@ LIMITS = Limits(max_prompt_chars=1000, max_tokens=4, bodies_at_once=1)
 def served():
     members = [ScriptedMember("alpha", ["one ", ("two.", True)], prefers("one "))]
     scheduler = Scheduler(members, EnsembleConfig(max_new_tokens=4), join_wait=0)
-    app = create_app(scheduler, limits=LIMITS)
-    try:
-        with running(app) as address:
-            yield address, app
-    finally:
-        scheduler.close()
+    with api_on(scheduler, limits=LIMITS) as served:
+        yield served
 
 
 @pytest.fixture

@@ -19,12 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from specfuse.bench.serve import running
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble, Scheduler
-from specfuse.serve.api import create_app
 
-from .helpers_clients import GSM8K, Recorder, gsm8k_task, run_lm_eval
+from .helpers_clients import GSM8K, Recorder, api_on, gsm8k_task, run_lm_eval
 
 BASE = EnsembleConfig(segment_len=5, max_new_tokens=16, temperature=0.0)
 LLM = shutil.which("llm", path=str(Path(sys.executable).parent))  # simonw's llm, from requirements-dev
@@ -32,13 +30,8 @@ LLM = shutil.which("llm", path=str(Path(sys.executable).parent))  # simonw's llm
 
 @pytest.fixture(scope="module")
 def server(tiny_members):
-    scheduler = Scheduler(tiny_members, BASE, batch_size=4, queue=16)
-    recorder = Recorder(create_app(scheduler))
-    try:
-        with running(recorder) as url:
-            yield url, recorder
-    finally:
-        scheduler.close()
+    with api_on(Scheduler(tiny_members, BASE, batch_size=4, queue=16), wrap=Recorder) as served:
+        yield served
 
 
 def engine_answer(members, messages, **changes) -> str:

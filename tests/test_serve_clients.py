@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import threading
 import time
 from dataclasses import replace
@@ -15,13 +14,11 @@ import httpx
 import openai
 import pytest
 
-from specfuse.bench.serve import running
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble, Scheduler
-from specfuse.serve.api import create_app
 
 from .conftest import rss_bytes
-from .helpers_clients import GSM8K, gsm8k_task, run_lm_eval
+from .helpers_clients import GSM8K, api_on, gsm8k_task, hang_up, openai_client, run_lm_eval, send_and_close
 
 BASE = EnsembleConfig(segment_len=5, max_new_tokens=16)
 
@@ -29,11 +26,8 @@ BASE = EnsembleConfig(segment_len=5, max_new_tokens=16)
 @pytest.fixture(scope="module")
 def server(tiny_members):
     scheduler = Scheduler(tiny_members, BASE, batch_size=4, queue=16)
-    try:
-        with running(create_app(scheduler)) as url:
-            yield url, scheduler
-    finally:
-        scheduler.close()
+    with api_on(scheduler) as (url, _):
+        yield url, scheduler
 
 
 @pytest.mark.skipif(not GSM8K.is_file(), reason="needs the GSM8K development slice in ../shared/data")
@@ -72,7 +66,6 @@ def test_a_soak_of_concurrent_clients_with_cancels_disconnects_and_bad_requests(
     for prompt, settings, subset in GOOD:
         members = tiny_members if subset is None else [tiny_members[i] for i in subset]
         expected.append(Ensemble(members).run(prompt, replace(BASE, **settings)).answer)
-    host, port = url.removeprefix("http://").split(":")
     failures: list[str] = []
     answered = [0]
     kinds: dict[str, int] = {}
@@ -93,20 +86,11 @@ def test_a_soak_of_concurrent_clients_with_cancels_disconnects_and_bad_requests(
             failures.append(f"request {i}: {text!r} != {expected[i]!r}")
         answered[0] += 1
 
-    def cancel(rng: random.Random) -> None:  # reads one chunk of a long stream, then hangs up
-        body = {"model": "specfuse", "prompt": GOOD[0][0], "stream": True, "max_tokens": 200}
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
-            next(response.iter_lines())
+    def cancel(rng: random.Random) -> None:
+        hang_up(url, GOOD[0][0])
 
-    def disconnect(rng: random.Random) -> None:  # sends a whole request, then closes the socket
-        body = json.dumps({"model": "specfuse", "prompt": GOOD[1][0], "max_tokens": 200}).encode()
-        with socket.create_connection((host, int(port))) as sock:
-            sock.sendall(
-                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                + f"Content-Length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
-            time.sleep(rng.uniform(0.0, 0.3))
+    def disconnect(rng: random.Random) -> None:
+        send_and_close(url, GOOD[1][0], rng)
 
     def bad(rng: random.Random) -> None:
         body = rng.choice(BAD)
@@ -117,7 +101,7 @@ def test_a_soak_of_concurrent_clients_with_cancels_disconnects_and_bad_requests(
 
     def client_loop(seed: int, requests: int) -> None:
         rng = random.Random(seed)
-        client = openai.OpenAI(base_url=url + "/v1", api_key="EMPTY", max_retries=0, timeout=120)
+        client = openai_client(url)
         try:
             for _ in range(requests):
                 kind = rng.choice(["good", "good", "good", "cancel", "disconnect", "bad"])

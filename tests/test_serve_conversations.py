@@ -13,7 +13,6 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from specfuse.bench.serve import running
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble, Scheduler
 from specfuse.limits import MAX_MESSAGES
@@ -22,32 +21,23 @@ from specfuse.serve.api import create_app
 from specfuse.serve.schema import Limits
 from specfuse.trace import parse_trace
 
+from .helpers_clients import api_on, openai_client
+from .runs import SYSTEM_AND_THREE_TURNS
+
 BASE = EnsembleConfig(segment_len=5, max_new_tokens=24, temperature=0.0)
-SYSTEM_AND_THREE_TURNS = [
-    {"role": "system", "content": "You are a terse assistant. Answer in one sentence."},
-    {"role": "user", "content": "Name a colour of the rainbow."},
-    {"role": "assistant", "content": "Red."},
-    {"role": "user", "content": "And another one?"},
-    {"role": "assistant", "content": "Green."},
-    {"role": "user", "content": "Which of the two is warmer?"},
-]
 CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture(scope="module")
 def server(tiny_members):
     scheduler = Scheduler(tiny_members, BASE, batch_size=4, queue=8)
-    app = create_app(scheduler, limits=Limits(max_prompt_chars=2000, max_tokens=500))
-    try:
-        with running(app) as url:
-            yield url, scheduler
-    finally:
-        scheduler.close()
+    with api_on(scheduler, limits=Limits(max_prompt_chars=2000, max_tokens=500)) as (url, _):
+        yield url, scheduler
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server[0] + "/v1", api_key="EMPTY", max_retries=0, timeout=120)
+    return openai_client(server[0])
 
 
 def engine_answer(members, messages, **changes):

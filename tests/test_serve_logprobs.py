@@ -15,16 +15,14 @@ import pytest
 import torch
 
 from specfuse import feedback
-from specfuse.bench.serve import running
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Scheduler
 from specfuse.serve import logprobs
-from specfuse.serve.api import create_app
 from specfuse.serve.schema import Limits
 from specfuse.trace import parse_trace
 
 from .conftest import TINY_SPECS, tiny_member
-from .helpers_clients import ROOT, run_lm_eval
+from .helpers_clients import ROOT, api_on, run_lm_eval
 
 MC_TASK = ROOT / "tests" / "data" / "lm_eval_mc"  # specfuse_mc40.yaml: docs/evaluation.md runs it whole
 
@@ -59,12 +57,8 @@ def members():
 @pytest.fixture(scope="module")
 def server(members):
     scheduler = Scheduler(members, BASE, batch_size=4, queue=8)
-    app = create_app(scheduler, limits=Limits(max_prompt_chars=2000, max_tokens=40))
-    try:
-        with running(app) as url:
-            yield url, members
-    finally:
-        scheduler.close()
+    with api_on(scheduler, limits=Limits(max_prompt_chars=2000, max_tokens=40)) as (url, _):
+        yield url, members
 
 
 def post(url, path, **body):
@@ -83,13 +77,9 @@ def trace_of(url, reply):
 
 def test_a_member_alone_gets_its_own_token_log_probabilities_exactly():
     # Byte-level without merges, and ASCII only: its tokens are the answer's characters.
-    scheduler = Scheduler([printable(tiny_member("llama-bytes"))], BASE)
-    try:
-        with running(create_app(scheduler)) as url:
-            reply = post(url, CHAT, **ask(logprobs=True, top_logprobs=3))
-            trace = trace_of(url, reply)
-    finally:
-        scheduler.close()
+    with api_on(Scheduler([printable(tiny_member("llama-bytes"))], BASE)) as (url, _):
+        reply = post(url, CHAT, **ask(logprobs=True, top_logprobs=3))
+        trace = trace_of(url, reply)
     content = reply["choices"][0]["logprobs"]["content"]
     want = []
     for rnd in trace.rounds:

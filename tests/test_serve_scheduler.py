@@ -3,7 +3,6 @@ configs and members, each get exactly the rounds an Ensemble of their members gi
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -14,7 +13,7 @@ from specfuse.engine import scheduler as scheduling
 from specfuse.errors import ConfigError, MemberError
 from specfuse.records import Draft, Finished, Queued, Round
 
-from .runs import PROMPTS, collect, rounds_played, same_rounds, solo
+from .runs import PROMPTS, collect, collected_apart, rounds_played, same_rounds, solo
 from .scripted import ScriptedMember
 
 SHORT = EnsembleConfig(segment_len=5, max_new_tokens=20, exit_warmup=2)
@@ -31,22 +30,7 @@ def test_concurrent_requests_with_their_own_configs_and_members_equal_their_solo
         (PROMPTS[1], SHORT, [names[1]]),  # one member: its plain greedy decode
     ]
     expected = [solo(tiny_members, list(m or names), p, c) for p, c, m in jobs]
-    scheduler = Scheduler(tiny_members, batch_size=4)
-    got: dict[int, tuple[list, list]] = {}
-
-    def client(i: int) -> None:
-        time.sleep(0.15 * i)  # arrivals spread over the first rounds of the others
-        prompt, config, members = jobs[i]
-        got[i] = collect(scheduler.submit(prompt, config, members=members))
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(jobs))]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-    finally:
-        scheduler.close()
+    got = collected_apart(Scheduler(tiny_members, batch_size=4), jobs, gap=0.15)
     for i, want in enumerate(expected):
         drafts, rounds = got[i]
         same_rounds(want, rounds)

@@ -10,12 +10,11 @@ import json
 import httpx
 import pytest
 
-from specfuse.bench.serve import running
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Scheduler
-from specfuse.serve.api import create_app
 from specfuse.serve.schema import Limits
 
+from .helpers_clients import api_on
 from .scripted import ScriptedMember, prefers
 
 CHAT = "/v1/chat/completions"
@@ -25,11 +24,8 @@ CHAT = "/v1/chat/completions"
 def slow_server():
     members = [ScriptedMember("slow", ["word "] * 50, prefers("word "), draft_delay=0.3)]
     scheduler = Scheduler(members, EnsembleConfig(max_new_tokens=40, exit=False), batch_size=1, queue=4)
-    try:
-        with running(create_app(scheduler, limits=Limits(keepalive_s=0.1))) as url:
-            yield url
-    finally:
-        scheduler.close()
+    with api_on(scheduler, limits=Limits(keepalive_s=0.1)) as (url, _):
+        yield url
 
 
 def body(rounds: int) -> dict:

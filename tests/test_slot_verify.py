@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
-import time
 
 import pytest
 import torch
@@ -27,7 +25,7 @@ from specfuse.models.preparation import step_of, warm_up
 from specfuse.records import Candidate
 
 from .conftest import TINY_SPECS, tiny_member
-from .runs import collect, same_rounds, solo
+from .runs import collected_apart, same_rounds, solo
 
 NAMES = list(TINY_SPECS)  # llama-bytes, qwen-merges, gemma-meta
 PROMPTS = ["Once upon a time", "Why is the sky blue? Explain it to a child, slowly.", "x = 1 + 2 * 3", "Hi"]
@@ -123,23 +121,9 @@ def test_verification_through_the_scheduler_on_slots_equals_eager_solo_runs():
     slotted = [tiny_member(n, decode="graphs") for n in NAMES]
     config = EnsembleConfig(segment_len=4, max_new_tokens=16)
     expected = [solo(eager, NAMES, p, config) for p in PROMPTS]
-    scheduler = Scheduler(slotted, batch_size=4)
-    got: dict[int, list] = {}
-
-    def client(i: int) -> None:
-        time.sleep(0.1 * i)
-        got[i] = collect(scheduler.submit(PROMPTS[i], config))[1]
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(PROMPTS))]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-    finally:
-        scheduler.close()
-    for i, want in enumerate(expected):
-        same_rounds(want, got[i], atol=1e-5)
+    got = collected_apart(Scheduler(slotted, batch_size=4), [(p, config, None) for p in PROMPTS], gap=0.1)
+    for want, (_, rounds) in zip(expected, got):
+        same_rounds(want, rounds, atol=1e-5)
     assert all(m.slots.counts["verifies"] > 0 for m in slotted)
 
 

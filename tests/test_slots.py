@@ -7,9 +7,6 @@ a bad choice is a clear error. The CUDA graphs themselves: test_gpu_slots below,
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 import torch
 
@@ -22,7 +19,7 @@ from specfuse.members.hf import HFMember
 from specfuse.models.loading import load_member, load_members
 
 from .conftest import TINY_SPECS, byte_bpe_tokenizer, tiny_member
-from .runs import PROMPTS, collect, same_rounds, solo
+from .runs import PROMPTS, collected_apart, same_rounds, solo, streamed_many
 
 NAMES = list(TINY_SPECS)  # llama-bytes, qwen-merges, gemma-meta
 GREEDY = MemberSettings(max_new_tokens=200)
@@ -100,12 +97,9 @@ def test_an_ensemble_on_slots_plays_the_same_rounds_as_eagerly(index, eager_memb
     # A rolling batch of two over three prompts (runs join as others end), each member in turn.
     members = [slot_members[i] if i == index else m for i, m in enumerate(eager_members)]
     config = EnsembleConfig(segment_len=5, max_new_tokens=20)
-    ensemble = Ensemble(members, config)
-    got: dict[int, list] = {}
-    for i, rnd in ensemble.stream_many(PROMPTS, batch_size=2):
-        got.setdefault(i, []).append(rnd)
-    for i, prompt in enumerate(PROMPTS):
-        same_rounds(list(Ensemble(eager_members, config).stream(prompt)), got[i])
+    got = streamed_many(Ensemble(members, config), PROMPTS, batch_size=2)
+    for prompt, rounds in zip(PROMPTS, got):
+        same_rounds(list(Ensemble(eager_members, config).stream(prompt)), rounds)
 
 
 def test_requests_through_the_scheduler_on_slots_equal_their_eager_solo_runs(eager_members, slot_members):
@@ -113,23 +107,10 @@ def test_requests_through_the_scheduler_on_slots_equal_their_eager_solo_runs(eag
     names = [m.name for m in eager_members]
     expected = [solo(eager_members, names, p, config) for p in MORE[:5]]
     before = [m.slots.counts["drafts"] for m in slot_members]
-    scheduler = Scheduler(slot_members, batch_size=4)
-    got: dict[int, list] = {}
-
-    def client(i: int) -> None:
-        time.sleep(0.1 * i)  # arrivals spread over the first rounds of the others
-        got[i] = collect(scheduler.submit(MORE[i], config))[1]
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(5)]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-    finally:
-        scheduler.close()
-    for i, want in enumerate(expected):
-        same_rounds(want, got[i])
+    jobs = [(p, config, None) for p in MORE[:5]]
+    got = collected_apart(Scheduler(slot_members, batch_size=4), jobs, gap=0.1)
+    for want, (_, rounds) in zip(expected, got):
+        same_rounds(want, rounds)
     assert all(m.slots.counts["drafts"] > b for m, b in zip(slot_members, before))
 
 
