@@ -21,7 +21,7 @@ from specfuse.handout.i18n import LANGS, accepted, catalogue, fields, pick, t
 from specfuse.lessons import LESSONS, in_language, key_round, load_lesson
 from specfuse.models.preparation import STEPS, usual_text
 
-from .i18n_keys import ROOT, STOP_REASONS, asked, english_words, key_texts, lesson_texts, trace_words
+from .i18n_keys import STOP_REASONS, asked, english_words, key_texts, lesson_texts, trace_words
 
 gr = pytest.importorskip("gradio")
 
@@ -240,10 +240,9 @@ def test_the_failure_browser_speaks_chinese(tmp_path):
     """The failure-case browser over a study (app.py --eval-dir): its fixed text, the note
     (the ceiling's lines included), the table and an opened case, in Chinese."""
     import app
-    from studio import browse, failures
-
     from specfuse.eval import report as eval_report
     from specfuse.eval.problems import Problem
+    from studio import browse, failures
 
     from .test_ceiling import outcomes  # a study with a ceiling, its figures known by hand
 
