@@ -97,7 +97,7 @@ def _is_spec(name: str) -> bool:
     """A served member's spec (ENGINE:URL…); remote.py brings torch, so only names with a URL ask it."""
     if "://" not in name:
         return False
-    from specfuse.members.remote import is_server_spec
+    from specfuse.members.remote.member import is_server_spec
 
     return is_server_spec(name)
 

@@ -23,7 +23,7 @@ import pytest
 
 from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Ensemble
-from specfuse.members.compiled import MIN_CAPACITY, VERIFY_BLOCKS, CompiledDecoder
+from specfuse.members.hf.compiled import MIN_CAPACITY, VERIFY_BLOCKS, CompiledDecoder
 from specfuse.records import Candidate
 
 from .conftest import TINY_SPECS, ascii_only, tiny_member
@@ -302,7 +302,7 @@ print(json.dumps([drafts(tiny_member("gemma-meta")), drafted, compiled.compiled.
 def test_on_torch_s_avx2_kernels_the_compiled_drafts_equal_the_eager_ones(tmp_path):
     # Inductor's graph cache did not key on the kernels torch is held to: after a compilation on this
     # CPU's own kernels the AVX2 run was served that graph and drafted NaNs, and the other way round
-    # the heap broke (hardware.held_to_avx2). One cache for all three runs, as a developer's machine has.
+    # the heap broke (cpu.held_to_avx2). One cache for all three runs, as a developer's machine has.
     env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CPP_MARCH", "ATEN_CPU_CAPABILITY")}
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path)
     root = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@ member's context decodes for a request's candidates, in which sequences, and whi
 
 from __future__ import annotations
 
-from specfuse.members.llamacpp_decode import CandidatePath, candidate_items, sequences_of
+from specfuse.members.llamacpp.decode import CandidatePath, candidate_items, sequences_of
 
 
 def _paths(*token_lists: tuple[int, ...], first_scored: int = 0) -> list[CandidatePath]:

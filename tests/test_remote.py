@@ -12,7 +12,7 @@ from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Ensemble
 from specfuse.errors import ConfigError, MemberError, UnknownModelError
 from specfuse.members.protocol import Member
-from specfuse.members.remote import ENGINES, RemoteMember, parse_server_spec
+from specfuse.members.remote.member import ENGINES, RemoteMember, parse_server_spec
 from specfuse.members.workers import run_concurrently
 from specfuse.models.loading import check_member_name, load_member
 
@@ -309,7 +309,7 @@ def test_the_cli_takes_a_server_spec_among_its_models(tiny_checkpoints):
 
 
 def test_served_members_support_log_probs_only(local):
-    from specfuse.members.remote import supported_scores
+    from specfuse.members.remote.member import supported_scores
 
     stub, remote = served("vllm", local["llama-bytes"])
     stub.stop()

@@ -17,8 +17,7 @@ from specfuse.cli import build_parser
 from specfuse.config import DECODE_MODES, EnsembleConfig, MemberSettings
 from specfuse.engine import Ensemble, Scheduler
 from specfuse.errors import ConfigError
-from specfuse.members import slots
-from specfuse.members.hf import HFMember
+from specfuse.members.hf import HFMember, slots
 from specfuse.models.loading import load_member, load_members
 
 from .conftest import TINY_SPECS, byte_bpe_tokenizer, tiny_member

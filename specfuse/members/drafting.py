@@ -17,7 +17,6 @@ from ..prompts import Prompt, PromptFormat, last_user_text
 from ..records import Confidence
 from ..segments import REPLACEMENT, cut_at_stop, trim_to_word_boundary
 from . import templates
-from .scoring import common_prefix_len
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -275,3 +274,11 @@ def scored_tokens(
     if not tail:  # an empty non-final candidate has nothing to score
         tail = list(marker)[:1] or [ids[-1]]
     return keep, tokens, tail
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -106,7 +106,7 @@ def _load_llamacpp(req: LoadRequest, path: Path, trust: float | None) -> Member:
         raise ConfigError(
             f"{req.name}: quantize={req.quantize!r} runs llama.cpp on the CPU only; use --device cpu"
         )
-    from specfuse.members.llamacpp import LlamaCppMember, llama_cpp_module
+    from specfuse.members.llamacpp.member import LlamaCppMember, llama_cpp_module
 
     llama_cpp_module()  # says how to build it before anything loads
     tokenizer, prompt_format, eos = load_tokenizer(req.name, req.cache_dir, req.progress)
@@ -134,7 +134,7 @@ def _in_llama_cpp(
 
 def _load_server(req: LoadRequest) -> Member:
     """A member served by SGLang, vLLM or llama-server: only its tokenizer loads here."""
-    from specfuse.members.remote import RemoteMember, parse_server_spec
+    from specfuse.members.remote.member import RemoteMember, parse_server_spec
 
     spec = parse_server_spec(req.name)
     req.progress(0.5, f"{spec.name}: loading the tokenizer ({spec.tokenizer})")

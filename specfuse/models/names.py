@@ -100,7 +100,7 @@ def is_hub_id(name: str) -> bool:
 
 
 def is_server(name: str) -> bool:
-    from specfuse.members.remote import is_server_spec
+    from specfuse.members.remote.member import is_server_spec
 
     return is_server_spec(name)
 

@@ -41,9 +41,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
-from ..config import MemberSettings
-from ..models.hardware import held_to_avx2
-from .drafting import UTF8_GRACE_TOKENS
+from ...config import MemberSettings
+from ..cpu import held_to_avx2
+from ..drafting import UTF8_GRACE_TOKENS
 from .scoring import chunk_mask, float_mask
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class CompiledDecoder:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._static: _Static | None = None
-        # torch held to its AVX2 kernels on a bigger CPU (hardware.held_to_avx2): no compiled graph
+        # torch held to its AVX2 kernels on a bigger CPU (cpu.held_to_avx2): no compiled graph
         # shared with the CPU's own kernels through the caches, in either direction, and the code an
         # AVX2-only CPU would get (AVX2, FMA, F16C, BMI2). Options, because inductor's settings are
         # per thread and members compile in their own threads.

@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
-from ..errors import MemberError
-from ..prompts import PromptFormat
-from ..records import Candidate
-from . import compiled, drafting, workers
+from ...errors import MemberError
+from ...prompts import PromptFormat
+from ...records import Candidate
+from .. import drafting, workers
+from . import compiled
 from .compiled import drafting as compiled_drafting  # `compiled` is the member's decoder here
-from .hf_state import HFState
 from .scoring import float_mask
+from .state import HFState
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -139,7 +140,7 @@ class Drafting:
             greedy, nan = _greedy_and_nan(logits)
             if nan:  # argmax would pick token 0 and go on, silently
                 suspect = "its weights are damaged (a model file that changed on disk?)"
-                if self.compiled is not None:  # or torch.compile's code is wrong (hardware.held_to_avx2)
+                if self.compiled is not None:  # or torch.compile's code is wrong (cpu.held_to_avx2)
                     suspect += " or its compiled decoding is wrong (load it without compile_decode to tell)"
                 if slotted:
                     suspect += " or its KV-slot step is wrong (load it with decode='eager' to tell)"

@@ -17,15 +17,17 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
-from ..config import MemberSettings
-from ..errors import ConfigError, MemberError, PromptTooLongError, SpecfuseError
-from ..prompts import CHAT, Prompt, PromptFormat
-from . import compiled, drafting, prefill, profiling, slot_verify, slots
-from .hf_drafting import Drafting
-from .hf_state import HFState, Reading
-from .hf_verifying import Verifying
-from .protocol import BaseMember
-from .scoring import CHUNK_TOKENS, OutputHead, common_prefix_len, sliding_window_of
+from ...config import MemberSettings
+from ...errors import ConfigError, MemberError, PromptTooLongError, SpecfuseError
+from ...prompts import CHAT, Prompt, PromptFormat
+from .. import drafting, profiling
+from ..drafting import common_prefix_len
+from ..protocol import BaseMember
+from . import compiled, prefill, slot_verify, slots
+from .drafting import Drafting
+from .scoring import CHUNK_TOKENS, OutputHead, sliding_window_of
+from .state import HFState, Reading
+from .verifying import Verifying
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -316,11 +316,3 @@ class OutputHead:
             top = new_top
         norm = top + torch.log(total)
         return picked - norm, best - norm[:, None], best_ids
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

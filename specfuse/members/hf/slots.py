@@ -40,9 +40,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
-from ..config import DECODE_MODES
-from ..errors import ConfigError
-from . import profiling
+from ...config import DECODE_MODES
+from ...errors import ConfigError
+from .. import profiling
 from .scoring import float_mask
 
 log = logging.getLogger(__name__)

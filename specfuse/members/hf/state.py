@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from ..config import MemberSettings
-from ..prompts import Prompt
+from ...config import MemberSettings
+from ...prompts import Prompt
 
 
 @dataclass

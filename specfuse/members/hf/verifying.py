@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
-from ..errors import PromptTooLongError
-from ..records import Candidate, TokenScores
-from . import drafting, slot_verify
-from .hf_state import HFState, PackedPass
-from .protocol import Verdict
+from ...errors import PromptTooLongError
+from ...records import Candidate, TokenScores
+from .. import drafting
+from ..protocol import Verdict
+from . import slot_verify
 from .scoring import Block, Layout, chunk_mask, lay_out
+from .state import HFState, PackedPass
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..config import MemberSettings
-from ..errors import MemberError
-from . import drafting, profiling
-from .scoring import common_prefix_len
-from .workers import thread_share
+from ...config import MemberSettings
+from ...errors import MemberError
+from .. import drafting, profiling
+from ..drafting import common_prefix_len
+from ..workers import thread_share
 
 SCORE_SEQUENCES = 48  # candidates one verify pass holds at once (more go in further passes)
 BATCH_TOKENS = 512  # tokens per llama_decode call

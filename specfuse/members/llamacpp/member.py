@@ -28,12 +28,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..config import MemberSettings
-from ..errors import ConfigError, ModelLoadError, PromptTooLongError
-from ..prompts import CHAT, Prompt, PromptFormat
-from ..records import Candidate, TokenScores
-from . import drafting
-from .llamacpp_decode import (
+from ...config import MemberSettings
+from ...errors import ConfigError, ModelLoadError, PromptTooLongError
+from ...prompts import CHAT, Prompt, PromptFormat
+from ...records import Candidate, TokenScores
+from .. import drafting
+from ..drafting import common_prefix_len
+from ..protocol import BaseMember, Verdict
+from ..workers import cpu_cores
+from .decode import (
     BATCH_TOKENS,
     SCORE_SEQUENCES,
     CandidatePath,
@@ -46,9 +49,6 @@ from .llamacpp_decode import (
     token_and_runner_up,
     top_tokens,
 )
-from .protocol import BaseMember, Verdict
-from .scoring import common_prefix_len
-from .workers import cpu_cores
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import MemberSettings
-from ..errors import ConfigError
-from ..segments import REPLACEMENT
+from ...config import MemberSettings
+from ...errors import ConfigError
+from ...segments import REPLACEMENT
 from .transport import Http
 
 

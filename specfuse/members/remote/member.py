@@ -21,14 +21,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..config import MemberSettings
-from ..errors import ConfigError, PromptTooLongError
-from ..prompts import CHAT, Prompt, PromptFormat
-from ..records import Candidate
-from . import drafting
-from .drafting import PROBE_TEXT, UTF8_GRACE_TOKENS
-from .protocol import BaseMember
-from .remote_engines import ADAPTERS, ENGINES, Adapter, Generated
+from ...config import MemberSettings
+from ...errors import ConfigError, PromptTooLongError
+from ...prompts import CHAT, Prompt, PromptFormat
+from ...records import Candidate
+from .. import drafting
+from ..drafting import PROBE_TEXT, UTF8_GRACE_TOKENS
+from ..protocol import BaseMember
+from .engines import ADAPTERS, ENGINES, Adapter, Generated
 from .transport import PROXY_MODES, Http, redact, split_credentials
 
 if TYPE_CHECKING:
