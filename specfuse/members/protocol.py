@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ..config import MemberSettings
-from ..errors import MemberError, SpecfuseError
+from ..errors import ConfigError, MemberError, SpecfuseError
 from ..prompts import Prompt
 from ..records import Candidate, TokenScores
 
@@ -93,6 +93,12 @@ class Member(Protocol):
         (members in the engine's process get their share on their worker thread instead)."""
         ...
 
+    def sharing(self, name: str) -> Member:
+        """Another member called `name` on this one's weights, with contexts of its own: a model
+        listed twice, sampled with another seed, costs its memory once. Each back end says how (a
+        ConfigError where it cannot: a server, a worker process)."""
+        ...
+
 
 class BaseMember:
     """The optional half of the protocol, done the simple way: a back end subclasses this, writes
@@ -150,6 +156,9 @@ class BaseMember:
 
     def set_threads(self, threads: int) -> None:
         return None
+
+    def sharing(self, name: str) -> Member:
+        raise ConfigError(f"{self.name} cannot share its weights with a second member; list it once")
 
 
 def in_this_process(member: Member) -> bool:

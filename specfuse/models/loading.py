@@ -304,30 +304,6 @@ def load_in_process(
     return ProcessMember(build, threads=threads)
 
 
-def share_weights(member: Member, name: str) -> Member:
-    """Another member called `name` on `member`'s weights: a model listed twice, sampled with
-    another seed, costs its memory once."""
-    from specfuse.members.hf import HFMember
-    from specfuse.members.llamacpp import LlamaCppMember
-    from specfuse.members.split import SplitMember
-
-    if isinstance(member, LlamaCppMember):
-        return member.sharing(name)
-    if isinstance(member, SplitMember):
-        return SplitMember(share_weights(member.drafter, name), share_weights(member.verifier, name))
-    if not isinstance(member, HFMember):
-        raise ConfigError(f"{member.name} cannot share its weights with a second member; list it once")
-    return HFMember(
-        name,
-        member.model,
-        member.tokenizer,
-        prompt_format=member.prompt_format,
-        device=member.device,
-        compile_decode=member.compiled is not None,
-        decode=member.decode_mode,
-    )
-
-
 def load_each(
     names: Sequence[str],
     devices: Sequence[str],
@@ -382,7 +358,7 @@ def load_members(
     `if __name__ == "__main__":`.
 
     A model listed twice loads once: each later listing is another member, `name#2`, … on the same
-    weights (share_weights). A worker process or a server cannot share, so with processes on, or a
+    weights (Member.sharing). A worker process or a server cannot share, so with processes on, or a
     server spec listed twice, that is a ConfigError; under "auto" a repeated model keeps every
     member here. Whether a repeat makes sense (only when sampling) is the caller's decision.
 
@@ -471,13 +447,13 @@ def _load_in_own_process(
 
 def _with_repeats(names: Sequence[str], loaded: dict[str, Member]) -> list[Member]:
     """The members in the order of `names`: a name's first listing is its loaded member, each later
-    one another member, `name#2`, … on the same weights (share_weights)."""
+    one another member, `name#2`, … on the same weights (Member.sharing)."""
     members: list[Member] = []
     seen: dict[str, int] = {}
     for name in names:
         seen[name] = seen.get(name, 0) + 1
         first = loaded[name]
-        members.append(first if seen[name] == 1 else share_weights(first, f"{name}#{seen[name]}"))
+        members.append(first if seen[name] == 1 else first.sharing(f"{name}#{seen[name]}"))
     return members
 
 

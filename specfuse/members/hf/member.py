@@ -99,6 +99,19 @@ class HFMember(Drafting, Verifying, BaseMember):
     def __repr__(self) -> str:
         return f"HFMember({self.name!r}, {type(self.model).__name__}, device={self.device!r})"
 
+    def sharing(self, name: str) -> HFMember:
+        """Another member called `name` on this model's weights, with caches of its own: a model
+        listed twice, sampled with another seed, costs its memory once."""
+        return HFMember(
+            name,
+            self.model,
+            self.tokenizer,
+            prompt_format=self.prompt_format,
+            device=self.device,
+            compile_decode=self.compiled is not None,
+            decode=self.decode_mode,
+        )
+
     # -- tokens ------------------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
