@@ -1,4 +1,4 @@
-"""Compiled decoding (members/compiled.py): drafts in a static KV cache with a torch.compile'd step
+"""Compiled decoding (members/hf/compiled.py): drafts in a static KV cache with a torch.compile'd step
 give exactly the eager drafts' answers in fp32 greedy, on three architectures (gemma3 with its
 sliding-window layers), after another member's segment is accepted, with a budget that ends
 mid-segment, a trimmed draft's tail taken over, a static cache sized for a whole request, and

@@ -1,4 +1,4 @@
-"""The verify pass's prefix tree (llamacpp_decode.candidate_items), without llama.cpp: which tokens a
+"""The verify pass's prefix tree (llamacpp/decode.candidate_items), without llama.cpp: which tokens a
 member's context decodes for a request's candidates, in which sequences, and which logits score what."""
 
 from __future__ import annotations

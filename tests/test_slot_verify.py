@@ -1,4 +1,4 @@
-"""Verification on static KV slots (members/slot_verify.py, the "graphs" decode path): all runs'
+"""Verification on static KV slots (members/hf/slot_verify.py, the "graphs" decode path): all runs'
 candidates read by one member in one padded pass, candidates that begin alike read once (a prefix
 tree). On a CPU the same step runs uncaptured, and its scores equal the eager pass's in fp32 on
 three architectures (gemma3 with its sliding-window layers), for several runs of different lengths

@@ -1,4 +1,4 @@
-"""Batched drafting on static KV slots (members/slots.py, the "graphs" decode path): on a CPU the
+"""Batched drafting on static KV slots (members/hf/slots.py, the "graphs" decode path): on a CPU the
 same slot code runs uncaptured, and its greedy answers equal the eager path's in fp32, on three
 architectures (gemma3 with its sliding-window layers), with runs joining and leaving between
 rounds, batches of several buckets and a trimmed draft's tail taken over; through the scheduler

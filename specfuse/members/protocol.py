@@ -1,7 +1,7 @@
 """What a member is: the four calls every back end answers, the capabilities it may offer beyond
 them (each with a default in BaseMember), and what it tells the engine about where it runs.
 
-Knows nothing about tensors, tokenizers, servers or processes: hf.py, remote.py and process.py
+Knows nothing about tensors, tokenizers, servers or processes: hf/, llamacpp/, remote/ and process.py
 implement this protocol, and a new back end needs nothing but this file. Stdlib only.
 """
 

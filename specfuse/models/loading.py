@@ -193,16 +193,16 @@ def load_member(
     decode: str = "auto",
 ) -> Member:
     """Load a catalogue model, a local checkpoint folder (or .gguf file), a hub id or a server spec
-    (`ENGINE:URL#NAME?tokenizer=...`, see remote.py) as a member.
+    (`ENGINE:URL#NAME?tokenizer=...`, see members/remote/member.py) as a member.
 
     `device` is one torch device ("cpu", "cuda", "cuda:1", "auto"); `device_map` ("auto" or a
     dict) instead lets accelerate spread one model over several GPUs. Catalogue models are cached
     as safetensors under `cache_dir` (default $SPECFUSE_CACHE or ~/.cache/specfuse).
     `compile_decode`, `decode` (config.DECODE_MODES): how an in-process transformers model drafts
-    (members/compiled.py, members/slots.py; docs/gpu.md); a served member ignores them.
+    (members/hf/compiled.py, members/hf/slots.py; docs/gpu.md); a served member ignores them.
     `quantize` ("none", "int8", "int4"): an in-process model's Linear weights are quantized after it
     loads, on the CPU only (models/quantize.py); "gguf": a catalogue model or .gguf file runs in
-    llama.cpp in this process (members/llamacpp.py); "gguf-draft": drafts there and scores in bf16
+    llama.cpp in this process (members/llamacpp/member.py); "gguf-draft": drafts there and scores in bf16
     torch (members/split.py); "auto": gguf where that can run (resolve_quantize), else none. A served
     member ignores it.
     """

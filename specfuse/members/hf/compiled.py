@@ -68,7 +68,7 @@ class _State(Protocol):
 
 
 class _Member(Protocol):
-    """What of an HFMember this module uses (hf.py imports this module, not the other way round)."""
+    """What of an HFMember this module uses (member.py imports this module, not the other way round)."""
 
     @property
     def name(self) -> str: ...

@@ -1,7 +1,7 @@
 """HFMember's drafting: a draft for several requests at once, one forward pass per token for all of
 them, each row continuing its own context (a stacked, left-padded cache), greedy or sampled.
 
-A mixin of HFMember (hf.py), which holds the model, the contexts and their caches: these methods
+A mixin of HFMember (member.py), which holds the model, the contexts and their caches: these methods
 are its own, read apart. What they use of the member is declared below, for the type checker.
 """
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 class Drafting:
     """HFMember's draft and draft_many, and the decoding steps under them."""
 
-    if TYPE_CHECKING:  # HFMember's (hf.py, hf_verifying.py)
+    if TYPE_CHECKING:  # HFMember's (member.py, verifying.py)
         name: str
         model: PreTrainedModel
         tokenizer: PreTrainedTokenizerBase

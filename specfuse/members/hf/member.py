@@ -1,10 +1,10 @@
 """HFMember: one Hugging Face causal LM in this process, its drafting, scoring and KV cache.
 
 A member is shared by all runs; everything per request (token ids, cache, random generator) lives
-in the state object that start() returns (HFState, hf_state.py). Knows nothing about the other
+in the state object that start() returns (HFState, state.py). Knows nothing about the other
 members or the weights. This module holds the model and the contexts: loading a member, reading
 prompts into their caches (start, start_many), committing the chosen text (accept) and the forward
-passes they share; its drafting (hf_drafting.py) and its verification (hf_verifying.py) are mixins
+passes they share; its drafting (drafting.py) and its verification (verifying.py) are mixins
 HFMember inherits, each in a module of its own.
 """
 
@@ -311,7 +311,7 @@ class HFMember(Drafting, Verifying, BaseMember):
 
         When this member has just verified that candidate, its keys and values already sit in the
         cache (same positions, the packed pass restarted them there): they are moved into place
-        instead of being computed again (hf_verifying.py).
+        instead of being computed again (verifying.py).
         """
         answer = state.answer + text
         target = state.ids[: state.prompt_len] + self.encode(answer)

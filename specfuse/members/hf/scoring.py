@@ -4,7 +4,7 @@ Builds the packed input (blocks of tokens, restarted position ids, a float 4-D m
 kind) and reads scores off the final hidden states with only the rows of the output head that are
 needed. A pack longer than CHUNK_TOKENS is fed in chunks, each with its own rows of the mask, so
 that memory grows linearly with a candidate's length. Knows nothing about texts, chat formats or the
-round loop: hf.py hands it token ids.
+round loop: member.py hands it token ids.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 pass on its KV slots (slots.py), captured as a CUDA graph per bucket on a GPU, the same step
 uncaptured on a CPU.
 
-The eager pass (hf_verifying.py, scoring.py) packs each run's candidates as blocks, an anchor and
+The eager pass (verifying.py, scoring.py) packs each run's candidates as blocks, an anchor and
 the candidate's tokens, after the run's own cache. Here each run's blocks become a prefix tree
 first: tokens that candidates reach by the same tokens from the same anchor (drafts that begin
 alike: a common first word, or whole drafts alike) are one node, read once, as llama.cpp's verify
-pass does (llamacpp_decode.candidate_items). A node sees the cached columns before its block's
+pass does (llamacpp/decode.py.candidate_items). A node sees the cached columns before its block's
 anchor and its own ancestors in the tree, nothing else, so its hidden state and its keys are those
 each block would have had alone.
 

@@ -80,7 +80,7 @@ def width_of(columns: int) -> int:
 
 
 class _Member(Protocol):
-    """What of an HFMember this module uses (hf.py imports this module, not the other way round)."""
+    """What of an HFMember this module uses (member.py imports this module, not the other way round)."""
 
     @property
     def name(self) -> str: ...

@@ -1,8 +1,8 @@
 """HFState: one request's context in an HFMember (its tokens, KV cache, random generator), and the
 packed pass a verification may leave in that cache for accept().
 
-Its own module so that hf.py and the member's drafting and verifying halves (hf_drafting.py,
-hf_verifying.py), which hf.py imports, all name it without an import circle.
+Its own module so that member.py and the member's drafting and verifying halves (drafting.py,
+verifying.py), which member.py imports, all name it without an import circle.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from ...config import MemberSettings
 from ...prompts import Prompt
+from ..drafting import TokenState
 
 
 @dataclass
@@ -39,13 +39,9 @@ class Reading:
 
 
 @dataclass
-class HFState:
+class HFState(TokenState):
     """One request's context in one member: the cache holds exactly `ids` (plus a packed pass)."""
 
-    settings: MemberSettings
-    prompt_len: int  # tokens of the formatted prompt
-    ids: list[int]  # prompt tokens + the answer's canonical tokens
-    answer: str
     cache: DynamicCache
     last_hidden: torch.Tensor  # [H]: final hidden state of ids[-1], predicts the next token
     generator: torch.Generator | None

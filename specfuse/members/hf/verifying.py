@@ -3,7 +3,7 @@ after its cached prefix, scored off the final hidden states (scoring.py builds t
 the output head's rows); the pass's keys and values stay in the cache, so that accept() can move
 the chosen candidate's into place instead of computing them again.
 
-A mixin of HFMember (hf.py), which holds the model, the contexts and their caches: these methods
+A mixin of HFMember (member.py), which holds the model, the contexts and their caches: these methods
 are its own, read apart. What they use of the member is declared below, for the type checker.
 """
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 class Verifying:
     """HFMember's score, score_many and verify_many, and the packed pass they leave for accept()."""
 
-    if TYPE_CHECKING:  # HFMember's (hf.py)
+    if TYPE_CHECKING:  # HFMember's (member.py)
         name: str
         tokenizer: PreTrainedTokenizerBase
         device: str

@@ -11,7 +11,7 @@ recent requests' contexts (a request finds its prefix there, as llama-server's s
 rest hold candidates during a verify pass, each a copy of the context's cells (shared, not copied
 bytes) plus its own tokens, all candidates of all requests in one batch. Drafting runs the requests
 in lockstep, one token per request per decode call. The slots, the candidate sequences and the
-decode calls are llamacpp_decode.py's (a mixin this member inherits).
+decode calls are decode.py's (a mixin this member inherits).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 Each turns token ids into the server's request and its reply into token ids and log-probabilities:
 tokenize, generate and the log-probs of candidates after their contexts. How requests travel is
-transport.py's (Http); what a served member does with them is remote.py's (RemoteMember).
+transport.py's (Http); what a served member does with them is member.py's (RemoteMember).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""HTTP to one inference server, for a served member: how bytes go out and come back (remote.py owns
+"""HTTP to one inference server, for a served member: how bytes go out and come back (member.py owns
 what they say).
 
 Built on urllib3 (pooled keep-alive connections). What every request gets:
