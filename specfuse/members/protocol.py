@@ -7,7 +7,7 @@ implement this protocol, and a new back end needs nothing but this file. Stdlib 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ..config import MemberSettings
@@ -126,17 +126,7 @@ class BaseMember:
         raise NotImplementedError
 
     def start_many(self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
-        out: list[Any] = []
-        for prompt, s in zip(prompts, settings):
-            try:
-                out.append(self.start(prompt, s))
-            except SpecfuseError as e:
-                out.append(e)
-            except Exception as e:  # this request's alone, named as a failed call is
-                error = MemberError(f"{self.name}: start failed: {type(e).__name__}: {e}")
-                error.__cause__ = e
-                out.append(error)
-        return out
+        return each_request(self.name, self.start, prompts, settings)
 
     def open_many(self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
         # A member that cannot read a prompt in parts reads it whole here; prefill_many has no more to do.
@@ -161,6 +151,28 @@ class BaseMember:
         raise ConfigError(f"{self.name} cannot share its weights with a second member; list it once")
 
 
+def each_request(
+    name: str,
+    start: Callable[[Prompt, MemberSettings], Any],
+    prompts: Sequence[Prompt],
+    settings: Sequence[MemberSettings],
+) -> list[Any]:
+    """`start(prompt, settings)` for each request, one at a time: its state, or the error it fails
+    with (a SpecfuseError as raised, anything else a MemberError naming member `name`), so that one
+    bad prompt fails only its own request."""
+    out: list[Any] = []
+    for prompt, s in zip(prompts, settings):
+        try:
+            out.append(start(prompt, s))
+        except SpecfuseError as e:
+            out.append(e)
+        except Exception as e:  # this request's alone, named as a failed call is
+            error = MemberError(f"{name}: start failed: {type(e).__name__}: {e}")
+            error.__cause__ = e
+            out.append(error)
+    return out
+
+
 def in_this_process(member: Member) -> bool:
     return member.host == HERE
 
@@ -171,4 +183,4 @@ def shares_cpu(member: Member) -> bool:
     return member.device.startswith("cpu") and member.parameters is not None
 
 
-__all__ = ["HERE", "BaseMember", "Member", "Verdict", "in_this_process", "shares_cpu"]
+__all__ = ["HERE", "BaseMember", "Member", "Verdict", "each_request", "in_this_process", "shares_cpu"]

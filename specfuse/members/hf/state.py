@@ -2,12 +2,14 @@
 packed pass a verification may leave in that cache for accept().
 
 Its own module so that member.py and the member's drafting and verifying halves (drafting.py,
-verifying.py), which member.py imports, all name it without an import circle.
+verifying.py), which member.py imports, all name it without an import circle; ModelView, what of an
+HFMember its helpers (compiled.py, slots.py) read, is here for the same reason.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache
@@ -54,4 +56,19 @@ class HFState(TokenState):
     reading: Reading | None = None  # opened, its prompt not yet read whole (open_many); None: read
 
 
-__all__ = ["HFState", "PackedPass", "Reading"]
+class ModelView(Protocol):
+    """What of an HFMember the helpers it imports read (they cannot import member.py back)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+    @property
+    def sliding_window(self) -> int | None: ...
+    @property
+    def base(self) -> Any: ...  # the decoder without its output head
+
+
+__all__ = ["HFState", "ModelView", "PackedPass", "Reading"]

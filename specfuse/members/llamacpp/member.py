@@ -34,7 +34,7 @@ from ...prompts import CHAT, Prompt, PromptFormat
 from ...records import Candidate, TokenScores
 from .. import drafting
 from ..drafting import common_prefix_len
-from ..protocol import BaseMember, Verdict
+from ..protocol import BaseMember, Verdict, each_request
 from ..workers import cpu_cores
 from .decode import (
     BATCH_TOKENS,
@@ -230,14 +230,12 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
 
     def open_many(self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
         """Requests' states, their prompts' tokens checked, none read (prefill_many reads them)."""
-        out: list[Any] = []
-        for prompt, s in zip(prompts, settings):
-            try:
-                out.append(self._open(prompt, s))
-                out[-1].reading = prompt
-            except ConfigError as e:
-                out.append(e)
-        return out
+        return each_request(self.name, self._unread, prompts, settings)
+
+    def _unread(self, prompt: Prompt, settings: MemberSettings) -> LlamaState:
+        state = self._open(prompt, settings)
+        state.reading = prompt  # until prefill_many has read it whole
+        return state
 
     def _open(self, prompt: Prompt, settings: MemberSettings) -> LlamaState:
         ids = drafting.raw_context(self.tokenizer) if settings.raw else self.prompt_ids(prompt)
