@@ -4,7 +4,10 @@ the member and the server."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -477,3 +480,18 @@ def test_after_a_refused_answer_the_member_works_on(local):
             assert len(stub.requests) - before == each  # no garbled answer, no retry
     finally:
         stub.stop()
+
+
+def test_a_server_spec_is_read_without_torch():
+    """remote/ is a back end of its own (issue 57): reading a spec (the app, the server and the
+    loader do it at start-up) loads neither torch nor transformers, as the token rules it shares need
+    no tensors."""
+    code = (
+        "import sys; from specfuse.members.remote.member import parse_server_spec; "
+        "spec = parse_server_spec('vllm:http://127.0.0.1:9#m'); "
+        "print(spec.name, 'torch' in sys.modules, 'transformers' in sys.modules)"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["m", "False", "False"]
