@@ -97,10 +97,10 @@ def space_arguments() -> list[str] | None:
 
 
 def _is_spec(name: str) -> bool:
-    """A served member's spec (ENGINE:URL…); remote.py brings torch, so only names with a URL ask it."""
+    """A served member's spec (ENGINE:URL…): only a name with a URL can be one, so only such names ask."""
     if "://" not in name:
         return False
-    from specfuse.members.remote import is_server_spec
+    from specfuse.members.remote.member import is_server_spec
 
     return is_server_spec(name)
 

@@ -241,7 +241,7 @@ def served_members(specs: Sequence[str], taken: Sequence[str] = ()) -> dict[str,
     item 4). So each spec needs a #NAME, distinct from the other members offered; ConfigError
     names the spec's server kind and name, never its URL.
     """
-    from specfuse.members.remote import parse_server_spec  # brings torch: only with --server
+    from specfuse.members.remote.member import parse_server_spec  # only with --server
 
     named: dict[str, str] = {}
     for spec in specs:

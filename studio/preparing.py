@@ -101,7 +101,7 @@ class Preparing:
         step = step_of(self.message) or "loading"  # the step's English name, STEPS' key
         since = load.began if load is not None else self.began
         index = self.names.index(self.member) if self.member in self.names else 0
-        # Capturing CUDA graphs is a step on a GPU only (members/slots.py): elsewhere, one fewer.
+        # Capturing CUDA graphs is a step on a GPU only (members/hf/slots.py): elsewhere, one fewer.
         steps = STEPS if "cuda" in self.device or step == "capturing graphs" else STEPS[:-1]
         parts = [
             _(

@@ -12,8 +12,9 @@ import torch
 from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Ensemble, Scheduler
 from specfuse.errors import MemberError, PromptTooLongError
-from specfuse.members import drafting, prefill
-from specfuse.members.hf import HFMember, HFState
+from specfuse.members import drafting
+from specfuse.members.hf import HFMember, prefill
+from specfuse.members.hf.state import HFState
 from specfuse.prompts import PromptFormat
 
 from .runs import PROMPTS, collect, same_rounds, solo
@@ -188,7 +189,7 @@ def test_a_bad_prompt_among_good_ones_fails_only_its_own_start(tiny_members, mon
         raise RuntimeError("out of memory")
 
     monkeypatch.setattr(prefill, "forward_rows", broken)
-    with caplog.at_level(logging.WARNING, logger="specfuse.members.hf"):
+    with caplog.at_level(logging.WARNING, logger="specfuse.members.hf.member"):
         again = member.start_many(prompts, settings)
     assert "prefill of 3 prompts at once failed (out of memory): one at a time" in caplog.text
     assert isinstance(again[1], PromptTooLongError) and isinstance(again[3], MemberError)

@@ -1,4 +1,4 @@
-"""Compiled decoding (members/compiled.py): drafts in a static KV cache with a torch.compile'd step
+"""Compiled decoding (members/hf/compiled.py): drafts in a static KV cache with a torch.compile'd step
 give exactly the eager drafts' answers in fp32 greedy, on three architectures (gemma3 with its
 sliding-window layers), after another member's segment is accepted, with a budget that ends
 mid-segment, a trimmed draft's tail taken over, a static cache sized for a whole request, and
@@ -23,7 +23,7 @@ import pytest
 
 from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Ensemble
-from specfuse.members.compiled import MIN_CAPACITY, VERIFY_BLOCKS, CompiledDecoder
+from specfuse.members.hf.compiled import MIN_CAPACITY, VERIFY_BLOCKS, CompiledDecoder
 from specfuse.records import Candidate
 
 from .conftest import TINY_SPECS, ascii_only, tiny_member
@@ -302,7 +302,7 @@ print(json.dumps([drafts(tiny_member("gemma-meta")), drafted, compiled.compiled.
 def test_on_torch_s_avx2_kernels_the_compiled_drafts_equal_the_eager_ones(tmp_path):
     # Inductor's graph cache did not key on the kernels torch is held to: after a compilation on this
     # CPU's own kernels the AVX2 run was served that graph and drafted NaNs, and the other way round
-    # the heap broke (hardware.held_to_avx2). One cache for all three runs, as a developer's machine has.
+    # the heap broke (cpu.held_to_avx2). One cache for all three runs, as a developer's machine has.
     env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CPP_MARCH", "ATEN_CPU_CAPABILITY")}
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path)
     root = Path(__file__).resolve().parents[1]

@@ -17,8 +17,8 @@ from specfuse.engine.gate import decide, gatekeeper
 from specfuse.errors import ConfigError
 from specfuse.members import drafting
 from specfuse.members.drafting import confidence
-from specfuse.members.hf_drafting import _token_values
-from specfuse.members.llamacpp_decode import token_and_runner_up
+from specfuse.members.hf.drafting import _token_values
+from specfuse.members.llamacpp.decode import token_and_runner_up
 from specfuse.records import Confidence, summarize
 
 from .conftest import tiny_member

@@ -60,7 +60,7 @@ def test_members_on_one_gpu_on_their_own_streams_match_members_in_turn():
     assert turns.answer == streams.answer and turns.wins == streams.wins
 
 
-# -- compiled decoding (members/compiled.py): CUDA graphs, mode "reduce-overhead", inductor ------------
+# -- compiled decoding (members/hf/compiled.py): CUDA graphs, mode "reduce-overhead", inductor ------------
 
 
 @pytest.fixture(scope="module")

@@ -80,11 +80,11 @@ def test_no_import_circle_among_the_project_modules():
 
 
 # Higher layers build on lower ones, never the reverse: the benchmarks use the evaluation and the
-# server, all three use the engine; members and model loading know nothing of either; no library
-# module knows the app.
+# server, all three use the engine; model loading builds members (names → members), so the members
+# know nothing of it, nor of anything above; no library module knows the app.
 ABOVE_THE_MEMBERS = ("specfuse.engine", "specfuse.serve", "specfuse.eval", "specfuse.bench")
 NEVER_IMPORTS = {
-    "specfuse.members": (*ABOVE_THE_MEMBERS, "specfuse.cli", "specfuse.flags"),
+    "specfuse.members": (*ABOVE_THE_MEMBERS, "specfuse.models", "specfuse.cli", "specfuse.flags"),
     "specfuse.models": (*ABOVE_THE_MEMBERS, "specfuse.cli", "specfuse.flags"),
     "specfuse.engine": ("specfuse.cli", "specfuse.flags"),
     "specfuse.eval": ("specfuse.bench", "specfuse.serve"),
@@ -104,6 +104,35 @@ def test_imports_never_run_back_up_the_layers():
         if any(target == a or target.startswith(a + ".") for a in above)
     )
     assert not upward, upward
+
+
+# A back end is a folder of members/ (issue 57): it builds on the shared pieces at the top
+# (protocol.py, drafting.py, …), never on another back end, so each can be read, moved or dropped alone.
+BACK_ENDS = ("specfuse.members.hf", "specfuse.members.llamacpp", "specfuse.members.remote")
+
+
+def test_each_back_end_is_a_folder_that_imports_no_other():
+    modules = _modules()
+    for folder in BACK_ENDS:
+        assert (ROOT / folder.replace(".", "/") / "__init__.py").is_file(), folder
+    crossing = sorted(
+        f"{name} imports {target}"
+        for name, path in modules.items()
+        for folder in BACK_ENDS
+        if name == folder or name.startswith(folder + ".")
+        for target in _imports(name, path, set(modules))
+        if any(target == other or target.startswith(other + ".") for other in BACK_ENDS if other != folder)
+    )
+    assert not crossing, crossing
+    top = [n for n in modules if n.startswith("specfuse.members.") and n.count(".") == 2]
+    shared = [n for n in top if n not in BACK_ENDS]
+    reaching = sorted(
+        f"{name} imports {target}"
+        for name in shared
+        for target in _imports(name, modules[name], set(modules))
+        if any(target == b or target.startswith(b + ".") for b in BACK_ENDS)
+    )
+    assert not reaching, f"a shared piece of members/ builds on a back end: {reaching}"
 
 
 def test_the_cycle_check_finds_a_circle():

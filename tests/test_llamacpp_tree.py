@@ -1,9 +1,9 @@
-"""The verify pass's prefix tree (llamacpp_decode.candidate_items), without llama.cpp: which tokens a
+"""The verify pass's prefix tree (llamacpp/decode.candidate_items), without llama.cpp: which tokens a
 member's context decodes for a request's candidates, in which sequences, and which logits score what."""
 
 from __future__ import annotations
 
-from specfuse.members.llamacpp_decode import CandidatePath, candidate_items, sequences_of
+from specfuse.members.llamacpp.decode import CandidatePath, candidate_items, sequences_of
 
 
 def _paths(*token_lists: tuple[int, ...], first_scored: int = 0) -> list[CandidatePath]:

@@ -124,3 +124,19 @@ def test_taking_over_trimmed_tokens_leaves_answers_unchanged_and_saves_decode_st
         saved += sum(c.reused_tokens for r in a for c in r.candidates)
         assert all(c.reused_tokens == 0 for r in b for c in r.candidates)
     assert saved > 0
+
+
+def test_each_back_end_says_how_a_member_shares_its_weights(tiny_members):
+    """A model listed twice is one load (models/loading asks the member's own sharing(), no ladder of
+    back-end types): the in-process member hands out its model with contexts of its own; a member
+    that cannot share says so by name."""
+    from .scripted import ScriptedMember
+
+    first = member_named(tiny_members, "llama-bytes")
+    second = first.sharing("llama-bytes#2")
+    assert isinstance(second, HFMember) and second is not first
+    assert second.name == "llama-bytes#2" and second.model is first.model and second.device == first.device
+    one, two = first.start("Once upon a time", MemberSettings()), second.start("Hi", MemberSettings())
+    assert one.cache is not two.cache and one.ids != two.ids  # each keeps its own request's context
+    with pytest.raises(ConfigError, match="scripted cannot share its weights with a second member"):
+        ScriptedMember("scripted", [], judge=len).sharing("scripted#2")

@@ -40,13 +40,16 @@ def test_native_bf16_needs_the_instructions_and_torch_allowed_to_use_them(cpu, m
     assert not native_bf16()
 
 
-def test_torch_is_held_to_avx2_only_by_its_capability_on_a_cpu_with_avx512(cpu, monkeypatch):
-    cpu("avx2", "avx512f")
-    assert not hardware.held_to_avx2()  # torch's own kernels
+def test_torch_is_held_to_avx2_only_by_its_capability_on_a_cpu_with_avx512(monkeypatch):
+    from specfuse.members import cpu
+
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    assert not cpu.held_to_avx2()  # torch's own kernels
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "AVX2")
-    assert hardware.held_to_avx2()
-    cpu("avx2", "fma")  # an AVX2-only CPU: its own kernels are AVX2
-    assert not hardware.held_to_avx2()
+    assert cpu.held_to_avx2()
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma"}))  # its own kernels: AVX2
+    assert not cpu.held_to_avx2()
 
 
 def test_llama_cpp_for_one_user_anywhere_on_a_cpu_and_for_many_without_native_bf16(cpu):

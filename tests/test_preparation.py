@@ -32,7 +32,7 @@ def test_the_load_messages_name_their_steps():
         "gemma3-270m: loading gemma.gguf into llama.cpp": "loading",
         "qwen: loading the tokenizer (org/qwen)": "loading",
         "gemma3-270m: warming up": "warming up",
-        "gemma3-270m: capturing graphs 3/24": "capturing graphs",  # members/slots.py, on a GPU
+        "gemma3-270m: capturing graphs 3/24": "capturing graphs",  # members/hf/slots.py, on a GPU
         "gemma3-270m: capturing graphs failed: steps run uncaptured (CUDA graph capture failed: x)": (
             "capturing graphs"
         ),

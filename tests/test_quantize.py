@@ -24,7 +24,7 @@ from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Ensemble
 from specfuse.errors import ConfigError
 from specfuse.members.hf import HFMember
-from specfuse.members.scoring import OutputHead
+from specfuse.members.hf.scoring import OutputHead
 from specfuse.models import loading
 from specfuse.models.quantize import QuantizedLinear, QuantizedWeight, quantize_model
 
@@ -136,7 +136,7 @@ def test_quantized_members_draft_and_score_in_an_ensemble(score):
 
 
 def test_quantized_drafts_compile_as_they_run_eagerly():
-    from specfuse.members.compiled import CompiledDecoder
+    from specfuse.members.hf.compiled import CompiledDecoder
 
     eager, compiled = quantized_member("llama-bytes", "int8"), quantized_member("llama-bytes", "int8")
     compiled.compiled = CompiledDecoder(compiled, backend="aot_eager")

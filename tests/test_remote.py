@@ -5,7 +5,10 @@ the member and the server."""
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +16,7 @@ from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Ensemble
 from specfuse.errors import ConfigError, MemberError, UnknownModelError
 from specfuse.members.protocol import Member
-from specfuse.members.remote import ENGINES, RemoteMember, parse_server_spec
+from specfuse.members.remote.member import ENGINES, RemoteMember, parse_server_spec
 from specfuse.members.workers import run_concurrently
 from specfuse.models.loading import check_member_name, load_member
 
@@ -307,7 +310,7 @@ def test_the_cli_takes_a_server_spec_among_its_models(tiny_checkpoints):
 
 
 def test_served_members_support_log_probs_only(local):
-    from specfuse.members.remote import supported_scores
+    from specfuse.members.remote.member import supported_scores
 
     stub, remote = served("vllm", local["llama-bytes"])
     stub.stop()
@@ -460,3 +463,18 @@ def test_after_a_refused_answer_the_member_works_on(local):
             before = len(stub.requests)
             assert remote.draft(state, 6).text == expected
             assert len(stub.requests) - before == each  # no garbled answer, no retry
+
+
+def test_a_server_spec_is_read_without_torch():
+    """remote/ is a back end of its own (issue 57): reading a spec (the app, the server and the
+    loader do it at start-up) loads neither torch nor transformers, as the token rules it shares need
+    no tensors."""
+    code = (
+        "import sys; from specfuse.members.remote.member import parse_server_spec; "
+        "spec = parse_server_spec('vllm:http://127.0.0.1:9#m'); "
+        "print(spec.name, 'torch' in sys.modules, 'transformers' in sys.modules)"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["m", "False", "False"]

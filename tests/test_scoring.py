@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from specfuse.config import MemberSettings
-from specfuse.members import scoring
-from specfuse.members.scoring import (
+from specfuse.members.drafting import common_prefix_len
+from specfuse.members.hf import scoring
+from specfuse.members.hf.scoring import (
     LOGPROB_ROWS,
     VOCAB_SLICE,
     Block,
     OutputHead,
     chunk_mask,
-    common_prefix_len,
     lay_out,
     pack,
 )

@@ -1,4 +1,4 @@
-"""Verification on static KV slots (members/slot_verify.py, the "graphs" decode path): all runs'
+"""Verification on static KV slots (members/hf/slot_verify.py, the "graphs" decode path): all runs'
 candidates read by one member in one padded pass, candidates that begin alike read once (a prefix
 tree). On a CPU the same step runs uncaptured, and its scores equal the eager pass's in fp32 on
 three architectures (gemma3 with its sliding-window layers), for several runs of different lengths
@@ -17,10 +17,9 @@ import torch
 
 from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Scheduler
-from specfuse.members import slot_verify, slots
-from specfuse.members.hf import HFMember
+from specfuse.members.hf import HFMember, slot_verify, slots
+from specfuse.members.hf.scoring import Block
 from specfuse.members.process import ProcessMember
-from specfuse.members.scoring import Block
 from specfuse.models.preparation import step_of, warm_up
 from specfuse.records import Candidate
 
@@ -154,7 +153,7 @@ def test_a_capture_that_fails_at_start_up_is_said_and_the_member_runs_uncaptured
     member.slots.capture = True
     said: list[str] = []
     state = member.start("Say hello.", MemberSettings(max_new_tokens=4))
-    with caplog.at_level(logging.WARNING, logger="specfuse.members.slots"):
+    with caplog.at_level(logging.WARNING, logger="specfuse.members.hf.slots"):
         assert member.slots.prepare(state.cache, lambda f, m: said.append(m), rows=(1, 2)) == 0
     assert said[0] == f"llama-bytes: capturing graphs 1/{2 + 2 * len(slots.STARTUP_VERIFY)}"
     assert len(said) == 2 and said[1].startswith("llama-bytes: capturing graphs failed: steps run uncaptured")

@@ -1,4 +1,4 @@
-"""Batched drafting on static KV slots (members/slots.py, the "graphs" decode path): on a CPU the
+"""Batched drafting on static KV slots (members/hf/slots.py, the "graphs" decode path): on a CPU the
 same slot code runs uncaptured, and its greedy answers equal the eager path's in fp32, on three
 architectures (gemma3 with its sliding-window layers), with runs joining and leaving between
 rounds, batches of several buckets and a trimmed draft's tail taken over; through the scheduler
@@ -14,8 +14,7 @@ from specfuse.cli import build_parser
 from specfuse.config import DECODE_MODES, EnsembleConfig, MemberSettings
 from specfuse.engine import Ensemble, Scheduler
 from specfuse.errors import ConfigError
-from specfuse.members import slots
-from specfuse.members.hf import HFMember
+from specfuse.members.hf import HFMember, slots
 from specfuse.models.loading import load_member, load_members
 
 from .conftest import TINY_SPECS, byte_bpe_tokenizer, tiny_member

@@ -13,7 +13,7 @@ from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Ensemble
 from specfuse.members import templates
 from specfuse.members.hf import HFMember
-from specfuse.members.remote import ENGINES, RemoteMember
+from specfuse.members.remote.member import ENGINES, RemoteMember
 from specfuse.prompts import as_prompt
 
 from .conftest import REAL_MODEL_CACHE, TINY, tiny_member, tiny_model

@@ -37,7 +37,7 @@ def measure(members: Sequence[Any]) -> dict[str, Any]:
 
 
 def decode_paths(members: Sequence[Any]) -> dict[str, dict[str, Any]]:
-    """How each member drafted (members/slots.py): "graphs" (KV slots, steps captured), "slots"
+    """How each member drafted (members/hf/slots.py): "graphs" (KV slots, steps captured), "slots"
     (KV slots, uncaptured: a CPU, or a capture that failed), "eager", or "other" (not a
     transformers member); with the KV slots' counts and the seconds its captures took."""
     out: dict[str, dict[str, Any]] = {}

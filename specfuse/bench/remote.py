@@ -119,7 +119,7 @@ def run(
     """
     from contextlib import ExitStack
 
-    from ..members.remote import parse_server_spec  # brings transformers: only when serving
+    from ..members.remote.member import parse_server_spec  # only when serving
     from ..models.loading import load_members
 
     if servers:

@@ -1,23 +1,25 @@
 """Token-level rules every member shares, wherever its model runs: the context, the draft's cut, the
 stop and end-marker tokens, and which tokens a verifier scores for a candidate.
 
-Pure functions over token ids, a tokenizer and callables: no model, no network. HFMember
-(members.py) and RemoteMember (remote.py) both draft and score through them, so a model behaves the
-same in-process and behind an inference server.
+Pure functions over token ids, a tokenizer and callables: no model, no network. HFMember (hf/),
+LlamaCppMember (llamacpp/) and RemoteMember (remote/) all draft and score through them, so a model
+behaves the same in-process and behind an inference server; TokenState is the part of a request's
+state they all keep alike.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..config import MemberSettings
 from ..errors import ConfigError
 from ..prompts import Prompt, PromptFormat, last_user_text
 from ..records import Confidence
 from ..segments import REPLACEMENT, cut_at_stop, trim_to_word_boundary
 from . import templates
-from .scoring import common_prefix_len
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -29,6 +31,18 @@ PROBE_TEXT = "Hello, world! Numbers 12345, symbols {}[]<>, accents éàü, 漢�
 UTF8_GRACE_TOKENS = 4
 
 Decode = Callable[[Sequence[int]], str]
+
+
+@dataclass
+class TokenState:
+    """One request's context in one member, as every back end keeps it: its settings, its tokens
+    and the answer's text so far. A back end's state (HFState, LlamaState, RemoteState) adds what
+    its own context needs (a KV cache, a slot, a server's reading), after these fields."""
+
+    settings: MemberSettings
+    prompt_len: int  # tokens of the formatted prompt
+    ids: list[int]  # prompt tokens + the answer's canonical tokens
+    answer: str
 
 
 def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
@@ -275,3 +289,11 @@ def scored_tokens(
     if not tail:  # an empty non-final candidate has nothing to score
         tail = list(marker)[:1] or [ids[-1]]
     return keep, tokens, tail
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -1,17 +1,17 @@
 """What a member is: the four calls every back end answers, the capabilities it may offer beyond
 them (each with a default in BaseMember), and what it tells the engine about where it runs.
 
-Knows nothing about tensors, tokenizers, servers or processes: hf.py, remote.py and process.py
+Knows nothing about tensors, tokenizers, servers or processes: hf/, llamacpp/, remote/ and process.py
 implement this protocol, and a new back end needs nothing but this file. Stdlib only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ..config import MemberSettings
-from ..errors import MemberError, SpecfuseError
+from ..errors import ConfigError, MemberError, SpecfuseError
 from ..prompts import Prompt
 from ..records import Candidate, TokenScores
 
@@ -93,6 +93,12 @@ class Member(Protocol):
         (members in the engine's process get their share on their worker thread instead)."""
         ...
 
+    def sharing(self, name: str) -> Member:
+        """Another member called `name` on this one's weights, with contexts of its own: a model
+        listed twice, sampled with another seed, costs its memory once. Each back end says how (a
+        ConfigError where it cannot: a server, a worker process)."""
+        ...
+
 
 class BaseMember:
     """The optional half of the protocol, done the simple way: a back end subclasses this, writes
@@ -120,17 +126,7 @@ class BaseMember:
         raise NotImplementedError
 
     def start_many(self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
-        out: list[Any] = []
-        for prompt, s in zip(prompts, settings):
-            try:
-                out.append(self.start(prompt, s))
-            except SpecfuseError as e:
-                out.append(e)
-            except Exception as e:  # this request's alone, named as a failed call is
-                error = MemberError(f"{self.name}: start failed: {type(e).__name__}: {e}")
-                error.__cause__ = e
-                out.append(error)
-        return out
+        return each_request(self.name, self.start, prompts, settings)
 
     def open_many(self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
         # A member that cannot read a prompt in parts reads it whole here; prefill_many has no more to do.
@@ -151,6 +147,31 @@ class BaseMember:
     def set_threads(self, threads: int) -> None:
         return None
 
+    def sharing(self, name: str) -> Member:
+        raise ConfigError(f"{self.name} cannot share its weights with a second member; list it once")
+
+
+def each_request(
+    name: str,
+    start: Callable[[Prompt, MemberSettings], Any],
+    prompts: Sequence[Prompt],
+    settings: Sequence[MemberSettings],
+) -> list[Any]:
+    """`start(prompt, settings)` for each request, one at a time: its state, or the error it fails
+    with (a SpecfuseError as raised, anything else a MemberError naming member `name`), so that one
+    bad prompt fails only its own request."""
+    out: list[Any] = []
+    for prompt, s in zip(prompts, settings):
+        try:
+            out.append(start(prompt, s))
+        except SpecfuseError as e:
+            out.append(e)
+        except Exception as e:  # this request's alone, named as a failed call is
+            error = MemberError(f"{name}: start failed: {type(e).__name__}: {e}")
+            error.__cause__ = e
+            out.append(error)
+    return out
+
 
 def in_this_process(member: Member) -> bool:
     return member.host == HERE
@@ -162,4 +183,4 @@ def shares_cpu(member: Member) -> bool:
     return member.device.startswith("cpu") and member.parameters is not None
 
 
-__all__ = ["HERE", "BaseMember", "Member", "Verdict", "in_this_process", "shares_cpu"]
+__all__ = ["HERE", "BaseMember", "Member", "Verdict", "each_request", "in_this_process", "shares_cpu"]

@@ -58,6 +58,10 @@ class SplitMember(BaseMember):
     def __repr__(self) -> str:
         return f"SplitMember({self.drafter!r}, {self.verifier!r})"
 
+    def sharing(self, name: str) -> SplitMember:
+        """Both halves shared under `name`: the GGUF drafter and the torch verifier each say how."""
+        return SplitMember(self.drafter.sharing(name), self.verifier.sharing(name))
+
     def start(self, prompt: Prompt, settings: MemberSettings) -> SplitState:
         return SplitState(
             self.drafter.start(prompt, _drafting(settings)), self.verifier.start(prompt, settings)

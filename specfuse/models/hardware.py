@@ -19,27 +19,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
+
+from ..members.cpu import cpu_flags
 
 USERS = ("one", "many")  # who a command serves: one person's requests in turn, or many at once
 
 # Whether bf16 torch serves many users faster than llama.cpp on a CPU with native bf16 (docs/serve.md).
 BF16_SERVES_MORE = True
-
-
-@lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (/proc/cpuinfo; empty where it cannot be read)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    found = re.search(r"^flags\s*:(.*)$", text, re.MULTILINE)
-    return frozenset(found.group(1).split()) if found else frozenset()
 
 
 def native_bf16() -> bool:
@@ -48,18 +36,6 @@ def native_bf16() -> bool:
     if capability and not capability.startswith("avx512"):
         return False
     return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
-
-
-def held_to_avx2() -> bool:
-    """torch held to its AVX2 kernels (ATEN_CPU_CAPABILITY=avx2) on a CPU with AVX-512, as the AVX2
-    benchmarks run it: then torch.compile must not share compiled graphs with the CPU's own kernels.
-
-    Inductor takes its vector width from ATEN_CPU_CAPABILITY, but its graph cache key does not
-    (torch 2.13): a graph compiled under one capability was served under the other, and drafted
-    NaNs or corrupted the heap. Such a process compiles its graphs afresh (members/compiled.py).
-    """
-    capability = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
-    return capability == "avx2" and "avx512f" in cpu_flags()
 
 
 def cpu_kind() -> str:

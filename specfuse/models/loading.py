@@ -106,7 +106,7 @@ def _load_llamacpp(req: LoadRequest, path: Path, trust: float | None) -> Member:
         raise ConfigError(
             f"{req.name}: quantize={req.quantize!r} runs llama.cpp on the CPU only; use --device cpu"
         )
-    from specfuse.members.llamacpp import LlamaCppMember, llama_cpp_module
+    from specfuse.members.llamacpp.member import LlamaCppMember, llama_cpp_module
 
     llama_cpp_module()  # says how to build it before anything loads
     tokenizer, prompt_format, eos = load_tokenizer(req.name, req.cache_dir, req.progress)
@@ -134,7 +134,7 @@ def _in_llama_cpp(
 
 def _load_server(req: LoadRequest) -> Member:
     """A member served by SGLang, vLLM or llama-server: only its tokenizer loads here."""
-    from specfuse.members.remote import RemoteMember, parse_server_spec
+    from specfuse.members.remote.member import RemoteMember, parse_server_spec
 
     spec = parse_server_spec(req.name)
     req.progress(0.5, f"{spec.name}: loading the tokenizer ({spec.tokenizer})")
@@ -193,16 +193,16 @@ def load_member(
     decode: str = "auto",
 ) -> Member:
     """Load a catalogue model, a local checkpoint folder (or .gguf file), a hub id or a server spec
-    (`ENGINE:URL#NAME?tokenizer=...`, see remote.py) as a member.
+    (`ENGINE:URL#NAME?tokenizer=...`, see members/remote/member.py) as a member.
 
     `device` is one torch device ("cpu", "cuda", "cuda:1", "auto"); `device_map` ("auto" or a
     dict) instead lets accelerate spread one model over several GPUs. Catalogue models are cached
     as safetensors under `cache_dir` (default $SPECFUSE_CACHE or ~/.cache/specfuse).
     `compile_decode`, `decode` (config.DECODE_MODES): how an in-process transformers model drafts
-    (members/compiled.py, members/slots.py; docs/gpu.md); a served member ignores them.
+    (members/hf/compiled.py, members/hf/slots.py; docs/gpu.md); a served member ignores them.
     `quantize` ("none", "int8", "int4"): an in-process model's Linear weights are quantized after it
     loads, on the CPU only (models/quantize.py); "gguf": a catalogue model or .gguf file runs in
-    llama.cpp in this process (members/llamacpp.py); "gguf-draft": drafts there and scores in bf16
+    llama.cpp in this process (members/llamacpp/member.py); "gguf-draft": drafts there and scores in bf16
     torch (members/split.py); "auto": gguf where that can run (resolve_quantize), else none. A served
     member ignores it.
     """
@@ -304,30 +304,6 @@ def load_in_process(
     return ProcessMember(build, threads=threads)
 
 
-def share_weights(member: Member, name: str) -> Member:
-    """Another member called `name` on `member`'s weights: a model listed twice, sampled with
-    another seed, costs its memory once."""
-    from specfuse.members.hf import HFMember
-    from specfuse.members.llamacpp import LlamaCppMember
-    from specfuse.members.split import SplitMember
-
-    if isinstance(member, LlamaCppMember):
-        return member.sharing(name)
-    if isinstance(member, SplitMember):
-        return SplitMember(share_weights(member.drafter, name), share_weights(member.verifier, name))
-    if not isinstance(member, HFMember):
-        raise ConfigError(f"{member.name} cannot share its weights with a second member; list it once")
-    return HFMember(
-        name,
-        member.model,
-        member.tokenizer,
-        prompt_format=member.prompt_format,
-        device=member.device,
-        compile_decode=member.compiled is not None,
-        decode=member.decode_mode,
-    )
-
-
 def load_each(
     names: Sequence[str],
     devices: Sequence[str],
@@ -382,7 +358,7 @@ def load_members(
     `if __name__ == "__main__":`.
 
     A model listed twice loads once: each later listing is another member, `name#2`, … on the same
-    weights (share_weights). A worker process or a server cannot share, so with processes on, or a
+    weights (Member.sharing). A worker process or a server cannot share, so with processes on, or a
     server spec listed twice, that is a ConfigError; under "auto" a repeated model keeps every
     member here. Whether a repeat makes sense (only when sampling) is the caller's decision.
 
@@ -471,13 +447,13 @@ def _load_in_own_process(
 
 def _with_repeats(names: Sequence[str], loaded: dict[str, Member]) -> list[Member]:
     """The members in the order of `names`: a name's first listing is its loaded member, each later
-    one another member, `name#2`, … on the same weights (share_weights)."""
+    one another member, `name#2`, … on the same weights (Member.sharing)."""
     members: list[Member] = []
     seen: dict[str, int] = {}
     for name in names:
         seen[name] = seen.get(name, 0) + 1
         first = loaded[name]
-        members.append(first if seen[name] == 1 else share_weights(first, f"{name}#{seen[name]}"))
+        members.append(first if seen[name] == 1 else first.sharing(f"{name}#{seen[name]}"))
     return members
 
 

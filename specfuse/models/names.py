@@ -71,9 +71,9 @@ class LoadRequest:
     cache_dir: str | os.PathLike[str] | None
     trust_remote_code: bool
     progress: Progress
-    compile_decode: bool = False  # HFMember drafts in a static cache, compiled (members/compiled.py)
+    compile_decode: bool = False  # HFMember drafts in a static cache, compiled (members/hf/compiled.py)
     quantize: str = "none"  # "int8"/"int4": torch weights quantized (quantize.py); "gguf": llama.cpp
-    decode: str = "auto"  # how an HFMember drafts: "graphs" (members/slots.py), "eager", "auto"
+    decode: str = "auto"  # how an HFMember drafts: "graphs" (members/hf/slots.py), "eager", "auto"
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def is_hub_id(name: str) -> bool:
 
 
 def is_server(name: str) -> bool:
-    from specfuse.members.remote import is_server_spec
+    from specfuse.members.remote.member import is_server_spec
 
     return is_server_spec(name)
 

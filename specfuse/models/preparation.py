@@ -192,7 +192,7 @@ WARM_PROMPT = "Say hello."
 def warm_up(member: Member, tokens: int = 4, progress: Progress = no_progress) -> None:
     """A short draft and a score on a tiny prompt: the first calls' costs (lazy set-up, the first
     pages of the weights, kernels picked) are paid here rather than in a person's first round.
-    First, a member that captures its steps as CUDA graphs (members/slots.py) captures them all,
+    First, a member that captures its steps as CUDA graphs (members/hf/slots.py) captures them all,
     each said through `progress` ("NAME: capturing graphs k/n"), so that no request waits for one."""
     from specfuse.config import MemberSettings
 

@@ -15,7 +15,7 @@ activations' dtype at every eager call, and its int4 configs have no CPU path (d
 The quantized weight of each layer is a QuantizedWeight: a tensor of the codes themselves (so that
 `numel() * element_size()` is its real size, and the floor counts what a step reads), carrying its
 scales, that also answers `F.linear(x, w)` and `w[rows]` (dequantized rows), the two uses the
-members' own output head makes of `head.weight` (members/scoring.py OutputHead).
+members' own output head makes of `head.weight` (members/hf/scoring.py OutputHead).
 
 The choices, their check and the --quantize flag's help live in quantize_options.py, without torch,
 for the command lines to import.

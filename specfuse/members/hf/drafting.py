@@ -1,7 +1,7 @@
 """HFMember's drafting: a draft for several requests at once, one forward pass per token for all of
 them, each row continuing its own context (a stacked, left-padded cache), greedy or sampled.
 
-A mixin of HFMember (hf.py), which holds the model, the contexts and their caches: these methods
+A mixin of HFMember (member.py), which holds the model, the contexts and their caches: these methods
 are its own, read apart. What they use of the member is declared below, for the type checker.
 """
 
@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
-from ..errors import MemberError
-from ..prompts import PromptFormat
-from ..records import Candidate
-from . import compiled, drafting, workers
+from ...errors import MemberError
+from ...prompts import PromptFormat
+from ...records import Candidate
+from .. import drafting, workers
+from . import compiled
 from .compiled import drafting as compiled_drafting  # `compiled` is the member's decoder here
-from .hf_state import HFState
 from .scoring import float_mask
+from .state import HFState
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 class Drafting:
     """HFMember's draft and draft_many, and the decoding steps under them."""
 
-    if TYPE_CHECKING:  # HFMember's (hf.py, hf_verifying.py)
+    if TYPE_CHECKING:  # HFMember's (member.py, verifying.py)
         name: str
         model: PreTrainedModel
         tokenizer: PreTrainedTokenizerBase
@@ -139,7 +140,7 @@ class Drafting:
             greedy, nan = _greedy_and_nan(logits)
             if nan:  # argmax would pick token 0 and go on, silently
                 suspect = "its weights are damaged (a model file that changed on disk?)"
-                if self.compiled is not None:  # or torch.compile's code is wrong (hardware.held_to_avx2)
+                if self.compiled is not None:  # or torch.compile's code is wrong (cpu.held_to_avx2)
                     suspect += " or its compiled decoding is wrong (load it without compile_decode to tell)"
                 if slotted:
                     suspect += " or its KV-slot step is wrong (load it with decode='eager' to tell)"

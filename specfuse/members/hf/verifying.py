@@ -3,7 +3,7 @@ after its cached prefix, scored off the final hidden states (scoring.py builds t
 the output head's rows); the pass's keys and values stay in the cache, so that accept() can move
 the chosen candidate's into place instead of computing them again.
 
-A mixin of HFMember (hf.py), which holds the model, the contexts and their caches: these methods
+A mixin of HFMember (member.py), which holds the model, the contexts and their caches: these methods
 are its own, read apart. What they use of the member is declared below, for the type checker.
 """
 
@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
-from ..errors import PromptTooLongError
-from ..records import Candidate, TokenScores
-from . import drafting, slot_verify
-from .hf_state import HFState, PackedPass
-from .protocol import Verdict
+from ...errors import PromptTooLongError
+from ...records import Candidate, TokenScores
+from .. import drafting
+from ..protocol import Verdict
+from . import slot_verify
 from .scoring import Block, Layout, chunk_mask, lay_out
+from .state import HFState, PackedPass
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 class Verifying:
     """HFMember's score, score_many and verify_many, and the packed pass they leave for accept()."""
 
-    if TYPE_CHECKING:  # HFMember's (hf.py)
+    if TYPE_CHECKING:  # HFMember's (member.py)
         name: str
         tokenizer: PreTrainedTokenizerBase
         device: str

@@ -2,11 +2,11 @@
 pass on its KV slots (slots.py), captured as a CUDA graph per bucket on a GPU, the same step
 uncaptured on a CPU.
 
-The eager pass (hf_verifying.py, scoring.py) packs each run's candidates as blocks, an anchor and
+The eager pass (verifying.py, scoring.py) packs each run's candidates as blocks, an anchor and
 the candidate's tokens, after the run's own cache. Here each run's blocks become a prefix tree
 first: tokens that candidates reach by the same tokens from the same anchor (drafts that begin
 alike: a common first word, or whole drafts alike) are one node, read once, as llama.cpp's verify
-pass does (llamacpp_decode.candidate_items). A node sees the cached columns before its block's
+pass does (llamacpp/decode.py.candidate_items). A node sees the cached columns before its block's
 anchor and its own ancestors in the tree, nothing else, so its hidden state and its keys are those
 each block would have had alone.
 
@@ -33,7 +33,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .scoring import Block, float_mask
+from .scoring import Block
 from .slots import bucket_of, width_of
 
 if TYPE_CHECKING:
@@ -145,21 +145,11 @@ def forward(store: SlotStore, buffer: torch.Tensor) -> torch.Tensor:
     allowed = torch.gather(ancestors, 2, node[:, None, :].expand(-1, count, -1)) & packed[:, None, :]
     committed = column < columns[:, :1]  # [rows, W]: the run's own tokens (row r: its length)
     allowed |= (column[:, None, :] < anchors[:, :, None]) & committed[:, None, :]
-    full = float_mask(allowed[:, None], member.dtype)
-    mask: torch.Tensor | dict[str, torch.Tensor] = full
+    near = None
     if member.sliding_window is not None:
         key_positions = torch.where(packed, torch.gather(positions, 1, node), column)  # [rows, W]
         near = key_positions[:, None, :] > positions[:, :, None] - member.sliding_window
-        sliding = float_mask((allowed & near)[:, None], member.dtype)
-        mask = {"full_attention": full, "sliding_attention": sliding}
-    out = member.base(
-        input_ids=tokens,
-        position_ids=positions,
-        attention_mask=mask,
-        past_key_values=store.cache,
-        use_cache=True,
-    )
-    return cast("torch.Tensor", out.last_hidden_state)
+    return store.read(tokens, positions, allowed, near)
 
 
 def verify(

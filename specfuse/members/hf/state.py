@@ -1,19 +1,21 @@
 """HFState: one request's context in an HFMember (its tokens, KV cache, random generator), and the
 packed pass a verification may leave in that cache for accept().
 
-Its own module so that hf.py and the member's drafting and verifying halves (hf_drafting.py,
-hf_verifying.py), which hf.py imports, all name it without an import circle.
+Its own module so that member.py and the member's drafting and verifying halves (drafting.py,
+verifying.py), which member.py imports, all name it without an import circle; ModelView, what of an
+HFMember its helpers (compiled.py, slots.py) read, is here for the same reason.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache
 
-from ..config import MemberSettings
-from ..prompts import Prompt
+from ...prompts import Prompt
+from ..drafting import TokenState
 
 
 @dataclass
@@ -39,13 +41,9 @@ class Reading:
 
 
 @dataclass
-class HFState:
+class HFState(TokenState):
     """One request's context in one member: the cache holds exactly `ids` (plus a packed pass)."""
 
-    settings: MemberSettings
-    prompt_len: int  # tokens of the formatted prompt
-    ids: list[int]  # prompt tokens + the answer's canonical tokens
-    answer: str
     cache: DynamicCache
     last_hidden: torch.Tensor  # [H]: final hidden state of ids[-1], predicts the next token
     generator: torch.Generator | None
@@ -58,4 +56,19 @@ class HFState:
     reading: Reading | None = None  # opened, its prompt not yet read whole (open_many); None: read
 
 
-__all__ = ["HFState", "PackedPass", "Reading"]
+class ModelView(Protocol):
+    """What of an HFMember the helpers it imports read (they cannot import member.py back)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+    @property
+    def sliding_window(self) -> int | None: ...
+    @property
+    def base(self) -> Any: ...  # the decoder without its output head
+
+
+__all__ = ["HFState", "ModelView", "PackedPass", "Reading"]

@@ -40,10 +40,11 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
-from ..config import DECODE_MODES
-from ..errors import ConfigError
-from . import profiling
+from ...config import DECODE_MODES
+from ...errors import ConfigError
+from .. import profiling
 from .scoring import float_mask
+from .state import ModelView
 
 log = logging.getLogger(__name__)
 
@@ -79,19 +80,9 @@ def width_of(columns: int) -> int:
     return width
 
 
-class _Member(Protocol):
-    """What of an HFMember this module uses (hf.py imports this module, not the other way round)."""
+class _Member(ModelView, Protocol):
+    """What of an HFMember this module uses (member.py imports this module, not the other way round)."""
 
-    @property
-    def name(self) -> str: ...
-    @property
-    def device(self) -> str: ...
-    @property
-    def dtype(self) -> torch.dtype: ...
-    @property
-    def sliding_window(self) -> int | None: ...
-    @property
-    def base(self) -> Any: ...
     @property
     def head(self) -> Any: ...
 
@@ -267,22 +258,32 @@ class SlotStore:
         self.shape.columns = positions  # a draft's token is written at its own position
         column = torch.arange(width, device=inputs.device)[None, :]
         allowed = column <= positions  # [rows, width]: each row's own columns up to its position
-        full = float_mask(allowed[:, None, None, :], member.dtype)
+        window = member.sliding_window
+        near = None if window is None else (column > positions - window)[:, None, :]
+        hidden = self.read(tokens, positions, allowed[:, None, :], near)
+        return cast("torch.Tensor", member.head.logits(hidden[:, -1]))
+
+    def read(
+        self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, near: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The decoder over the slots, for a draft's step and a verification's alike: `tokens` and
+        `positions` [rows, Q]; `allowed` [rows, Q, width], which columns each query sees; `near`
+        (a sliding-window model's only) which of them lie within its window. Each row's new keys
+        and values land in its slot (self.shape.columns says where); the final hidden states
+        [rows, Q, H]. Captured as is on CUDA: no host synchronisation."""
+        dtype = self.member.dtype
+        full = float_mask(allowed[:, None], dtype)
         mask: torch.Tensor | dict[str, torch.Tensor] = full
-        if member.sliding_window is not None:
-            near = column > positions - member.sliding_window
-            mask = {
-                "full_attention": full,
-                "sliding_attention": float_mask((allowed & near)[:, None, None, :], member.dtype),
-            }
-        out = member.base(
+        if near is not None:
+            mask = {"full_attention": full, "sliding_attention": float_mask((allowed & near)[:, None], dtype)}
+        out = self.member.base(
             input_ids=tokens,
             position_ids=positions,
             attention_mask=mask,
             past_key_values=self.cache,
             use_cache=True,
         )
-        return cast("torch.Tensor", member.head.logits(out.last_hidden_state[:, -1]))
+        return cast("torch.Tensor", out.last_hidden_state)
 
     # -- the store and its graphs --------------------------------------------------------------
 

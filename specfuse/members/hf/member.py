@@ -1,10 +1,10 @@
 """HFMember: one Hugging Face causal LM in this process, its drafting, scoring and KV cache.
 
 A member is shared by all runs; everything per request (token ids, cache, random generator) lives
-in the state object that start() returns (HFState, hf_state.py). Knows nothing about the other
+in the state object that start() returns (HFState, state.py). Knows nothing about the other
 members or the weights. This module holds the model and the contexts: loading a member, reading
 prompts into their caches (start, start_many), committing the chosen text (accept) and the forward
-passes they share; its drafting (hf_drafting.py) and its verification (hf_verifying.py) are mixins
+passes they share; its drafting (drafting.py) and its verification (verifying.py) are mixins
 HFMember inherits, each in a module of its own.
 """
 
@@ -17,15 +17,17 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
-from ..config import MemberSettings
-from ..errors import ConfigError, MemberError, PromptTooLongError, SpecfuseError
-from ..prompts import CHAT, Prompt, PromptFormat
-from . import compiled, drafting, prefill, profiling, slot_verify, slots
-from .hf_drafting import Drafting
-from .hf_state import HFState, Reading
-from .hf_verifying import Verifying
-from .protocol import BaseMember
-from .scoring import CHUNK_TOKENS, OutputHead, common_prefix_len, sliding_window_of
+from ...config import MemberSettings
+from ...errors import ConfigError, MemberError, PromptTooLongError, SpecfuseError
+from ...prompts import CHAT, Prompt, PromptFormat
+from .. import drafting, profiling
+from ..drafting import common_prefix_len
+from ..protocol import BaseMember
+from . import compiled, prefill, slot_verify, slots
+from .drafting import Drafting
+from .scoring import CHUNK_TOKENS, OutputHead, sliding_window_of
+from .state import HFState, Reading
+from .verifying import Verifying
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -96,6 +98,19 @@ class HFMember(Drafting, Verifying, BaseMember):
 
     def __repr__(self) -> str:
         return f"HFMember({self.name!r}, {type(self.model).__name__}, device={self.device!r})"
+
+    def sharing(self, name: str) -> HFMember:
+        """Another member called `name` on this model's weights, with caches of its own: a model
+        listed twice, sampled with another seed, costs its memory once."""
+        return HFMember(
+            name,
+            self.model,
+            self.tokenizer,
+            prompt_format=self.prompt_format,
+            device=self.device,
+            compile_decode=self.compiled is not None,
+            decode=self.decode_mode,
+        )
 
     # -- tokens ------------------------------------------------------------------------------------
 
@@ -296,7 +311,7 @@ class HFMember(Drafting, Verifying, BaseMember):
 
         When this member has just verified that candidate, its keys and values already sit in the
         cache (same positions, the packed pass restarted them there): they are moved into place
-        instead of being computed again (hf_verifying.py).
+        instead of being computed again (verifying.py).
         """
         answer = state.answer + text
         target = state.ids[: state.prompt_len] + self.encode(answer)

@@ -41,10 +41,10 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
-from ..config import MemberSettings
-from ..models.hardware import held_to_avx2
-from .drafting import UTF8_GRACE_TOKENS
+from ..cpu import held_to_avx2
+from ..drafting import UTF8_GRACE_TOKENS, TokenState
 from .scoring import chunk_mask, float_mask
+from .state import ModelView
 
 log = logging.getLogger(__name__)
 
@@ -58,30 +58,11 @@ _LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 R = TypeVar("R")
 
 
-class _State(Protocol):
-    @property
-    def ids(self) -> list[int]: ...
-    @property
-    def prompt_len(self) -> int: ...
-    @property
-    def settings(self) -> MemberSettings: ...
+class _Member(ModelView, Protocol):
+    """What of an HFMember this module uses (member.py imports this module, not the other way round)."""
 
-
-class _Member(Protocol):
-    """What of an HFMember this module uses (hf.py imports this module, not the other way round)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def device(self) -> str: ...
-    @property
-    def dtype(self) -> torch.dtype: ...
-    @property
-    def sliding_window(self) -> int | None: ...
     @property
     def model(self) -> Any: ...
-    @property
-    def base(self) -> Any: ...
     @property
     def compiled(self) -> CompiledDecoder | None: ...
     def hidden_states(self, ids: Sequence[int], cache: DynamicCache) -> torch.Tensor: ...
@@ -121,7 +102,7 @@ class CompiledDecoder:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._static: _Static | None = None
-        # torch held to its AVX2 kernels on a bigger CPU (hardware.held_to_avx2): no compiled graph
+        # torch held to its AVX2 kernels on a bigger CPU (cpu.held_to_avx2): no compiled graph
         # shared with the CPU's own kernels through the caches, in either direction, and the code an
         # AVX2-only CPU would get (AVX2, FMA, F16C, BMI2). Options, because inductor's settings are
         # per thread and members compile in their own threads.
@@ -144,7 +125,7 @@ class CompiledDecoder:
 
     # -- a draft's begin and end (drafting(), around HFMember.draft_many) ----------------------------
 
-    def open(self, states: Sequence[_State], budgets: Sequence[int]) -> None:
+    def open(self, states: Sequence[TokenState], budgets: Sequence[int]) -> None:
         if len(states) != 1:
             self.counts["batched"] += 1
             self._local.draft = None
@@ -413,7 +394,7 @@ def drafting(method: Callable[..., R]) -> Callable[..., R]:
     draft begins and ends, however it ends."""
 
     @functools.wraps(method)
-    def wrapper(member: _Member, states: Sequence[_State], budgets: Sequence[int]) -> R:
+    def wrapper(member: _Member, states: Sequence[TokenState], budgets: Sequence[int]) -> R:
         decoder = member.compiled
         if decoder is None:
             return method(member, states, budgets)

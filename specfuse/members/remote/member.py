@@ -1,6 +1,6 @@
 """Members served by inference servers: SGLang, vLLM and llama.cpp's llama-server, behind `Member`.
 
-One RemoteMember per server URL, with a small adapter per engine for its JSON (remote_engines.py).
+One RemoteMember per server URL, with a small adapter per engine for its JSON (engines.py).
 Tokens, drafting cuts and scored tokens are computed on the client with the model's own tokenizer,
 through the same functions as HFMember (drafting.py), so a model behaves alike in-process and served;
 the server's prefix cache stands in for our KV cache. Servers return log-probabilities, never raw
@@ -21,14 +21,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..config import MemberSettings
-from ..errors import ConfigError, PromptTooLongError
-from ..prompts import CHAT, Prompt, PromptFormat
-from ..records import Candidate
-from . import drafting
-from .drafting import PROBE_TEXT, UTF8_GRACE_TOKENS
-from .protocol import BaseMember
-from .remote_engines import ADAPTERS, ENGINES, Adapter, Generated
+from ...config import MemberSettings
+from ...errors import ConfigError, PromptTooLongError
+from ...prompts import CHAT, Prompt, PromptFormat
+from ...records import Candidate
+from .. import drafting
+from ..drafting import PROBE_TEXT, UTF8_GRACE_TOKENS, TokenState
+from ..protocol import BaseMember
+from .engines import ADAPTERS, ENGINES, Adapter, Generated
 from .transport import PROXY_MODES, Http, redact, split_credentials
 
 if TYPE_CHECKING:
@@ -124,13 +124,9 @@ def parse_server_spec(spec: str) -> ServerSpec:
 
 
 @dataclass
-class RemoteState:
+class RemoteState(TokenState):
     """One request's context in one served member: the server caches the prefix, we keep the ids."""
 
-    settings: MemberSettings
-    prompt_len: int  # tokens of the formatted prompt
-    ids: list[int]  # prompt tokens + the answer's canonical tokens
-    answer: str
     drafts: int = 0  # drafts made so far: each sampled draft gets its own seed
     token_logprobs: list[list[float]] = field(default_factory=list)  # last score(): [candidates][tokens]
     # Chunked prefill (prefill_many): the request that has the server read a long prompt, on a thread

@@ -3,7 +3,7 @@
 
 Each turns token ids into the server's request and its reply into token ids and log-probabilities:
 tokenize, generate and the log-probs of candidates after their contexts. How requests travel is
-transport.py's (Http); what a served member does with them is remote.py's (RemoteMember).
+transport.py's (Http); what a served member does with them is member.py's (RemoteMember).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import MemberSettings
-from ..errors import ConfigError
-from ..segments import REPLACEMENT
+from ...config import MemberSettings
+from ...errors import ConfigError
+from ...segments import REPLACEMENT
 from .transport import Http
 
 

@@ -11,7 +11,7 @@ recent requests' contexts (a request finds its prefix there, as llama-server's s
 rest hold candidates during a verify pass, each a copy of the context's cells (shared, not copied
 bytes) plus its own tokens, all candidates of all requests in one batch. Drafting runs the requests
 in lockstep, one token per request per decode call. The slots, the candidate sequences and the
-decode calls are llamacpp_decode.py's (a mixin this member inherits).
+decode calls are decode.py's (a mixin this member inherits).
 """
 
 from __future__ import annotations
@@ -28,12 +28,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..config import MemberSettings
-from ..errors import ConfigError, ModelLoadError, PromptTooLongError
-from ..prompts import CHAT, Prompt, PromptFormat
-from ..records import Candidate, TokenScores
-from . import drafting
-from .llamacpp_decode import (
+from ...config import MemberSettings
+from ...errors import ConfigError, ModelLoadError, PromptTooLongError
+from ...prompts import CHAT, Prompt, PromptFormat
+from ...records import Candidate, TokenScores
+from .. import drafting
+from ..drafting import common_prefix_len
+from ..protocol import BaseMember, Verdict, each_request
+from ..workers import cpu_cores
+from .decode import (
     BATCH_TOKENS,
     SCORE_SEQUENCES,
     CandidatePath,
@@ -46,9 +49,6 @@ from .llamacpp_decode import (
     token_and_runner_up,
     top_tokens,
 )
-from .protocol import BaseMember, Verdict
-from .scoring import common_prefix_len
-from .workers import cpu_cores
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -230,14 +230,12 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
 
     def open_many(self, prompts: Sequence[Prompt], settings: Sequence[MemberSettings]) -> list[Any]:
         """Requests' states, their prompts' tokens checked, none read (prefill_many reads them)."""
-        out: list[Any] = []
-        for prompt, s in zip(prompts, settings):
-            try:
-                out.append(self._open(prompt, s))
-                out[-1].reading = prompt
-            except ConfigError as e:
-                out.append(e)
-        return out
+        return each_request(self.name, self._unread, prompts, settings)
+
+    def _unread(self, prompt: Prompt, settings: MemberSettings) -> LlamaState:
+        state = self._open(prompt, settings)
+        state.reading = prompt  # until prefill_many has read it whole
+        return state
 
     def _open(self, prompt: Prompt, settings: MemberSettings) -> LlamaState:
         ids = drafting.raw_context(self.tokenizer) if settings.raw else self.prompt_ids(prompt)

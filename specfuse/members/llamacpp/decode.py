@@ -1,4 +1,4 @@
-"""LlamaCppMember's decoding machinery (a mixin of llamacpp.py's member): its KV cache's slots and
+"""LlamaCppMember's decoding machinery (a mixin of member.py's member): its KV cache's slots and
 candidate sequences, llama_decode calls in batches, and what a row of logits gives (a token picked,
 a token's logit and log-probability).
 
@@ -17,24 +17,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..config import MemberSettings
-from ..errors import MemberError
-from . import drafting, profiling
-from .scoring import common_prefix_len
-from .workers import thread_share
+from ...config import MemberSettings
+from ...errors import MemberError
+from .. import drafting, profiling
+from ..drafting import TokenState, common_prefix_len
+from ..workers import thread_share
 
 SCORE_SEQUENCES = 48  # candidates one verify pass holds at once (more go in further passes)
 BATCH_TOKENS = 512  # tokens per llama_decode call
 
 
 @dataclass
-class LlamaState:
+class LlamaState(TokenState):
     """One request's context in one llama.cpp member; its KV lives in whichever slot holds it."""
 
-    settings: MemberSettings
-    prompt_len: int  # tokens of the formatted prompt
-    ids: list[int]  # prompt tokens + the answer's canonical tokens
-    answer: str
     slot: int | None = None  # the slot that last held this request's context (a hint: slots are shared)
     drafts: int = 0  # drafts made so far: each sampled draft gets its own seed
     # The last verify pass's candidate sequences and the tokens in each, while they are kept (its
@@ -62,7 +58,7 @@ def sequences_of(seq: int | tuple[int, ...]) -> tuple[int, ...]:
 class LlamaDecoding:
     """LlamaCppMember's slots, candidate sequences and decode calls."""
 
-    if TYPE_CHECKING:  # LlamaCppMember's (llamacpp.py)
+    if TYPE_CHECKING:  # LlamaCppMember's (member.py)
         name: str
         lib: Any
         ctx: Any

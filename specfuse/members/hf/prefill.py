@@ -13,7 +13,7 @@ longest first, so that a group's placeholders are at most half its real tokens (
 Every prompt's context begins with the same tokens (a chat template's system turn and the user
 turn's opening: 24 of the 34-94 tokens of Qwen's and SmolLM2's contexts for the app's examples).
 A member reads them once (Head) and starts each prompt's cache from a copy of their keys and values.
-Knows nothing about tokenizers or requests: hf.py hands it token ids.
+Knows nothing about tokenizers or requests: member.py hands it token ids.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Builds the packed input (blocks of tokens, restarted position ids, a float 4-D m
 kind) and reads scores off the final hidden states with only the rows of the output head that are
 needed. A pack longer than CHUNK_TOKENS is fed in chunks, each with its own rows of the mask, so
 that memory grows linearly with a candidate's length. Knows nothing about texts, chat formats or the
-round loop: hf.py hands it token ids.
+round loop: member.py hands it token ids.
 """
 
 from __future__ import annotations
@@ -316,11 +316,3 @@ class OutputHead:
             top = new_top
         norm = top + torch.log(total)
         return picked - norm, best - norm[:, None], best_ids
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

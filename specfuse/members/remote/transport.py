@@ -1,4 +1,4 @@
-"""HTTP to one inference server, for a served member: how bytes go out and come back (remote.py owns
+"""HTTP to one inference server, for a served member: how bytes go out and come back (member.py owns
 what they say).
 
 Built on urllib3 (pooled keep-alive connections). What every request gets:
@@ -38,7 +38,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import HTTPError, NewConnectionError, ProtocolError, ProxyError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
-from ..errors import MemberError, SpecfuseError
+from ...errors import MemberError, SpecfuseError
 
 RETRIES = 3  # after the first try: refused or broken connections, HTTP 502/503/504
 RETRY_STATUSES = frozenset({502, 503, 504})
