@@ -1,6 +1,6 @@
 """The evaluation tests' pieces (test_eval, test_paired_runs, the failure browser's): a GSM8K-style
 data file, a scripted member that answers a number, the small config the scripted runs use, and a
-small evaluation run folder."""
+small evaluation run folder, and a study whose ceiling is known by hand (test_ceiling, test_i18n)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from specfuse.config import EnsembleConfig
+from specfuse.eval.problems import Outcome
 
 from .scripted import ScriptedMember, scripted_trace
 
@@ -60,3 +61,23 @@ def eval_folder(root: Path) -> Path:
     report = {"mix": "test", "failure_cases": {"best_member": "a"}, "outcomes": outcomes}
     (root / "eval-test.json").write_text(json.dumps(report))
     return root
+
+
+# Ten problems. a is right on 0-5, b on 3-7, c on 8 only: at least one member is right on 0-8
+# (oracle 9/10) and all are wrong together on 9 (β 1/10). The best member is a (6/10). The
+# ensemble is right on 1-7 and 9: it gains 6, 7 and 9 over a (9 is beyond every member: a
+# segment-level ensemble can pass the oracle) and loses 0.
+RIGHT = {
+    "single-a": {0, 1, 2, 3, 4, 5},
+    "single-b": {3, 4, 5, 6, 7},
+    "single-c": {8},
+    "ensemble": {1, 2, 3, 4, 5, 6, 7, 9},
+}
+
+
+def outcomes() -> list[Outcome]:
+    return [
+        Outcome(system, f"p{i}", "1" if i in right else "0", i in right, 1.0, 3, 3, (), gold="1")
+        for system, right in RIGHT.items()
+        for i in range(10)
+    ]

@@ -9,28 +9,11 @@ import pytest
 
 from specfuse.eval import report as eval_report
 from specfuse.eval.ceiling import ceiling, ceiling_lines, paired_difference_interval
-from specfuse.eval.problems import Outcome, Problem
+from specfuse.eval.problems import Problem
 from specfuse.eval.stats import mcnemar_exact, wilson
 from studio.failures import EvalRun, load_eval
 
-# Ten problems. a is right on 0-5, b on 3-7, c on 8 only: at least one member is right on 0-8
-# (oracle 9/10) and all are wrong together on 9 (β 1/10). The best member is a (6/10). The
-# ensemble is right on 1-7 and 9: it gains 6, 7 and 9 over a (9 is beyond every member: a
-# segment-level ensemble can pass the oracle) and loses 0.
-RIGHT = {
-    "single-a": {0, 1, 2, 3, 4, 5},
-    "single-b": {3, 4, 5, 6, 7},
-    "single-c": {8},
-    "ensemble": {1, 2, 3, 4, 5, 6, 7, 9},
-}
-
-
-def outcomes() -> list[Outcome]:
-    return [
-        Outcome(system, f"p{i}", "1" if i in right else "0", i in right, 1.0, 3, 3, (), gold="1")
-        for system, right in RIGHT.items()
-        for i in range(10)
-    ]
+from .helpers_eval import outcomes
 
 
 def test_the_ceiling_of_a_constructed_set_is_the_one_counted_by_hand():

@@ -244,7 +244,7 @@ def test_the_failure_browser_speaks_chinese(tmp_path):
     from specfuse.eval.problems import Problem
     from studio import browse, failures
 
-    from .test_ceiling import outcomes  # a study with a ceiling, its figures known by hand
+    from .helpers_eval import outcomes  # a study with a ceiling, its figures known by hand
 
     problems = [Problem(f"p{i}", "q", "1") for i in range(10)]
     eval_report.write_reports(outcomes(), problems, tmp_path, "RESULTS-c", png=False)
