@@ -228,6 +228,7 @@ ENGINE_TEXTS = (
     "the run ended within the rounds to branch from; branch at an earlier round",
     "temperature must be 0 (greedy) or at least {low}, got {value}",
     "{name} must be in [{low}, {high}], got {value}",
+    "{name} must be in {bounds}, got {value}",  # a setting with an open bound: (0, 1]
     # specfuse.trace: an uploaded file
     "not a JSON document: {error}",
     'not a specfuse trace (expected "schema": "{schema}")',

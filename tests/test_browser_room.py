@@ -157,6 +157,7 @@ def test_two_phones_vote_on_a_recorded_lesson_and_the_teacher_sees_the_spread(br
             assert rnd.winner.member in heard(phones[0], marks[0])  # now it is sent (the tap hears it)
             shot(teacher, "room-teacher-reveal")
             shot(phones[0], "room-phone-verdict")
+            wait_text(teacher, "#room-tally", "the models")  # the teacher's panel follows the reveal
             spread = teacher.inner_text("#room-tally")
             assert "the class" in spread and "the models" in spread and "✓" in spread
             wait_text(teacher, "#room-accuracy", "2 of 2 votes right (100 %)")

@@ -162,7 +162,7 @@ def test_a_newcomer_cancelled_while_its_prompt_is_read_leaves_and_the_others_go_
 
 @pytest.mark.parametrize("chunk", [-1, 2.5, True])
 def test_a_bad_prefill_chunk_is_refused(tiny_members, chunk):
-    with pytest.raises(ConfigError, match="prefill chunk"):
+    with pytest.raises(ConfigError, match="prefill_chunk"):
         Scheduler(tiny_members, prefill_chunk=chunk)
 
 
