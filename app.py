@@ -12,11 +12,13 @@ import contextlib
 import os
 import shlex
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
+import httpx  # a Gradio dependency
 
 from specfuse import SpecfuseError
 from specfuse.engine import ServerSettings
@@ -47,7 +49,7 @@ def serve(
     prevent_thread_lock: bool = False,
     api: Any = None,
     then: Callable[[], None] | None = None,
-) -> tuple[Any, str, str]:
+) -> tuple[Any, str, str | None]:
     """Queue (bounded) and launch with the Gradio 6 conventions: theme and CSS in launch(), no SSR.
 
     `api`: an ASGI app (specfuse.serve.api.create_app) answering /v1/… and /health on the same port.
@@ -56,7 +58,8 @@ def serve(
     keys = ASSETS / "step_keys.js"  # step mode's keys: a file of ours, no request elsewhere
     demo.queue(max_size=max_size, default_concurrency_limit=concurrency)
     room = serve_room(demo)  # a class's phones: a slot each, and no "Queue is full" when they join
-    launched = demo.launch(
+    launched = _launch_patiently(
+        demo,
         server_name=host,
         server_port=port,
         share=share,
@@ -79,6 +82,44 @@ def serve(
     if not prevent_thread_lock:
         demo.block_thread()
     return launched
+
+
+UNREACHABLE = "When localhost is not accessible"  # the start of Gradio's own message
+PATIENCE_S = 30.0
+
+
+def _launch_patiently(demo: gr.Blocks, **launch: Any) -> tuple[Any, str, str | None]:
+    """demo.launch, but a page that answers late is still a page.
+
+    Gradio asks its new server for "/" and, at the first answer later than 3 s, stops
+    with "When localhost is not accessible…" though the server runs. On a busy machine (members
+    converting, another process on both cores) the first answer can take longer: ask again for up to
+    PATIENCE_S, then either carry on exactly as launch would have (no share link, nothing inline) or
+    say what is wrong."""
+    try:
+        return demo.launch(**launch)
+    except ValueError as error:
+        if launch.get("share") or not str(error).startswith(UNREACHABLE):
+            raise
+        address = str(demo.local_url)  # set once the server runs
+        if not _answers(address, PATIENCE_S):
+            demo.close()
+            raise SpecfuseError(
+                f"the app started on {address} but that address did not answer within "
+                f"{PATIENCE_S:.0f} s: is a proxy set for local addresses (HTTP_PROXY without NO_PROXY)?"
+            ) from error
+        demo.share_url = None
+        return demo.server_app, address, None
+
+
+def _answers(url: str, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.head(url, timeout=max(0.5, deadline - time.monotonic())).status_code < 400:
+                return True
+        time.sleep(0.25)
+    return False
 
 
 def space_arguments() -> list[str] | None:

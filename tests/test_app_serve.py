@@ -21,7 +21,7 @@ from specfuse.models.quantize import QuantizedLinear
 from specfuse.serve.api import create_app
 from studio.serving import Schedulers
 
-from .conftest import TINY_SPECS, tiny_member
+from .conftest import TINY_SPECS, free_port, tiny_member
 from .helpers_app import (
     ANSWER,
     COMPARE,
@@ -182,3 +182,36 @@ def test_a_bad_or_off_cpu_quantize_is_refused_at_start(monkeypatch, capsys):
         with pytest.raises(SystemExit) as exit:
             app.main(args)
         assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+def _scripted_demo():
+    return app.build_demo(lambda name, device, progress: None, choices=["a", "b"], default_models=["a", "b"])
+
+
+def test_a_page_that_answers_after_gradios_own_probe_gives_up_is_still_launched(monkeypatch, tmp_path):
+    # Gradio stops at the first answer later than 3 s from its new server (a busy machine: the CI's
+    # llama.cpp trio once); its probe is made to give up, the server and the app's own probe are real.
+    import gradio.networking
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    monkeypatch.setattr(gradio.networking, "url_ok", lambda url: False)
+    demo = _scripted_demo()
+    try:
+        _, address, share = app.serve(demo, port=free_port(), prevent_thread_lock=True)
+        assert share is None
+        assert httpx.get(address, timeout=30).status_code == 200
+    finally:
+        demo.close()
+
+
+def test_an_address_that_does_not_answer_is_named_with_its_likely_cause_and_closed(monkeypatch, tmp_path):
+    import gradio.networking
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    monkeypatch.setattr(gradio.networking, "url_ok", lambda url: False)
+    monkeypatch.setattr(app, "PATIENCE_S", 0.0)  # no time to answer: the message, and the port freed
+    demo, port = _scripted_demo(), free_port()
+    with pytest.raises(app.SpecfuseError, match="did not answer within 0 s: is a proxy set"):
+        app.serve(demo, port=port, prevent_thread_lock=True)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/", timeout=5)
