@@ -66,7 +66,7 @@ bench-remote: install llama-server
 eval: install
 	$(PY) -m specfuse.eval gsm8k --data ../shared/data/gsm8k/dev.jsonl --limit 20 --out out/eval  # not results/: the shipped reports stay
 
-# docs/cli.md's copy of `specfuse --help` (tests/test_cli.py checks it is current)
+# docs/cli.md's copy of `specfuse --help` (tests/project/test_cli.py checks it is current)
 readme-help: install
 	$(PY) tools/readme_help.py --write
 

@@ -3,7 +3,7 @@
 The screenshot shows the round where the ensemble is seen at work (specfuse.lessons.checks.
 ensemble_at_work: three candidates or more, a full matrix, weights that moved, an answer won by more
 than one member), its segment selected in the whole answer; the trace saved is the one it shows
-(tests/test_lessons.py checks that round).
+(tests/classroom/test_lessons.py checks that round).
 
 A real run: the catalogue's default members, loaded through specfuse.models.loading.load_member, answer
 the GSM8K example in the app, driven by Playwright in Debian's chromium. On a shared 2-core machine

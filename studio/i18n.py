@@ -11,7 +11,7 @@ Gradio builds the page once for everyone, so its fixed text is English in the la
 `Localizer` walks the page's components and sends each one its text in the session's language
 (label, info, placeholder, a button's or a note's text, choices, table headers), plus whatever a
 component registered with `localize` computes (a key map, a gallery). The same walk is what
-tests/test_i18n.py checks: every English text it finds must be in the catalogue.
+tests/studio/test_i18n.py checks: every English text it finds must be in the catalogue.
 """
 
 from __future__ import annotations

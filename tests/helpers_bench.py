@@ -1,4 +1,4 @@
-"""The benchmark tests' shared check (test_bench_concurrency, test_bench_gpu): a mode's timings are
+"""The benchmark tests' shared check (bench/test_concurrency, bench/test_gpu): a mode's timings are
 figures of the right shape, never checked for speed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The command line run in-process, for the tests of its commands (test_cli, test_quantize)."""
+"""The command line run in-process, for the tests of its commands (project/test_cli, models/test_quantize)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The evaluation tests' pieces (test_eval, test_paired_runs, the failure browser's): a GSM8K-style
-data file, a scripted member that answers a number, the small config the scripted runs use, and a
-small evaluation run folder, and a study whose ceiling is known by hand (test_ceiling, test_i18n)."""
+"""The evaluation tests' pieces (eval/test_eval, eval/test_paired_runs, the failure browser's): a
+GSM8K-style data file, a scripted member that answers a number, the small config the scripted runs
+use, a small evaluation run folder, and a study whose ceiling is known by hand (eval/test_ceiling,
+studio/test_i18n)."""
 
 from __future__ import annotations
 

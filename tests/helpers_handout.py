@@ -1,4 +1,4 @@
-"""The handout tests' runs (test_handout, test_browser_handout): a hostile one whose prompt, member
+"""The handout tests' runs (classroom/test_handout, browser/test_handout): a hostile one whose prompt, member
 names and candidates hold markup, and a long one of 60 rounds of 8 members, both played by the
 engine with scripted members; and reading the data back out of an exported page."""
 

@@ -1,4 +1,4 @@
-"""Where the UI's English texts are, for tests/test_i18n.py: the keys the code asks `_()` for (read
+"""Where the UI's English texts are, for tests/studio/test_i18n.py: the keys the code asks `_()` for (read
 from the source, so a new `_("…")` is found without running it), the page's fixed text (the built
 page's components), the lessons' texts and the key map. The English-word detector the tests share."""
 

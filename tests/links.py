@@ -1,5 +1,6 @@
 """The documentation's pages and the links in them, read as GitHub renders Markdown: shared by
-test_docs.py (every link resolves) and test_results.py (every results file is linked). Pure text."""
+project/test_docs.py (every link resolves) and project/test_results.py (every results file is
+linked). Pure text."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ each against the best member (paired, exact McNemar), with a plot of accuracy ag
     python tools/gate_sweep.py runs/gate --data ../shared/data/gsm8k/dev.jsonl --out /tmp/gate
 
 `probe` above is the ungated ensemble measured: a gate that never passes (a mean log-probability of
-0 is certainty) plays every round in full, exactly as gate=false does (tests/test_gate.py), and its
+0 is certainty) plays every round in full, exactly as gate=false does (tests/engine/test_gate.py), and its
 rounds record the gatekeeper's confidence, so this tool also says how well each measure predicts
 that the full round would have chosen the gatekeeper's segment anyway (the area under the ROC
 curve), and what share of rounds each threshold would have gated.

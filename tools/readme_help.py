@@ -1,6 +1,6 @@
 """Paste `specfuse --help` into docs/cli.md between its markers (--write), or check it is current.
 
-The CLI reference's help block is generated, never typed: tests/test_cli.py runs the check, and
+The CLI reference's help block is generated, never typed: tests/project/test_cli.py runs the check, and
 `make readme-help` runs --write. (The name is older than docs/: the block used to live in the README.)
 """
 

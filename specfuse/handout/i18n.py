@@ -4,7 +4,7 @@ the offline handout (embedded as JSON in the page, read by player.js) and the le
 The English text is the key: code says what it shows in English and asks `t(text, lang)` for it in
 the session's language. A key may hold `{name}` fields, filled after the lookup, so a translation can
 put them in its own order. A language's table is `<lang>.json` beside this module (English needs
-none); tests/test_i18n.py checks that every key the UI shows is in every table and that each
+none); tests/studio/test_i18n.py checks that every key the UI shows is in every table and that each
 translation keeps its key's fields. Stdlib only.
 """
 

@@ -2,7 +2,8 @@
 
 Every text here describes the shipped trace of its lesson (traces/<slug>.json, made by
 tools/make_lessons.py) and nothing more; checks.py tests the phenomenon on that trace, and
-tests/test_lessons.py checks that the rounds and members the texts name are the trace's. Stdlib only.
+tests/classroom/test_lessons.py checks that the rounds and members the texts name are the trace's.
+Stdlib only.
 """
 
 from __future__ import annotations

@@ -9,5 +9,5 @@ request's state they keep alike; templates.py how a tokenizer renders a conversa
 template; a message's text never a control token); split.py one model drafting in one back end and
 scoring in another; process.py any member in a worker process of its own; workers.py runs several
 members' work at the same time; profiling.py tallies where time goes; cpu.py what this machine's
-CPU is. No back end imports another (tests/test_layout.py); nothing here imports them on import.
+CPU is. No back end imports another (tests/project/test_layout.py); nothing here imports them on import.
 """

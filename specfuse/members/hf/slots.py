@@ -23,7 +23,7 @@ first request needs, else the first time it is needed; its replays read the step
 positions from one small input buffer. Verification's steps (slot_verify.py) are captured the
 same way, in the same pool. A capture that fails turns capture off for the member, with a
 warning, and the same steps run uncaptured. On a CPU the same code runs uncaptured: the greedy
-answers equal the eager path's (tests/test_slots.py). Why not transformers' own continuous
+answers equal the eager path's (tests/members/test_slots.py). Why not transformers' own continuous
 batching: docs/gpu.md.
 """
 

@@ -1,0 +1,1 @@
+"""The evaluation (specfuse.eval) and the tools that read its runs."""

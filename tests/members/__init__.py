@@ -1,0 +1,1 @@
+"""The members: Hugging Face, llama.cpp and served back ends, slots, processes, workers."""

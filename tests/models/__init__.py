@@ -1,0 +1,1 @@
+"""The models: the catalogue, loading, caches, devices, quantization, trust, preparation."""

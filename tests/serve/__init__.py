@@ -1,0 +1,1 @@
+"""The OpenAI-compatible API: endpoints, bodies, streams, clients of the ecosystem."""
