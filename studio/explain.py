@@ -23,12 +23,11 @@ from dataclasses import dataclass
 import gradio as gr
 
 from specfuse.handout.keys import APP, KEYS, key_rows
+from specfuse.lessons import PANELS  # the panels a lesson may point at
 
 from .i18n import _, js_texts, localize
 from .untrusted import md
 from .views import SELECTED
-
-PANELS = ("answer", "candidates", "matrix", "weights", "exits")  # the panels a lesson may point at
 
 WHAT_THIS_SHOWS: dict[str, str] = {
     "answer": (
