@@ -26,6 +26,7 @@ from ..members import profiling
 from ..members.protocol import Member
 from ..records import Candidate, Draft, Round
 from .calls import MemberCalls
+from .parts import PartSizer
 from .run import Run
 
 Event = Draft | Round
@@ -44,10 +45,12 @@ class Batch:
     def __init__(self, members: Sequence[Member], concurrent: bool, prefill_chunk: int = 0) -> None:
         """`prefill_chunk`: 0, a newcomer's prompt is read whole before it joins (the round waits for
         it); else each member reads at most this many tokens of the newcomers' prompts per read()
-        (chunked prefill), between the live runs' rounds, and a run joins once it is read whole."""
+        (chunked prefill), between the live runs' rounds, each part sized to take part of a round
+        (parts.PartSizer), and a run joins once it is read whole."""
         self._calls = MemberCalls(members, concurrent, isolate=True)
         self._live: list[Run] = []
         self.prefill_chunk = prefill_chunk
+        self.parts = PartSizer(prefill_chunk) if prefill_chunk else None
         self._reading: list[Run] = []  # opened, their prompts being read, in the order they came
         self._unread: dict[str, set[str]] = {}  # run id → its members still reading its prompt
 
@@ -83,17 +86,22 @@ class Batch:
             yield from (self._open(runs) if self.prefill_chunk else self._join(runs))
 
     def read(self) -> Iterator[tuple[Run, SpecfuseError]]:
-        """Chunked prefill, between rounds: each member reads its next `prefill_chunk` tokens of the
-        opened runs' prompts (the first come first); a run read whole by all its members joins the
-        live runs. Runs that failed (or were cancelled meanwhile) leave; the failed are yielded."""
+        """Chunked prefill, between rounds: each member reads its next part of the opened runs'
+        prompts (the first come first; parts.PartSizer says how many tokens); a run read whole by
+        all its members joins the live runs. Runs that failed (or were cancelled meanwhile) leave;
+        the failed are yielded."""
         runs = [run for run in self._reading if not run.cancelled]
         for run in self._reading:
             if run.cancelled:
                 run.states.clear()
                 self._unread.pop(run.id, None)
-        work = [(m, run, self.prefill_chunk) for run in runs for m in run.names if m in self._unread[run.id]]
+        tokens = self.parts.size(streaming=bool(self._live)) if self.parts else 0
+        work = [(m, run, tokens) for run in runs for m in run.names if m in self._unread[run.id]]
+        began = time.perf_counter()
         with profiling.timed("phase", "prefill", items=len(runs)):
             done = self._calls.prefill(work) if work else {}
+        if work and self.parts:
+            self.parts.part_took(tokens, time.perf_counter() - began)
         self._reading, ready = [], []
         for run in runs:
             unread = self._unread[run.id]
@@ -115,7 +123,10 @@ class Batch:
         ended a run. A run cancelled from any thread (run.cancelled) leaves at the next phase; a run
         in step mode (run.pause) leaves after its round, as a finished one does."""
         runs = [run for run in self._live if not run.cancelled]
+        began = time.perf_counter()
         ended = yield from self._round(runs)
+        if runs and self.parts:
+            self.parts.round_took(time.perf_counter() - began)
         going_on = {run.id for run in ended if not run.done and not run.pause}
         for run in self._live:
             if run.id not in going_on:

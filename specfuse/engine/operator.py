@@ -26,10 +26,10 @@ JOIN_WAIT_SHARE = 0.1
 # answer: the bound keeps a class's worth of them and the idle limit frees those a closed page left.
 DEFAULT_MAX_PAUSED = 16
 DEFAULT_PAUSE_IDLE = 600.0  # seconds a paused run may wait for its next step
-# Chunked prefill: tokens of newcomers' prompts each member reads between two rounds of the runs
-# under way. Read whole, a 6,000-token prompt stopped every stream here for 73.6 s (issue 56); a
-# part this size keeps a round's pause for it to about a round's own time on a GPU and a few seconds
-# on two cores (lower it there: --prefill-chunk). 0: read whole before the next round, as before.
+# Chunked prefill: the most tokens of newcomers' prompts each member reads between two rounds of the
+# runs under way. Read whole, a 6,000-token prompt stopped every stream here for 73.6 s (issue 56).
+# While runs stream each part is sized to take part of a round (engine/parts.py), so this is a cap:
+# the size of a part when nobody streams, and of a newcomer's wait behind one. 0: read whole.
 DEFAULT_PREFILL_CHUNK = 256
 
 
@@ -58,8 +58,8 @@ class ServerSettings:
     )
     prefill_chunk: int = setting(
         DEFAULT_PREFILL_CHUNK,
-        "tokens of a newcomer's prompt each member reads between two rounds (chunked prefill: "
-        "docs/serve.md); 0: read whole while every stream waits",
+        "most tokens of a newcomer's prompt each member reads between two rounds, each part sized "
+        "to take part of a round (chunked prefill: docs/serve.md); 0: read whole while every stream waits",
         low=0,
     )
 

@@ -4,7 +4,8 @@ own stream of records (Queued, Draft, Round, Paused, Finished) on its Ticket (ti
 
 Chunked prefill (`prefill_chunk`): a newcomer's prompt is first checked against every member's
 context (a prompt one cannot hold is refused before any member reads it), then read a part per round
-between the rounds of the runs under way, and the run joins them once its prompt is read whole.
+between the rounds of the runs under way (each part sized to take part of a round: parts.py), and
+the run joins them once its prompt is read whole.
 
 Step mode (submit(step=True)): a run plays one round per Ticket.next() and, in between, is out of the
 batch (the others never wait for it) and holds only its rounds, no member caches: each step it joins
@@ -225,11 +226,13 @@ class Scheduler:
 
     def stats(self) -> dict[str, int]:
         """Requests running and waiting now, step-mode runs open ("paused": paused, or playing the
-        step asked for, as max_paused counts them), and the limits (a health check, a status line)."""
+        step asked for, as max_paused counts them), those of the running whose prompts are still read
+        (chunked prefill), and the limits (a health check, a status line)."""
         with self._cond:
             return {
                 "running": len(self._running),
                 "waiting": len(self._waiting),
+                "reading": len(self._batch.reading),
                 "paused": len(self._stepping),
                 "batch_size": self.batch_size,
                 "queue": self.queue,

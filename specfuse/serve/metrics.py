@@ -90,6 +90,7 @@ class _SchedulerGauges(Collector):
         for key, help_text in (
             ("waiting", "requests waiting in line for a place in the batch"),
             ("running", "runs in the batch now"),
+            ("reading", "runs in the batch whose prompts are still read, a part per round (chunked prefill)"),
             ("paused", "step-mode runs open (paused, or playing the step asked for)"),
             ("batch_size", "places in the batch (--batch-size)"),
             ("queue", "places in line (--queue)"),

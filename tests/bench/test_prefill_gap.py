@@ -21,12 +21,15 @@ def test_the_benchmark_reports_the_running_streams_gaps_read_whole_and_in_chunks
     for setting in (whole, chunked):
         assert setting["complete"] == setting["runs"] == 1  # the newcomer played before the stream ended
         assert setting["longest_gap_s"] > 0 and setting["usual_gap_s"] > 0 and setting["ratio"] > 0
+        assert 0 < setting["read_gap_s"] <= setting["longest_gap_s"]  # the longest is one or the other
+        assert 0 < setting["join_gap_s"] <= setting["longest_gap_s"] and setting["short_join_gap_s"] > 0
+        assert setting["join_ratio"] == pytest.approx(setting["join_gap_s"] / setting["short_join_gap_s"])
         assert setting["newcomer_first_round_s"] > 0
     # Read 16 tokens a round, the 150-250-token prompt took the stream's rounds meanwhile; read whole,
     # the newcomer played within a round or two of the stream's.
     assert chunked["rounds_while_read"] >= 8 > whole["rounds_while_read"]
     table = format_table(report)
-    assert "0 (whole)" in table and "16 tokens" in table and "target ≤ 2× usual" in table
+    assert "0 (whole)" in table and "16 tokens" in table and "both ≤ 2×" in table
     assert SUBCOMMANDS["prefill-gap"] == "specfuse.bench.prefill_gap"
 
 

@@ -131,7 +131,8 @@ def test_next_plays_exactly_one_round_and_between_steps_the_run_holds_nothing(ti
             assert ticket.paused and not ticket.ended and len(ticket.rounds) == k
             assert ticket.run.states == {} and scheduler._batch.live == ()
             assert scheduler.stats() | {"batch_size": 0, "queue": 0} == {
-                "running": 0, "waiting": 0, "paused": 1, "batch_size": 0, "queue": 0, "max_paused": 16
+                "running": 0, "waiting": 0, "reading": 0, "paused": 1, "batch_size": 0, "queue": 0,
+                "max_paused": 16,
             }  # fmt: skip
             time.sleep(0.3)
         rounds = ticket.rounds

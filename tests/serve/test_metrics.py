@@ -77,6 +77,7 @@ def test_metrics_count_requests_by_status_tokens_rounds_and_member_seconds(api):
     for m in members:
         assert grew("specfuse_member_seconds_total", member=m.name, phase="draft") > 0
     assert after[("specfuse_waiting", ())] == 0 and after[("specfuse_running", ())] == 0
+    assert after[("specfuse_reading", ())] == 0
     assert after[("specfuse_batch_size", ())] == 2 and after[("specfuse_ready", ())] == 1
     assert client.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
 
