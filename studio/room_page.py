@@ -341,6 +341,9 @@ def wire_student(desk: Desk, demo: gr.Blocks, page: StudentPage) -> None:
         **quiet,
         concurrency_limit=None,
         trigger_mode="always_last",
+        # The pick as sent: Gradio's radio would refuse a value outside its choices in a sentence
+        # that repeats the value (a 1 MB vote came back 1 MB long); the room refuses it in a line.
+        preprocess=False,
     )
     demo.load(None, js=PICK_KEYS)
     texts = [page.title, page.code, page.join, page.pick]

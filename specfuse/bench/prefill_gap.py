@@ -116,7 +116,7 @@ def run_gap(
     prompt_tokens: int = 6000,
     segment_len: int = 10,
     repeats: int = 1,
-    stream_tokens: int = 1024,
+    stream_tokens: int = 4096,
     stream: str = RUNNING,
 ) -> dict[str, Any]:
     """Each setting of `chunks` in turn, `repeats` times; the JSON-ready report. `stream_tokens`: the

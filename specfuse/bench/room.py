@@ -286,8 +286,12 @@ async def one_vote(
     return kept, took
 
 
+SETTLE_S = 60.0  # the target: memory back within MEMORY_BACK_MB of before, this long after the end
+MEMORY_BACK_MB = 50.0
+
+
 async def run_class(
-    server: Server, page: Page, students: int, rounds: int, within: float, seed: int
+    server: Server, page: Page, students: int, rounds: int, within: float, seed: int, settle: float = SETTLE_S
 ) -> dict[str, Any]:
     import httpx
 
@@ -328,6 +332,8 @@ async def run_class(
         await drill(client, "/drill/end")
         await asyncio.sleep(1.0)  # the streams hear the end and close
         cpu = server.cpu_s() - cpu0
+        rss_after = server.rss_mb()
+        await asyncio.sleep(settle)  # the session's state freed, the phones' connections timed out
     return {
         "students": students,
         "joined": len(joined),
@@ -340,7 +346,8 @@ async def run_class(
         "updates_missed": missed,
         "refusals": sorted({r for p in phones for r in p.refusals}),
         "refused": sum(len(p.refusals) for p in phones),
-        "rss_mb": {"before": rss0, "joined": rss_joined, "after": server.rss_mb()},
+        "rss_mb": {"before": rss0, "joined": rss_joined, "after": rss_after, "settled": server.rss_mb()},
+        "settle_s": settle,
         "cpu_s": cpu,
     }
 
@@ -357,15 +364,23 @@ def report(rows: Sequence[dict[str, Any]]) -> str:
     lines = [
         "The room votes: simulated phones through /join (timings on a shared machine are noise)",
         "students | joined | join ms med/p95 | beat→update ms med/p95 | vote→tally ms med/p95 | "
-        "votes kept/counted | lost | missed | refused | RSS MB before/joined/after | CPU s",
+        "votes kept/counted | lost | missed | refused | RSS MB before/joined/after/settled | CPU s",
     ]
     for r in rows:
         rss = r["rss_mb"]
         lines.append(
             f"{r['students']} | {r['joined']} | {ms(r['join_s'])} | {ms(r['beat_to_update_s'])} | "
             f"{ms(r['vote_to_tally_s'])} | {r['votes_kept']}/{r['votes_counted']} | {r['votes_lost']} | "
-            f"{r['updates_missed']} | "
-            f"{r['refused']} | {rss['before']:.0f}/{rss['joined']:.0f}/{rss['after']:.0f} | {r['cpu_s']:.2f}"
+            f"{r['updates_missed']} | {r['refused']} | "
+            + "/".join(f"{rss[k]:.0f}" for k in ("before", "joined", "after", "settled"))
+            + f" | {r['cpu_s']:.2f}"
+        )
+    for r in rows:
+        back = r["rss_mb"]["settled"] - r["rss_mb"]["before"]
+        ok = "met" if back <= MEMORY_BACK_MB else "missed"
+        lines.append(
+            f"memory {r['settle_s']:.0f} s after the session of {r['students']} ended: {back:+.0f} MB "
+            f"against before (target ≤ {MEMORY_BACK_MB:.0f} MB: {ok})"
         )
     for r in rows:
         for refusal in r["refusals"]:
@@ -398,16 +413,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--queue-size", type=int, default=16, help="the app's --queue-size (default 16)")
     parser.add_argument("--seed", type=int, default=0, help="the votes' random seed (default 0)")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=SETTLE_S,
+        help=f"seconds after a session ends before its memory is read again (default {SETTLE_S:g})",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
-    if not args.students or min(args.students) < 1 or args.rounds < 1 or args.within < 0:
-        parser.error("--students and --rounds must be at least 1, --within at least 0")
+    if not args.students or min(args.students) < 1 or args.rounds < 1 or min(args.within, args.settle) < 0:
+        parser.error("--students and --rounds must be at least 1, --within and --settle at least 0")
     server = Server(args.queue_size)
     try:
         with urllib.request.urlopen(server.address + "/config") as answer:  # the app's own, loopback
             page = page_of(json.loads(answer.read()))
         rows = [
-            asyncio.run(run_class(server, page, n, args.rounds, args.within, args.seed + i))
+            asyncio.run(run_class(server, page, n, args.rounds, args.within, args.seed + i, args.settle))
             for i, n in enumerate(args.students)
         ]
     finally:

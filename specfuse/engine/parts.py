@@ -4,10 +4,11 @@ A fixed number of tokens does not bound a part's time: late in a long prompt a p
 thousands of tokens read before it, and a part that takes a round on a GPU takes several on two CPU
 cores (issue 56: 256-token parts left a 3.4x gap in the streams under way, 96-token parts 2.9x). So
 the part is sized by time: each part is given the tokens that, at the rate the last part was read,
-take PART_OF_A_ROUND of the last round's time, so that a stream's gap while a prompt is read stays
-under twice its usual one. The rate is re-measured on every part, which follows the prompt's growing
-context, the machine's load and the hardware without a model of any of them. The operator's
-prefill_chunk is the most a part may hold; with nobody streaming a part holds that much (nobody waits).
+take PART_OF_A_ROUND of the last round's time (or UNNOTICED_S, if longer), so that a stream's gap
+while a prompt is read stays under twice its usual one, or a quarter second more. The rate is
+measured again on every part, which follows the prompt's growing context, the machine's load and the
+hardware without a model of any of them. The operator's prefill_chunk is the most a part may hold;
+with nobody streaming a part holds that much (nobody waits).
 
 Pure: times in, token counts out (tests/engine/test_parts.py).
 """
@@ -17,6 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PART_OF_A_ROUND = 0.75  # a part's time, at most this share of a round's: a margin for the estimate
+# ... or this long, whatever the round: a pause under a quarter second in a stream goes unnoticed, and
+# smaller parts cost more per token than they spare (tiny models' rounds take milliseconds: read in
+# 8-token parts, every short prompt took several rounds to start and a soak of short requests slowed 3×).
+UNNOTICED_S = 0.25
 FIRST_PART = 32  # tokens, before any part has been timed: small, as nothing is known of the rate
 GROWTH = 2.0  # a part at most this many times the last one: a short last part overstates the rate
 LEAST = 8  # tokens: below this a part's fixed costs (a call per member) outweigh its reading
@@ -44,6 +49,6 @@ class PartSizer:
         """A part of `tokens` (what each member was allowed) took `seconds`: size the next one."""
         if self.round_s is None or seconds <= 0 or tokens <= 0:
             return
-        fits = tokens * PART_OF_A_ROUND * self.round_s / seconds
+        fits = tokens * max(PART_OF_A_ROUND * self.round_s, UNNOTICED_S) / seconds
         grown = min(fits, tokens * GROWTH)
         self.tokens = max(min(LEAST, self.most), min(self.most, int(grown)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specfuse.engine.parts import FIRST_PART, GROWTH, LEAST, PART_OF_A_ROUND, PartSizer
+from specfuse.engine.parts import FIRST_PART, GROWTH, LEAST, PART_OF_A_ROUND, UNNOTICED_S, PartSizer
 
 
 def test_before_any_timing_a_part_is_small_and_with_nobody_streaming_it_is_the_most():
@@ -35,6 +35,16 @@ def test_a_part_is_never_under_the_least_nor_over_the_cap():
     assert small.size(streaming=True) == 4  # a cap under LEAST is the operator's to set
 
 
+def test_with_rounds_of_milliseconds_a_part_may_take_a_quarter_second():
+    sizer = PartSizer(256)
+    sizer.round_took(0.02)  # tiny models
+    sizer.part_took(32, 0.01)  # 3,200 tokens a second
+    assert sizer.size(streaming=True) == 64  # grows (by at most GROWTH), not cut to 0.015 s of reading
+    sizer.part_took(64, 0.02)
+    sizer.part_took(128, 0.04)
+    assert sizer.size(streaming=True) == 256  # the cap: 0.08 s, under a quarter second
+
+
 def test_without_a_round_timed_or_with_no_time_the_size_stays():
     sizer = PartSizer(256)
     sizer.part_took(32, 5.0)  # nobody streamed yet: no round to fit into
@@ -50,8 +60,8 @@ def test_without_a_round_timed_or_with_no_time_the_size_stays():
     rates=st.lists(st.floats(1.0, 1e6), min_size=1, max_size=20),
 )
 def test_at_a_steady_rate_a_part_takes_at_most_its_share_of_a_round(most, rounds, rates):
-    """Whatever came before, once the rate holds for two parts the next fits its share of the round
-    (unless LEAST or the cap says otherwise): the property the streams' gap rests on."""
+    """Whatever came before, once the rate holds for two parts the next fits its share of the round,
+    or a quarter second (unless LEAST or the cap says otherwise): the property the streams' gap rests on."""
     sizer = PartSizer(most)
     for round_s, rate in zip(rounds, rates):
         sizer.round_took(round_s)
@@ -64,4 +74,4 @@ def test_at_a_steady_rate_a_part_takes_at_most_its_share_of_a_round(most, rounds
     tokens = sizer.size(streaming=True)
     assert 1 <= tokens <= most
     if tokens > min(LEAST, most):
-        assert tokens / rate <= PART_OF_A_ROUND * round_s * (1 + 1e-9)
+        assert tokens / rate <= max(PART_OF_A_ROUND * round_s, UNNOTICED_S) * (1 + 1e-9)

@@ -351,6 +351,7 @@ def test_the_app_runs_the_default_trio_in_llama_cpp(tmp_path, monkeypatch):
     )
 
     _needs_build()
+    monkeypatch.setenv("SPECFUSE_CACHE", REAL_MODEL_CACHE)  # converted once (tests/models), not again here
     trio = ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"]
     loader = SharedLoader(quantize="auto")
     cache = tmp_path / "gradio"
