@@ -95,7 +95,10 @@ class Batch:
             if run.cancelled:
                 run.states.clear()
                 self._unread.pop(run.id, None)
-        tokens = self.parts.size(streaming=bool(self._live)) if self.parts else 0
+        # Streaming: a live run has played a round and its client waits for the next. Runs that only
+        # just joined wait for their first round with these (a burst starts in one round, as before).
+        streaming = any(run.k for run in self._live)
+        tokens = self.parts.size(streaming) if self.parts else 0
         work = [(m, run, tokens) for run in runs for m in run.names if m in self._unread[run.id]]
         began = time.perf_counter()
         with profiling.timed("phase", "prefill", items=len(runs)):

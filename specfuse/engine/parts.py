@@ -22,7 +22,7 @@ PART_OF_A_ROUND = 0.75  # a part's time, at most this share of a round's: a marg
 # smaller parts cost more per token than they spare (tiny models' rounds take milliseconds: read in
 # 8-token parts, every short prompt took several rounds to start and a soak of short requests slowed 3×).
 UNNOTICED_S = 0.25
-FIRST_PART = 32  # tokens, before any part has been timed: small, as nothing is known of the rate
+FIRST_PART = 32  # tokens, before any part has been timed, after slow rounds: nothing is known of the rate
 GROWTH = 2.0  # a part at most this many times the last one: a short last part overstates the rate
 LEAST = 8  # tokens: below this a part's fixed costs (a call per member) outweigh its reading
 
@@ -34,6 +34,7 @@ class PartSizer:
     most: int  # the operator's prefill_chunk (> 0)
     tokens: int = field(init=False)  # the next part's size while runs stream
     round_s: float | None = None  # the last round's time, None before one was timed
+    rate_known: bool = False  # a part has been timed
 
     def __post_init__(self) -> None:
         self.tokens = min(self.most, FIRST_PART)
@@ -44,11 +45,14 @@ class PartSizer:
 
     def round_took(self, seconds: float) -> None:
         self.round_s = seconds
+        if not self.rate_known:  # rounds this quick (a GPU, tiny models): a first part of the cap is cheap
+            self.tokens = self.most if seconds < UNNOTICED_S else min(self.most, FIRST_PART)
 
     def part_took(self, tokens: int, seconds: float) -> None:
         """A part of `tokens` (what each member was allowed) took `seconds`: size the next one."""
         if self.round_s is None or seconds <= 0 or tokens <= 0:
             return
+        self.rate_known = True
         fits = tokens * max(PART_OF_A_ROUND * self.round_s, UNNOTICED_S) / seconds
         grown = min(fits, tokens * GROWTH)
         self.tokens = max(min(LEAST, self.most), min(self.most, int(grown)))

@@ -37,12 +37,15 @@ def test_a_part_is_never_under_the_least_nor_over_the_cap():
 
 def test_with_rounds_of_milliseconds_a_part_may_take_a_quarter_second():
     sizer = PartSizer(256)
-    sizer.round_took(0.02)  # tiny models
-    sizer.part_took(32, 0.01)  # 3,200 tokens a second
-    assert sizer.size(streaming=True) == 64  # grows (by at most GROWTH), not cut to 0.015 s of reading
-    sizer.part_took(64, 0.02)
-    sizer.part_took(128, 0.04)
-    assert sizer.size(streaming=True) == 256  # the cap: 0.08 s, under a quarter second
+    sizer.round_took(0.02)  # tiny models (or a GPU): the first part is the cap, nothing to spare
+    assert sizer.size(streaming=True) == 256
+    sizer.part_took(256, 0.5)  # 512 tokens a second: cut to what a quarter second reads
+    assert sizer.size(streaming=True) == 128
+    sizer.part_took(128, 0.01)
+    assert sizer.size(streaming=True) == 256  # grows back (by at most GROWTH) to the cap
+    slow = PartSizer(256)
+    slow.round_took(3.0)  # two cores and the trio: the first part stays small until one is timed
+    assert slow.size(streaming=True) == FIRST_PART
 
 
 def test_without_a_round_timed_or_with_no_time_the_size_stays():
