@@ -49,8 +49,7 @@ class Batch:
         (parts.PartSizer), and a run joins once it is read whole."""
         self._calls = MemberCalls(members, concurrent, isolate=True)
         self._live: list[Run] = []
-        self.prefill_chunk = prefill_chunk
-        self.parts = PartSizer(prefill_chunk) if prefill_chunk else None
+        self.parts = PartSizer(prefill_chunk) if prefill_chunk else None  # None: read whole
         self._reading: list[Run] = []  # opened, their prompts being read, in the order they came
         self._unread: dict[str, set[str]] = {}  # run id → its members still reading its prompt
 
@@ -83,7 +82,7 @@ class Batch:
         chunked prefill the runs are only opened here (their prompts checked against every member's
         context before any member reads them) and count against `capacity` while read() reads them."""
         while (room := capacity - len(self._live) - len(self._reading)) > 0 and (runs := take(room)):
-            yield from (self._open(runs) if self.prefill_chunk else self._join(runs))
+            yield from (self._open(runs) if self.parts else self._join(runs))
 
     def read(self) -> Iterator[tuple[Run, SpecfuseError]]:
         """Chunked prefill, between rounds: each member reads its next part of the opened runs'

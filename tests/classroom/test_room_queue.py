@@ -7,7 +7,6 @@ serve_room the same students are refused: what the test guards."""
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import gradio as gr
 import httpx
@@ -15,11 +14,7 @@ import httpx
 from studio.room import MAX_PHONES
 from studio.room_page import GRADIO_SLOTS, serve_room
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from ..conftest import free_port
 
 
 def app() -> tuple[gr.Blocks, asyncio.Event]:
