@@ -152,6 +152,25 @@ def _tokenizer_source(
     )
 
 
+def _catalogue_gguf_tokenizer(folder: Path, gguf_file: str) -> Any:
+    """A catalogue model's tokenizer from its GGUF file, in the class AutoTokenizer would pick.
+
+    AutoTokenizer reads the file twice: its tokenizer with transformers' fast metadata reader, then
+    the whole file again with gguf-py's reader only to learn the model type, which for Gemma 3's
+    262,144-token vocabulary takes about 20 s on two cores (issue 58: most of a cold first minute).
+    The file's own architecture names the class here instead, from AutoTokenizer's own table (its
+    fallback where the table has none), so the file is read once. Only for catalogue models, whose
+    tokenizers a test checks against AutoTokenizer's: a model type renamed from its architecture
+    (llama files named "mistral", say) could pick another class for other files.
+    """
+    from transformers.integrations.gguf import read_gguf_metadata
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
+
+    metadata, _ = read_gguf_metadata(str(folder / gguf_file), ())
+    name = TOKENIZER_MAPPING_NAMES.get(metadata.get("general.architecture", "")) or "TokenizersBackend"
+    return tokenizer_class_from_name(name).from_pretrained(folder, gguf_file=gguf_file, local_files_only=True)
+
+
 def load_tokenizer(
     source: str, cache_dir: str | os.PathLike[str] | None = None, progress: Progress = no_progress
 ) -> tuple[Any, PromptFormat, Any]:
@@ -167,7 +186,10 @@ def load_tokenizer(
     if gguf_file is not None:
         kwargs["gguf_file"] = gguf_file
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+        if gguf_file is not None and entry is not None:
+            tokenizer = _catalogue_gguf_tokenizer(Path(where), gguf_file)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
     except (OSError, ValueError, KeyError, struct.error) as e:  # struct.error: a truncated GGUF file
         raise ModelLoadError(f"Could not load the tokenizer {source!r}: {e}") from e
     try:
