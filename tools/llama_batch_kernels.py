@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-from specfuse.members.llamacpp.member import llama_cpp_kernels
+from specfuse.members.llamacpp.library import llama_cpp_kernels
 from specfuse.models.catalogue import DEFAULT_MEMBERS
 from specfuse.models.loading import load_members
 

@@ -106,7 +106,8 @@ def _load_llamacpp(req: LoadRequest, path: Path, trust: float | None) -> Member:
         raise ConfigError(
             f"{req.name}: quantize={req.quantize!r} runs llama.cpp on the CPU only; use --device cpu"
         )
-    from specfuse.members.llamacpp.member import LlamaCppMember, llama_cpp_module
+    from specfuse.members.llamacpp.library import llama_cpp_module
+    from specfuse.members.llamacpp.member import LlamaCppMember
 
     llama_cpp_module()  # says how to build it before anything loads
     tokenizer, prompt_format, eos = load_tokenizer(req.name, req.cache_dir, req.progress)

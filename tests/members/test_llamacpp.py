@@ -257,7 +257,7 @@ def test_the_trio_in_llama_cpp_plays_whole_runs(record_property):
     alone = [list(exact.stream(p, config)) for p in PROMPTS[:3]]
     agreed = sum(a[-1].text == b[-1].text for a, b in zip(lockstep, alone))
     drift = max(score_drift(a, b) for a, b in zip(lockstep, alone))
-    from specfuse.members.llamacpp.member import llama_cpp_kernels
+    from specfuse.members.llamacpp.library import llama_cpp_kernels
 
     kernels = llama_cpp_kernels()
     # AVX2 kernels served more in turns, AVX-512 ones as much at once (docs/serve.md): members say so.

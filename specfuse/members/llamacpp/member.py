@@ -11,12 +11,12 @@ recent requests' contexts (a request finds its prefix there, as llama-server's s
 rest hold candidates during a verify pass, each a copy of the context's cells (shared, not copied
 bytes) plus its own tokens, all candidates of all requests in one batch. Drafting runs the requests
 in lockstep, one token per request per decode call. The slots, the candidate sequences and the
-decode calls are decode.py's (a mixin this member inherits).
+decode calls are decode.py's, verification verifying.py's (mixins this member inherits); the
+library, the model's weights and their description library.py's.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import threading
@@ -31,65 +31,33 @@ import numpy as np
 from ...config import MemberSettings
 from ...errors import ConfigError, ModelLoadError, PromptTooLongError
 from ...prompts import CHAT, Prompt, PromptFormat
-from ...records import Candidate, TokenScores
+from ...records import Candidate
 from .. import drafting
 from ..drafting import common_prefix_len
-from ..protocol import BaseMember, Verdict, each_request
+from ..protocol import BaseMember, each_request
 from ..workers import cpu_cores
 from .decode import (
     BATCH_TOKENS,
     SCORE_SEQUENCES,
-    CandidatePath,
     Item,
-    LlamaDecoding,
     LlamaState,
-    candidate_items,
     logit_and_logprob,
     pick,
     token_and_runner_up,
-    top_tokens,
 )
+from .library import LlamaModel, llama_cpp_kernels, llama_cpp_module, model_dtype
+from .verifying import LlamaVerifying
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 SLOTS = 16  # requests whose contexts stay in the KV cache between calls (the evaluation batches 16)
 CONTEXT_TOKENS = 16384  # KV cells shared by all sequences (0.2-0.4 GB per member here, f16)
-BUILD_HINT = "run `make llama-cpp` (builds llama-cpp-python from its pinned sdist once; docs/benchmarks.md)"
 
 log = logging.getLogger(__name__)
-_init_lock = threading.Lock()
-_lib: Any = None
-_quiet_log: Any = None  # the C callback that silences llama.cpp's log; kept alive here
 
 
-def llama_cpp_module() -> Any:
-    """llama-cpp-python's low-level bindings, the backend initialised once and its log silenced."""
-    global _lib, _quiet_log
-    with _init_lock:
-        if _lib is None:
-            try:
-                import llama_cpp
-            except ImportError as e:
-                raise ConfigError(
-                    f"llama.cpp in process needs llama-cpp-python, not installed: {BUILD_HINT}"
-                ) from e
-            _quiet_log = llama_cpp.llama_log_callback(lambda level, text, data: None)
-            llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p(0))
-            llama_cpp.llama_backend_init()
-            _lib = llama_cpp
-        return _lib
-
-
-def llama_cpp_kernels() -> str:
-    """The CPU kernels this build of llama.cpp runs: "AVX-512", "AVX2" or "other" (its system info)."""
-    info = llama_cpp_module().llama_print_system_info().decode()
-    if "AVX512 = 1" in info:
-        return "AVX-512"
-    return "AVX2" if "AVX2 = 1" in info else "other"
-
-
-class LlamaCppMember(LlamaDecoding, BaseMember):
+class LlamaCppMember(LlamaVerifying, BaseMember):
     """A GGUF file's model in llama.cpp, on this machine's CPU, as an ensemble member."""
 
     def __init__(
@@ -136,23 +104,42 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
         self.cpu_turns = llama_cpp_kernels() != "AVX-512"
         self.weights = weights or LlamaModel(lib, name, self.path)
         self.model = self.weights.pointer
+        self._make_context(context_tokens, ubatch_tokens)
+        self._read_model()
+        self.cached: list[list[int]] = [[] for _ in range(slots)]  # the tokens in each slot's cells
+        self.last_used = [0.0] * slots
+        self.lock = threading.Lock()  # one call at a time: a llama.cpp context is not thread-safe
+        self.generation = 0  # bumped whenever the candidate sequences are emptied
+        self._threads_now = self.threads
+        self._check_tokenizer()
+
+    def _make_context(self, context_tokens: int, ubatch_tokens: int) -> None:
+        """This member's llama.cpp context: one unified KV cache for its slots and a verify pass's
+        candidate sequences, and the batch its decode calls fill."""
+        lib = self.lib
         params = lib.llama_context_default_params()
         params.n_ctx = context_tokens
         params.n_batch = BATCH_TOKENS
         params.n_ubatch = min(ubatch_tokens, BATCH_TOKENS)
-        params.n_seq_max = slots + SCORE_SEQUENCES
+        params.n_seq_max = self.slots + SCORE_SEQUENCES
         params.n_threads = params.n_threads_batch = self.threads
         params.kv_unified = True  # candidates share their context's cells instead of copies
         params.swa_full = True  # sliding-window layers keep every cell, so a prefix can be reused
         params.no_perf = True
         self.ctx = lib.llama_init_from_model(self.model, params)
         if not self.ctx:
-            raise ModelLoadError(f"{name}: llama.cpp could not make a context of {context_tokens} tokens")
+            raise ModelLoadError(
+                f"{self.name}: llama.cpp could not make a context of {context_tokens} tokens"
+            )
         # A verify pass's token may begin several candidates at once: it then belongs to their sequences.
         self.batch = lib.llama_batch_init(BATCH_TOKENS, 0, SCORE_SEQUENCES)
         # The finalizer holds the weights, so that the model is freed after this context, not before.
         weakref.finalize(self, _free, lib, self.batch, self.ctx, self.weights)
         self.memory = lib.llama_get_memory(self.ctx)
+
+    def _read_model(self) -> None:
+        """What the model and its context say of themselves: vocabulary, context, size, kind."""
+        lib = self.lib
         self.vocab = lib.llama_model_get_vocab(self.model)
         self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
         self.context_tokens = int(lib.llama_n_ctx(self.ctx))
@@ -162,15 +149,7 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
         # to the embedding table, so a step does read all of it; an untied table is overcounted).
         self.bytes_per_token = int(lib.llama_model_size(self.model))
         self.device = "cpu"
-        desc = ctypes.create_string_buffer(128)
-        lib.llama_model_desc(self.model, desc, len(desc))
-        self.dtype = f"gguf {desc.value.decode(errors='replace')}"  # e.g. "gguf qwen2 1B Q4_K - Medium"
-        self.cached: list[list[int]] = [[] for _ in range(slots)]  # the tokens in each slot's cells
-        self.last_used = [0.0] * slots
-        self.lock = threading.Lock()  # one call at a time: a llama.cpp context is not thread-safe
-        self.generation = 0  # bumped whenever the candidate sequences are emptied
-        self._threads_now = self.threads
-        self._check_tokenizer()
+        self.dtype = model_dtype(lib, self.model)
 
     def __repr__(self) -> str:
         return f"LlamaCppMember({self.name!r}, {str(self.path)!r})"
@@ -258,9 +237,6 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
     def draft(self, state: LlamaState, max_new_tokens: int) -> Candidate:
         return self.draft_many([state], [max_new_tokens])[0]
 
-    def score(self, state: LlamaState, candidates: Sequence[Candidate]) -> list[float]:
-        return self.score_many([state], [candidates])[0][0]
-
     def accept(self, state: LlamaState, text: str) -> None:
         """Append the chosen candidate: re-tokenize the answer; the slot keeps the common prefix."""
         state.answer += text
@@ -274,23 +250,6 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
             for begin in range(0, len(states), self.slots):
                 end = begin + self.slots
                 out += self._draft_group(states[begin:end], budgets[begin:end])
-        return out
-
-    def score_many(
-        self, states: Sequence[LlamaState], candidates: Sequence[Sequence[Candidate]]
-    ) -> list[Verdict]:
-        """Every request's raw scores, all candidates in one batch of sequences, with the evidence."""
-        out: list[Verdict] = []
-        with self.lock:
-            group: list[int] = []
-            for r in range(len(states)):
-                held = sum(len(candidates[i]) for i in group)
-                if group and (len(group) == self.slots or held + len(candidates[r]) > SCORE_SEQUENCES):
-                    out += self._score_group([states[i] for i in group], [candidates[i] for i in group])
-                    group = []
-                group.append(r)
-            if group:
-                out += self._score_group([states[i] for i in group], [candidates[i] for i in group])
         return out
 
     def generate_alone(self, prompt: Prompt, max_new_tokens: int) -> tuple[int, float]:
@@ -376,108 +335,6 @@ class LlamaCppMember(LlamaDecoding, BaseMember):
             out.append(Candidate(self.name, text, count, final, seconds, confidence=confidence))
         return out
 
-    # -- verification --------------------------------------------------------------------------------
-
-    def _score_group(
-        self, states: Sequence[LlamaState], candidates: Sequence[Sequence[Candidate]]
-    ) -> list[Verdict]:
-        slots = self._claim(states)
-        plans = []  # per request: its shared context length and (keep, tail, own values) per candidate
-        items: list[Item] = []
-        for state, slot, cands in zip(states, slots, candidates):
-            rows = []
-            for cand in cands:
-                keep, _, tail = drafting.scored_tokens(
-                    self.encode,
-                    state.ids,
-                    state.prompt_len,
-                    state.answer,
-                    cand.text,
-                    cand.final,
-                    self.end_marker,
-                )
-                rows.append((keep, tail, self._own_values(state, cand, keep, tail)))
-            decoded = [keep for keep, _, own in rows if own is None]
-            shared = min(decoded, default=1) - 1  # cells every decoded candidate copies from the slot
-            start = self._rewind(slot, state.ids[:shared], keep_beyond=True)
-            items += [(slot, pos, state.ids[pos], False) for pos in range(start, shared)]
-            plans.append((shared, rows))
-        for _ in self._decode(items, "context"):  # contexts the slots lacked (a slot lent to another request)
-            pass
-        sequence = self.slots
-        wanted: list[list[tuple[int, int, int]]] = []  # per item: the (request, candidate, tail index)s
-        kept: list[list[tuple[int, tuple[int, ...]]]] = []  # per request: (sequence, its tokens)
-        values: list[list[list[tuple[float, float]]]] = []
-        tops: dict[tuple[int, int, int], tuple[tuple[str, float], ...]] = {}  # asked: alternatives
-        items = []
-        for r, (state, slot, (shared, rows)) in enumerate(zip(states, slots, plans)):
-            kept.append([])
-            values.append([])
-            paths = []
-            for c, (keep, tail, own) in enumerate(rows):
-                values[r].append(list(own) if own is not None else [(0.0, 0.0)] * len(tail))
-                if own is not None:
-                    continue
-                kept[r].append((sequence, (*state.ids[:keep], *tail)))
-                self.lib.llama_memory_seq_cp(self.memory, slot, sequence, 0, shared)
-                paths.append(CandidatePath(c, sequence, (*state.ids[shared:keep], *tail), keep - 1 - shared))
-                sequence += 1
-            request_items, scored = candidate_items(paths, shared, self.share_prefixes)
-            items += request_items
-            wanted += [[(r, c, t) for c, t in each] for each in scored]
-        try:
-            for i, row in self._decode(items, "verify"):
-                for r, c, t in wanted[i]:
-                    values[r][c][t] = logit_and_logprob(row, plans[r][1][c][1][t])
-                    if k := states[r].settings.top_logprobs:
-                        found = top_tokens(row, k)
-                        tops[r, c, t] = tuple((str(self.tokenizer.decode([a])), v) for a, v in found)
-        except BaseException:
-            self._drop_candidates()
-            raise
-        out: list[Verdict] = []
-        for r, (state, (_, rows), per_candidate, held) in enumerate(zip(states, plans, values, kept)):
-            state.verified = (self.generation, tuple(held)) if held else None
-            details = tuple(
-                TokenScores(
-                    tuple(str(self.tokenizer.decode([t])) for t in tail),
-                    tuple(v[0] for v in scores),
-                    tuple(v[1] for v in scores),
-                    tuple(tops[r, c, t] for t in range(len(tail))) if state.settings.top_logprobs else (),
-                )
-                for c, ((_, tail, _), scores) in enumerate(zip(rows, per_candidate))
-            )
-            out.append(([d.mean(state.settings.score) for d in details], details))
-        return out
-
-    def _own_values(
-        self, state: LlamaState, cand: Candidate, keep: int, tail: Sequence[int]
-    ) -> tuple[tuple[float, float], ...] | None:
-        """With own_draft_scores, the values of this member's own candidate as it drafted them, when it
-        reads the candidate as the very tokens it drafted, in the same context; None: decode it.
-        Under a quantized model's batched kernels these differ from a verify pass's in the last bits
-        (up to 0.2 of a logit measured, as a request's logits already do with what shares its batch)."""
-        # Alternatives were not kept while drafting: a request that asks for them decodes its own too.
-        own = state.settings.own_draft_scores and cand.member == self.name and not state.settings.top_logprobs
-        if not own or state.drafted is None or keep != len(state.ids):
-            return None
-        tokens, values = state.drafted
-        if tuple(tail) != tokens[: len(tail)]:
-            return None
-        return values[: len(tail)]
-
-
-class LlamaModel:
-    """A GGUF file loaded by llama.cpp (weights only), freed when the last member on it is gone."""
-
-    def __init__(self, lib: Any, name: str, path: Path) -> None:
-        params = lib.llama_model_default_params()
-        params.n_gpu_layers = 0
-        self.pointer = lib.llama_model_load_from_file(str(path).encode(), params)
-        if not self.pointer:
-            raise ModelLoadError(f"{name}: llama.cpp could not load {path} (not a GGUF model it knows?)")
-        weakref.finalize(self, lib.llama_model_free, self.pointer)
-
 
 def _free(lib: Any, batch: Any, ctx: Any, weights: LlamaModel) -> None:
     lib.llama_batch_free(batch)
@@ -486,13 +343,9 @@ def _free(lib: Any, batch: Any, ctx: Any, weights: LlamaModel) -> None:
 
 __all__ = [
     "BATCH_TOKENS",
-    "BUILD_HINT",
     "CONTEXT_TOKENS",
     "SCORE_SEQUENCES",
     "SLOTS",
     "LlamaCppMember",
-    "LlamaModel",
     "LlamaState",
-    "llama_cpp_kernels",
-    "llama_cpp_module",
 ]
