@@ -2,10 +2,10 @@
 
 views (Rounds → one component value each) · settings (the form from EnsembleConfig's metadata) ·
 panels (components) · request (one Run as the page sent it) · handlers ({component: value} updates;
-what_if, its branch; updates, their parts) · loading (shared members) · layout (build_demo) · the
-classroom: gallery (lessons), explain (what each panel shows, the projector view), room (a class
-session: the room votes on phones). No torch at import and no arithmetic on scores: specfuse.report
-has the numbers.
+what_if, its branch, what_if_views its values; updates, their parts) · loading (shared members) ·
+layout (build_demo) · the classroom: gallery (lessons), explain (what each panel shows, the
+projector view), room (a class session: the room votes on phones). No torch at import and no
+arithmetic on scores: specfuse.report has the numbers.
 """
 
 from .handlers import Studio

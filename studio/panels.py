@@ -15,7 +15,7 @@ import gradio as gr
 from specfuse import EnsembleConfig, report
 from specfuse.eval.problems import OPEN_PROMPTS
 
-from . import failures, settings, untrusted, views
+from . import failures, settings, untrusted, views, what_if_views
 from .chat_panel import system_box
 from .explain import Notes
 from .step_panel import step_mode_box
@@ -216,7 +216,7 @@ def what_if_panel() -> WhatIf:
     with gr.Accordion("What if another candidate had won?", open=False, elem_id="what-if"):
         rules = table(
             "Which candidate each selection rule would choose on this round's scores",
-            views.RULE_COLUMNS,
+            what_if_views.RULE_COLUMNS,
             "rules",
             max_height=2000,  # all the rules in view: no scrolling inside a fixed height
         )

@@ -15,7 +15,7 @@ from specfuse import Round, SpecfuseError, Trace
 from specfuse.engine import TYPED
 from specfuse.records import Branch, Queued
 
-from . import views
+from . import views, what_if_views
 from .i18n import _
 from .panels import Views
 from .request import RunRequest
@@ -42,10 +42,10 @@ class WhatIf:
         """The what-if panels for round k (default: the last): rules, evidence pickers, branch pick."""
         w = self.display.what_if
         rnd = shown_round(trace, k)
-        verifiers, candidates = views.pair_choices(rnd)
+        verifiers, candidates = what_if_views.pair_choices(rnd)
         chosen = rnd.chosen if rnd is not None else None
         return {
-            w.rules: views.rules_value(rnd, trace.config.score if trace is not None else None),
+            w.rules: what_if_views.rules_value(rnd, trace.config.score if trace is not None else None),
             w.verifier: gr.Dropdown(choices=verifiers, value=0 if verifiers else None),
             w.candidate: gr.Dropdown(choices=candidates, value=chosen),
             w.tokens: views.token_html(rnd, 0, chosen, trace.config.score) if trace is not None else "",
@@ -134,7 +134,7 @@ class WhatIf:
                 if not isinstance(new, Round):
                     continue
                 rounds.append(new)
-                yield {w.branch_view: views.branch_html(trace.rounds, rounds, k, origin, forced)}
+                yield {w.branch_view: what_if_views.branch_html(trace.rounds, rounds, k, origin, forced)}
         except SpecfuseError as e:
             raise self.error(e) from e
         finally:
@@ -148,6 +148,6 @@ class WhatIf:
             branch=Branch(trace.id, k, forced, origin),
         )
         yield {
-            w.branch_view: views.branch_html(trace.rounds, rounds, k, origin, forced),
+            w.branch_view: what_if_views.branch_html(trace.rounds, rounds, k, origin, forced),
             w.branch_download: download_value(branched, session, "branch"),
         }

@@ -15,7 +15,7 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
 from specfuse import ConfigError, Ensemble, EnsembleConfig, dump_trace, load_trace
-from studio import SharedLoader, handlers, views
+from studio import SharedLoader, handlers, views, what_if_views
 
 from ..conftest import TINY, tiny_member
 from ..helpers_app import (
@@ -402,9 +402,9 @@ def test_the_page_is_served_without_run_history(served):
 
 def test_the_rule_table_names_a_choice_per_rule_and_marks_the_recorded_one():
     rnd = scripted_rounds().rounds[0]
-    table = views.rules_value(rnd)
-    assert list(table.columns) == views.RULE_COLUMNS and len(table) >= 5
-    assert (table["as recorded"] == views.CHECK).any()
+    table = what_if_views.rules_value(rnd)
+    assert list(table.columns) == what_if_views.RULE_COLUMNS and len(table) >= 5
+    assert (table["as recorded"] == what_if_views.CHECK).any()
     assert table["would choose"].str.startswith("— (").any()  # log-probs were not recorded: said so
     assert table["candidate"].str.contains("not recorded").any()
 
@@ -427,7 +427,7 @@ def test_token_evidence_is_escaped_shaded_and_says_when_it_is_missing():
 def test_the_branch_view_escapes_both_answers_and_marks_where_they_part():
     original = scripted_rounds(max_rounds=3).rounds
     branch = [original[0], *(dataclasses.replace(r, text=r.text + "<img src=x>") for r in original[1:])]
-    markup = views.branch_html(original, branch, 2, "<i>you</i>", "<img src=x>")
+    markup = what_if_views.branch_html(original, branch, 2, "<i>you</i>", "<img src=x>")
     assert "<img" not in markup and "<i>you" not in markup and "part at round 2" in markup
     assert markup.count('<mark class="sf-parted">') == 2 and "&lt;img src=x&gt;</mark>" in markup
 

@@ -13,7 +13,7 @@ from gradio_client import Client, handle_file
 from specfuse import EnsembleConfig, Trace, load_trace, save_trace
 from specfuse.engine import Ensemble
 from specfuse.prompts import as_prompt
-from studio import views
+from studio import views, what_if_views
 
 from ..conftest import TINY
 from ..helpers_app import DOWNLOAD, path_of
@@ -28,16 +28,16 @@ def test_the_same_choice_with_another_answer_is_put_down_to_numerics():
         *original[: part - 1],
         *(dataclasses.replace(r, text=r.text + "other ") for r in original[part - 1 :]),
     ]
-    markup = views.branch_html(
+    markup = what_if_views.branch_html(
         original, branch, k, original[k - 1].winner.member, original[k - 1].winner.text
     )
     assert "the very candidate the run chose in round 2" in markup and "part at round 4" in markup
     assert "numerics, not from the choice" in markup and "bf16" in markup
     # Another choice is the reason itself: no word of numerics.
-    other = views.branch_html(original, branch, k, "you", "typed ")
+    other = what_if_views.branch_html(original, branch, k, "you", "typed ")
     assert "numerics" not in other and "part at round 4" in other
-    assert views.parting_round(original, original) is None
-    same = views.branch_html(original, list(original), k, "b", original[k - 1].winner.text)
+    assert what_if_views.parting_round(original, original) is None
+    same = what_if_views.branch_html(original, list(original), k, "b", original[k - 1].winner.text)
     assert "reproduces the original answer" in same and "numerics" not in same
 
 
