@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP API (FastAPI): /v1/models, /v1/chat/completions, /v1/completions
 (streamed as server-sent events or whole), /v1/traces/{id} and /health, in front of one Scheduler.
 
-Knows nothing about models or rounds beyond the Scheduler's tickets: schema.py turns bodies into
-requests and rounds into responses; cli.py loads the members and runs uvicorn.
+Knows nothing about models or rounds beyond the Scheduler's tickets: schema.py and ask.py turn
+bodies into requests, replies.py rounds into responses; cli.py loads the members and runs uvicorn.
 """
 
 from __future__ import annotations
@@ -24,12 +24,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__
 from ..engine import QueueFull, Scheduler, SchedulerClosed, Ticket
 from ..errors import ConfigError
+from ..limits import Limits
 from ..prompts import conversation
 from ..trace import Trace, dump_trace
 from . import bodies, replies, schema
+from .ask import Ask, parse_request
 from .logprobs import Reference, is_token_id
 from .metrics import CONTENT_TYPE, CountResponses, Metrics
-from .schema import ApiError, Ask, Limits
+from .schema import ApiError
 from .streams import Answer, next_round, sse
 
 
@@ -233,7 +235,7 @@ async def _respond(serving: Serving, request: Request, kind: str) -> Response:
     if isinstance(body, dict):
         bodies.unsupported(body)
     reference = serving.reference
-    ask = schema.parse_request(
+    ask = parse_request(
         body,
         kind,
         names=scheduler.names,

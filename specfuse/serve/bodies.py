@@ -4,7 +4,7 @@ most `reading` bodies read at once), strict JSON (no NaN or Infinity, no nesting
 MAX_DEPTH, no lone surrogate in any key or string), and the OpenAI fields this server does not do
 refused by name rather than silently ignored.
 
-Knows nothing about the engine: api.py calls read() and screen() before schema.parse_request.
+Knows nothing about the engine: api.py calls read() and screen() before ask.parse_request.
 """
 
 from __future__ import annotations

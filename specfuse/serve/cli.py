@@ -28,9 +28,9 @@ from ..flags import (
     from_args,
     parse_models,
 )
+from ..limits import Limits
 from ..models.catalogue import DEFAULT_MEMBERS
 from ..models.quantize_options import check_quantize, cpu_only
-from .schema import Limits
 
 if TYPE_CHECKING:
     from ..config import EnsembleConfig

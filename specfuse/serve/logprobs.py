@@ -255,8 +255,8 @@ def alternatives_field(field: str, value: Any) -> Any:
 
 
 class Refused(ValueError):
-    """A request's log-probability fields refused: schema.py answers it as its ApiError (this module
-    is read by schema.py, so it does not read schema.py)."""
+    """A request's log-probability fields refused: ask.py answers it as its ApiError (this module
+    is read by schema.py and ask.py, so it reads neither)."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..records import Result, Round
-from .schema import ENSEMBLE_MODEL, Ask
+from .ask import Ask
+from .schema import ENSEMBLE_MODEL
 
 
 def finish_reason(stop_reason: str) -> str:

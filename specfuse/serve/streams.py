@@ -20,10 +20,12 @@ from fastapi import Request
 
 from ..engine import SchedulerClosed, Ticket
 from ..errors import ConfigError, PromptTooLongError, SpecfuseError
+from ..limits import Limits
 from ..records import Finished, Round
 from . import logprobs, replies
+from .ask import Ask
 from .logprobs import Scored
-from .schema import ApiError, Ask, Limits
+from .schema import ApiError
 
 
 class Serving(Protocol):

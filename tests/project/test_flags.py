@@ -17,8 +17,9 @@ from specfuse.config import EnsembleConfig, settings
 from specfuse.engine import Scheduler, ServerSettings
 from specfuse.errors import ConfigError
 from specfuse.flags import FLAG_NAMES, Parser, add_loading_flags, add_settings, from_args
+from specfuse.limits import Limits
 from specfuse.serve.cli import build_parser as serve_parser
-from specfuse.serve.schema import Limits, SpecfuseOptions
+from specfuse.serve.schema import SpecfuseOptions
 from studio.serving import Schedulers
 
 from ..scripted import ScriptedMember

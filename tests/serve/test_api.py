@@ -15,9 +15,9 @@ import pytest
 from specfuse.bench.serve import running
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble, Scheduler
+from specfuse.limits import Limits
 from specfuse.prompts import Message
 from specfuse.serve.api import create_app
-from specfuse.serve.schema import Limits
 from specfuse.trace import parse_trace
 
 from ..helpers_clients import api_on, openai_client, unanswered

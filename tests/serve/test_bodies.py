@@ -14,8 +14,8 @@ import pytest
 
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Scheduler
+from specfuse.limits import Limits
 from specfuse.serve import bodies
-from specfuse.serve.schema import Limits
 
 from ..conftest import rss_bytes
 from ..helpers_clients import api_on

@@ -15,10 +15,9 @@ from fastapi.testclient import TestClient
 
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble, Scheduler
-from specfuse.limits import MAX_MESSAGES
+from specfuse.limits import MAX_MESSAGES, Limits
 from specfuse.prompts import as_prompt, prompt_text
 from specfuse.serve.api import create_app
-from specfuse.serve.schema import Limits
 from specfuse.trace import parse_trace
 
 from ..helpers_clients import api_on, openai_client

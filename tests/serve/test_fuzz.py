@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Scheduler
+from specfuse.limits import Limits
 from specfuse.serve.api import create_app
-from specfuse.serve.schema import Limits
 
 from ..scripted import ScriptedMember, prefers
 

@@ -10,8 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specfuse.config import EnsembleConfig
+from specfuse.limits import Limits
 from specfuse.prompts import last_user_text, prompt_chars
-from specfuse.serve.schema import ApiError, Limits, parse_request
+from specfuse.serve.ask import parse_request
+from specfuse.serve.schema import ApiError
 
 HOSTILE = settings(
     max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]

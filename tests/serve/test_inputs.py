@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Scheduler
+from specfuse.limits import Limits
 from specfuse.serve.api import create_app
-from specfuse.serve.schema import Limits
 
 BASE = EnsembleConfig(segment_len=3, max_new_tokens=4)
 CHAT = "/v1/chat/completions"

@@ -17,8 +17,8 @@ import torch
 from specfuse import feedback
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Scheduler
+from specfuse.limits import Limits
 from specfuse.serve import logprobs
-from specfuse.serve.schema import Limits
 from specfuse.trace import parse_trace
 
 from ..conftest import TINY_SPECS, tiny_member

@@ -12,7 +12,7 @@ import pytest
 
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Scheduler
-from specfuse.serve.schema import Limits
+from specfuse.limits import Limits
 
 from ..helpers_clients import api_on
 from ..scripted import ScriptedMember, prefers
