@@ -281,6 +281,11 @@ def _charts(
         )
     if limit:
         figures["-ceiling"] = _ceiling_chart(limit)
+    return _write_charts(figures, stem, png)
+
+
+def _write_charts(figures: dict[str, Any], stem: Path, png: bool) -> dict[str, Any]:
+    """Each figure written beside the results as HTML (and PNG if asked): the files' paths, by kind."""
     done: dict[str, Any] = {}
     for suffix, figure in figures.items():
         axis = "instruction group" if suffix == "-groups" else "system"
@@ -374,6 +379,15 @@ def results_page(
         if charts.get("html-paired"):
             lines += [f"Chart: [{name}-paired.html]({name}-paired.html)", ""]
     lines += _ceiling_section(document.get("ceiling"), charts, name)
+    lines += _failure_cases_section(document)
+    lines += _answers_section(outcomes, problems)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _failure_cases_section(document: dict[str, Any]) -> list[str]:
+    """The problems each system got wrong where the best member was right, and the reverse, linked to
+    their trace copies."""
+    lines: list[str] = []
     cases = _against_a_member(document)
     if cases:
         lines += ["## Failure cases", "", "Trace copies replay in the app (Upload a trace).", ""]
@@ -390,6 +404,12 @@ def results_page(
                         f"{found['best_member']} {c['best_answer']}{link}"
                     ]
                 lines += [""]
+    return lines
+
+
+def _answers_section(outcomes: Sequence[Outcome], problems: Sequence[Problem]) -> list[str]:
+    """Ungraded problems (no gold answer): every system's answer under each question, cut at 600."""
+    lines: list[str] = []
     if not any(p.gold is not None for p in problems):
         lines += ["## Answers", ""]
         by_problem = {p.id: p for p in problems}
@@ -400,7 +420,7 @@ def results_page(
                     text = o.answer if len(o.answer) <= 600 else o.answer[:600] + " …"
                     lines += [f"- `{o.system}`: {_esc(text) or '(error: ' + _esc(o.error or '') + ')'}"]
             lines += [""]
-    return "\n".join(lines).rstrip() + "\n"
+    return lines
 
 
 def _ceiling_section(limit: dict[str, Any] | None, charts: dict[str, Any], name: str) -> list[str]:
