@@ -168,7 +168,12 @@ def _catalogue_gguf_tokenizer(folder: Path, gguf_file: str) -> Any:
 
     metadata, _ = read_gguf_metadata(str(folder / gguf_file), ())
     name = TOKENIZER_MAPPING_NAMES.get(metadata.get("general.architecture", "")) or "TokenizersBackend"
-    return tokenizer_class_from_name(name).from_pretrained(folder, gguf_file=gguf_file, local_files_only=True)
+    tokenizer_class = tokenizer_class_from_name(name)
+    if tokenizer_class is None:  # the tokenizers package missing: AutoTokenizer says why
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True)
+    return tokenizer_class.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True)
 
 
 def load_tokenizer(
