@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Optional
 
 import gradio as gr
@@ -30,7 +31,7 @@ from .preparing import POLL_S, Preparing, relay
 from .request import RunForm, RunRequest
 from .serving import Held, Schedulers, gpu, in_worker
 from .untrusted import Servers, error
-from .updates import Update, download_value, session_of, unchanged
+from .updates import PANEL_INTERVAL_S, Pacing, Update, download_value, session_of, unchanged
 from .what_if import WhatIf
 
 if TYPE_CHECKING:  # members.py brings torch; the app needs it only once models load
@@ -84,6 +85,7 @@ class Studio(WhatIf):
     schedulers: Schedulers = field(default_factory=Schedulers)  # every run goes through one batch
     live: dict[str, LiveRun] = field(default_factory=dict)  # by session
     branching: dict[str, Held] = field(default_factory=dict)  # each session's branch under way
+    draw_interval: float = PANEL_INTERVAL_S  # a run's panels drawn at most once per so many seconds
 
     def error(self, message: object) -> gr.Error:
         """A message for the page: escaped, and with every served member's URL replaced by its name."""
@@ -220,22 +222,40 @@ class Studio(WhatIf):
         held = live.held if live is not None else Held()
         began = time.perf_counter()
         ticket, loaded = yield from self.begin(request, held)
-        stream = ticket.events()
+        pacing = Pacing(self.draw_interval)  # rounds quicker than a page draws are drawn together
+        stream = ticket.paced_events(pacing.interval)
         clock = RunClock(began, time.perf_counter() - began)
         drafts: list[Draft] = []  # the candidates of the round being drafted, as they arrive
         trace = None
+        first = [True]
+
+        def round_panels(trace: Trace) -> Update:  # made only when drawn: the first clears a branch
+            fresh, first[0] = first[0], False
+            return self.round_update(trace, request, clock, fresh=fresh)
+
         try:
             for event in stream:
-                if isinstance(event, Queued):  # still waiting for a place in the batch
-                    yield {v.status: views.waiting_status(event.place, self.schedulers.stats()["running"])}
+                if event is None:  # nothing new for a while: what was held back is drawn
+                    update = pacing.due()
+                elif isinstance(event, Queued):  # still waiting for a place in the batch
+                    status = views.waiting_status(event.place, self.schedulers.stats()["running"])
+                    update = pacing.offer("status", partial(dict, {v.status: status}), now=True)
                 elif isinstance(event, Draft):
                     drafts.append(event)
-                    yield self.draft_update(drafts, trace.rounds if trace else (), ticket, clock)
-                elif isinstance(event, Round):  # else Finished: the last round came before it
+                    rounds = trace.rounds if trace else ()
+                    update = pacing.offer(
+                        "draft", partial(self.draft_update, list(drafts), rounds, ticket, clock)
+                    )
+                elif isinstance(event, Round):
                     drafts = []
                     clock.waited_s = clock.waited_s or time.perf_counter() - began
                     trace = ticket.trace(upto=event.k)  # the ticket may hold rounds not read yet
-                    yield self.round_update(trace, request, clock)
+                    last = event.stop_reason is not None
+                    update = pacing.offer("round", partial(round_panels, trace), now=last)
+                else:  # Finished (after the last round) or Paused: the view catches up
+                    update = pacing.flush()
+                if update is not None:
+                    yield update
             if held.cancelled:  # stopped: no member alone after it
                 return
             if request.compare and trace is not None:
@@ -262,15 +282,16 @@ class Studio(WhatIf):
             ),
         }
 
-    def round_update(self, trace: Trace, request: RunRequest, clock: RunClock) -> Update:
-        """A round was decided: every panel, for the run so far (its download once it is done)."""
+    def round_update(self, trace: Trace, request: RunRequest, clock: RunClock, fresh: bool) -> Update:
+        """A round was decided: every panel, for the run so far (its download once it is done);
+        `fresh`: the run's first panels drawn."""
         rnd = trace.rounds[-1]
         done = rnd.stop_reason is not None and not request.compare
         return self.run_update(
             trace,
             request.view,
             clock,
-            fresh=len(trace.rounds) == 1,
+            fresh=fresh,
             download=download_value(trace if done else None, request.session),
             compared=views.compare_html([("ensemble", rnd.text)]) if request.compare else "",
         )

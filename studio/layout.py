@@ -29,6 +29,7 @@ from .serving import DEFAULT_CONCURRENCY, Schedulers
 from .step_panel import step_panel
 from .stepping import Stepper
 from .untrusted import Servers, md
+from .updates import PANEL_INTERVAL_S
 
 CACHE_LIFETIME = (3600, 86400)  # Gradio's delete_cache: every hour, files older than a day
 
@@ -48,6 +49,7 @@ def build_demo(
     served: dict[str, str] | None = None,
     schedulers: Schedulers | None = None,
     lessons: Shelf | None = None,
+    draw_interval: float = PANEL_INTERVAL_S,
 ) -> gr.Blocks:
     """The whole app. `loader(name, device, progress)` returns a (shared) member; nothing loads here.
 
@@ -57,7 +59,8 @@ def build_demo(
     `served` maps the operator's name of each served member to its spec: the page offers the name
     and the loader gets the spec, so no browser user sees a server's URL or options.
 
-    `lessons`: the gallery's lessons (default: the ones specfuse ships).
+    `lessons`: the gallery's lessons (default: the ones specfuse ships). `draw_interval`: a run's
+    panels drawn at most once per so many seconds (0: every round and every arrival; updates.Pacing).
     """
     if choices is None or default_models is None:
         choices = list(CATALOGUE) if choices is None else choices
@@ -91,7 +94,16 @@ def build_demo(
                 shown = views_panel(notes)
         runs = schedulers or Schedulers(config)
         studio = Studio(
-            loader, choices, allow_paths, plan_devices, controls, shown, trace, Servers(served), runs
+            loader,
+            choices,
+            allow_paths,
+            plan_devices,
+            controls,
+            shown,
+            trace,
+            Servers(served),
+            runs,
+            draw_interval=draw_interval,
         )
         if study is not None and panel is not None:
             wire_failures(studio, study, panel)

@@ -208,9 +208,10 @@ def tiny_checkpoints(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def served(tmp_path_factory, request):
     """The app launched for the module on the tiny members and scripted ones (hostile drafts, endless
-    loops, one that fails to load): its url, members, downloads folder and Gradio cache."""
+    loops, one that fails to load): its url, members, downloads folder and Gradio cache. A module's
+    DRAW_INTERVAL, when it sets one, is the app's (0: every round's update drawn)."""
     from .helpers_app import XSS_IMG, XSS_SCRIPT, launched
 
     members = {name: tiny_member(name) for name in TINY}
@@ -227,6 +228,8 @@ def served(tmp_path_factory):
     # One server for the module, so one Gradio cache folder for it: the per-test one would move.
     cache = tmp_path_factory.mktemp("gradio")
     build = {"choices": [*members, "broken"], "default_models": TINY[:2]}
+    if hasattr(request.module, "DRAW_INTERVAL"):
+        build["draw_interval"] = request.module.DRAW_INTERVAL
     with launched(cache, members, loader, concurrency=2, **build) as url:
         yield url, members, tmp_path_factory.mktemp("downloads"), cache
 

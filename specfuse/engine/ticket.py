@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Generator
-from typing import Protocol
+from typing import Protocol, cast
 
 from ..config import EnsembleConfig
 from ..errors import SpecfuseError
@@ -115,10 +115,26 @@ class Ticket:
         the request. `timeout`: the longest wait for one event (queue.Empty after it). Closing the
         iterator early cancels the request, except, with `until_pause`, once it has yielded Paused:
         then it ends there and the request waits for next() (a later reader goes on)."""
+        return cast(Generator[Event, None, None], self._read(timeout, until_pause, quiet=None))
+
+    def paced_events(self, quiet: float, *, until_pause: bool = False) -> Generator[Event | None, None, None]:
+        """events(), with a None after each `quiet` seconds in which nothing happened: a reader that
+        held an update back (a view drawing at most so often) is woken to draw it; 0: never."""
+        return self._read(None, until_pause, quiet=quiet if quiet > 0 else None)
+
+    def _read(
+        self, timeout: float | None, until_pause: bool, quiet: float | None
+    ) -> Generator[Event | None, None, None]:
         paused = False
         try:
             while True:
-                item = self._queue.get(timeout=timeout)
+                try:
+                    item = self._queue.get(timeout=timeout if quiet is None else quiet)
+                except queue.Empty:
+                    if quiet is None:
+                        raise
+                    yield None
+                    continue
                 if isinstance(item, SpecfuseError):
                     raise item
                 paused = until_pause and isinstance(item, Paused)  # before the yield: a close there

@@ -64,7 +64,10 @@ def start(page, prompt: str) -> None:
 
 
 def wait_round(page, k: int) -> None:
-    page.wait_for_function(f"window.seen.some(t => t.startsWith('Round {k} ') && !t.includes('stopped'))")
+    """Round k or a later one shown, the run still playing (rounds quicker than the page draws are
+    drawn together: studio/updates.Pacing)."""
+    shown = f"/^Round \\d+ /.test(t) && parseInt(t.slice(6)) >= {k}"
+    page.wait_for_function(f"window.seen.some(t => {shown} && !t.includes('stopped'))")
 
 
 def solo(members, prompt: str, names=TINY, config=CONFIG) -> str:

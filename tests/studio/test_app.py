@@ -39,6 +39,10 @@ from ..helpers_app import (
 )
 from ..scripted import ScriptedMember, prefers, scripted_rounds
 
+# Every round's update and every arriving candidate, as this module checks them (the app's default
+# draws at most twice a second: tests/studio/test_updates.py).
+DRAW_INTERVAL = 0.0
+
 # ---- pure views ---------------------------------------------------------------------------------
 
 
