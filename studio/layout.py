@@ -62,10 +62,7 @@ def build_demo(
     `lessons`: the gallery's lessons (default: the ones specfuse ships). `draw_interval`: a run's
     panels drawn at most once per so many seconds (0: every round and every arrival; updates.Pacing).
     """
-    if choices is None or default_models is None:
-        choices = list(CATALOGUE) if choices is None else choices
-        default_models = DEFAULT_MEMBERS if default_models is None else default_models
-    choices = list(choices)
+    choices, default_models = offered(choices, default_models)
     config = EnsembleConfig(**(defaults or {}))
 
     # Gradio keeps a copy of every file it serves (trace downloads, uploads): a day's worth at most.
@@ -94,17 +91,9 @@ def build_demo(
                 shown = views_panel(notes)
         runs = schedulers or Schedulers(config)
         studio = Studio(
-            loader,
-            choices,
-            allow_paths,
-            plan_devices,
-            controls,
-            shown,
-            trace,
-            Servers(served),
-            runs,
-            draw_interval=draw_interval,
+            loader, choices, allow_paths, plan_devices, controls, shown, trace, Servers(served), runs
         )
+        studio.draw_interval = draw_interval
         if study is not None and panel is not None:
             wire_failures(studio, study, panel)
         stepper = Stepper(studio, step_bar, controls.step)
@@ -120,6 +109,17 @@ def build_demo(
         wire_language(demo, switch)  # last: it sends every component its text in the session's language
     student_route(desk, demo)  # the class session's phone page (/join)
     return demo
+
+
+def offered(
+    choices: Sequence[str] | None, default_models: Sequence[str] | None
+) -> tuple[list[str], Sequence[str]]:
+    """The members the page offers and those picked at first: the catalogue and the
+    default trio unless the operator names them."""
+    if choices is None or default_models is None:
+        choices = list(CATALOGUE) if choices is None else choices
+        default_models = DEFAULT_MEMBERS if default_models is None else default_models
+    return list(choices), default_models
 
 
 def wire(studio: Studio, concurrency_limit: int | None, conversing: Conversing) -> list[Any]:
