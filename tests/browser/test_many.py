@@ -24,7 +24,8 @@ from ..scripted import looping
 
 pytestmark = pytest.mark.browser
 
-CONFIG = EnsembleConfig(segment_len=4, max_new_tokens=80)  # the page's defaults here
+# The page's defaults here: tiny members' runs long enough (60 rounds) that three pages' runs overlap.
+CONFIG = EnsembleConfig(segment_len=4, max_new_tokens=240)
 PROMPTS = ["The cat sat", "Numbers: 1, 2,", "Hello there"]
 SEEN = """(() => { window.seen = []; const s = document.querySelector('#status');
   new MutationObserver(() => window.seen.push(s.innerText)).observe(s, {subtree: true,
@@ -101,8 +102,11 @@ def test_three_pages_stream_their_own_answers_at_once(browser, served, monkeypat
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        for page, prompt in zip(pages, PROMPTS):
-            start(page, prompt)
+        for page, prompt in zip(pages, PROMPTS):  # typed first, then the three Runs clicked in a row:
+            page.fill("#prompt textarea", prompt)  # a tiny members' run may end within a second
+            page.evaluate("window.seen = []")
+        for page in pages:
+            page.click("#run")
         for page in pages:
             page.wait_for_function(FINISHED)
     finally:
