@@ -60,6 +60,23 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
 
 
+def pytest_sessionstart(session):
+    """Under pytest-xdist (`make test` runs two workers): before the workers start, the controller
+    converts the default models into the shared cache once (both workers would otherwise convert the
+    same files at once on a fresh clone); each worker's torch takes its share of the cores, so two
+    workers' thread pools do not fight over the same cores."""
+    config = session.config
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+    elif getattr(config.option, "numprocesses", None) and not config.option.collectonly:
+        from specfuse.models.cache import ensure_cached
+        from specfuse.models.catalogue import CATALOGUE, DEFAULT_MEMBERS
+
+        for name in DEFAULT_MEMBERS:
+            ensure_cached(CATALOGUE[name], REAL_MODEL_CACHE)
+
+
 def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs CUDA")
