@@ -3,12 +3,13 @@ members says, on the status line, which member and which step within 2 s, and th
 
 The app's own SharedLoader prepares the members in the background as app.main starts it, in this
 test's fresh SPECFUSE_CACHE (conftest). Its one-member load is scripted to take a few seconds with a
-cold load's steps (a real conversion takes minutes on a loaded 2-core machine, too slow for the suite),
-then hands back a tiny real model."""
+cold load's steps (a real conversion takes minutes on a loaded 2-core machine, too slow for the
+suite), each step let through by the test, then hands back a tiny real model."""
 
 from __future__ import annotations
 
 import re
+import threading
 import time
 
 import pytest
@@ -20,18 +21,20 @@ from ..helpers_browser import launched, opened
 
 pytestmark = pytest.mark.browser
 
-STEP_S = 0.4  # each progress step of the scripted load
+# Each step of the scripted load waits for the test to let it through, so that the page, however slow
+# on a loaded machine, shows every step it is asked about (a timed script raced past them there).
+STEPS = threading.Semaphore(0)
 
 
 def slow_load(name, *, progress, **options):
-    """A cold load's steps, spread over ~4 s: copying, converting (several reports), loading."""
-    progress(0.05, f"{name}: assembling part 1/1")
-    time.sleep(STEP_S)
-    for fraction in (0.3, 0.45, 0.6, 0.75):
-        progress(fraction, f"{name}: converting GGUF (once; this takes a while)")
-        time.sleep(STEP_S)
-    progress(0.9, f"{name}: loading")
-    time.sleep(STEP_S)
+    """A cold load's steps: copying, converting (several reports), loading; each after a go."""
+    for fraction, step in (
+        [(0.05, "assembling part 1/1")]
+        + [(f, "converting GGUF (once; this takes a while)") for f in (0.3, 0.45, 0.6, 0.75)]
+        + [(0.9, "loading")]
+    ):
+        progress(fraction, f"{name}: {step}")
+        assert STEPS.acquire(timeout=60), "the test never let the load go on"
     return tiny_member(name)
 
 
@@ -64,14 +67,17 @@ def test_a_run_during_preparation_names_the_member_and_its_step_and_the_progress
         assert "no measurement yet on this machine" in first  # a fresh cache: nothing measured
         # The progress moves: its percentage grows while the Run waits, through the steps.
         seen = [first]
-        while "Preparing" in seen[-1] and time.monotonic() - pressed < 30:
-            page.wait_for_timeout(200)
+        for _ in range(4):
+            STEPS.release()
+            before = re.search(r"(\d+)%", seen[-1]).group(1)
+            page.wait_for_function(f"({STATUS}.match(/(\\d+)%/) || [])[1] !== '{before}'", timeout=30_000)
             seen.append(page.inner_text("#status"))
         shown = [s for s in seen if "Preparing" in s]
         percents = [int(re.search(r"(\d+)%", s).group(1)) for s in shown]
         steps = {re.search(r"of 2\), ([a-z ]+) \(step", s).group(1) for s in shown}
         assert percents == sorted(percents) and percents[-1] > percents[0], shown
         assert len(steps) >= 2, shown
+        STEPS.release(100)  # the rest of both loads
         # Then the run plays: one load per member (the Run's was the background's).
         page.wait_for_function(f"{STATUS}.includes('stopped:')", timeout=60_000)
         assert page.locator("#answer .token").count() >= 1
