@@ -78,6 +78,13 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_modifyitems(config, items):
+    # `make test`'s workers (--dist loadgroup) take a test file at a time, so its module's app, browser
+    # and models are set up once; the files that load the real trio (real_members) go to one worker
+    # together, which loads it once.
+    real = {item.module for item in items if "real_members" in getattr(item, "fixturenames", ())}
+    for item in items if config.pluginmanager.hasplugin("xdist") else ():
+        group = "real-members" if item.module in real else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs CUDA")
         for item in items:

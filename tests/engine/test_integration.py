@@ -27,7 +27,7 @@ GSM8K = (
 
 
 def test_the_default_trio_answers_a_gsm8k_problem(real_members, tmp_path):
-    ensemble = Ensemble(list(real_members.values()), EnsembleConfig(max_new_tokens=80))
+    ensemble = Ensemble(list(real_members.values()), EnsembleConfig(max_new_tokens=50))
     rounds = list(ensemble.stream(GSM8K))
     assert len(rounds) >= 5
     check_invariants(rounds)
