@@ -21,8 +21,9 @@ import gradio as gr
 
 from specfuse.prompts import last_user_text
 
+from .ballot import Ballot, Beat, choices_of, verdict_of
 from .recorded import StepRun
-from .room import MAX_PHONES, Ballot, Beat, RoomError, Rooms, Session, Student, choices_of, verdict_of
+from .room import MAX_PHONES, RoomError, Rooms, Session, Student
 from .room_views import SAY, phrase, pick_choices, refusal, student_html, teacher_html
 from .stepping import Stepper
 from .untrusted import error

@@ -15,8 +15,9 @@ from collections.abc import Sequence
 
 import segno
 
+from .ballot import Choice, Said, Verdict
 from .i18n import _
-from .room import DRAFTS, ENDED, VERDICT, Choice, RoomError, Said, Session, Student, Verdict, shown_code
+from .room import DRAFTS, ENDED, VERDICT, RoomError, Session, Student, shown_code
 from .text_views import gate_reason
 
 # Every sentence the class session shows (the teacher's panel and the student's page): here only.

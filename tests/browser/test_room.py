@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from specfuse.lessons import load_lesson
+from studio.ballot import choices_of
 from studio.recorded import arrivals
-from studio.room import choices_of
 
 from ..helpers_browser import opened, scripted_pair, use_members
 

@@ -9,6 +9,7 @@ import pytest
 
 from specfuse.records import Draft
 from studio import room
+from studio.ballot import Ballot, Beat, choices_of, verdict_of
 from studio.room import (
     ALPHABET,
     CODE_LEN,
@@ -18,12 +19,8 @@ from studio.room import (
     MAX_ROOMS,
     MAX_STUDENTS,
     VOTES_PER_S,
-    Ballot,
-    Beat,
     RoomError,
     Rooms,
-    choices_of,
-    verdict_of,
 )
 from studio.room_views import pick_choices, student_html, teacher_html
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 
 from specfuse.handout import trace_html
+from studio.ballot import Beat
 from studio.recorded import RecordedTicket, StepRun
-from studio.room import Beat, Rooms
+from studio.room import Rooms
 from studio.room_page import Desk, beat_of
 
 from ..helpers_handout import page_json

@@ -189,12 +189,13 @@ def test_a_round_slide_draws_in_chinese_with_a_cjk_font():
 
 
 def test_the_room_speaks_each_pages_language_and_refuses_in_it():
-    """The class session (studio.room_views, studio.room's refusals and verdicts) in Chinese: every
+    """The class session (studio.room_views, studio.room's refusals, studio.ballot's verdicts) in Chinese: every
     phase of a phone's page, the teacher's panel, every refusal, the verdict of every lesson round
     (gated, unscored, narrow and wide ones); the exception's own text stays English."""
     from specfuse.records import Draft
     from studio import room, room_views
-    from studio.room import Ballot, Beat, RoomError, Rooms, choices_of, verdict_of
+    from studio.ballot import Ballot, Beat, choices_of, verdict_of
+    from studio.room import RoomError, Rooms
 
     assert {*room_views.SAY.values(), *room.REFUSED.values()} <= set(catalogue(ZH))
     rooms = Rooms(secret=b"s" * 32)
