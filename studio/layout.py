@@ -19,7 +19,7 @@ from .chat_panel import chat_panel
 from .conversation import Conversing, wire_chat
 from .explain import Notes, keymap_panel, presenter_bar, wire_keys, wire_presenter
 from .failures import FILTERS, EvalRun, load_eval, problems_table
-from .gallery import Shelf, gallery_panel, handouts_panel, lesson_panel, shipped, wire_gallery, wire_handouts
+from .gallery import Shelf, gallery_panel, lesson_panel, shipped, wire_gallery
 from .handlers import Studio
 from .i18n import _, language_switch, localize, said, wire_language
 from .loading import DEVICES, DevicePlan, Loader, same_device
@@ -28,6 +28,7 @@ from .room_page import Desk, room_button, room_panel, student_route, wire_room
 from .serving import DEFAULT_CONCURRENCY, Schedulers
 from .step_panel import step_panel
 from .stepping import Stepper
+from .take_home import handouts_panel, wire_handouts
 from .untrusted import Servers, md
 from .updates import PANEL_INTERVAL_S
 
