@@ -1,7 +1,7 @@
 """The failure-case browser's data: an evaluation report → one row per problem, and its traces.
 
 Reads an evaluation report (a RESULTS-*.json or eval-*.json file, or the newest under a folder) with
-the evaluation's own reader, `specfuse.eval.runs.load_outcomes`, and names the best member as the
+the evaluation's own reader, `specfuse.eval.outcomes.load_outcomes`, and names the best member as the
 report does (`specfuse.eval.report.best_single_system`). Finds each answer's trace at the path its
 outcome names, at the copy the report shipped for a failure case (`failure_cases[*].system_copy`
 and `best_copy`, e.g. results/eval/gsm8k-cases/…), or at `<runs>/<system>/<problem>.json`; a
@@ -20,9 +20,9 @@ from pathlib import Path
 import pandas as pd
 
 from specfuse.eval.ceiling import ceiling, ceiling_lines
+from specfuse.eval.outcomes import EvalError, load_outcomes
 from specfuse.eval.problems import Outcome
 from specfuse.eval.report import best_single_system
-from specfuse.eval.runs import EvalError, load_outcomes
 
 from .i18n import _, said
 

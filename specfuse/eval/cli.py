@@ -25,9 +25,10 @@ For views over an evaluation (the app's failure-case browser):
 - `systems_of(outcomes) -> list[str]`, and `disagreements(outcomes, a, b)`: the problems only a got
   right and those only b got right, as (outcome of a, outcome of b) pairs.
 
-The code behind this command line: `specfuse.eval.problems` (data, answers, Outcome), `specfuse.eval.runs`
-(systems, batched resumable runs, load_outcomes), `specfuse.eval.variants` (built-in systems and
---variant parsing), `specfuse.eval.stats` (wilson, paired, mcnemar_exact, ends_in_loop, distinct_n) and
+The code behind this command line: `specfuse.eval.problems` (data, answers, Outcome),
+`specfuse.eval.runs` (systems, batched resumable runs), `specfuse.eval.outcomes` (grading,
+load_outcomes), `specfuse.eval.variants` (built-in systems and --variant parsing),
+`specfuse.eval.stats` (wilson, paired, mcnemar_exact, ends_in_loop, distinct_n) and
 `specfuse.eval.report` (tables, charts, failure cases, the Markdown page). This module re-exports
 their main names and holds the throughput benchmark and the CLI.
 """
@@ -54,6 +55,7 @@ from ..errors import ConfigError, SpecfuseError
 from ..flags import Parser, add_loading_flags, add_settings, parse_models
 from ..models import trust as trust_file
 from .ifeval import load_ifeval
+from .outcomes import EvalError, disagreements, load_outcomes, systems_of
 from .problems import (
     INSTRUCTION,
     OPEN_PROMPTS,
@@ -69,18 +71,14 @@ from .problems import (
     parse_rows,
 )
 from .runs import (
-    EvalError,
     System,
     _run_or_load,
     best_single,
-    disagreements,
     evaluate,
-    load_outcomes,
     mix_name,
     parse_systems,
     plan_systems,
     run_systems,
-    systems_of,
 )
 from .stats import wilson
 from .variants import BUILTIN, load_variants, parse_variant

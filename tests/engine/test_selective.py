@@ -148,8 +148,9 @@ def test_the_app_shows_an_unscored_round_as_such_not_as_an_empty_matrix():
 def test_evaluation_traces_run_with_always_verify_stand_for_the_default(tmp_path):
     """contested chooses as always does, so an evaluation's traces from either are the same run;
     disagree may take a shorter agreed draft, so its traces are another config's."""
+    from specfuse.eval.outcomes import EvalError
     from specfuse.eval.problems import Problem
-    from specfuse.eval.runs import EvalError, ensemble_system, run_systems
+    from specfuse.eval.runs import ensemble_system, run_systems
 
     members = [ScriptedMember(n, [("The answer is 4.", True)], judge) for n in ("a", "b")]
     problems = [Problem("gsm8k-0000", "2 + 2?", "4")]

@@ -9,8 +9,8 @@ import pytest
 
 import specfuse.eval.cli as ev
 from specfuse.eval import ifeval
+from specfuse.eval.outcomes import load_outcomes
 from specfuse.eval.problems import DataError, Outcome, Problem, parse_rows
-from specfuse.eval.runs import load_outcomes
 
 from ..repo_tools import load_tool
 from ..scripted import ScriptedMember

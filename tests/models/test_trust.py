@@ -108,8 +108,9 @@ def test_a_run_starts_from_the_files_trust_and_a_member_without_evidence_gets_th
 
 def test_an_evaluation_refuses_traces_run_from_other_trust(tmp_path):
     """Trust is not a config setting, so the runs check the starting weights: new trust, new runs."""
+    from specfuse.eval.outcomes import EvalError
     from specfuse.eval.problems import Problem
-    from specfuse.eval.runs import EvalError, ensemble_system, run_systems
+    from specfuse.eval.runs import ensemble_system, run_systems
 
     members = [ScriptedMember(n, [("The answer is 4.", True)], lambda text: 1.0) for n in ("a", "b")]
     members[0].trust, members[1].trust = 0.6, 0.2

@@ -189,9 +189,9 @@ def test_a_round_slide_draws_in_chinese_with_a_cjk_font():
 
 
 def test_the_room_speaks_each_pages_language_and_refuses_in_it():
-    """The class session (studio.room_views, studio.room's refusals, studio.ballot's verdicts) in Chinese: every
-    phase of a phone's page, the teacher's panel, every refusal, the verdict of every lesson round
-    (gated, unscored, narrow and wide ones); the exception's own text stays English."""
+    """The class session (studio.room_views, studio.room's refusals, studio.ballot's verdicts) in
+    Chinese: every phase of a phone's page, the teacher's panel, every refusal, the verdict of every
+    lesson round (gated, unscored, narrow and wide ones); the exception's own text stays English."""
     from specfuse.records import Draft
     from studio import room, room_views
     from studio.ballot import Ballot, Beat, choices_of, verdict_of
