@@ -85,7 +85,7 @@ from .variants import BUILTIN, load_variants, parse_variant
 
 log = logging.getLogger(__name__)
 
-__all__ = [  # the evaluation's API in one place; the code lives in problems, runs, stats, eval_report
+__all__ = [  # the evaluation's API in one place; the code: problems, runs, outcomes, stats, report, page
     "INSTRUCTION", "OPEN_PROMPTS", "DataError", "EvalError", "Outcome", "Problem", "System", "_run_or_load",
     "best_single", "build_prompt", "disagreements", "evaluate", "extract_answer", "load_outcomes",
     "load_problems", "majority", "normalize_number", "open_problems", "plan_systems", "run_systems",
@@ -352,6 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.json.write_text(json.dumps(report, indent=1) + "\n")
             return 0
         from . import report as eval_report
+        from .page import console_summary
 
         outcomes = evaluate(
             members, problems, args.runs, config=config, systems=systems, variants=variants,
@@ -372,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecfuseError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(eval_report.console_summary(document))
+    print(console_summary(document))
     if getattr(args, "json", None) is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n")

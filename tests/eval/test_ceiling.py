@@ -9,6 +9,7 @@ import pytest
 
 from specfuse.eval import report as eval_report
 from specfuse.eval.ceiling import ceiling, ceiling_lines, paired_difference_interval
+from specfuse.eval.page import console_summary
 from specfuse.eval.problems import Problem
 from specfuse.eval.stats import mcnemar_exact, wilson
 from studio.failures import EvalRun, load_eval
@@ -64,7 +65,7 @@ def test_every_report_prints_the_oracle_beta_and_the_discordance(tmp_path):
     assert "right where it was wrong 3" in page and (tmp_path / "RESULTS-c-ceiling.html").is_file()
     stored = json.loads((tmp_path / "RESULTS-c.json").read_text())["ceiling"]
     assert stored["beta"] == 0.1 and stored["discordance"][0]["lost"] == 1
-    assert "β (all wrong together): 1/10" in eval_report.console_summary(document)
+    assert "β (all wrong together): 1/10" in console_summary(document)
 
 
 def test_the_failure_browser_shows_the_ceiling_of_a_loaded_evaluation(tmp_path):
