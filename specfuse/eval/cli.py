@@ -303,6 +303,30 @@ def _rows_note(rows: str | None) -> str:
     return f" (rows {rows})" if rows else ""
 
 
+def _problems(args: argparse.Namespace) -> list[Problem]:
+    """The task's problems: GSM8K or IFEval rows, open-ended prompts, or the throughput's set."""
+    if args.task == "gsm8k":
+        rows = parse_rows(args.rows) if args.rows is not None else None
+        return load_problems(args.data, args.limit, rows)
+    if args.task == "ifeval":
+        return load_ifeval(args.data, parse_rows(args.rows))
+    if args.task == "open-ended":
+        return open_problems(args.prompts)
+    if args.data is not None:
+        return load_problems(args.data, args.problems)
+    return open_problems()[: args.problems]
+
+
+def _title(args: argparse.Namespace, problems: Sequence[Problem], names: Sequence[str]) -> str:
+    if args.title:
+        return str(args.title)
+    if args.task == "gsm8k":
+        return f"GSM8K dev, {len(problems)} problems{_rows_note(args.rows)}: {mix_name(names)}"
+    if args.task == "ifeval":
+        return f"IFEval rows {args.rows}: {mix_name(names)}"
+    return f"Open-ended prompts: {mix_name(names)}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(raw)
@@ -322,17 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"--batch-size must be ≥ 1, got {args.batch_size}")
         config = EnsembleConfig(max_new_tokens=args.max_new_tokens, segment_len=args.segment_len)
         variants = _variants(args) if args.task != "throughput" else {}
-        if args.task == "gsm8k":
-            rows = parse_rows(args.rows) if args.rows is not None else None
-            problems = load_problems(args.data, args.limit, rows)
-        elif args.task == "ifeval":
-            problems = load_ifeval(args.data, parse_rows(args.rows))
-        elif args.task == "open-ended":
-            problems = open_problems(args.prompts)
-        elif args.data is not None:
-            problems = load_problems(args.data, args.problems)
-        else:
-            problems = open_problems()[: args.problems]
+        problems = _problems(args)
         names = parse_models(args.models, hub=False)
         systems = parse_systems(getattr(args, "systems", None))
         if args.task == "ifeval" and any(re.fullmatch(r"sc\d+-.+", s) for s in systems or ()):
@@ -359,16 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             batch_size=args.batch_size, progress=True,
         )  # fmt: skip
         command = "python -m specfuse.eval " + " ".join(shlex.quote(a) for a in raw)
-        title = args.title or (
-            f"GSM8K dev, {len(problems)} problems{_rows_note(args.rows)}: {mix_name(names)}"
-            if args.task == "gsm8k"
-            else f"IFEval rows {args.rows}: {mix_name(names)}"
-            if args.task == "ifeval"
-            else f"Open-ended prompts: {mix_name(names)}"
-        )
         document = eval_report.write_reports(
-            outcomes, problems, args.out, args.name, png=not args.no_png, title=title, command=command,
-            config=config, variants=variants, cases=args.cases,
+            outcomes, problems, args.out, args.name, png=not args.no_png, command=command,
+            title=_title(args, problems, names), config=config, variants=variants, cases=args.cases,
         )  # fmt: skip
     except SpecfuseError as e:
         print(f"error: {e}", file=sys.stderr)
