@@ -264,6 +264,19 @@ def shared_loader(args: argparse.Namespace, trust: Mapping[str, float] | None) -
     )
 
 
+def offered_members(args: argparse.Namespace) -> tuple[dict[str, str], list[str], list[str]]:
+    """(served members by name, the names offered, the names picked at first). Offered: only what can
+    work here: installed catalogue models (plus what the operator named); served members by their
+    names only (SpecfuseError for a server spec that cannot be used)."""
+    installed = installed_models()
+    specs = [*(m for m in args.models if _is_spec(m)), *args.server]
+    named = [m for m in args.models if m not in specs and (m not in CATALOGUE or m in installed)]
+    served = served_members(list(dict.fromkeys(specs)), taken=[*installed, *named])
+    name_of = {spec: name for name, spec in served.items()}
+    defaults = [name_of.get(m, m) for m in args.models if m in specs or m in named]
+    return served, list(dict.fromkeys([*installed, *named, *served])), defaults
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from specfuse.models.devices import plan_devices
 
@@ -282,18 +295,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.exit(2, f"error: --quantize {args.quantize} runs on the CPU only; use --device cpu\n")
         args.device, devices = "cpu", ["cpu"]
     loader = shared_loader(args, trust)
-    # Offer only what can work here: installed catalogue models (plus what the operator named) and
-    # the GPU device settings only where a GPU is visible. Served members by their names only.
-    installed = installed_models()
-    specs = [*(m for m in args.models if _is_spec(m)), *args.server]
-    named = [m for m in args.models if m not in specs and (m not in CATALOGUE or m in installed)]
     try:
-        served = served_members(list(dict.fromkeys(specs)), taken=[*installed, *named])
+        served, choices, defaults = offered_members(args)
     except SpecfuseError as e:
         parser.exit(2, f"error: {e}\n")
-    name_of = {spec: name for name, spec in served.items()}
-    defaults = [name_of.get(m, m) for m in args.models if m in specs or m in named]
-    choices = list(dict.fromkeys([*installed, *named, *served]))
     schedulers = operator_schedulers(args)
     api = None
     if args.preload or args.api:
