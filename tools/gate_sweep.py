@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 from specfuse.config import GATE_MEASURES  # noqa: E402
 from specfuse.errors import TraceError  # noqa: E402
+from specfuse.eval.outcomes import load_outcomes  # noqa: E402
 from specfuse.eval.problems import Outcome  # noqa: E402
-from specfuse.eval.runs import load_outcomes  # noqa: E402
 from specfuse.eval.stats import paired, wilson  # noqa: E402
 from specfuse.records import Round  # noqa: E402
 from specfuse.trace import load_trace  # noqa: E402

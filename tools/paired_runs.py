@@ -29,8 +29,8 @@ from typing import Any
 
 from specfuse.errors import SpecfuseError
 from specfuse.eval import ifeval
+from specfuse.eval.outcomes import load_outcomes
 from specfuse.eval.problems import Outcome
-from specfuse.eval.runs import load_outcomes
 from specfuse.eval.stats import paired
 
 ROOT = Path(__file__).resolve().parents[1]
