@@ -28,8 +28,9 @@ For views over an evaluation (the app's failure-case browser):
 The code behind this command line: `specfuse.eval.problems` (data, answers, Outcome),
 `specfuse.eval.runs` (systems, batched resumable runs), `specfuse.eval.outcomes` (grading,
 load_outcomes), `specfuse.eval.variants` (built-in systems and --variant parsing),
-`specfuse.eval.stats` (wilson, paired, mcnemar_exact, ends_in_loop, distinct_n) and
-`specfuse.eval.report` (tables, charts, failure cases, the Markdown page). This module re-exports
+`specfuse.eval.stats` (wilson, paired, mcnemar_exact, ends_in_loop, distinct_n),
+`specfuse.eval.report` (tables, charts, failure cases) and `specfuse.eval.page` (the Markdown page,
+the terminal's summary). This module re-exports
 their main names and holds the throughput benchmark and the CLI.
 """
 

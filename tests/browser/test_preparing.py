@@ -2,7 +2,7 @@
 members says, on the status line, which member and which step within 2 s, and the progress moves.
 
 The app's own SharedLoader prepares the members in the background as app.main starts it, in this
-test's fresh SPECFUSE_CACHE (conftest). Its one-member load is scripted to take a few seconds with a
+test's fresh SPECFUSE_CACHE (conftest). Its one-member load is scripted with a
 cold load's steps (a real conversion takes minutes on a loaded 2-core machine, too slow for the
 suite), each step let through by the test, then hands back a tiny real model."""
 
