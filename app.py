@@ -302,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     schedulers = operator_schedulers(args)
     api = None
     if args.preload or args.api:
-        from specfuse.models.loading import load_each, tqdm_progress
+        from specfuse.models.placement import load_each, tqdm_progress
 
         try:
             members = load_each(

@@ -235,7 +235,7 @@ def _load(names: Sequence[str], args: argparse.Namespace, err: TextIO) -> list[M
     """The members, loaded as the flags say; a model listed twice shares its weights (load_members)."""
     from transformers.utils import logging as hf_logging
 
-    from .models.loading import load_members
+    from .models.placement import load_members
     from .models.trust import apply_trust, load_trust
 
     hf_logging.disable_progress_bar()  # one bar of ours, not one per model and per step

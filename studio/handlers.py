@@ -166,7 +166,7 @@ class Studio(WhatIf):
     ) -> list[Member]:
         """The members from the shared loader, placed by `plan_devices` (models.loading.load_each);
         `begin(name, device)` as each member starts (studio.preparing watches it)."""
-        from specfuse.models.loading import load_each  # brings torch: only once members load
+        from specfuse.models.placement import load_each  # brings torch: only once members load
 
         try:
             devices = self.plan_devices(len(names), device)

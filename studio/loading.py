@@ -56,7 +56,7 @@ class SharedLoader:
     """Loads each (name, device) once and hands the same member to every session.
 
     Members are shared, runs are not: every run keeps its own states inside Ensemble.stream().
-    How a member loads (who may name what, worker processes) is models.loading.load_members's.
+    How a member loads (who may name what, worker processes) is models.placement.load_members's.
     No lock is held across a load (which may reach a slow server or read a slow disk): a Load per
     (name, device) makes the users who want that member wait for its one load (seeing its
     progress), and no one else. A load is timed step by step and ends with a warm-up
@@ -168,8 +168,8 @@ class SharedLoader:
         return first, usual_text(Times(self.cache_dir).usual(name, backend, first), first)
 
     def _load(self, name: str, device: str, progress: Callable[[float, str], None]) -> Member:
-        from specfuse.models.loading import load_members
         from specfuse.models.names import is_server
+        from specfuse.models.placement import load_members
         from specfuse.models.preparation import MemberClock, Times, warm_up
         from specfuse.models.trust import apply_trust
 

@@ -13,7 +13,7 @@ from specfuse.engine import Ensemble
 from specfuse.eval.problems import load_problems
 from specfuse.flags import Parser, add_settings
 from specfuse.models.catalogue import DEFAULT_MEMBERS
-from specfuse.models.loading import load_members
+from specfuse.models.placement import load_members
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specfuse.config import MemberSettings  # noqa: E402
 from specfuse.eval.problems import OPEN_PROMPTS  # noqa: E402
 from specfuse.models.catalogue import DEFAULT_MEMBERS  # noqa: E402
-from specfuse.models.loading import load_members  # noqa: E402
+from specfuse.models.placement import load_members  # noqa: E402
 
 BATCHES = (1, 2, 4, 8, 16)
 REPEATS = 2

@@ -17,7 +17,7 @@ import time
 
 from specfuse.members.llamacpp.library import llama_cpp_kernels
 from specfuse.models.catalogue import DEFAULT_MEMBERS
-from specfuse.models.loading import load_members
+from specfuse.models.placement import load_members
 
 SIZES = (1, 4, 16, 64)
 

@@ -13,7 +13,7 @@ trace whose run is not the lesson's.
     python tools/make_lessons.py --check         # the shipped traces: each opens, shows its lesson,
                                                  # matches its lesson's run; how long each takes to open
 
-Members load as the CLI loads them (specfuse.models.loading.load_members), on the CPU, by default
+Members load as the CLI loads them (specfuse.models.placement.load_members), on the CPU, by default
 in transformers (--quantize none: bf16 where the CPU has it), so that a trace does not depend on
 whether llama-cpp-python happens to be installed; `--quantize auto` is the CLI's own default.
 """
@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = [lesson for lesson in LESSONS if not args.only or lesson.slug in args.only]
     if args.check:
         return 0 if check(chosen) else 1
-    from specfuse.models.loading import load_members  # brings torch: only when making traces
+    from specfuse.models.placement import load_members  # brings torch: only when making traces
 
     names = sorted({name for lesson in chosen for a in attempts(lesson) for name in a.members})
     began = time.perf_counter()

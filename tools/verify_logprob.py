@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specfuse.eval.problems import OPEN_PROMPTS  # noqa: E402
 from specfuse.models.catalogue import DEFAULT_MEMBERS  # noqa: E402
-from specfuse.models.loading import load_members  # noqa: E402
+from specfuse.models.placement import load_members  # noqa: E402
 
 CANDIDATES, TOKENS = 3, 11  # per request: a round with three drafters, L = 10 plus the anchor
 REQUESTS = (1, 8)

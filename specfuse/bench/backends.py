@@ -39,7 +39,7 @@ SETUPS = ("none", "gguf", "gguf-draft")
 
 
 def run(names: Sequence[str], prompts: Sequence[str], config: EnsembleConfig) -> dict[str, Any]:
-    from ..models.loading import load_members, tqdm_progress
+    from ..models.placement import load_members, tqdm_progress
 
     loaded = {
         q: load_members(names, quantize=q, progress=tqdm_progress(f"loading ({q})")) for q in SETUPS[:2]

@@ -111,7 +111,7 @@ def time_in_processes(
 ) -> dict[str, Any]:
     """Exit off, each member in a worker process of its own with its thread share (no handing on of
     cores between processes), against the same members alone; compared with members in turn."""
-    from ..models.loading import load_in_process
+    from ..models.placement import load_in_process
 
     shares = report["thread_shares"]
     workers = [load_in_process(n, dtype=dtype, threads=shares[n]) for n in names]
@@ -141,7 +141,7 @@ def compare_workers(
     the cores, at once in threads, and at once in one process per member (each with its thread share)."""
     import torch
 
-    from ..models.loading import load_members
+    from ..models.placement import load_members
 
     members = load_members(names, dtype=dtype)
     shares = thread_shares({m.name: float(m.parameters or 1.0) for m in members}, torch.get_num_threads())
@@ -280,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from ..models.loading import load_members, tqdm_progress
+    from ..models.placement import load_members, tqdm_progress
 
     try:
         names = parse_models(args.models, hub=False)

@@ -363,7 +363,7 @@ def _parser() -> Parser:
 def _run(args: argparse.Namespace) -> dict[str, Any]:
     """Load the models, run the benchmark (under cProfile with --profile), then (unless --no-rss or
     quantized) each model's memory alone in a child process."""
-    from ..models.loading import load_members, tqdm_progress
+    from ..models.placement import load_members, tqdm_progress
 
     tokens = args.max_new_tokens or (160 if args.quick else 440)
     names = parse_models(args.models, hub=False)

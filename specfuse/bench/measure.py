@@ -356,7 +356,7 @@ def load_named(
     decode: str = "auto",
 ) -> list[Any]:
     """The catalogue members a benchmark's --models names (None: the trio), loaded with a progress bar."""
-    from ..models.loading import load_members, tqdm_progress
+    from ..models.placement import load_members, tqdm_progress
 
     names = parse_models(models, hub=False)
     return load_members(

@@ -120,7 +120,7 @@ def run(
     from contextlib import ExitStack
 
     from ..members.remote.member import parse_server_spec  # only when serving
-    from ..models.loading import load_members
+    from ..models.placement import load_members
 
     if servers:
         names = [parse_server_spec(s).tokenizer for s in servers]

@@ -425,7 +425,7 @@ def _trust(reports: Sequence[Path], out: Path, command: str) -> int:
 
 
 def _load(names: Sequence[str], dtype: str, quantize: str = "none") -> list[Any]:
-    from ..models.loading import load_members, tqdm_progress
+    from ..models.placement import load_members, tqdm_progress
 
     return load_members(names, dtype=dtype, progress=tqdm_progress("loading"), quantize=quantize)
 

@@ -139,8 +139,8 @@ def _loading(
 ) -> tuple[Preparation, Callable[[], Scheduler]]:
     """What the members' preparation is doing (each member's steps logged with their times, and said
     by /health while they run), and the load that makes the scheduler (each member warmed up)."""
-    from ..models.loading import load_members
     from ..models.names import resolve_quantize
+    from ..models.placement import load_members
     from ..models.preparation import Preparation, warmed
     from ..models.trust import apply_trust
 

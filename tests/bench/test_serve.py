@@ -17,7 +17,7 @@ from specfuse.bench.serve_report import parted_at, parting_lines
 from specfuse.config import VERIFY_MODES, EnsembleConfig
 from specfuse.engine import Scheduler
 from specfuse.errors import SpecfuseError
-from specfuse.models.loading import load_members
+from specfuse.models.placement import load_members
 from specfuse.models.quantize import QuantizedLinear
 from specfuse.serve.api import create_app
 
@@ -89,7 +89,7 @@ def test_the_command_quantizes_sets_any_setting_and_says_so_in_its_report(
         loaded.extend(load_members(names, **options))
         return loaded
 
-    monkeypatch.setattr("specfuse.models.loading.load_members", recording)
+    monkeypatch.setattr("specfuse.models.placement.load_members", recording)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # main sets it when unset: undone after the test
     out = tmp_path / "serve"
     argv = ["--models", *tiny_checkpoints, "--quantize", "int8", "--set", "verify=disagree",
@@ -116,7 +116,7 @@ def test_the_command_quantizes_sets_any_setting_and_says_so_in_its_report(
 
 
 def test_a_bad_set_exits_2_naming_the_key_before_loading(monkeypatch, capsys):
-    monkeypatch.setattr("specfuse.models.loading.load_members", lambda *a, **k: pytest.fail("loaded"))
+    monkeypatch.setattr("specfuse.models.placement.load_members", lambda *a, **k: pytest.fail("loaded"))
     for setting, message in [
         ("nope=1", "unknown setting 'nope'; valid keys: segment_len"),
         ("verify=sometimes", f"verify='sometimes': expected one of {', '.join(VERIFY_MODES)}"),

@@ -326,7 +326,8 @@ def test_on_torch_s_avx2_kernels_the_compiled_drafts_equal_the_eager_ones(tmp_pa
 
 def test_loading_and_the_gpu_benchmark_turn_it_on(tiny_checkpoints, capsys):
     from specfuse.bench import gpu as bench_gpu
-    from specfuse.models.loading import load_member, load_members
+    from specfuse.models.loading import load_member
+    from specfuse.models.placement import load_members
 
     assert load_member(tiny_checkpoints[0], dtype="float32").compiled is None
     one = load_member(tiny_checkpoints[0], dtype="float32", compile_decode=True)

@@ -21,7 +21,8 @@ from specfuse.members import drafting
 from specfuse.members.drafting import common_prefix_len
 from specfuse.models.cache import assemble_gguf, cache_root
 from specfuse.models.catalogue import CATALOGUE
-from specfuse.models.loading import load_member, load_members, load_tokenizer
+from specfuse.models.loading import load_member, load_tokenizer
+from specfuse.models.placement import load_members
 from specfuse.prompts import as_prompt
 from specfuse.records import Candidate
 

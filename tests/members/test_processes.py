@@ -15,7 +15,7 @@ from specfuse.errors import PromptTooLongError
 from specfuse.members.hf import HFMember
 from specfuse.members.process import ProcessMember, ProcessState, processes_pay_off, wanted
 from specfuse.members.workers import MemberWorkers, cpu_cores, run_concurrently, thread_shares
-from specfuse.models.loading import load_members
+from specfuse.models.placement import load_members
 
 from ..conftest import TINY_SPECS, tiny_member
 from ..runs import chat
@@ -202,9 +202,9 @@ def test_an_unknown_processes_setting_says_what_it_takes():
 
 def test_load_members_auto_follows_the_cores(tiny_checkpoints, monkeypatch):
     paths = tiny_checkpoints[:2]
-    monkeypatch.setattr("specfuse.models.loading.cpu_cores", lambda: 2)
+    monkeypatch.setattr("specfuse.models.placement.cpu_cores", lambda: 2)
     assert all(type(m) is HFMember for m in load_members(paths, processes="auto"))
-    monkeypatch.setattr("specfuse.models.loading.cpu_cores", lambda: 16)
+    monkeypatch.setattr("specfuse.models.placement.cpu_cores", lambda: 16)
     assert all(type(m) is HFMember for m in load_members(paths, processes="auto", device_map="auto"))
     members = load_members(paths, processes="auto")
     try:

@@ -15,7 +15,8 @@ from specfuse.config import DECODE_MODES, EnsembleConfig, MemberSettings
 from specfuse.engine import Ensemble, Scheduler
 from specfuse.errors import ConfigError
 from specfuse.members.hf import HFMember, slots
-from specfuse.models.loading import load_member, load_members
+from specfuse.models.loading import load_member
+from specfuse.models.placement import load_members
 
 from ..conftest import TINY_SPECS, byte_bpe_tokenizer, tiny_member
 from ..runs import PROMPTS, collected_apart, same_rounds, solo, streamed_many

@@ -12,7 +12,8 @@ import torch
 from specfuse.errors import ConfigError, ModelLoadError, UnknownModelError
 from specfuse.models import loading
 from specfuse.models.catalogue import CATALOGUE, ModelEntry
-from specfuse.models.loading import load_member, load_members, tqdm_progress
+from specfuse.models.loading import load_member
+from specfuse.models.placement import load_members, tqdm_progress
 from specfuse.prompts import CHAT, QA_COMPLETION
 
 from ..model_files import save_tiny_checkpoint

@@ -25,7 +25,7 @@ from specfuse.engine import Ensemble
 from specfuse.errors import ConfigError
 from specfuse.members.hf import HFMember
 from specfuse.members.hf.scoring import OutputHead
-from specfuse.models import loading
+from specfuse.models import loading, placement
 from specfuse.models.quantize import QuantizedLinear, QuantizedWeight, quantize_model
 
 from ..conftest import TINY_SPECS, tiny_member
@@ -147,7 +147,7 @@ def test_quantized_drafts_compile_as_they_run_eagerly():
 
 
 def test_load_member_quantizes_a_checkpoint_and_shares_it(tiny_checkpoints):
-    members = loading.load_members([tiny_checkpoints[0]] * 2, quantize="int8")
+    members = placement.load_members([tiny_checkpoints[0]] * 2, quantize="int8")
     assert members[1].name.endswith("#2") and members[1].model is members[0].model
     assert all(type(m) is QuantizedLinear for m in linears(members[0].model).values())
     plain = loading.load_member(tiny_checkpoints[0])
@@ -161,7 +161,7 @@ def test_a_member_in_a_worker_process_is_quantized_there(tiny_checkpoints):
         state = member.start("Why is the sky blue?", MemberSettings(max_new_tokens=50))
         return member.score(state, [member.draft(state, 8)])
 
-    (there,) = loading.load_members(tiny_checkpoints[:1], processes=True, quantize="int4")
+    (there,) = placement.load_members(tiny_checkpoints[:1], processes=True, quantize="int4")
     try:
         assert type(there) is ProcessMember
         here = scores(loading.load_member(tiny_checkpoints[0], quantize="int4"))
@@ -178,7 +178,7 @@ def test_an_unknown_quantize_is_a_config_error(call, tiny_checkpoints, monkeypat
         if call == "load_member":
             loading.load_member(tiny_checkpoints[0], quantize="int3")
         elif call == "load_members":
-            loading.load_members(tiny_checkpoints, quantize="int3")
+            placement.load_members(tiny_checkpoints, quantize="int3")
         else:
             quantize_model(tiny_member("llama-bytes").model, "int3")
 
@@ -203,7 +203,7 @@ def test_specfuse_quantize_reaches_load_member(tiny_checkpoints, monkeypatch):
         seen.append((options.get("quantize"), type(member.model.get_output_embeddings()).__name__))
         return member
 
-    monkeypatch.setattr(loading, "load_member", recording)
+    monkeypatch.setattr(placement, "load_member", recording)  # the name load_members calls
     code, out, err = run_cli(
         "--models", ",".join(tiny_checkpoints), "--quantize", "int4", "--max-new-tokens", "4", "hi"
     )

@@ -170,16 +170,16 @@ def test_an_unknown_model_is_refused_before_the_note_and_the_bar(monkeypatch):
 
 
 def test_a_warning_logged_while_loading_prints_above_the_bar_not_on_its_line(tiny_checkpoints, monkeypatch):
-    from specfuse.models import loading
+    from specfuse.models import placement
 
-    load_members = loading.load_members
+    load_members = placement.load_members
 
     def warn_then_load(names, **options):
         options["progress"](0.5, "half way")
         logging.getLogger("specfuse.models.cache").warning("rebuilding a damaged file")
         return load_members(names, **options)
 
-    monkeypatch.setattr(loading, "load_members", warn_then_load)
+    monkeypatch.setattr(placement, "load_members", warn_then_load)
     code, _, err = run_cli("--models", ",".join(tiny_checkpoints), "--max-new-tokens", "4", "hi")
     assert code == 0
     line = next(line for line in err.split("\n") if "rebuilding a damaged file" in line)

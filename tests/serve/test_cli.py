@@ -21,7 +21,7 @@ from torch import nn
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble, Scheduler
 from specfuse.errors import ConfigError
-from specfuse.models.loading import load_members
+from specfuse.models.placement import load_members
 from specfuse.models.quantize import QuantizedLinear
 from specfuse.serve.cli import main as serve_main
 
@@ -107,7 +107,7 @@ def test_quantize_reaches_the_served_members_and_a_bad_one_exits_2_before_listen
         loaded.extend(load_members(names, **options))
         raise Stop("stop after loading")
 
-    monkeypatch.setattr("specfuse.models.loading.load_members", loading_then_stop)
+    monkeypatch.setattr("specfuse.models.placement.load_members", loading_then_stop)
     err = io.StringIO()
     args = ["--models", ",".join(tiny_checkpoints), "--port", "0", "--quantize", "int8"]
     assert serve_main(args, stderr=err) == 2 and "stop after loading" in err.getvalue()

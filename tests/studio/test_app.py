@@ -179,9 +179,9 @@ def test_the_loaders_auto_uses_processes_only_on_a_cpu_with_eight_cores_or_more(
     from specfuse.members.process import ProcessMember
 
     path = tiny_checkpoints[1]
-    monkeypatch.setattr("specfuse.models.loading.cpu_cores", lambda: 4)
+    monkeypatch.setattr("specfuse.models.placement.cpu_cores", lambda: 4)
     assert type(SharedLoader(trusted=[path], processes="auto")(path, "cpu", lambda f, s: None)) is HFMember
-    monkeypatch.setattr("specfuse.models.loading.cpu_cores", lambda: 8)
+    monkeypatch.setattr("specfuse.models.placement.cpu_cores", lambda: 8)
     member = SharedLoader(trusted=[path], processes="auto")(path, "cpu", lambda f, s: None)
     try:
         assert type(member) is ProcessMember
