@@ -6,8 +6,6 @@ name in chromium's accessibility tree."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from urllib.parse import quote
 
 import pytest
@@ -15,7 +13,8 @@ import pytest
 from specfuse.handout import trace_html
 from specfuse.lessons import load_lesson
 
-from ..helpers_browser import TIMEOUT_MS, launched
+from .. import helpers_browser
+from ..helpers_browser import launched
 from ..scripted import ScriptedMember, prefers
 
 pytestmark = pytest.mark.browser
@@ -31,18 +30,9 @@ def address(tmp_path_factory):
         yield served.rstrip("/")
 
 
-@contextlib.contextmanager
-def opened(browser, url: str, ready: str = "#prompt textarea") -> Iterator:
-    """A fresh context's page at `url` at a projector's 1280×720 from its first paint on."""
-    context = browser.new_context(viewport={"width": 1280, "height": 720})
-    try:
-        page = context.new_page()
-        page.set_default_timeout(TIMEOUT_MS)
-        page.goto(url)
-        page.wait_for_selector(ready)
-        yield page
-    finally:
-        context.close()
+def opened(browser, url: str, ready: str = "#prompt textarea"):
+    """A page at `url` at a projector's 1280×720 from its first paint on."""
+    return helpers_browser.opened(browser, url, ready, viewport={"width": 1280, "height": 720})
 
 
 def wait_round(page, k: int) -> None:

@@ -24,8 +24,8 @@ from ..scripted import looping
 
 pytestmark = pytest.mark.browser
 
-# The page's defaults here: tiny members' runs long enough (60 rounds) that three pages' runs overlap.
-CONFIG = EnsembleConfig(segment_len=4, max_new_tokens=240)
+# The page's defaults here: tiny members' runs long enough (30 rounds) that three pages' runs overlap.
+CONFIG = EnsembleConfig(segment_len=4, max_new_tokens=120)
 PROMPTS = ["The cat sat", "Numbers: 1, 2,", "Hello there"]
 SEEN = """(() => { window.seen = []; const s = document.querySelector('#status');
   new MutationObserver(() => window.seen.push(s.innerText)).observe(s, {subtree: true,
@@ -122,7 +122,7 @@ def test_three_pages_stream_their_own_answers_at_once(browser, served, monkeypat
     # before a busy machine's third page has clicked Run (a fresh clone's CI saw 2).
     assert most[0] >= 2
     for page in pages:
-        page.context.close()
+        page.close()
     wait_idle(scheduler)
 
 
@@ -188,7 +188,7 @@ def test_a_soak_of_api_clients_and_a_browser_user(browser, served, monkeypatch):
         page.wait_for_function("document.querySelector('#status').innerText.includes('stopped by the user')")
         start(page, "go")
         wait_round(page, 2)
-        page.context.close()  # gone mid-run: its run leaves the batch
+        page.close()  # gone mid-run: its run leaves the batch
 
     def wave(seed: int) -> None:
         threads = [threading.Thread(target=api_client, args=(seed + c, 6)) for c in range(3)]
