@@ -51,11 +51,12 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-# Two pytest-xdist workers, a test file each at a time (tests/conftest.py groups them); the 40 slowest
+# Two pytest-xdist workers, a test file each at a time, the files with slow or browser tests first
+# (tests/conftest.py orders them); the 40 slowest
 # tests printed, so the suite's time is visible in every CI log.
 TEST_WORKERS ?= 2
 test: install browser llama-server lint
-	$(PY) -m pytest -q -ra --durations=40 -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -ra --durations=40 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not browser" -x

@@ -174,6 +174,15 @@ SWITCH_JS = """(code) => {
 }"""
 
 
+# The page's own `lang` (the browser's hyphenation, a screen reader's voice, and app.css: Gradio's
+# status tracker writes "processing |" and "queue: 1/2 |" in English whatever the locale, so a page
+# in Chinese hides that line and leaves the saying to the status line).
+PAGE_LANG_JS = """(code) => {
+  document.documentElement.lang = code === "zh" ? "zh-CN" : code;
+  return [];
+}"""
+
+
 def wire_language(demo: gr.Blocks, switch: gr.Radio) -> None:
     """On load: the switch shows the session's language and the page's text is in it. Call last,
     once every component and listener is in the page."""
@@ -192,8 +201,14 @@ def wire_language(demo: gr.Blocks, switch: gr.Radio) -> None:
         update[switch] = gr.update(value=lang)
         return update
 
-    demo.load(load, None, [*targets, switch], queue=False, show_progress="hidden")
+    mark_language(demo.load(load, None, [*targets, switch], queue=False, show_progress="hidden"), switch)
     switch.input(None, [switch], None, js=SWITCH_JS)
+
+
+def mark_language(loaded: Any, holder: Any) -> None:
+    """Once `loaded` (a page's load) has put the session's language code in `holder`, the page's
+    <html lang> says it."""
+    loaded.then(None, [holder], None, js=PAGE_LANG_JS, queue=False, show_progress="hidden")
 
 
 # Gradio 6 announces a finished event to screen readers as `common.complete`, a key none of its

@@ -22,6 +22,7 @@ import gradio as gr
 from specfuse.prompts import last_user_text
 
 from .ballot import Ballot, Beat, choices_of, verdict_of
+from .i18n import current, mark_language
 from .recorded import StepRun
 from .room import MAX_PHONES, RoomError, Rooms, Session, Student
 from .room_views import SAY, phrase, pick_choices, refusal, student_html, teacher_html
@@ -280,6 +281,7 @@ class StudentPage:
     ballot: gr.State
     timer: gr.Timer
     title: gr.Markdown
+    lang: gr.Textbox  # hidden: the phone's language code, for the page's <html lang>
 
     def texts(self) -> Update:
         """The page's fixed text in the phone's language (its own Accept-Language or ?lang=, not the
@@ -289,6 +291,7 @@ class StudentPage:
             self.code: gr.Textbox(label=phrase("code_label")),
             self.join: gr.Button(phrase("join")),
             self.pick: gr.Radio(label=phrase("pick_label")),
+            self.lang: current(),
         }
 
 
@@ -302,7 +305,8 @@ def student_page() -> StudentPage:
     pick = gr.Radio([], label=SAY["pick_label"], visible=False, elem_id="room-pick")
     token = gr.BrowserState("", storage_key="specfuse-room-id")
     timer = gr.Timer(WATCHDOG_S, active=False)
-    return StudentPage(code, join, note, view, pick, token, gr.State(""), gr.State(""), timer, title)
+    lang = gr.Textbox(visible=False)
+    return StudentPage(code, join, note, view, pick, token, gr.State(""), gr.State(""), timer, title, lang)
 
 
 # The link's code into the box on load; the keys 1–9 pick a candidate (a tap does too).
@@ -347,8 +351,9 @@ def wire_student(desk: Desk, demo: gr.Blocks, page: StudentPage) -> None:
         preprocess=False,
     )
     demo.load(None, js=PICK_KEYS)
-    texts = [page.title, page.code, page.join, page.pick]
-    demo.load(page.texts, None, texts, queue=False, show_progress="hidden", api_visibility="private")
+    texts = [page.title, page.code, page.join, page.pick, page.lang]
+    loaded = demo.load(page.texts, None, texts, queue=False, show_progress="hidden", api_visibility="private")
+    mark_language(loaded, page.lang)
 
 
 def student_route(desk: Desk, demo: gr.Blocks) -> None:

@@ -78,13 +78,18 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_modifyitems(config, items):
-    # `make test`'s workers (--dist loadgroup) take a test file at a time, so its module's app, browser
-    # and models are set up once; the files that load the real trio (real_members) go to one worker
-    # together, which loads it once.
-    real = {item.module for item in items if "real_members" in getattr(item, "fixturenames", ())}
-    for item in items if config.pluginmanager.hasplugin("xdist") else ():
-        group = "real-members" if item.module in real else item.module.__name__
-        item.add_marker(pytest.mark.xdist_group(group))
+    # `make test`'s workers (--dist loadfile) take a test file at a time, so a module's app, browser
+    # and models are set up once. (Not --dist loadgroup: under pytest 9.2 it silently ignores its
+    # groups, pytest-xdist issue #1386, and deals every test out on its own.) The files that hold a
+    # slow or browser test are dealt first, so that the many quick ones even out the two workers' ends
+    # (make test keeps this order: --no-loadscope-reorder).
+    if config.pluginmanager.hasplugin("xdist"):
+        heavy = {
+            item.module
+            for item in items
+            if any(item.iter_markers("slow")) or any(item.iter_markers("browser"))
+        }
+        items.sort(key=lambda item: item.module not in heavy)  # stable: the files' own order within
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs CUDA")
         for item in items:

@@ -102,6 +102,7 @@ def test_compiled_members_are_timed_by_their_own_drafts_beside_eager_drafts_in_o
     json.dumps(report)
 
 
+@pytest.mark.slow
 def test_the_command_adds_one_process_per_member_and_writes_its_report(tmp_path, capsys):
     """The whole command, as it runs on a GPU, with every mode (processes included) on tiny shapes."""
     out = tmp_path / "gpu.json"
@@ -117,6 +118,7 @@ def test_the_command_adds_one_process_per_member_and_writes_its_report(tmp_path,
     assert "at once (one process per member)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_bare_decoding_race_reports_all_three_ways(tmp_path):
     out = tmp_path / "race.json"
     argv = ["--shapes", "tiny", "--device", "cpu", "--dtype", "float32", "--max-new-tokens", "8"]

@@ -48,11 +48,10 @@ def wait_text(page, selector: str, text: str) -> None:
     )
 
 
-# Gradio's own text that its Chinese locale leaves in English (a slider's accessible names; a queued
-# event's "processing |" and "queue: 1/2 |", written into its status tracker, not locale keys).
+# Gradio's own accessible names that its Chinese locale leaves in English (a slider's, a table's:
+# written into its components, not locale keys). Its status tracker's "processing |" and "queue: 1/2
+# |" are visible text: a page in Chinese hides them (TRACKER_TEXT), so they are not listed here.
 GRADIO_OWN = (
-    "processing |",
-    "queue: ",
     "number input for",
     "range slider for",
     "Reset to default value",
@@ -62,6 +61,16 @@ GRADIO_OWN = (
     "Gradio footer navigation",
     "Empty value",
 )
+# Whether Gradio's status tracker line ("processing | 1.9s") would show on this page: one made up.
+TRACKER_TEXT = """() => {
+  const line = document.createElement("div");
+  line.className = "meta-text";
+  line.textContent = "processing | 1.9s";
+  document.body.append(line);
+  const shown = getComputedStyle(line).display !== "none";
+  line.remove();
+  return [document.documentElement.lang, shown];
+}"""
 PROMPTS = [str(x) for e in EXAMPLES for x in (e if isinstance(e, (list, tuple)) else [e])]
 
 
@@ -98,6 +107,8 @@ def test_a_lesson_stepped_in_chinese_shows_no_english(browser, served):
         page.evaluate(HEARD)
         found = english_left(page, allowed)
         assert not found, f"{len(found)} English words in the Chinese page as it opens: {found[:40]}"
+        page.wait_for_function("document.documentElement.lang === 'zh-CN'")
+        assert page.evaluate(TRACKER_TEXT) == ["zh-CN", False]
         page.locator(f"#class-open-{SLUG}").focus()
         page.keyboard.press("Enter")
         page.wait_for_selector("#class-lesson", state="visible")
@@ -136,6 +147,8 @@ def test_the_switch_reloads_the_page_in_the_language_picked(browser, served):
     address, _loaded = served
     with opened(browser, address, locale="en-US") as page:
         wait_text(page, "#step-mode", "Step mode")
+        page.wait_for_function("document.documentElement.lang === 'en'")
+        assert page.evaluate(TRACKER_TEXT) == ["en", True]  # English pages keep Gradio's timer line
         page.locator("#sf-lang label", has_text="中文").click()
         page.wait_for_url("**lang=zh**")
         wait_text(page, "#step-mode", "分步模式")
@@ -194,6 +207,8 @@ def test_a_phone_in_chinese_joins_votes_and_hears_the_verdict_in_chinese(browser
             wait_text(phone, "#room-student", "你已加入")
             wait_text(phone, "#room-title", "加入课堂")
             assert not english_left(phone, allowed), english_left(phone, allowed)
+            phone.wait_for_function("document.documentElement.lang === 'zh-CN'")
+            assert phone.evaluate(TRACKER_TEXT) == ["zh-CN", False]
             teacher.keyboard.press("ArrowRight")  # round 1's drafts
             phone.wait_for_selector("#room-pick input[type=radio]")
             phone.keyboard.press("1")

@@ -278,6 +278,7 @@ def run_probe(name: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in kilobytes on Linux")
 def test_the_longest_allowed_typed_segment_and_prompt_stay_within_the_memory_bound():
     """Before chunked verification one typed segment of 8,192 tokens grew a tiny model's process by

@@ -299,6 +299,7 @@ print(json.dumps([drafts(tiny_member("gemma-meta")), drafted, compiled.compiled.
 """
 
 
+@pytest.mark.slow
 def test_on_torch_s_avx2_kernels_the_compiled_drafts_equal_the_eager_ones(tmp_path):
     # Inductor's graph cache did not key on the kernels torch is held to: after a compilation on this
     # CPU's own kernels the AVX2 run was served that graph and drafted NaNs, and the other way round

@@ -31,6 +31,7 @@ def in_processes():
         m.close()
 
 
+@pytest.mark.slow
 def test_an_ensemble_of_process_members_gives_the_same_rounds_as_members_here(in_processes):
     config = EnsembleConfig(segment_len=4, max_new_tokens=32)
     here = list(Ensemble([tiny_member(n) for n in NAMES], config).stream("The cat sat"))
@@ -200,6 +201,7 @@ def test_an_unknown_processes_setting_says_what_it_takes():
         wanted("sometimes", ["cpu"], 2)
 
 
+@pytest.mark.slow
 def test_load_members_auto_follows_the_cores(tiny_checkpoints, monkeypatch):
     paths = tiny_checkpoints[:2]
     monkeypatch.setattr("specfuse.models.placement.cpu_cores", lambda: 2)

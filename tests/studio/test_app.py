@@ -172,6 +172,7 @@ def test_with_processes_the_loader_loads_each_model_once_in_a_process_of_its_own
     assert not member.alive
 
 
+@pytest.mark.slow
 def test_the_loaders_auto_uses_processes_only_on_a_cpu_with_eight_cores_or_more(
     tiny_checkpoints, monkeypatch
 ):
