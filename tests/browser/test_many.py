@@ -24,8 +24,8 @@ from ..scripted import looping
 
 pytestmark = pytest.mark.browser
 
-# The page's defaults here: tiny members' runs long enough (30 rounds) that three pages' runs overlap.
-CONFIG = EnsembleConfig(segment_len=4, max_new_tokens=120)
+# The page's defaults here: tiny members' runs long enough (60 rounds) that three pages' runs overlap.
+CONFIG = EnsembleConfig(segment_len=4, max_new_tokens=240)
 PROMPTS = ["The cat sat", "Numbers: 1, 2,", "Hello there"]
 SEEN = """(() => { window.seen = []; const s = document.querySelector('#status');
   new MutationObserver(() => window.seen.push(s.innerText)).observe(s, {subtree: true,
@@ -130,7 +130,7 @@ def test_a_soak_of_api_clients_and_a_browser_user(browser, served, monkeypatch):
     address, members, scheduler, _ = served
     config = EnsembleConfig(segment_len=4, max_new_tokens=16)
     good = [(p, solo(members, p, config=config)) for p in PROMPTS]
-    page_good = [(p, solo(members, p)) for p in PROMPTS]
+    page_good = [(p, solo(members, p)) for p in PROMPTS[:2]]
     failures: list[str] = []
     kinds: dict[str, int] = {}
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.browser
 
 SKY = "Why is the sky blue? Explain it to a child."
 TALE = "Once upon a time, in a land far away"
-BUILD = {"default_models": TINY, "defaults": {"segment_len": 4, "max_new_tokens": 48}}
+BUILD = {"default_models": TINY, "defaults": {"segment_len": 4, "max_new_tokens": 32}}
 WAIT_MS = 30_000
 
 

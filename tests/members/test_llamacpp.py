@@ -289,7 +289,7 @@ def test_the_backends_benchmark_sets_the_three_setups_side_by_side(monkeypatch):
     _needs_build()
     monkeypatch.setenv("SPECFUSE_CACHE", REAL_MODEL_CACHE)  # converted once, not again in tmp_path
     pair = ["smollm2-135m", "qwen2.5-coder-0.5b"]
-    report = run(pair, ["What is 2 + 3?", "Who wrote Hamlet?"], EnsembleConfig(max_new_tokens=12))
+    report = run(pair, ["What is 2 + 3?", "Who wrote Hamlet?"], EnsembleConfig(max_new_tokens=8))
     totals = report["totals"]
     assert list(totals) == list(SETUPS) == ["none", "gguf", "gguf-draft"]
     for q in SETUPS:

@@ -225,7 +225,7 @@ def test_bench_and_eval_pass_quantize_to_load_members(command, tiny_checkpoints,
         seen.append((list(names), options.get("quantize")))
         raise Stop("stop before the run")
 
-    monkeypatch.setattr(loading, "load_members", fake_load_members)
+    monkeypatch.setattr(placement, "load_members", fake_load_members)
     if command == "bench":
         from specfuse.bench.core import main
     else:
