@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from .chromium import CHROMIUM
+from .chromium import executable
 from .helpers_app import launched as launched  # re-exported: the browser tests launch the app from here
 from .scripted import ScriptedMember, prefers
 
-if not CHROMIUM.exists():
+if not executable().exists():
     pytest.skip(
-        "needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)", allow_module_level=True
+        "needs Debian's chromium (apt-get install -y chromium chromium-headless-shell)", allow_module_level=True
     )
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package (pip install)")
 
