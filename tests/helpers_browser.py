@@ -18,7 +18,8 @@ from .scripted import ScriptedMember, prefers
 
 if not executable().exists():
     pytest.skip(
-        "needs Debian's chromium (apt-get install -y chromium chromium-headless-shell)", allow_module_level=True
+        "needs Debian's chromium (apt-get install -y chromium chromium-headless-shell)",
+        allow_module_level=True,
     )
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package (pip install)")
 
