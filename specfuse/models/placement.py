@@ -37,7 +37,7 @@ def load_in_process(
     """`load(name_or_path, **options)` (load_member by default) in a worker process of its own.
 
     `threads`: the process's torch intra-op threads (a CPU member's share of the cores); None leaves
-    torch's default. `load` and `options` go to a spawned process, so they must pickle.
+    torch's default. `load` and `options` go to another process, so they must pickle.
     """
     build = functools.partial(load or load_member, name_or_path, **options)
     return ProcessMember(build, threads=threads)
@@ -93,7 +93,8 @@ def load_members(
     `processes` (True/"on", False/"off" or "auto": where processes.processes_pay_off on the devices
     of `ensemble_devices`, default these members'): each model loads in a worker process of its own,
     with an equal share of the cores until a run sets its share; a served member stays here. Worker
-    processes are spawned: a script that loads with processes must guard its top level with
+    processes start from a fork server that imports the calling script as spawned ones do
+    (members/process.py): a script that loads with processes must guard its top level with
     `if __name__ == "__main__":`.
 
     A model listed twice loads once: each later listing is another member, `name#2`, … on the same

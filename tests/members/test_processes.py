@@ -161,6 +161,30 @@ def test_a_worker_that_misses_its_deadline_is_stopped_and_its_member_says_why():
         member.close()
 
 
+def named_by_its_surroundings(key: str):
+    """A member (built in the worker) whose name is the worker's `key` variable and working folder."""
+    import os
+
+    from ..scripted import ScriptedMember
+
+    return ScriptedMember(f"{os.environ.get(key)}@{os.getcwd()}", ["x "], len)
+
+
+def test_a_worker_takes_the_parents_environment_and_folder_as_they_are_when_it_starts(
+    in_processes, monkeypatch, tmp_path
+):
+    # The fork server started with the module's first workers (forked from it, not spawned); a worker
+    # forked from it now still sees what the parent set since, as a spawned process would.
+    assert type(in_processes[0]._process._popen).__module__ == "multiprocessing.popen_forkserver"
+    monkeypatch.setenv("SPECFUSE_PROBE", "set-after-the-server-started")
+    monkeypatch.chdir(tmp_path)
+    member = ProcessMember(functools.partial(named_by_its_surroundings, "SPECFUSE_PROBE"))
+    try:
+        assert member.name == f"set-after-the-server-started@{tmp_path}"
+    finally:
+        member.close()
+
+
 def test_a_call_deadline_must_be_positive():
     with pytest.raises(ValueError, match="call_timeout must be a positive number of seconds"):
         ProcessMember(functools.partial(tiny_member, NAMES[0]), call_timeout=0)
