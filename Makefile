@@ -54,8 +54,8 @@ lint: install
 	$(VENV)/bin/mypy
 
 # Two pytest-xdist workers, a test file each at a time, the files with slow or browser tests first
-# (tests/conftest.py orders them); the 40 slowest
-# tests printed, so the suite's time is visible in every CI log.
+# (tests/conftest.py orders them); the 40 slowest tests printed, so the suite's time is visible in
+# every CI log.
 TEST_WORKERS ?= 2
 test: install browser llama-server lint
 	$(PY) -m pytest -q -ra --durations=40 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
