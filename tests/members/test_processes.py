@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import os
 import threading
 import time
 
@@ -19,6 +20,7 @@ from specfuse.models.placement import load_members
 
 from ..conftest import TINY_SPECS, tiny_member
 from ..runs import chat
+from ..scripted import ScriptedMember
 
 NAMES = list(TINY_SPECS)[:3]
 
@@ -163,10 +165,6 @@ def test_a_worker_that_misses_its_deadline_is_stopped_and_its_member_says_why():
 
 def named_by_its_surroundings(key: str):
     """A member (built in the worker) whose name is the worker's `key` variable and working folder."""
-    import os
-
-    from ..scripted import ScriptedMember
-
     return ScriptedMember(f"{os.environ.get(key)}@{os.getcwd()}", ["x "], len)
 
 
