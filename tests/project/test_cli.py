@@ -13,6 +13,7 @@ import pytest
 
 from specfuse import ConfigError, EnsembleConfig, load_trace
 from specfuse.cli import _load, build_parser, main
+from specfuse.members.hf import compiled as compiled_decoding
 
 from ..helpers_cli import run_cli
 
@@ -45,7 +46,10 @@ def test_members_in_processes_of_their_own_give_the_same_answer(tiny_checkpoints
     assert answers[0] == answers[1] and answers[0].strip()
 
 
-def test_compile_drafts_in_a_static_cache_and_gives_the_eager_answer(tiny_checkpoints):
+def test_compile_drafts_in_a_static_cache_and_gives_the_eager_answer(tiny_checkpoints, monkeypatch):
+    # --compile's way through the command line; "aot_eager" compiles the same graphs as inductor without
+    # its C++ (tests/members/test_compiled_decoding.py runs inductor itself).
+    monkeypatch.setattr(compiled_decoding, "DEFAULT_BACKEND", "aot_eager")
     models = ",".join(tiny_checkpoints)
     base = ("--models", models, "--max-new-tokens", "16", "--dtype", "float32", "--no-processes")
     args = build_parser().parse_args([*base, "--compile", "Hi"])

@@ -79,6 +79,11 @@ class _Draft:
     fed: list[int] = field(default_factory=list)  # the tokens decoded there so far
 
 
+# torch.compile's backend where the caller names none: inductor, which on a CPU generates and compiles
+# C++ (tens of seconds a member); the tests that check wiring rather than inductor set "aot_eager".
+DEFAULT_BACKEND = "inductor"
+
+
 class CompiledDecoder:
     """A member's static cache and compiled decode step, shared by its requests one at a time."""
 
@@ -87,7 +92,7 @@ class CompiledDecoder:
     ) -> None:
         self.member = member
         on_gpu = str(member.device).startswith("cuda")
-        self.backend = backend or "inductor"
+        self.backend = backend or DEFAULT_BACKEND
         # CUDA graphs on a GPU; on a CPU inductor's default (there are no graphs to capture).
         self.mode = mode if mode is not None else ("reduce-overhead" if on_gpu else None)
         self.cudagraphs = on_gpu and self.mode == "reduce-overhead"
