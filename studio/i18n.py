@@ -177,8 +177,8 @@ SWITCH_JS = """(code) => {
 # The page's own `lang` (the browser's hyphenation, a screen reader's voice, and app.css: Gradio's
 # status tracker writes "processing |" and "queue: 1/2 |" in English whatever the locale, so a page
 # in Chinese hides that line and leaves the saying to the status line).
-# Also marks the page as loaded (data-sf-loaded): the load's texts are in, and nothing it sends will
-# overwrite what a click shows next (the browser tests wait for it before their first click).
+# Also marks the page's language load done (data-sf-loaded): its texts, sent for the session's language,
+# will not overwrite what a click shows next (the browser tests wait for it before their first click).
 PAGE_LANG_JS = """(code) => {
   document.documentElement.lang = code === "zh" ? "zh-CN" : code;
   document.documentElement.dataset.sfLoaded = "1";

@@ -24,7 +24,11 @@ if not executable().exists():
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package (pip install)")
 
 TIMEOUT_MS = 60_000
-LOADED = "!document.querySelector('gradio-app') || document.documentElement.dataset.sfLoaded === '1'"
+# A Gradio page's loads have come back: the language's (studio/i18n.PAGE_LANG_JS) and, where the page has
+# lesson cards, the link's (studio/gallery.LINK_LOADED). Other pages (a handout) have none.
+LOADED = """(() => { const d = document.documentElement.dataset;
+  if (!document.querySelector('gradio-app')) return true;
+  return d.sfLoaded === '1' && (!document.querySelector('[id^=class-open-]') || d.sfLinked === '1'); })()"""
 
 
 def upload(page, path: Path) -> None:
@@ -45,9 +49,9 @@ def open_page(browser, address: str, ready: str = "#prompt textarea", **options)
         page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
         page.goto(address)
         page.wait_for_selector(ready)
-        # The page's load has come back (studio/i18n.PAGE_LANG_JS): its texts, sent for the session's
-        # language, would otherwise overwrite what a first click shows (under load a lesson's status
-        # line was replaced, and the test waited for it in vain).
+        # The page's loads have come back: what they send would otherwise overwrite what a first click
+        # shows (under load a lesson opened by a click lost its status line to the load's empty one,
+        # and the test waited for it in vain).
         page.wait_for_function(LOADED, polling=100)
     except BaseException:
         page.close()
