@@ -276,13 +276,13 @@ from concurrent.futures import ThreadPoolExecutor
 from tests.conftest import tiny_member
 from specfuse.config import MemberSettings
 
-def drafts(member):
+def drafts(member):  # its own draft accepted, then another member's segment, then its own again
     state = member.start("Tell me about the lighthouse by the sea.", MemberSettings(max_new_tokens=200))
     out = []
-    for _ in range(2):
+    for accepted in (None, " and the sea", None):
         cand = member.draft(state, 6)
         out.append(cand.text)
-        member.accept(state, cand.text)
+        member.accept(state, accepted or cand.text)
     return out
 
 compiled = tiny_member("gemma-meta", compile_decode=True)
@@ -318,7 +318,7 @@ def test_inductor_s_drafts_equal_the_eager_ones_on_this_cpu_s_kernels_and_on_avx
         assert done.returncode == 0, done.stderr[-2000:]
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     for eager, compiled, counts, backend, mode in runs:
-        assert compiled == eager and len(eager) == 2 and counts == {"static": 2, "eager": 0, "batched": 0}
+        assert compiled == eager and len(eager) == 3 and counts == {"static": 3, "eager": 0, "batched": 0}
         assert backend == "inductor" and mode is None
     assert all(run[0] == runs[0][0] for run in runs)  # fp32 on both kernels: the same tokens
 
