@@ -376,12 +376,15 @@ def round_panels(
     current = rounds[-1] if rounds else None
     fixed = trace is None or trace.config.normalization != "none"
     marked = len(rounds) - 1 if k is not None and len(rounds) < len(every) else None
+    # Before a round the charts stay empty (their labels and icons, as the empty tables): a figure
+    # would load Plotly's 4.6 MB script on every page open, a third of what chromium spends there
+    # (docs/app.md); it loads with the first round's figure instead.
     return {
         "answer": answer_component(trace, marked),
         "status": status_markdown(rounds, note),
         "candidates": candidates_value(current),
-        "matrix": heatmap_figure(current, view == NORMALIZED, fixed),
-        "weights": weights_figure(rounds),
+        "matrix": heatmap_figure(current, view == NORMALIZED, fixed) if current is not None else None,
+        "weights": weights_figure(rounds) if rounds else None,
         "exits": exits_value(rounds),
         "summary": summary_value(rounds),
         # the charts' text beside them (issue 53, item 5)

@@ -31,6 +31,16 @@ LOADED = """(() => { const d = document.documentElement.dataset;
   return d.sfLoaded === '1' && (!document.querySelector('[id^=class-open-]') || d.sfLinked === '1'); })()"""
 
 
+def until(page, predicate: str, *shown: str) -> None:
+    """wait_for_function(predicate), which on a timeout says what the `shown` selectors held then
+    (Playwright's own error says only that the time ran out)."""
+    try:
+        page.wait_for_function(predicate)
+    except sync_api.TimeoutError:
+        held = {s: page.locator(s).inner_text() if page.locator(s).count() else None for s in shown}
+        raise AssertionError(f"timed out waiting for {predicate}; the page held {held}") from None
+
+
 def upload(page, path: Path) -> None:
     page.locator("#replay button").first.click()  # open the accordion
     page.locator("#upload input[type=file]").set_input_files(str(path))

@@ -123,14 +123,6 @@ def test_a_lesson_opens_with_no_model_loaded_its_notes_beside_the_panels(page, s
     assert not page.locator("#class-look-matrix").is_visible()
 
 
-def test_a_lone_draft_matrix_says_there_is_nothing_to_verify(page):
-    open_lesson(page, "exits")
-    assert TRACES["exits"].rounds[-1].verified is False and "exits" not in KEY_ROUNDS
-    page.wait_for_function("document.querySelector('#matrix').textContent.includes('nothing to verify')")
-    assert "one draft this round: nothing to verify" in page.locator("#matrix").text_content()
-    assert page.inner_text("#class-look-exits") == "Look for: a and c leave"
-
-
 def test_run_it_live_fills_the_form_from_the_lesson_and_runs_on_its_members(page, served_app):
     open_lesson(page, "winners")
     page.click("#class-run-live")
@@ -165,10 +157,16 @@ def test_a_shipped_lesson_opens_at_its_key_round_with_no_model_installed(page, s
     assert page.inner_text("#status").startswith(f"Round {k} ")  # the recorded run stays
 
 
-def test_a_branch_lesson_has_its_typed_segment_ready_to_branch_with(page):
+def test_a_lone_draft_s_matrix_says_so_and_a_branch_lesson_has_its_typed_segment_ready(page):
+    open_lesson(page, "exits")
+    assert TRACES["exits"].rounds[-1].verified is False and "exits" not in KEY_ROUNDS
+    page.wait_for_function("document.querySelector('#matrix').textContent.includes('nothing to verify')")
+    assert "one draft this round: nothing to verify" in page.locator("#matrix").text_content()
+    assert page.inner_text("#class-look-exits") == "Look for: a and c leave"
+    # Another lesson on the same page: one whose key round is a branch, typed by a person.
     one = lessons.lesson("typed-wrong-number")
-    open_lesson(page, one.slug)
-    assert "typed by a person" in page.inner_text("#class-lesson")
+    page.click(f"#class-open-{one.slug}")  # the status already says "recorded run": wait for the lesson
+    page.wait_for_function("document.querySelector('#class-lesson').innerText.includes('typed by a person')")
     page.locator("#what-if button").first.click()
     assert page.locator("#branch-text textarea").input_value() == one.branch[1]
     assert page.locator("#round input[type=number]").input_value() == str(one.branch[0])
@@ -216,14 +214,11 @@ def test_the_presenter_view_shows_the_answer_large_and_one_panel_and_keeps_the_r
     page.wait_for_function("!document.body.classList.contains('sf-presenter')")
 
 
-def test_p_typed_in_a_field_is_text_not_the_presenter_view(page):
+def test_p_typed_is_text_and_the_page_requests_nothing_from_another_host(page):
     page.locator("#prompt textarea").click()
-    page.keyboard.type("pp")
+    page.keyboard.type("pp")  # in a field: text, not the presenter view
     assert page.locator("#prompt textarea").input_value() == "pp"
     assert not page.evaluate("document.body.classList.contains('sf-presenter')")
-
-
-def test_the_page_requests_nothing_from_another_host(page):
     open_lesson(page, "winners")
     page.keyboard.press("p")
     page.keyboard.press("3")

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
 from specfuse import load_trace
 
 from ..conftest import TINY, tiny_member
-from ..helpers_browser import launched, opened, page_on, pick, run_and_wait, show_round, upload, use_members
+from ..helpers_browser import (
+    launched,
+    opened,
+    page_on,
+    pick,
+    run_and_wait,
+    show_round,
+    until,
+    upload,
+    use_members,
+)
 from ..helpers_eval import eval_folder
 from ..scripted import ScriptedMember, SlowMember, scripted_trace
 
@@ -168,9 +177,11 @@ def test_the_first_candidate_shows_while_a_slower_member_is_still_drafting(page)
     assert "quick fox" in table and "slow tortoise" not in table
     page.wait_for_function("document.querySelector('#status').innerText.includes('first segment after')")
     # Decided: both candidates, one chosen; read in one look at the page, not two.
-    page.wait_for_function(
+    until(
+        page,
         "(() => { const t = document.querySelector('#candidates').innerText;"
-        " return t.includes('✓') && t.includes('quick fox') && t.includes('slow tortoise'); })()"
+        " return t.includes('✓') && t.includes('quick fox') && t.includes('slow tortoise'); })()",
+        *("#status", "#candidates"),
     )
 
 
@@ -232,9 +243,11 @@ def test_member_names_from_a_trace_render_as_text_in_the_charts(page, tmp_path):
     assert page.dialogs == []
 
 
-def test_tables_fit_a_1400_pixel_window(page):
-    """The candidates table's reward/chosen columns and the summary's right side were off-screen
-    at 1400 px (issue 8, item 8)."""
+def test_a_run_s_tables_fit_1400_pixels_and_a_rejected_upload_shows_one_error_and_keeps_them(page, tmp_path):
+    """The candidates table's reward/chosen columns and the summary's right side were off-screen at
+    1400 px (issue 8, item 8). A bad upload painted "Error" on every panel; the download button
+    looked enabled before any run and did nothing (issue 8, item 10)."""
+    assert not page.locator("#download").is_visible()
     run_and_wait(page, "Hello there")
     width = page.viewport_size["width"]
     for table in ("#candidates", "#summary"):
@@ -243,13 +256,6 @@ def test_tables_fit_a_1400_pixel_window(page):
         assert box is not None and block is not None
         right = min(width, block["x"] + block["width"])  # on screen, and not scrolled out of its block
         assert box["x"] + box["width"] <= right + 1, (table, box, block)
-
-
-def test_a_rejected_upload_shows_one_error_and_keeps_the_panels(page, tmp_path):
-    """A bad upload painted "Error" on every panel; the download button looked enabled before any
-    run and did nothing (issue 8, item 10)."""
-    assert not page.locator("#download").is_visible()
-    run_and_wait(page, "Hello there")
     page.wait_for_selector("#download", state="visible")
     tokens = page.locator("#answer .token").count()
     bad = tmp_path / "bad.json"
@@ -266,8 +272,9 @@ def test_a_rejected_upload_shows_one_error_and_keeps_the_panels(page, tmp_path):
     assert "✓" in page.inner_text("#candidates")
 
 
-def replayed_tiny_trace(page, tmp_path) -> Path:
-    """Run the tiny members, download the trace, and replay it in a fresh page."""
+def test_a_replayed_trace_shows_a_cells_tokens_shaded_then_a_typed_segment_branches_it(page, tmp_path):
+    """Run the tiny members, download the trace, replay it in a fresh page; pick a matrix cell of
+    round 1, then branch from round 2 with a typed segment: both answers show."""
     run_and_wait(page, "Hello there")
     with page.expect_download() as download:
         page.click("#download")
@@ -277,14 +284,23 @@ def replayed_tiny_trace(page, tmp_path) -> Path:
     page.wait_for_selector("#prompt textarea")
     upload(page, saved)
     page.wait_for_function("document.querySelector('#status').innerText.includes('replayed')")
-    return saved
-
-
-def test_a_typed_segment_branches_a_replayed_trace_and_both_answers_show(page, tmp_path):
-    saved = replayed_tiny_trace(page, tmp_path)
     original = load_trace(saved)
-    show_round(page, 2)
+
+    # Round 1: every member drafts and is scored (a late round may be a lone, unverified draft).
+    show_round(page, 1)
     page.locator("#what-if button").first.click()
+    page.wait_for_selector("#tokens .sf-token")
+    box = page.locator("#evidence-candidate input")
+    box.click()
+    page.locator("ul[role=listbox] li").nth(1).click()
+    page.wait_for_function("document.querySelector('#tokens').innerText.includes('reading')")
+    assert page.locator("#tokens .sf-token").count() >= 1
+    shaded = "#tokens .sf-token[title*='raw logit'], #tokens .sf-token[title*='log-probability']"
+    assert page.locator(shaded).count() >= 1
+    rules = page.inner_text("#rules")
+    assert "z-softmax, weighted mean" in rules and "weighted median" in rules
+
+    show_round(page, 2)  # the what-if panel stays open
     typed = "<b>typed</b> by you "
     page.fill("#branch-text textarea", typed)
     page.click("#branch")
@@ -300,23 +316,6 @@ def test_a_typed_segment_branches_a_replayed_trace_and_both_answers_show(page, t
     assert branch.branch is not None and branch.branch.k == 2 and branch.branch.text == typed
     assert branch.branch.parent == original.id
     assert branch.rounds[0] == original.rounds[0] and branch.rounds[1].winner.text == typed
-
-
-def test_picking_a_matrix_cell_shows_the_candidates_tokens_shaded(page, tmp_path):
-    replayed_tiny_trace(page, tmp_path)
-    # Round 1: every member drafts and is scored (a late round may be a lone, unverified draft).
-    show_round(page, 1)
-    page.locator("#what-if button").first.click()
-    page.wait_for_selector("#tokens .sf-token")
-    box = page.locator("#evidence-candidate input")
-    box.click()
-    page.locator("ul[role=listbox] li").nth(1).click()
-    page.wait_for_function("document.querySelector('#tokens').innerText.includes('reading')")
-    assert page.locator("#tokens .sf-token").count() >= 1
-    shaded = "#tokens .sf-token[title*='raw logit'], #tokens .sf-token[title*='log-probability']"
-    assert page.locator(shaded).count() >= 1
-    rules = page.inner_text("#rules")
-    assert "z-softmax, weighted mean" in rules and "weighted median" in rules
 
 
 @pytest.fixture
