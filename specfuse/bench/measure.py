@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import multiprocessing
 import os
 import platform
 import resource
@@ -26,6 +25,7 @@ from ..config import EnsembleConfig, MemberSettings
 from ..engine import Ensemble
 from ..errors import SpecfuseError
 from ..flags import Parser, add_loading_flags, add_settings, command_line, parse_models
+from ..members.process import worker_context
 from ..members.workers import run_concurrently
 from ..records import Round
 from .floor import decoder
@@ -311,13 +311,19 @@ def process_mode(
 
 
 def race_in_processes(child: Any, arguments: Sequence[tuple[Any, ...]], timeout: float) -> float:
-    """Seconds from a common start to the last of one spawned process per argument tuple finishing.
+    """Seconds from a common start to the last of one worker process per argument tuple finishing.
 
     Each process runs `child(*arguments, ready, results, go)`: it loads and warms up, puts on
-    `ready`, waits for `go`, does the timed work and puts on `results`; loading is not timed."""
-    spawn = multiprocessing.get_context("spawn")
-    ready, results, go = spawn.Queue(), spawn.Queue(), spawn.Event()
-    procs = [spawn.Process(target=child, args=(*args, ready, results, go)) for args in arguments]
+    `ready`, waits for `go`, does the timed work and puts on `results`; loading is not timed. The
+    processes fork from the members' fork server (torch imported once: half a fresh interpreter's
+    start-up CPU), in this process's environment and folder."""
+    context = worker_context()
+    ready, results, go = context.Queue(), context.Queue(), context.Event()
+    here = (dict(os.environ), os.getcwd())
+    procs = [
+        context.Process(target=_in_place, args=(*here, child, *args, ready, results, go))
+        for args in arguments
+    ]
     for p in procs:
         p.start()
     for _ in procs:
@@ -330,6 +336,14 @@ def race_in_processes(child: Any, arguments: Sequence[tuple[Any, ...]], timeout:
     for p in procs:
         p.join()
     return seconds
+
+
+def _in_place(env: dict[str, str], cwd: str, child: Any, *args: Any) -> None:
+    """`child(*args)` in the parent's environment and folder (a forked worker starts in its server's)."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    child(*args)
 
 
 def compare_in_turn(turns: dict[str, Any], at_once: dict[str, Any]) -> None:

@@ -101,7 +101,7 @@ class ProcessMember(BaseMember):
             raise ValueError(f"call_timeout must be a positive number of seconds, not {call_timeout!r}")
         self.call_timeout = call_timeout
         self._stopped: str | None = None  # why the worker was ended, once it was
-        context = _workers()
+        context = worker_context()
         self._conn, child = context.Pipe()
         self._process = context.Process(
             target=_serve, args=(child, build, threads, dict(os.environ), os.getcwd()), daemon=True
@@ -265,8 +265,10 @@ def _close(conn: Any, process: Any) -> None:
 # ---- the worker process ----------------------------------------------------------------------------
 
 
-def _workers() -> Any:
-    """The multiprocessing context workers start from: the fork server with torch imported, else spawn."""
+def worker_context() -> Any:
+    """The multiprocessing context workers start from: the fork server with torch imported, else spawn.
+    A child started from it takes the environment and folder the fork server had at its start: pass
+    the parent's own along (as `_serve` and the benchmarks' races do)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
