@@ -41,7 +41,7 @@ def test_chinese_and_code_keep_every_character(real_members):
         "用一句话介绍长城。",
         "Write a Python function eggs_per_day(total, eaten) that returns the rest.",
     ):
-        rounds = list(Ensemble(pair, EnsembleConfig(max_new_tokens=24)).stream(prompt))
+        rounds = list(Ensemble(pair, EnsembleConfig(max_new_tokens=16)).stream(prompt))
         check_invariants(rounds)
 
 

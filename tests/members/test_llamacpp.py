@@ -248,10 +248,10 @@ def test_the_trio_in_llama_cpp_plays_whole_runs(record_property):
     rounds = list(ensemble.stream(PROMPTS[1], config))
     check_invariants(rounds)
     assert "84" in rounds[-1].text
-    check_invariants(list(ensemble.stream(PROMPTS[1], replace(config, score="logprob", max_new_tokens=20))))
+    check_invariants(list(ensemble.stream(PROMPTS[1], replace(config, score="logprob", max_new_tokens=10))))
     # Several prompts in lockstep against each played alone (greedy; inner batches under 64 tokens).
     exact = Ensemble([_member(m.name, ubatch_tokens=32) for m in members])
-    config = EnsembleConfig(max_new_tokens=24)
+    config = EnsembleConfig(max_new_tokens=16)
     lockstep: list[list] = [[] for _ in PROMPTS[:3]]
     for i, rnd in exact.stream_many(PROMPTS[:3], config):
         lockstep[i].append(rnd)
