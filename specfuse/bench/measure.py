@@ -25,7 +25,7 @@ from ..config import EnsembleConfig, MemberSettings
 from ..engine import Ensemble
 from ..errors import SpecfuseError
 from ..flags import Parser, add_loading_flags, add_settings, command_line, parse_models
-from ..members.process import worker_context
+from ..members.process import take_place, worker_context
 from ..members.workers import run_concurrently
 from ..records import Round
 from .floor import decoder
@@ -340,9 +340,7 @@ def race_in_processes(child: Any, arguments: Sequence[tuple[Any, ...]], timeout:
 
 def _in_place(env: dict[str, str], cwd: str, child: Any, *args: Any) -> None:
     """`child(*args)` in the parent's environment and folder (a forked worker starts in its server's)."""
-    os.environ.clear()
-    os.environ.update(env)
-    os.chdir(cwd)
+    take_place(env, cwd)
     child(*args)
 
 

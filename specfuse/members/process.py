@@ -276,11 +276,17 @@ def worker_context() -> Any:
     return context
 
 
-def _serve(conn: Any, build: Callable[[], Any], threads: int | None, env: dict[str, str], cwd: str) -> None:
-    """Build the member, then answer calls until told to close or the parent goes away."""
-    os.environ.clear()  # the parent's environment and folder now, not the fork server's at its start
+def take_place(env: dict[str, str], cwd: str) -> None:
+    """In a worker: the parent's environment and folder as they were at its start, not the fork
+    server's at the server's start."""
+    os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
+
+
+def _serve(conn: Any, build: Callable[[], Any], threads: int | None, env: dict[str, str], cwd: str) -> None:
+    """Build the member, then answer calls until told to close or the parent goes away."""
+    take_place(env, cwd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
     if threads is not None:
         _set_threads(threads)
