@@ -32,7 +32,7 @@ from studio import DEVICES, SharedLoader, build_demo
 from studio.i18n import gradio_own
 from studio.loading import installed_models, served_members, usable_devices
 from studio.room_page import serve_room
-from studio.serving import DEFAULT_CONCURRENCY, ApiRoute, Schedulers
+from studio.serving import DEFAULT_CONCURRENCY, STATUS_TIMER_GUARD, ApiRoute, PageHead, Schedulers
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 
@@ -55,7 +55,6 @@ def serve(
     `api`: an ASGI app (specfuse.serve.api.create_app) answering /v1/… and /health on the same port.
     `then`: called once the page answers (app.preparation: the members load while it is read)."""
     css_path = ASSETS / "app.css"
-    keys = ASSETS / "step_keys.js"  # step mode's keys: a file of ours, no request elsewhere
     demo.queue(max_size=max_size, default_concurrency_limit=concurrency)
     room = serve_room(demo)  # a class's phones: a slot each, and no "Queue is full" when they join
     launched = _launch_patiently(
@@ -70,11 +69,11 @@ def serve(
         max_file_size=MAX_TRACE_BYTES,
         theme=gr.themes.Soft(),
         css_paths=[css_path] if css_path.exists() else None,
-        js=keys.read_text(encoding="utf-8") if keys.exists() else None,
         prevent_thread_lock=True,
         quiet=prevent_thread_lock,
         **room,
     )
+    PageHead(STATUS_TIMER_GUARD, demo).mount(launched[0])
     if api is not None:
         ApiRoute(api).mount(launched[0])
     if then is not None:  # after launch: loading (torch's import, conversions) then slows no page

@@ -29,6 +29,7 @@ from specfuse.lessons import load_lesson
 from .layout import build_demo
 from .recorded import RecordedTicket, StepRun
 from .room_page import Desk, serve_room
+from .serving import STATUS_TIMER_GUARD, PageHead
 from .stepping import Stepper
 
 TEACHER = "drill-teacher"  # the teacher's page session, as a browser's would be
@@ -137,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         **serve_room(demo),
     )
     app.router.routes[0:0] = drill.routes()
+    PageHead(STATUS_TIMER_GUARD, demo).mount(app)
     print(f"ready {address}", flush=True)
     try:
         sys.stdin.read()  # the benchmark closes it to stop this server

@@ -183,7 +183,75 @@ async def in_worker(
             held.cancel()
 
 
-# ---- the API beside the page -----------------------------------------------------------------------
+# ---- the page's <head> and the API beside the page -------------------------------------------------
+
+# Gradio 6.31's status tracker counts a pending event's seconds in a loop that asks for a frame every
+# frame while the event is pending, shown or not (show_progress="hidden"), and goes on when the tracker
+# is removed: the page's own "Loading..." tracker is removed while pending, so every page asked for 60
+# frames a second for as long as it stayed open. An idle page cost a tenth of a core (headless
+# chromium: 0.10-0.12 CPU-s a second; 0.00 without the loop), a phone in the room more while it waited.
+# A frame that loop asks for while no tracker shows a pending event is not given, which ends it; a shown
+# timer counts as before. Only the direct caller is looked at (Svelte's shared animation loop also
+# starts from that module, and must never be cut). Served first in <head> by PageHead, before Gradio's
+# modules take their copy of requestAnimationFrame: Gradio's own `head` is added after they ran.
+STATUS_TIMER_GUARD = """<script>(() => {
+  const frame = window.requestAnimationFrame.bind(window);
+  const shown = () => document.querySelector('[data-testid="status-tracker"]:not(.hide) .progress-text');
+  window.requestAnimationFrame = (callback) => {
+    const caller = (new Error().stack || "").split("\\n")[2] || "";
+    return caller.includes("/statustracker-") && !shown() ? 0 : frame(callback);
+  };
+})();</script>"""
+
+
+class PageHead(BaseRoute):
+    """A route of the page's own server that puts `html` first in the <head> of the app's pages (a
+    GET of "/" or of a route's path, `demo.pages`), before their own scripts; never in a file it
+    serves. It marks the request, hands it back to the router and edits the answer when it is HTML.
+    mount() as ApiRoute's."""
+
+    MARK = "specfuse.page_head"
+
+    def __init__(self, html: str, demo: Any) -> None:
+        self.html = html.encode()
+        self.paths = frozenset(f"/{route}".rstrip("/") for route, *_ in demo.pages)
+        self.router: Any = None  # the page server's, at mount()
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        page = scope["type"] == "http" and scope["method"] == "GET" and not scope.get(self.MARK)
+        if page and get_route_path(scope).rstrip("/") in self.paths:
+            return Match.FULL, {}
+        return Match.NONE, {}
+
+    def url_path_for(self, name: str, /, **path_params: Any) -> URLPath:
+        raise NoMatchFound(name, path_params)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        held: list[dict[str, Any]] = []  # a page's answer: its start, then its body
+
+        async def sending(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                kind = dict(message.get("headers", [])).get(b"content-type", b"")
+                if not kind.startswith(b"text/html"):
+                    return await send(message)
+                held.append(message)
+                return None
+            if not held or message["type"] != "http.response.body":
+                return await send(message)
+            held.append(message)
+            if message.get("more_body"):
+                return None
+            start, *chunks = held
+            body = b"".join(c.get("body", b"") for c in chunks).replace(b"<head>", b"<head>" + self.html, 1)
+            headers = [(k, v) for k, v in start.get("headers", []) if k != b"content-length"]
+            await send(start | {"headers": [*headers, (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+
+        await self.router({**scope, self.MARK: True}, receive, sending)
+
+    def mount(self, server_app: Any) -> None:
+        self.router = server_app.router
+        server_app.router.routes.insert(0, self)
 
 
 class ApiRoute(BaseRoute):

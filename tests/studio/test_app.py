@@ -15,7 +15,7 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
 from specfuse import ConfigError, Ensemble, EnsembleConfig, dump_trace, load_trace
-from studio import SharedLoader, handlers, views, what_if_views
+from studio import SharedLoader, build_demo, handlers, views, what_if_views
 
 from ..conftest import TINY, tiny_member
 from ..helpers_app import (
@@ -81,6 +81,21 @@ def test_empty_views_are_valid_components_values():
     assert views.weights_figure([]).data == ()
     assert list(views.candidates_value(None).columns) == views.report.CANDIDATE_COLUMNS
     assert "Run" in views.status_markdown([])
+
+
+def test_an_event_whose_progress_is_hidden_tracks_it_on_no_component():
+    # Gradio's page sets a loading status again on every component it ever tracked, at every status
+    # message: hidden progress tracked on its outputs made each of a run's updates pay for 169 of them.
+    demo = build_demo(lambda name, device, progress: None, choices=["a", "b"], default_models=["a", "b"])
+    config = demo.get_config_file()
+    deps = config["dependencies"]
+    hidden = [d for d in deps if d["show_progress"] == "hidden"]
+    assert len(hidden) > 20 and all(d["show_progress_on"] == [] for d in hidden)
+    tracked = {
+        i for d in deps for i in (d["outputs"] if d["show_progress_on"] is None else d["show_progress_on"])
+    }
+    assert len(tracked) * 3 < len(config["components"])
+    assert any(d["show_progress"] == "full" and d["show_progress_on"] for d in deps)  # the status line's
 
 
 def test_model_text_is_escaped_wherever_it_becomes_html():

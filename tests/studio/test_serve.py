@@ -19,7 +19,7 @@ import app
 from specfuse import Ensemble, EnsembleConfig, load_trace
 from specfuse.models.quantize import QuantizedLinear
 from specfuse.serve.api import create_app
-from studio.serving import Schedulers
+from studio.serving import STATUS_TIMER_GUARD, Schedulers
 
 from ..conftest import TINY_SPECS, free_port, tiny_member
 from ..helpers_app import (
@@ -132,6 +132,16 @@ def test_the_api_mounted_beside_the_page_shares_its_batch(many, monkeypatch):
     url, members, schedulers, _, _ = many
     url = url.rstrip("/")
     assert "SpecFuse Studio" in httpx.get(url + "/").text  # the page is still there
+    # A browser's page load gets the guard first in <head>, before Gradio's scripts; the rest is as sent.
+    page = httpx.get(url + "/", headers={"accept": "text/html,application/xhtml+xml"})
+    head = page.text.split("<head>", 1)[1]
+    assert head.startswith(STATUS_TIMER_GUARD) and head.index('<script type="module"') > len(
+        STATUS_TIMER_GUARD
+    )
+    assert int(page.headers["content-length"]) == len(page.content) and "SpecFuse Studio" in page.text
+    join = httpx.get(url + "/join", headers={"accept": "text/html"}).text  # the phones' page too
+    assert join.split("<head>", 1)[1].startswith(STATUS_TIMER_GUARD)
+    assert STATUS_TIMER_GUARD not in httpx.get(url + "/config", headers={"accept": "text/html"}).text
     health = httpx.get(url + "/health").json()
     assert health["status"] == "ok" and health["batch_size"] == 2
     api = openai.OpenAI(base_url=url + "/v1", api_key="EMPTY", max_retries=0, timeout=120)
