@@ -27,7 +27,7 @@ GSM8K = (
 
 
 def test_the_default_trio_answers_a_gsm8k_problem(real_members, tmp_path):
-    ensemble = Ensemble(list(real_members.values()), EnsembleConfig(max_new_tokens=30))
+    ensemble = Ensemble(list(real_members.values()), EnsembleConfig(segment_len=5, max_new_tokens=15))
     rounds = list(ensemble.stream(GSM8K))
     assert len(rounds) >= 3
     check_invariants(rounds)

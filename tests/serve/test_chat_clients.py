@@ -47,6 +47,7 @@ def llm_cli(home: Path, *args: str) -> str:
 
 
 @pytest.mark.skipif(LLM is None, reason="needs simonw's llm (requirements-dev.txt)")
+@pytest.mark.slow
 def test_the_llm_cli_sends_its_system_prompt_and_earlier_turns_as_messages(server, tiny_members, tmp_path):
     url, recorder = server
     home = tmp_path / "llm"
@@ -75,6 +76,7 @@ def test_the_llm_cli_sends_its_system_prompt_and_earlier_turns_as_messages(serve
 
 
 @pytest.mark.skipif(not GSM8K.is_file(), reason="needs the GSM8K development slice in ../shared/data")
+@pytest.mark.slow
 def test_lm_eval_scores_a_few_shot_task_with_the_shots_as_earlier_turns(server, tiny_members, tmp_path):
     url, recorder = server
     name = "specfuse_gsm8k_fewshot"

@@ -42,6 +42,7 @@ def serve(*args: str) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.slow
 def test_the_command_serves_the_models_with_the_clis_settings_until_interrupted(tiny_checkpoints):
     port = free_port()
     models = ",".join(tiny_checkpoints)

@@ -31,6 +31,7 @@ def server(tiny_members):
 
 
 @pytest.mark.skipif(not GSM8K.is_file(), reason="needs the GSM8K development slice in ../shared/data")
+@pytest.mark.slow
 def test_lm_eval_scores_an_offline_gsm8k_task_through_the_chat_api(server, tmp_path):
     url, _ = server
     task = gsm8k_task(tmp_path / "task", "specfuse_gsm8k_tiny", rows=6)
@@ -59,6 +60,7 @@ BAD = [
 ]
 
 
+@pytest.mark.slow
 def test_a_soak_of_concurrent_clients_with_cancels_disconnects_and_bad_requests(server, tiny_members):
     url, scheduler = server
     names = [m.name for m in tiny_members]

@@ -248,6 +248,7 @@ def _check(client: Api, scheduler: Scheduler, path: str, raw: bytes) -> int:
     return got.status_code
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("request_model", list(EXAMPLES))
 def test_generated_and_mutated_bodies_never_get_a_5xx_and_leave_the_server_healthy(fuzzed, request_model):
     api, scheduler, schemas, names = fuzzed

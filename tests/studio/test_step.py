@@ -243,6 +243,7 @@ def test_a_run_paused_past_the_idle_limit_ends_with_the_engines_message(strict, 
 LESSON = Path(__file__).resolve().parents[2] / "specfuse" / "lessons" / "traces" / "weak-member-exits.json"
 
 
+@pytest.mark.slow
 def test_a_recorded_trace_steps_like_a_live_run_guesses_and_tally_included(stepping, monkeypatch):
     """Upload a recorded trace, check step mode: Next shows round 1's drafts (the scores hidden), the
     guess offers its drafters, Reveal judges the guess; Back, Home, End and the end of the run, all
