@@ -81,6 +81,7 @@ def test_a_misbehaving_server_ends_its_run_in_time_and_another_users_run_finishe
     assert not user.is_alive() and other["answer"] == alone  # the other user got their own answer
 
 
+@pytest.mark.slow  # seconds of waiting on a server: its file is dealt among the first
 def test_a_load_stuck_on_a_server_holds_up_no_other_load(tiny_checkpoints):
     """SharedLoader holds no lock across a load: a user loading another model does not wait."""
     from specfuse.members.hf import HFMember

@@ -175,6 +175,7 @@ def test_a_server_down_at_start_is_a_member_error_naming_member_and_server(local
         remote.start("hi", LOGPROB)
 
 
+@pytest.mark.slow  # seconds of waiting on a server: its file is dealt among the first
 def test_a_server_killed_mid_run_ends_the_run_with_a_member_error(local, engine):
     first = local["llama-bytes"]
     stub, remote = served(engine, local["gemma-meta"])
