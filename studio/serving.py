@@ -189,7 +189,7 @@ async def in_worker(
 # frame while the event is pending, shown or not (show_progress="hidden"), and goes on when the tracker
 # is removed: the page's own "Loading..." tracker is removed while pending, so every page asked for 60
 # frames a second for as long as it stayed open. An idle page cost a tenth of a core (headless
-# chromium: 0.10-0.12 CPU-s a second; 0.00 without the loop), a phone in the room more while it waited.
+# chromium: 0.10-0.12 CPU-s a second; 0.00 without the loop).
 # A frame that loop asks for while no tracker shows a pending event is not given, which ends it; a shown
 # timer counts as before. Only the direct caller is looked at (Svelte's shared animation loop also
 # starts from that module, and must never be cut). Served first in <head> by PageHead, before Gradio's

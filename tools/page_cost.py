@@ -1,8 +1,9 @@
 """What a browser test's page costs: chromium's CPU (all its processes) and this process's (the app's
-Python, the members included) to open the app's page and to play one run of tiny random-weight members
-on it, in the headless browser the tests drive, for a few page settings in turn: the tests' own
-(1400×1000), an injected no-animation style, `reduced_motion`, a smaller window. The suite's time is
-mostly this (docs/development.md, "The suite's time"). Run it alone on the machine.
+Python, the members included) to open the app's page, to play one run of tiny random-weight members on
+it and to leave it at rest for five seconds (chromium only), in the headless browser the tests drive,
+for a few page settings in turn: the tests' own (1400×1000), an injected no-animation style,
+`reduced_motion`, a smaller window. The suite's time is mostly this (docs/development.md, "The suite's
+time"). Run it alone on the machine.
 
     python tools/page_cost.py
 """
@@ -37,6 +38,7 @@ SETTINGS = [  # (label, window, context options, init script); the first warms t
     ("1024x700", (1024, 700), {}, None),
 ]
 STOPPED = "document.querySelector('#status').innerText.includes('stopped:')"
+REST_S = 5.0
 
 
 def chromium_cpu_s() -> float:
@@ -81,10 +83,13 @@ def main() -> None:
             page.click("#run")
             page.wait_for_function(STOPPED, polling=100)
             marks.append((chromium_cpu_s(), own_cpu_s(), time.perf_counter()))
-            (c0, p0, t0), (c1, p1, t1), (c2, p2, t2) = marks
+            time.sleep(REST_S)  # the page at rest after its run draws nothing (serving.STATUS_TIMER_GUARD)
+            marks.append((chromium_cpu_s(), own_cpu_s(), time.perf_counter()))
+            (c0, p0, t0), (c1, p1, t1), (c2, p2, t2), (c3, _, t3) = marks
             print(
                 f"{label:15s} open {c1 - c0:5.2f} / {p1 - p0:5.2f}, {t1 - t0:4.1f} s"
-                f" | a 96-token run {c2 - c1:5.2f} / {p2 - p1:5.2f}, {t2 - t1:4.1f} s",
+                f" | a 96-token run {c2 - c1:5.2f} / {p2 - p1:5.2f}, {t2 - t1:4.1f} s"
+                f" | at rest {c3 - c2:4.2f} CPU-s in {t3 - t2:.0f} s",
                 flush=True,
             )
             context.close()
