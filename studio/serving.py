@@ -204,27 +204,36 @@ STATUS_TIMER_GUARD = """<script>(() => {
 })();</script>"""
 
 
-class PageHead(BaseRoute):
+class FirstRoute(BaseRoute):
+    """A route put first in the page's own server's router after launch (Gradio builds that server
+    there); it names no URL. Subclasses say what they match and how they answer."""
+
+    server_app: Any = None
+
+    def url_path_for(self, name: str, /, **path_params: Any) -> URLPath:
+        raise NoMatchFound(name, path_params)
+
+    def mount(self, server_app: Any) -> None:
+        self.server_app = server_app
+        server_app.router.routes.insert(0, self)
+
+
+class PageHead(FirstRoute):
     """A route of the page's own server that puts `html` first in the <head> of the app's pages (a
     GET of "/" or of a route's path, `demo.pages`), before their own scripts; never in a file it
-    serves. It marks the request, hands it back to the router and edits the answer when it is HTML.
-    mount() as ApiRoute's."""
+    serves. It marks the request, hands it back to the router and edits the answer when it is HTML."""
 
     MARK = "specfuse.page_head"
 
     def __init__(self, html: str, demo: Any) -> None:
         self.html = html.encode()
         self.paths = frozenset(f"/{route}".rstrip("/") for route, *_ in demo.pages)
-        self.router: Any = None  # the page server's, at mount()
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         page = scope["type"] == "http" and scope["method"] == "GET" and not scope.get(self.MARK)
         if page and get_route_path(scope).rstrip("/") in self.paths:
             return Match.FULL, {}
         return Match.NONE, {}
-
-    def url_path_for(self, name: str, /, **path_params: Any) -> URLPath:
-        raise NoMatchFound(name, path_params)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         held: list[dict[str, Any]] = []  # a page's answer: its start, then its body
@@ -247,17 +256,12 @@ class PageHead(BaseRoute):
             await send(start | {"headers": [*headers, (b"content-length", str(len(body)).encode())]})
             await send({"type": "http.response.body", "body": body})
 
-        await self.router({**scope, self.MARK: True}, receive, sending)
-
-    def mount(self, server_app: Any) -> None:
-        self.router = server_app.router
-        server_app.router.routes.insert(0, self)
+        await self.server_app.router({**scope, self.MARK: True}, receive, sending)
 
 
-class ApiRoute(BaseRoute):
+class ApiRoute(FirstRoute):
     """A route of the page's own server that hands /v1/… and /health, untouched, to the API app
-    (specfuse.serve.api.create_app): one process, one port, one scheduler for browser and API users.
-    mount() puts it first in the page's router, after launch (Gradio builds its server app there)."""
+    (specfuse.serve.api.create_app): one process, one port, one scheduler for browser and API users."""
 
     def __init__(self, api: ASGIApp) -> None:
         self.api = api
@@ -269,11 +273,5 @@ class ApiRoute(BaseRoute):
                 return Match.FULL, {}
         return Match.NONE, {}
 
-    def url_path_for(self, name: str, /, **path_params: Any) -> URLPath:
-        raise NoMatchFound(name, path_params)
-
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.api(scope, receive, send)
-
-    def mount(self, server_app: Any) -> None:
-        server_app.router.routes.insert(0, self)
