@@ -143,7 +143,7 @@ class MemberTiming:
     member: str
     draft_s: float  # 0.0 when it did not draft this round
     verify_s: float  # 0.0 when it did not verify this round
-    accept_s: float  # appending the chosen candidate to its state
+    accept_s: float  # appending the chosen candidate (and what it had missed, Batch._catch_up) to its state
 
 
 @dataclass(frozen=True)

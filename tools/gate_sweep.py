@@ -18,7 +18,8 @@ curve), and what share of rounds each threshold would have gated.
 
 Cost: member forward tokens, counted in the drafters' tokens: each token a member decoded into a
 kept candidate (taken-over tokens excluded), each candidate token a verifier scored, and the winner's
-tokens for each member that read it without having verified it. The seconds are the runs' own wall
+tokens for each member that read it without having verified it, where a member not asked in gated
+rounds reads their segments only when it is next asked (engine/batch.py). The seconds are the runs' own wall
 time and the members' summed draft, verify and accept time: on a shared machine, noisy.
 """
 
@@ -44,15 +45,27 @@ from specfuse.trace import load_trace  # noqa: E402
 
 
 def forward_tokens(rounds: Sequence[Round]) -> int:
-    """A run's member forward tokens (the module's docstring)."""
-    total, gone = 0, set()
+    """A run's member forward tokens (the module's docstring). A member reads the answer only when it
+    is asked (engine/batch.py): the sure segments of gated rounds are counted for a member when it
+    next drafts or verifies, never if it is not asked again."""
+    total, so_far, gone = 0, 0, set()
+    read: dict[str, int] = {}  # each member's answer tokens read (in the winners' own tokens)
     for r in rounds:
         drafted = [c for c in r.candidates if c.member in r.active]
+        for m in {c.member for c in drafted} | set(r.verifiers):  # catching up before it is asked
+            total += so_far - read.get(m, 0)
+            read[m] = so_far
         total += sum(max(0, c.num_tokens - c.reused_tokens) for c in drafted)
         total += len(r.verifiers) * sum(c.num_tokens for c in r.candidates)
         gone |= {e.member for e in r.exits}  # they leave before the accept
-        readers = [m for m in r.members if m not in gone and m not in r.verifiers and m != r.winner.member]
-        total += 0 if r.stop_reason else len(readers) * r.winner.num_tokens
+        gated = r.gate is not None and r.gate.passed
+        readers = [] if gated or r.stop_reason else [m for m in r.members if m not in gone]
+        for m in readers:  # the verifiers and the winner's drafter read it already
+            total += 0 if m in r.verifiers or m == r.winner.member else r.winner.num_tokens
+            read[m] = so_far + r.winner.num_tokens
+        so_far += r.winner.num_tokens
+        if gated:
+            read[r.winner.member] = so_far
     return total
 
 

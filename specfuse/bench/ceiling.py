@@ -42,9 +42,9 @@ def decode_paths(members: Sequence[Any]) -> dict[str, dict[str, Any]]:
     transformers member); with the KV slots' counts and the seconds its captures took."""
     out: dict[str, dict[str, Any]] = {}
     for m in members:
-        store = getattr(m, "slots", None)
-        if store is None:
-            out[m.name] = {"path": "eager" if hasattr(m, "slots") else "other"}
+        store: Any = getattr(m, "slots", None)  # a transformers member's SlotStore (llama.cpp's: a count)
+        if not hasattr(store, "capture"):
+            out[m.name] = {"path": "eager" if store is None and hasattr(m, "slots") else "other"}
             continue
         captured = store.capture and not store.capture_off
         out[m.name] = {

@@ -9,8 +9,9 @@
 7. accept    every member that plays on appends the winner to its own context
 
 Batch._round calls them in that order, by these names: the members' steps here, each run's own in
-run.py. (With the loop guard, exited members that come back for a round first catch up: an accept of
-what they missed, before the draft.) Knows nothing about tokenizers, tensors or devices: members
+run.py. A member reads the answer only when it is asked: one that missed part of it (back from an
+exit under the loop guard, or not asked in gated rounds) first catches up, an accept of what it
+missed in one call, before it drafts or verifies. Knows nothing about tokenizers, tensors or devices: members
 hide them behind the Member protocol (members/protocol.py), and the arithmetic lives in feedback.py.
 Several runs play in lockstep (Ensemble.stream_many, and the Scheduler): each member step then asks
 a member once for all the runs it serves, which a member may batch.
@@ -19,7 +20,7 @@ a member once for all the runs it serves, which a member may batch.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 
 from ..errors import SpecfuseError
 from ..members import profiling
@@ -196,22 +197,25 @@ class Batch:
         for run in runs:
             run.begin_round()
         drafted: dict[tuple[str, str], tuple[Candidate, float]] = {}
-        with profiling.timed("phase", "catch up", items=len(runs)):
-            self._catch_up(runs)  # exited members drafting again first read the answer they missed
-        runs = yield from self._settle(runs)
+        first = {run.id: run.drafting_now() for run in runs}
+        runs = yield from self._catch_up(runs, first)
         with profiling.timed("phase", "draft", items=len(runs)):
-            yield from self._draft(runs, drafted, {run.id: run.drafting_now() for run in runs})  # 1
+            yield from self._draft(runs, drafted, first)  # 1
         runs = yield from self._settle(runs)
         # Under the gate, a run whose gatekeeper was unsure drafts with the others now: one more draft
         # phase, shared by every such run (gated and full rounds of other runs went in the first).
         others = {run.id: run.take_gate(drafted) for run in runs}
         if any(others.values()):
+            runs = yield from self._catch_up(runs, others)
             with profiling.timed("phase", "draft", items=sum(map(bool, others.values()))):
                 yield from self._draft(runs, drafted, others)
             runs = yield from self._settle(runs)
+        for run in runs:
+            run.take_candidates(drafted)
+        runs = yield from self._catch_up(
+            runs, {run.id: run.play.verifiers for run in runs if run.play.scorable}
+        )
         with profiling.timed("phase", "verify", items=len(runs)):
-            for run in runs:
-                run.take_candidates(drafted)
             self._verify(runs)  # 2
         runs = yield from self._settle(runs)
         with profiling.timed("phase", "choose", items=len(runs)):
@@ -259,18 +263,27 @@ class Batch:
             run = by_id[key[1]]
             yield run, Draft(run.k, out[0], time.perf_counter() - run.began)
 
-    def _catch_up(self, runs: list[Run]) -> None:
-        """Before drafting: members back from an exit append what was accepted while they were out."""
+    def _catch_up(
+        self, runs: list[Run], who: Mapping[str, Sequence[str]]
+    ) -> Generator[tuple[Run, SpecfuseError], None, list[Run]]:
+        """Before the members in `who` (per run id) draft or verify: each that has not read the whole
+        answer appends what it missed in one accept (back from an exit, or not asked in gated rounds,
+        whose sure segments it reads only now: a run that stays gated never pays for its reading)."""
         work = [
             (m, run, run.answer[run.read[m] :])
             for run in runs
-            for m in run.play.rejoining
+            for m in who.get(run.id, ())
             if run.read[m] < len(run.answer)
         ]
-        if work:
-            self._calls.accept(work)
-        for run in runs:
-            run.read.update(dict.fromkeys(run.play.rejoining, len(run.answer)))
+        if not work:
+            return runs
+        with profiling.timed("phase", "catch up", items=len({run.id for _, run, _ in work})):
+            caught = self._calls.accept(work)
+        for m, run, _ in work:
+            if (m, run.id) in caught:
+                run.read[m] = len(run.answer)
+                run.play.catch_up_s[m] = caught[(m, run.id)][1]
+        return (yield from self._settle(runs))
 
     def _verify(self, runs: list[Run]) -> None:
         """2. Verify: each verifier scores every candidate in one packed pass (raw z_ij)."""
@@ -283,5 +296,8 @@ class Batch:
                 run.take_scores(verdicts)
 
     def _accept(self, runs: list[Run]) -> dict[tuple[str, str], tuple[None, float]]:
-        """7. Accept: every member that plays on appends the winner's text to its own context."""
-        return self._calls.accept([(m, run, run.winner_text) for run in runs for m in run.play.accepting])
+        """7. Accept: every member that plays on appends the winner's text to its own context (with
+        anything of the answer it had not read before)."""
+        return self._calls.accept(
+            [(m, run, run.answer[run.read[m] :]) for run in runs for m in run.play.accepting]
+        )

@@ -37,7 +37,6 @@ class Play:
     drafting: list[str]  # A_k
     verifiers: list[str]
     budget: int  # tokens each drafter may add this round
-    rejoining: list[str] = field(default_factory=list)  # exited members drafting again (loop guard)
     gatekeeper: str | None = None  # config.gate: the member that drafts first this round
     waiting: list[str] = field(default_factory=list)  # drafters held back until the gate has decided
     gate: Gate | None = None  # the gate's decision, once the gatekeeper has drafted
@@ -58,6 +57,9 @@ class Play:
     stop_reason: str | None = None
     exits: list[ExitEvent] = field(default_factory=list)
     accepting: list[str] = field(default_factory=list)
+    catch_up_s: dict[str, float] = field(
+        default_factory=dict
+    )  # reading what a member missed, before it was asked
 
 
 @dataclass
@@ -151,7 +153,6 @@ class Run:
             play.verifiers = list(self.names)
         elif cfg.loop_guard and self.exited and ends_in_loop(self.answer, copies=LOOP_GUARD_COPIES):
             # A lone drafter stuck in a loop has no way out; the ensemble has: the others' drafts.
-            play.rejoining = list(self.exited)
             play.drafting = [m for m in self.names if m in self.active or m in self.exited]
             play.verifiers = list(play.drafting)
         elif cfg.gate and self.forced is None and len(play.drafting) > 1:
@@ -347,6 +348,9 @@ class Run:
                         f"after {self.k} rounds (cumulative quality {self.quality[d.member]:.3f})",
                     )
                 )
+        if gated:  # the others read its sure segment when next asked (Batch._catch_up), if ever
+            play.accepting = list(play.drafting)
+            return
         leaving = {e.member for e in play.exits}
         playing = [m for m in self.active if m not in leaving]
         judging = [*self.exited, *leaving] if cfg.exited_verify else []
@@ -383,7 +387,12 @@ class Run:
             rewards=tuple(play.rewards),
             exits=tuple(play.exits),
             timings=tuple(
-                MemberTiming(m, play.draft_s.get(m, 0.0), play.verify_s.get(m, 0.0), accept_s.get(m, 0.0))
+                MemberTiming(
+                    m,
+                    play.draft_s.get(m, 0.0),
+                    play.verify_s.get(m, 0.0),
+                    accept_s.get(m, 0.0) + play.catch_up_s.get(m, 0.0),
+                )
                 for m in self.names
             ),
             seconds=now - play.began,

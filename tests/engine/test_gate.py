@@ -117,7 +117,7 @@ def test_a_sure_gatekeeper_takes_the_round_alone_with_no_rewards_and_says_why():
     a, b, c = members
     assert len(steps(a, "draft")) == 4 and steps(b, "draft") == steps(c, "draft") == []
     assert steps(b, "score") == steps(c, "score") == []
-    assert steps(b, "accept") == ["good "] * 3  # the others still read the answer (not after the last)
+    assert steps(b, "accept") == steps(c, "accept") == []  # not asked, they never read the sure segments
     result = summarize(rounds)
     assert result.draft_calls == 4 and result.verify_calls == 0
 
@@ -230,6 +230,36 @@ def test_a_gate_that_always_passes_gives_the_gatekeepers_own_answer_on_tiny_mode
     assert not any(r.gated for r in Ensemble(members, never).stream("Once upon a time"))
 
 
+def test_members_not_asked_in_gated_rounds_read_what_they_missed_once_when_next_asked():
+    keeper, other = tiny_member("llama-bytes"), tiny_member("qwen-merges")
+    real_draft, real_accept = keeper.draft_many, other.accept
+    drafted, read = [0], []
+
+    def sure_twice_then_unsure(states, budgets):
+        drafted[0] += 1
+        value = UNSURE if drafted[0] % 3 == 0 else SURE
+        return [replace(c, confidence=Confidence(value, 1, 1, 1)) for c in real_draft(states, budgets)]
+
+    def reading(state, text):
+        read.append(text)
+        real_accept(state, text)
+
+    keeper.draft_many, other.accept = sure_twice_then_unsure, reading
+    config = EnsembleConfig(segment_len=4, max_new_tokens=24, exit=False, verify="always",
+                            initial_weights=(0.6, 0.4), gate=True, gate_threshold=-0.1)  # fmt: skip
+    prompt = "Once upon a time"
+    rounds = list(Ensemble([keeper, other], config).stream(prompt))
+    assert [r.gated for r in rounds] == [True, True, False, True, True, False]
+    # the other read nothing in the gated rounds, then what it missed in one accept before drafting
+    assert read == [rounds[1].text, rounds[2].winner.text, rounds[4].text[len(rounds[2].text) :]]
+    # its draft after catching up is its draft from the same text read at once on a fresh state
+    state = other.start(prompt, config.member_settings(1))
+    real_accept(state, rounds[1].text)
+    assert rounds[2].candidates[1].member == other.name
+    assert rounds[2].candidates[1].text == other.draft(state, 4).text
+    assert rounds[2].timings[1].accept_s > 0 and rounds[1].timings[1].accept_s == 0
+
+
 def test_the_app_marks_a_gated_round_in_the_answer_the_matrix_and_the_status():
     from studio import step_views, views
 
@@ -250,7 +280,12 @@ def test_the_app_marks_a_gated_round_in_the_answer_the_matrix_and_the_status():
 def test_forward_tokens_count_drafts_verification_and_the_readers_of_a_gated_segment():
     tool = load_tool("gate_sweep")
     gated = list(Ensemble(trio(), EnsembleConfig(max_rounds=4, **GATED)).stream("go"))
-    assert tool.forward_tokens(gated) == 4 * 1 + 3 * 2  # a drafts 1 token a round; b and c read 3 of them
+    assert tool.forward_tokens(gated) == 4 * 1  # a drafts 1 token a round; b and c, never asked, read none
+    texts = [f"w{i} " for i in range(50)]
+    members = trio(lambda text: SURE if int(text[1:]) % 2 == 0 else UNSURE, a=texts, b=texts[::-1])
+    mixed = list(Ensemble(members, EnsembleConfig(max_rounds=2, verify="always", **GATED)).stream("go"))
+    # round 1 gated (a drafts 1); round 2: b and c first read round 1's token, then 3 drafts scored by 3
+    assert tool.forward_tokens(mixed) == 1 + 2 * 1 + 3 + 3 * 3
     full = list(Ensemble(trio(), EnsembleConfig(max_rounds=2, verify="always")).stream("go"))
     assert tool.forward_tokens(full) == 2 * (3 + 3 * 3)  # 3 drafts of 1 token, each scored by 3
     assert tool.auc([0.9, 0.8], [0.1, 0.8]) == pytest.approx((2 + 1.5) / 4)

@@ -211,6 +211,14 @@ def test_a_passive_openmp_wait_policy_is_named(monkeypatch, caplog):
     assert "OMP_WAIT_POLICY=PASSIVE makes llama.cpp decode about 4x slower" in caplog.text
 
 
+def test_the_gpu_reports_ceiling_says_a_llama_cpp_member_drafts_its_own_way(member):
+    from specfuse.bench import ceiling
+
+    # its `slots` is a count of llama.cpp sequences, not transformers' KV slot store (bench serve
+    # --quantize gguf failed here after measuring every level)
+    assert ceiling.decode_paths([member]) == {"smollm2-135m": {"path": "other"}}
+
+
 def test_limits_and_errors(member, tmp_path):
     with pytest.raises(PromptTooLongError, match="context of"):
         member.start("word " * 9000, GREEDY)
