@@ -11,8 +11,9 @@
 Batch._round calls them in that order, by these names: the members' steps here, each run's own in
 run.py. A member reads the answer only when it is asked: one that missed part of it (back from an
 exit under the loop guard, or not asked in gated rounds) first catches up, an accept of what it
-missed in one call, before it drafts or verifies. Knows nothing about tokenizers, tensors or devices: members
-hide them behind the Member protocol (members/protocol.py), and the arithmetic lives in feedback.py.
+missed in one call, before it drafts or verifies. Knows nothing about tokenizers, tensors or
+devices: members hide them behind the Member protocol (members/protocol.py), and the arithmetic
+lives in feedback.py.
 Several runs play in lockstep (Ensemble.stream_many, and the Scheduler): each member step then asks
 a member once for all the runs it serves, which a member may batch.
 """

@@ -57,9 +57,7 @@ class Play:
     stop_reason: str | None = None
     exits: list[ExitEvent] = field(default_factory=list)
     accepting: list[str] = field(default_factory=list)
-    catch_up_s: dict[str, float] = field(
-        default_factory=dict
-    )  # reading what a member missed, before it was asked
+    catch_up_s: dict[str, float] = field(default_factory=dict)  # reading what it missed (Batch._catch_up)
 
 
 @dataclass
