@@ -142,7 +142,9 @@ def test_every_shipped_lesson_opens_in_its_panels_quickly_with_no_model():
         shown = views.round_panels(trace, k, views.NORMALIZED, one.title)
         for figure in (shown["matrix"], shown["weights"]):
             figure.to_json()
-        assert time.perf_counter() - began < 2.0, one.slug
+        # no model is loaded (that takes tens of seconds); the bound is loose: a fresh clone under
+        # load took 2.3 s for the first lesson (plotly's first import)
+        assert time.perf_counter() - began < 10.0, one.slug
         assert k is not None and 1 <= k <= len(trace.rounds)
         assert set(one.look_for) <= set(explain.PANELS), one.slug
         assert one.takeaway and one.summary and one.live_note
