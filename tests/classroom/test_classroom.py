@@ -132,7 +132,8 @@ def test_the_presenter_script_makes_no_request():
 
 
 def test_every_shipped_lesson_opens_in_its_panels_quickly_with_no_model():
-    """The gallery's target: a lesson opens in ≤ 2 s on this CPU (here its values, server-side)."""
+    """The gallery's target: a lesson opens in ≤ 2 s on this CPU with no model (here its values,
+    server-side, measured alone: 0.13-0.45 s; the bound below is for a loaded machine)."""
     shelf = shipped()
     assert len(shelf.lessons) >= 5
     for one in shelf.lessons:
@@ -142,8 +143,9 @@ def test_every_shipped_lesson_opens_in_its_panels_quickly_with_no_model():
         shown = views.round_panels(trace, k, views.NORMALIZED, one.title)
         for figure in (shown["matrix"], shown["weights"]):
             figure.to_json()
-        # no model is loaded (that takes tens of seconds); the bound is loose: a fresh clone under
-        # load took 2.3 s for the first lesson (plotly's first import)
+        # No model is loaded (that takes tens of seconds). Alone each lesson opens in 0.13-0.45 s
+        # here; in a fresh clone's suite, beside the other worker and its chromium, one (not the first)
+        # took 2.3 s, so the bound catches a model load, not the gallery's speed.
         assert time.perf_counter() - began < 10.0, one.slug
         assert k is not None and 1 <= k <= len(trace.rounds)
         assert set(one.look_for) <= set(explain.PANELS), one.slug
