@@ -72,17 +72,22 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def one_request(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
-    """One streamed chat completion; the times a client sees, from sending to each chunk."""
+def one_request(
+    url: str, prompt: str, max_tokens: int, settings: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One streamed chat completion; the times a client sees, from sending to each chunk. `settings`:
+    run settings of this request alone (the API's `specfuse` object) over the server's defaults."""
     import httpx
 
-    body = {
+    body: dict[str, Any] = {
         "model": "specfuse",
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if settings:
+        body["specfuse"] = settings
     began = time.perf_counter()
     first = math.nan
     text, tokens, rounds, gated = "", 0, 0, 0
@@ -109,10 +114,16 @@ def one_request(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
 
 
 def run_level(
-    url: str, clients: int, requests: Sequence[str], max_tokens: int, stop_at: float | None = None
+    url: str,
+    clients: int,
+    requests: Sequence[str],
+    max_tokens: int,
+    stop_at: float | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`clients` threads take the requests from one line, each sending its next when its last ends;
-    none sends another once perf_counter() passes `stop_at` (the requests under way finish)."""
+    none sends another once perf_counter() passes `stop_at` (the requests under way finish).
+    `settings`: each request's own run settings (one_request)."""
     todo: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()
     for item in enumerate(requests):
         todo.put(item)
@@ -126,7 +137,7 @@ def run_level(
             except queue.Empty:
                 return
             try:
-                done[i] = one_request(url, prompt, max_tokens)
+                done[i] = one_request(url, prompt, max_tokens, settings)
             except Exception as e:  # reported, never hidden
                 errors.append(f"{type(e).__name__}: {e}")
 
@@ -181,12 +192,16 @@ def run_serve(
     stop_at: float | None = None,
     profile: bool = False,
     parallel: str = "auto",
+    against: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Every level against one live server over `members`; returns the JSON-ready report. Each
     level sends `per_client` requests per client (at least `min_requests`), or `requests` if given.
     Past `stop_at` (a perf_counter() time) no request is sent: the level under way ends with its
     requests in flight, and the levels after it are skipped (listed in the report's "skipped").
-    `profile`: each level also says where its time went (profile_report.py)."""
+    `profile`: each level also says where its time went (profile_report.py). `against`: run settings
+    sent with each request (the API's `specfuse` object) for a second measurement of every level,
+    right after the first on the same server, so that the two settings are compared in one run
+    (the report's "against": its levels, each with its tokens/s over the default's)."""
     from ..engine import DEFAULT_JOIN_WAIT, Scheduler
     from ..serve.api import create_app
 
@@ -199,6 +214,7 @@ def run_serve(
     scheduler = Scheduler(members, config, batch_size=size, queue=queue, join_wait=wait, parallel=parallel)
     gpus = on_gpu(members)
     results: dict[str, dict[str, Any]] = {}
+    contrast: dict[str, dict[str, Any]] = {}  # the levels again, under `against`
     skipped: list[int] = []
     try:
         with running(create_app(scheduler)) as url:
@@ -216,6 +232,9 @@ def run_serve(
                     results[str(c)]["profile"] = tally.snapshot()
                 results[str(c)]["peak_gpu_gb"] = peak_gb(gpus)
                 _progress(results[str(c)])
+                if against:
+                    contrast[str(c)] = run_level(url, c, mix, max_tokens, stop_at, settings=against)
+                    _progress(contrast[str(c)], "under " + _listed(against))
     finally:
         scheduler.close()
     if not results:
@@ -223,6 +242,11 @@ def run_serve(
     first = members[0]  # its tokens count where batched answers part from solo ones
     encode = getattr(first, "encode", None)
     compare_to_solo(results, encode)
+    if contrast:
+        compare_to_solo(contrast, encode)
+        for level, r in contrast.items():
+            base = results[level]["tokens_per_s"]
+            r["speedup_over_default"] = r["tokens_per_s"] / base if base else math.nan
     return {
         "members": [m.name for m in members],
         "parted_in": first.name if encode is not None else None,
@@ -239,6 +263,7 @@ def run_serve(
         "config": scheduler.config.to_dict(),
         "levels": results,
         "skipped": skipped,
+        **({"against": {"settings": against, "levels": contrast}} if against else {}),
     }
 
 
@@ -302,9 +327,14 @@ def _noting(said: list[str]) -> Callable[[float, str], None]:
     return lambda fraction, message: said.append(message)
 
 
-def _progress(level: dict[str, Any]) -> None:
+def _listed(settings: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in settings.items())
+
+
+def _progress(level: dict[str, Any], under: str = "") -> None:
     _say(
-        f"{level['clients']} clients: {level['requests']} requests in {level['wall_s']:.1f} s, "
+        f"{level['clients']} clients{' ' + under if under else ''}: "
+        f"{level['requests']} requests in {level['wall_s']:.1f} s, "
         f"{level['tokens_per_s']:.2f} tokens/s, first segment p95 {level['first_segment_p95_s']:.2f} s, "
         f"{len(level['errors'])} errors" + (" (cut short by the deadline)" if level["cut_short"] else "")
     )
@@ -341,6 +371,13 @@ def _parser() -> Parser:
         "a run setting of the server's default config, KEY an EnsembleConfig field, e.g. "
         "verify=disagree, stop_strings=a|b (repeatable; applied after --segment-len)",
     )
+    add_set_option(
+        parser,
+        "measure every level twice in this run, right after the first time with these run settings "
+        "sent in each request, e.g. gate=true (repeatable); the report gives each level's ratio",
+        flag="--against",
+        dest="against",
+    )
     operator = {"batch_size": None, "join_wait": None}  # None: the largest level; the server's own
     shown = {"batch_size": "the largest level", "join_wait": "the server's own"}
     add_settings(
@@ -373,6 +410,7 @@ def _members(args: Any, max_tokens: int) -> tuple[list[Any], EnsembleConfig]:
     else:
         base = shapes_config(args.segment_len, max_tokens)
     config = replace(base, **dict(args.settings))  # checked before loading: bad settings fail at once
+    replace(config, **dict(args.against))  # --against's likewise
     if args.shapes is not None:
         if args.models or args.quantize != "none":
             raise SpecfuseError("--shapes builds its own members: leave out --models and --quantize")
@@ -404,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_tokens=max_tokens, config=config, batch_size=args.batch_size, join_wait=args.join_wait,
             min_requests=args.min_requests,
             stop_at=None if args.deadline is None else began + args.deadline, profile=args.profile,
-            parallel=args.parallel,
+            parallel=args.parallel, against=dict(args.against) or None,
         )  # fmt: skip
     except SpecfuseError as e:
         print(f"error: {e}", file=sys.stderr)

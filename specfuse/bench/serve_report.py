@@ -69,6 +69,37 @@ def parting_lines(report: dict[str, Any]) -> list[str]:
     return ["", "batched answers against the solo answer to the same prompt:", *lines] if lines else []
 
 
+def _row(r: dict[str, Any]) -> str:
+    load = f"{r['load_before'][0]:.2f} → {r['load_after'][0]:.2f}"
+    peak = r.get("peak_gpu_gb")
+    return (
+        f"{r['clients']:>7} {r['tokens_per_s']:7.2f} {r['aggregate_speedup']:6.2f} "
+        f"{r['first_segment_median_s']:9.2f} {r['first_segment_p95_s']:9.2f} "
+        f"{r['p95_first_segment_ratio']:8.2f} {r['total_median_s']:9.2f} {r['total_p95_s']:9.2f} "
+        f"{r['same_answers_as_one_at_a_time']:>2}/{r['requests']:<2} {len(r['errors']):>6}  {load}"
+        + (f"  {peak:11.1f}" if peak is not None else "")
+        + (f"  cut short: {r['requests']} of {r['requests_planned']} sent" if r.get("cut_short") else "")
+        + (f"  gated rounds {r['gated_share']:.0%} of {r['rounds']}" if r.get("gated_share") else "")
+    )
+
+
+def against_lines(report: dict[str, Any]) -> list[str]:
+    """`--against`: each level under the other settings (measured right after the default's, on the
+    same server), the same columns, then each level's tokens/s over the default's."""
+    against = report.get("against")
+    if not against:
+        return []
+    settings = ", ".join(f"{k}={_shown(v)}" for k, v in against["settings"].items())
+    ratios = ", ".join(
+        f"{r['clients']} clients ×{r['speedup_over_default']:.2f}" for r in against["levels"].values()
+    )
+    return [
+        f"under {settings} (sent with each request; each level right after the one above):",
+        *[_row(r) for r in against["levels"].values()],
+        f"tokens/s under {settings} over the default's, level by level: {ratios}",
+    ]
+
+
 def format_table(report: dict[str, Any]) -> str:
     levels = report["levels"]
     quantize = report.get("quantize", "none")  # reports from before --quantize: unquantized
@@ -86,18 +117,8 @@ def format_table(report: dict[str, Any]) -> str:
         f"{'total med':>9} {'total p95':>9} {'same':>5} {'errors':>6}  load avg before → after"
         + ("  peak GPU GB" if gpu else ""),
     ]
-    for r in levels.values():
-        load = f"{r['load_before'][0]:.2f} → {r['load_after'][0]:.2f}"
-        peak = r.get("peak_gpu_gb")
-        lines.append(
-            f"{r['clients']:>7} {r['tokens_per_s']:7.2f} {r['aggregate_speedup']:6.2f} "
-            f"{r['first_segment_median_s']:9.2f} {r['first_segment_p95_s']:9.2f} "
-            f"{r['p95_first_segment_ratio']:8.2f} {r['total_median_s']:9.2f} {r['total_p95_s']:9.2f} "
-            f"{r['same_answers_as_one_at_a_time']:>2}/{r['requests']:<2} {len(r['errors']):>6}  {load}"
-            + (f"  {peak:11.1f}" if peak is not None else "")
-            + (f"  cut short: {r['requests']} of {r['requests_planned']} sent" if r.get("cut_short") else "")
-            + (f"  gated rounds {r['gated_share']:.0%} of {r['rounds']}" if r.get("gated_share") else "")
-        )
+    lines += [_row(r) for r in levels.values()]
+    lines += against_lines(report)
     if report.get("skipped"):
         lines.append(f"skipped (the deadline had passed): {', '.join(map(str, report['skipped']))} clients")
     lines += parting_lines(report)

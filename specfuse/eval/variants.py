@@ -207,11 +207,13 @@ def parse_setting(text: str) -> tuple[str, Any]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def add_set_option(parser: argparse.ArgumentParser, help: str) -> None:
+def add_set_option(
+    parser: argparse.ArgumentParser, help: str, flag: str = "--set", dest: str = "settings"
+) -> None:
     """A benchmark's repeatable `--set KEY=VALUE` (into args.settings, as (key, value) pairs)."""
     parser.add_argument(
-        "--set",
-        dest="settings",
+        flag,
+        dest=dest,
         action="append",
         default=[],
         type=parse_setting,

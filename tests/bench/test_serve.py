@@ -95,7 +95,7 @@ def test_the_command_quantizes_sets_any_setting_and_says_so_in_its_report(
     argv = ["--models", *tiny_checkpoints, "--quantize", "int8", "--set", "verify=disagree",
             "--set", "stop_strings=Zq|Qz", "--levels", "1,2", "--requests", "2", "--max-tokens", "4",
             "--segment-len", "4", "--join-wait", "0", "--parallel", "off", "--profile",
-            "--out", str(out)]  # fmt: skip
+            "--against", "gate=true", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     for member in loaded:
         layers = [m for m in member.model.modules() if isinstance(m, nn.Linear | QuantizedLinear)]
@@ -113,6 +113,8 @@ def test_the_command_quantizes_sets_any_setting_and_says_so_in_its_report(
         assert f"where the time went at {clients} clients" in text
     assert report["parallel"] == "off" and "torch forward" in text
     assert header.endswith("; settings: segment_len=4, verify=disagree, stop_strings=Zq|Qz")
+    assert report["against"]["settings"] == {"gate": True} and report["config"]["gate"] is False
+    assert "tokens/s under gate=True over the default's, level by level: 1 clients ×" in text
 
 
 def test_a_bad_set_exits_2_naming_the_key_before_loading(monkeypatch, capsys):
@@ -128,6 +130,10 @@ def test_a_bad_set_exits_2_naming_the_key_before_loading(monkeypatch, capsys):
         assert exit.value.code == 2 and f"argument --set: {message}" in err, err
     assert main(["--set", "segment_len=0"]) == 2  # parsed, then refused by the config's own check
     assert "segment_len" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit:
+        main(["--against", "nope=1"])
+    assert exit.value.code == 2 and "argument --against: unknown setting 'nope'" in capsys.readouterr().err
+    assert main(["--against", "gate_threshold=5"]) == 2  # a log probability: refused by the config
 
 
 def test_random_weight_shapes_run_the_same_path_on_a_cpu_and_the_report_says_where(tmp_path, monkeypatch):
@@ -227,3 +233,21 @@ def test_the_serving_benchmark_reports_the_share_of_gated_rounds(tiny_members):
     plain = replace(config, gate=False)
     ungated = run_serve(tiny_members, levels=(1,), requests=2, max_tokens=8, config=plain)
     assert ungated["levels"]["1"]["gated_share"] == 0.0 and "gated rounds" not in format_table(ungated)
+
+
+def test_against_measures_every_level_again_under_other_settings_in_the_same_run(tiny_members):
+    config = EnsembleConfig(segment_len=4, max_new_tokens=8)
+    against = {"gate": True, "gate_threshold": -100.0}  # a gate that always passes
+    report = run_serve(tiny_members, levels=(1, 2), requests=2, max_tokens=8, config=config, against=against)
+    assert report["config"]["gate"] is False and report["against"]["settings"] == against
+    for clients in ("1", "2"):
+        default, other = report["levels"][clients], report["against"]["levels"][clients]
+        assert default["errors"] == other["errors"] == [] and other["requests"] == 2
+        assert default["gated_share"] == 0.0 and other["gated_share"] == 1.0  # sent with each request
+        assert other["speedup_over_default"] == pytest.approx(other["tokens_per_s"] / default["tokens_per_s"])
+    assert report["against"]["levels"]["1"]["aggregate_speedup"] == 1.0  # its own one-at-a-time
+    lines = format_table(report).splitlines()
+    settings = "gate=True, gate_threshold=-100.0"
+    under = lines.index(f"under {settings} (sent with each request; each level right after the one above):")
+    assert lines[under + 1].split()[0] == "1" and lines[under + 2].split()[0] == "2"
+    assert lines[under + 3].startswith(f"tokens/s under {settings} over the default's")
