@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from specfuse.config import GATE_MEASURES  # noqa: E402
 from specfuse.errors import TraceError  # noqa: E402
 from specfuse.eval.outcomes import load_outcomes  # noqa: E402
-from specfuse.eval.problems import Outcome  # noqa: E402
+from specfuse.eval.problems import DataError, Outcome, parse_rows  # noqa: E402
 from specfuse.eval.stats import paired, wilson  # noqa: E402
 from specfuse.records import Round  # noqa: E402
 from specfuse.trace import load_trace  # noqa: E402
@@ -192,27 +192,29 @@ def calibration(outcomes: Sequence[Outcome], system: str, root: Path | None) -> 
     return out
 
 
-def plot(rows: Sequence[dict[str, Any]], out: Path, title: str) -> Path:
+def plot(rows: Sequence[dict[str, Any]], out: Path, title: str, png: bool = False) -> Path:
+    """OUT.html, and with `png` OUT.png too (kaleido and a Chrome: BROWSER_PATH=/usr/bin/chromium)."""
     import plotly.graph_objects as go
 
     figure = go.Figure()
+    most = max((r["problems"] for r in rows), default=0)
     for r in rows:
         kind = "member" if r["system"].startswith("single-") else "ensemble"
+        label = f"{r['system']} ({r['gated_share']:.0%} gated)" if r["gated_share"] else r["system"]
+        label += f", {r['problems']} problems" if r["problems"] != most else ""  # a wider interval
         figure.add_trace(
             go.Scatter(
                 x=[r["forward_tokens_per_answer"]],
                 y=[r["accuracy"]],
                 error_y={"type": "data", "symmetric": False, "array": [r["ci_high"] - r["accuracy"]],
                          "arrayminus": [r["accuracy"] - r["ci_low"]]},
-                mode="markers+text",
-                text=[f"{r['system']} ({r['gated_share']:.0%} gated)" if r["gated_share"] else r["system"]],
-                textposition="top center",
+                mode="markers",  # named in the legend: labels beside points overlap where systems cost alike
                 marker={"symbol": "circle" if kind == "member" else "diamond", "size": 12},
-                name=r["system"],
+                name=label,
             )
         )  # fmt: skip
     figure.update_layout(
-        title=f"{title}: accuracy against cost (95 % Wilson intervals)",
+        title=f"{title}: accuracy against cost ({most} problems, 95 % Wilson intervals)",
         xaxis={"title": "member forward tokens per answer"},
         yaxis={"title": "accuracy"},
         width=900,
@@ -220,6 +222,8 @@ def plot(rows: Sequence[dict[str, Any]], out: Path, title: str) -> Path:
     )
     path = out.with_name(out.name + ".html")
     figure.write_html(path, include_plotlyjs="cdn")
+    if png:
+        figure.write_image(out.with_name(out.name + ".png"), scale=1)
     return path
 
 
@@ -236,6 +240,13 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _rows(text: str) -> range:
+    try:
+        return parse_rows(text)
+    except DataError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source", type=Path, help="a specfuse.eval report JSON, or a --runs folder (GSM8K)")
@@ -243,13 +254,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--probe", default="probe", help="the ungated system measured under the gate")
     parser.add_argument("--out", type=Path, required=True, help="stem of the JSON and HTML written")
     parser.add_argument("--title", default="gate sweep")
+    parser.add_argument("--png", action="store_true", help="also OUT.png (kaleido, and Chrome: BROWSER_PATH)")
+    parser.add_argument("--rows", type=_rows, default=None, help="only these rows, FIRST:END (0-based)")
     args = parser.parse_args(argv)
     outcomes = load_outcomes(args.source, args.data)
+    if args.rows is not None:  # a problem's id ends in its row: gsm8k-0042, ifeval-0042
+        outcomes = [o for o in outcomes if int(o.problem.rsplit("-", 1)[-1]) in args.rows]
     root = args.source.parent if args.source.is_file() else args.source
     rows = system_rows(outcomes, root)
     found = calibration(outcomes, args.probe, root)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    html = plot(rows, args.out, args.title)
+    html = plot(rows, args.out, args.title, args.png)
     document = {"systems": rows, "calibration": found, "source": str(args.source)}
     args.out.with_name(args.out.name + ".json").write_text(json.dumps(document, indent=1) + "\n")
     print(table(rows))

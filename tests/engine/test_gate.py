@@ -315,3 +315,8 @@ def test_the_sweep_reports_accuracy_gated_share_cost_and_the_measures_calibratio
     assert rows["single-a"]["token_ratio_to_best"] == 1.0 and rows["probe"]["best_member"] == "single-a"
     assert document["calibration"]["rounds"] > 0 and "mean_logprob" in document["calibration"]
     assert (tmp_path / "sweep.html").is_file() and "gated_share" in capsys.readouterr().out
+    argv = [str(tmp_path / "runs"), "--data", str(data), "--rows", "1:2", "--out", str(tmp_path / "row1")]
+    assert tool.main(argv) == 0  # row 1 alone: b right, a wrong
+    rows = {r["system"]: r for r in json.loads((tmp_path / "row1.json").read_text())["systems"]}
+    assert {r["problems"] for r in rows.values()} == {1} and rows["single-a"]["correct"] == 0
+    assert rows["single-b"]["correct"] == 1 and rows["g"]["best_member"] == "single-b"
