@@ -275,7 +275,8 @@ LESSONS: tuple[Lesson, ...] = (
         "where the gatekeeper is unsure: here one round in five paid for three drafts and a verification.",
         prompt="Name the planets of the solar system in order from the Sun.",
         members=TRIO,
-        settings={"max_new_tokens": 64, "gate": True, "exit": False},
+        # Its own threshold: at the default (-1.5, the sweep's) every round of this answer is gated.
+        settings={"max_new_tokens": 64, "gate": True, "gate_threshold": -0.1, "exit": False},
     ),
 )
 
