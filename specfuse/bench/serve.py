@@ -198,10 +198,8 @@ def run_serve(
     level sends `per_client` requests per client (at least `min_requests`), or `requests` if given.
     Past `stop_at` (a perf_counter() time) no request is sent: the level under way ends with its
     requests in flight, and the levels after it are skipped (listed in the report's "skipped").
-    `profile`: each level also says where its time went (profile_report.py). `against`: run settings
-    sent with each request (the API's `specfuse` object) for a second measurement of every level,
-    right after the first on the same server, so that the two settings are compared in one run
-    (the report's "against": its levels, each with its tokens/s over the default's)."""
+    `profile`: each level also says where its time went (profile_report.py). `against`: settings sent
+    with each request to run every level again right after, on the same server (compare_to_default)."""
     from ..engine import DEFAULT_JOIN_WAIT, Scheduler
     from ..serve.api import create_app
 
@@ -239,17 +237,12 @@ def run_serve(
         scheduler.close()
     if not results:
         raise SpecfuseError("the deadline passed before the first level began")
-    first = members[0]  # its tokens count where batched answers part from solo ones
-    encode = getattr(first, "encode", None)
+    encode = getattr(members[0], "encode", None)  # its tokens count where batched answers part from solo ones
     compare_to_solo(results, encode)
-    if contrast:
-        compare_to_solo(contrast, encode)
-        for level, r in contrast.items():
-            base = results[level]["tokens_per_s"]
-            r["speedup_over_default"] = r["tokens_per_s"] / base if base else math.nan
+    compare_to_default(contrast, results, encode)
     return {
         "members": [m.name for m in members],
-        "parted_in": first.name if encode is not None else None,
+        "parted_in": members[0].name if encode is not None else None,
         "parameters": {m.name: m.parameters for m in members},
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
@@ -299,6 +292,21 @@ def compare_to_solo(
         )
         pairs = [(solo_answer[p], a) for p, a in zip(r["prompts"], r["answers"]) if p in solo_answer]
         r["parted_at"] = [parted_at(alone, batched, encode) for alone, batched in pairs]
+
+
+def compare_to_default(
+    contrast: dict[str, dict[str, Any]],
+    results: dict[str, dict[str, Any]],
+    encode: Callable[[str], Sequence[int]] | None = None,
+) -> None:
+    """`--against`'s levels: each against its own first level (compare_to_solo), and its tokens/s
+    over the same level's under the default settings (`speedup_over_default`)."""
+    if not contrast:
+        return
+    compare_to_solo(contrast, encode)
+    for level, r in contrast.items():
+        base = results[level]["tokens_per_s"]
+        r["speedup_over_default"] = r["tokens_per_s"] / base if base else math.nan
 
 
 _BEGAN = time.perf_counter()

@@ -201,9 +201,9 @@ def test_the_gpu_warm_up_runs_a_whole_answer_then_every_client_at_once(tiny_memb
     calls = []
     one, level = serve.one_request, serve.run_level
 
-    def one_request(url, prompt, max_tokens):
+    def one_request(url, prompt, max_tokens, settings=None):
         calls.append(("alone", max_tokens))
-        return one(url, prompt, max_tokens)
+        return one(url, prompt, max_tokens, settings)
 
     def run_level(url, clients, requests, max_tokens, stop_at=None):
         calls.append((clients, len(requests), max_tokens))
