@@ -47,7 +47,7 @@ from ..flags import Parser, add_loading_flags, add_settings, command_line
 from ..members import profiling
 from . import ceiling
 from .measure import cpu_model, load_named, write_outputs
-from .serve_report import MIN_REQUESTS, PER_CLIENT, format_table, parted_at
+from .serve_report import MIN_REQUESTS, PER_CLIENT, format_table, listed, parted_at
 from .serve_shapes import load_shapes, machine, on_gpu, peak_gb, reset_peak, shapes_config
 from .shapes import SHAPES
 
@@ -232,7 +232,7 @@ def run_serve(
                 _progress(results[str(c)])
                 if against:
                     contrast[str(c)] = run_level(url, c, mix, max_tokens, stop_at, settings=against)
-                    _progress(contrast[str(c)], "under " + _listed(against))
+                    _progress(contrast[str(c)], "under " + listed(against))
     finally:
         scheduler.close()
     if not results:
@@ -333,10 +333,6 @@ def _capture(members: Sequence[Any]) -> None:
 
 def _noting(said: list[str]) -> Callable[[float, str], None]:
     return lambda fraction, message: said.append(message)
-
-
-def _listed(settings: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in settings.items())
 
 
 def _progress(level: dict[str, Any], under: str = "") -> None:

@@ -31,7 +31,12 @@ def _requests_shown(report: dict[str, Any]) -> str:
 
 
 def _shown(value: Any) -> str:
-    return "|".join(map(str, value)) if isinstance(value, list) else str(value)  # as --set takes it
+    return "|".join(map(str, value)) if isinstance(value, list | tuple) else str(value)  # as --set takes it
+
+
+def listed(settings: dict[str, Any]) -> str:
+    """Settings as the report prints them: `key=value, …`."""
+    return ", ".join(f"{k}={_shown(v)}" for k, v in settings.items())
 
 
 def _where(report: dict[str, Any]) -> str:
@@ -89,7 +94,7 @@ def against_lines(report: dict[str, Any]) -> list[str]:
     against = report.get("against")
     if not against:
         return []
-    settings = ", ".join(f"{k}={_shown(v)}" for k, v in against["settings"].items())
+    settings = listed(against["settings"])
     ratios = ", ".join(
         f"{r['clients']} clients ×{r['speedup_over_default']:.2f}" for r in against["levels"].values()
     )
@@ -112,7 +117,7 @@ def format_table(report: dict[str, Any]) -> str:
         + _requests_shown(report)
         + (f", join wait {report['join_wait']} s" if "join_wait" in report else "")
         + (f", members at once: {report['parallel']}" if report.get("parallel", "auto") != "auto" else "")
-        + (f"; settings: {', '.join(f'{k}={_shown(v)}' for k, v in settings.items())}" if settings else ""),
+        + (f"; settings: {listed(settings)}" if settings else ""),
         f"{'clients':>7} {'tok/s':>7} {'×1':>6} {'first med':>9} {'first p95':>9} {'p95/solo':>8} "
         f"{'total med':>9} {'total p95':>9} {'same':>5} {'errors':>6}  load avg before → after"
         + ("  peak GPU GB" if gpu else ""),

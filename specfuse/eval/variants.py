@@ -210,7 +210,8 @@ def parse_setting(text: str) -> tuple[str, Any]:
 def add_set_option(
     parser: argparse.ArgumentParser, help: str, flag: str = "--set", dest: str = "settings"
 ) -> None:
-    """A benchmark's repeatable `--set KEY=VALUE` (into args.settings, as (key, value) pairs)."""
+    """A benchmark's repeatable `--set KEY=VALUE` (into args.<dest>, as (key, value) pairs); `flag`
+    names another option of the same form (bench serve's --against)."""
     parser.add_argument(
         flag,
         dest=dest,
