@@ -25,7 +25,7 @@ set -uo pipefail
 PY=${PYTHON:-$(command -v python || command -v python3)}
 SHAPES=${SHAPES:-real} DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16} LEVELS=${LEVELS:-1,8,16,32}
 PER_CLIENT=${PER_CLIENT:-2} MAX_TOKENS=${MAX_TOKENS:-64} DEADLINE=${DEADLINE:-190}
-PATHS=${PATHS:-eager graphs}
+PATHS=${PATHS:-eager graphs} EXTRA=${EXTRA:-}  # EXTRA: more flags for bench serve (--profile)
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
 
@@ -42,7 +42,7 @@ for path in $PATHS; do
     echo "== decode $path"
     timeout $((DEADLINE + 40)) "$PY" -m specfuse.bench serve --shapes "$SHAPES" --device "$DEVICE" \
         --dtype "$DTYPE" --decode "$path" --levels "$LEVELS" --per-client "$PER_CLIENT" --min-requests 4 \
-        --max-tokens "$MAX_TOKENS" --segment-len 10 --deadline "$DEADLINE" --out "$OUT/gpu-serve-$path" \
+        --max-tokens "$MAX_TOKENS" --segment-len 10 --deadline "$DEADLINE" --out "$OUT/gpu-serve-$path" $EXTRA \
         2>&1 | tee "$OUT/gpu-serve-$path.log"
     code=${PIPESTATUS[0]}
     if [ "$code" -ne 0 ]; then

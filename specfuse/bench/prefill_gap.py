@@ -27,6 +27,7 @@ from typing import Any
 
 from ..config import EnsembleConfig
 from ..engine import Scheduler, ServerSettings, Ticket
+from ..engine.operator import prefill_chunk_for
 from ..flags import add_settings
 from ..records import Round
 from .measure import bench_main, bench_parser, cpu_model, footer
@@ -205,14 +206,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=6000, help="the long prompt (default 6000)")
     parser.add_argument("--repeats", type=int, default=1, help="turns of the settings (default 1)")
     args = parser.parse_args(argv)
-    if args.repeats < 1 or args.prompt_tokens < 1 or args.prefill_chunk < 1:
+    if args.repeats < 1 or args.prompt_tokens < 1 or (args.prefill_chunk or 1) < 1:
         parser.error("--repeats, --prompt-tokens and --prefill-chunk must be ≥ 1 (0, whole, always runs)")
     kwargs = {"prompt_tokens": args.prompt_tokens, "segment_len": args.segment_len, "repeats": args.repeats}
     return bench_main(
         parser,
         args,
         argv,
-        lambda members: run_gap(members, chunks=(0, args.prefill_chunk), **kwargs),
+        lambda members: run_gap(
+            members, chunks=(0, prefill_chunk_for(args.prefill_chunk, (m.device for m in members))), **kwargs
+        ),
         format_table,
     )
 

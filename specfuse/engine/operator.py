@@ -7,6 +7,7 @@ into the same flag for the API server, the app and the benchmarks that start a s
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
 from ..config import PARALLEL_HELP, PARALLEL_MODES, check_fields, setting
@@ -31,6 +32,11 @@ DEFAULT_PAUSE_IDLE = 600.0  # seconds a paused run may wait for its next step
 # While runs stream each part is sized to take part of a round (engine/parts.py), so this is a cap:
 # the size of a part when nobody streams, and of a newcomer's wait behind one. 0: read whole.
 DEFAULT_PREFILL_CHUNK = 256
+# ... and where a member is on a GPU, which reads thousands of tokens in a round's time: capped at 256
+# tokens a round, the newcomers of tools/gpu_serve_check.sh (prompts of 40-300 tokens) were let in more
+# slowly than the runs under way ended, a burst of 32 took 44 s to start and the median first segment
+# at 16 clients was 17.7 s (H200, issue 52). Unset (None), the cap is the device's.
+GPU_PREFILL_CHUNK = 8192
 
 
 @dataclass(frozen=True)
@@ -56,10 +62,11 @@ class ServerSettings:
     pause_idle_s: float = setting(
         DEFAULT_PAUSE_IDLE, "seconds a paused run may wait for its next step", above=0.0
     )
-    prefill_chunk: int = setting(
-        DEFAULT_PREFILL_CHUNK,
-        "most tokens of a newcomer's prompt each member reads between two rounds, each part sized "
-        "to take part of a round (chunked prefill: docs/serve.md); 0: read whole while every stream waits",
+    prefill_chunk: int | None = setting(
+        None,
+        "most tokens of newcomers' prompts each member reads between two rounds, each part sized "
+        "to take part of a round (chunked prefill: docs/serve.md); 0: read whole while every stream "
+        f"waits; default: {DEFAULT_PREFILL_CHUNK} on a CPU, {GPU_PREFILL_CHUNK} where a member is on a GPU",
         low=0,
     )
 
@@ -68,3 +75,11 @@ class ServerSettings:
 
 
 SERVER_SETTINGS = tuple(f.name for f in fields(ServerSettings))
+
+
+def prefill_chunk_for(chunk: int | None, devices: Iterable[str]) -> int:
+    """The chunked prefill's cap: the operator's `chunk`, or unset, the default for members on `devices`."""
+    if chunk is not None:
+        return chunk
+    on_gpu = any(str(device).startswith("cuda") for device in devices)
+    return GPU_PREFILL_CHUNK if on_gpu else DEFAULT_PREFILL_CHUNK

@@ -36,7 +36,7 @@ from ..prompts import Prompt
 from ..records import Paused, Queued, Round
 from .batch import Batch
 from .ensemble import Ensemble
-from .operator import JOIN_WAIT_SHARE, ServerSettings
+from .operator import JOIN_WAIT_SHARE, ServerSettings, prefill_chunk_for
 from .run import TYPED, Run
 from .ticket import Event, Ticket
 
@@ -103,7 +103,7 @@ class Scheduler:
         self.pause_idle_s = settings.pause_idle_s
         self._freed = 0  # requests that left the batch in the last round
         self._last_round_s = 0.0
-        self.prefill_chunk = prefill_chunk = settings.prefill_chunk
+        self.prefill_chunk = prefill_chunk = prefill_chunk_for(settings.prefill_chunk, (m.device for m in members))
         self._batch = Batch(self.ensemble.members, run_concurrently(members, parallel), prefill_chunk)
         self._cond = threading.Condition()
         self._waiting: collections.deque[Ticket] = collections.deque()

@@ -13,6 +13,7 @@ import torch
 
 from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Batch, Ensemble, Run, Scheduler
+from specfuse.engine.operator import DEFAULT_PREFILL_CHUNK, GPU_PREFILL_CHUNK, prefill_chunk_for
 from specfuse.errors import ConfigError, PromptTooLongError
 from specfuse.members.remote import RemoteMember
 from specfuse.models.cache import assemble_gguf, cache_root
@@ -164,6 +165,20 @@ def test_a_newcomer_cancelled_while_its_prompt_is_read_leaves_and_the_others_go_
 def test_a_bad_prefill_chunk_is_refused(tiny_members, chunk):
     with pytest.raises(ConfigError, match="prefill_chunk"):
         Scheduler(tiny_members, prefill_chunk=chunk)
+
+
+def test_the_default_cap_is_the_devices(tiny_members):
+    """Unset, the cap is 256 tokens on a CPU and 8192 where a member is on a GPU (there 256 tokens a
+    round let 16 clients' newcomers in more slowly than runs ended: issue 52); the operator's wins."""
+    scheduler = Scheduler(tiny_members)
+    try:
+        assert scheduler.prefill_chunk == DEFAULT_PREFILL_CHUNK == 256
+        assert scheduler._batch.parts is not None and scheduler._batch.parts.most == 256
+    finally:
+        scheduler.close()
+    assert prefill_chunk_for(None, ["cpu", "cuda:0"]) == GPU_PREFILL_CHUNK > DEFAULT_PREFILL_CHUNK
+    assert prefill_chunk_for(None, ["cpu", "server"]) == DEFAULT_PREFILL_CHUNK
+    assert prefill_chunk_for(0, ["cuda:1"]) == 0 and prefill_chunk_for(64, ["cuda:0"]) == 64
 
 
 def _smollm2():

@@ -69,7 +69,11 @@ def test_every_mains_operator_flags_are_the_declared_settings(parser):
             offered += 1
             action = actions[flag]
             assert action.dest == setting.name and action.help.startswith(setting.help)
-            assert action.choices == setting.choices and (action.type is setting.kind or setting.choices)
+            assert action.choices == setting.choices
+            if setting.optional:  # unset by "none", else read as its kind (prefill_chunk: the device's)
+                assert action.type("none") is None and action.type("5") == setting.kind("5")
+            else:
+                assert action.type is setting.kind or setting.choices
     assert offered >= 1
 
 

@@ -56,6 +56,7 @@ WARMUP_STEPS = 2  # uncaptured runs of a step before its capture (cuBLAS handles
 # with, so that runs up to that length never reallocate it (which drops every graph).
 STARTUP_VERIFY = (16, 32, 64)
 STARTUP_CAPACITY = 512
+_CAPTURING = threading.Lock()  # one CUDA graph capture at a time in the process (_capture)
 
 
 def resolved(mode: str, device: str) -> str:
@@ -349,24 +350,33 @@ class SlotStore:
         return inputs, self._forward
 
     def _capture(self, key: Key) -> None:
-        """The step `key` as a CUDA graph; a failure turns capture off for the member."""
+        """The step `key` as a CUDA graph; a failure turns capture off for the member. One capture at
+        a time in the process (_CAPTURING), and none of torch.cuda.graph's device-wide
+        synchronize() and empty_cache() before it: members at once, each capturing in its own thread
+        (parallel="on"), broke each other's captures that way on an H200 (one thread's synchronize
+        while another captured: "operation not permitted when stream is capturing")."""
         device = torch.device(self.member.device)
         began = time.perf_counter()
         try:
-            inputs, forward = self._step_of(key)
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_STEPS):
-                    forward(inputs)
-            torch.cuda.current_stream(device).wait_stream(side)
-            if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: another member's thread (members at once, on their CUDA streams) may
-            # launch work while this one captures; only this thread's calls are checked.
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                output = forward(inputs)
+            with _CAPTURING:
+                inputs, forward = self._step_of(key)
+                current = torch.cuda.current_stream(device)
+                side = torch.cuda.Stream(device)
+                side.wait_stream(current)
+                with torch.cuda.stream(side):
+                    for _ in range(WARMUP_STEPS):
+                        forward(inputs)
+                    if self.pool is None:
+                        self.pool = torch.cuda.graph_pool_handle()
+                    graph = torch.cuda.CUDAGraph()
+                    # thread_local: another member's thread may launch work while this one captures;
+                    # only this thread's calls are checked.
+                    graph.capture_begin(self.pool, capture_error_mode="thread_local")
+                    try:
+                        output = forward(inputs)
+                    finally:
+                        graph.capture_end()
+                current.wait_stream(side)
         except Exception as e:
             self.capture_off = f"CUDA graph capture failed: {type(e).__name__}: {e}"
             log.warning(
