@@ -103,7 +103,8 @@ class Scheduler:
         self.pause_idle_s = settings.pause_idle_s
         self._freed = 0  # requests that left the batch in the last round
         self._last_round_s = 0.0
-        self.prefill_chunk = prefill_chunk = prefill_chunk_for(settings.prefill_chunk, (m.device for m in members))
+        prefill_chunk = prefill_chunk_for(settings.prefill_chunk, (m.device for m in members))
+        self.prefill_chunk = prefill_chunk
         self._batch = Batch(self.ensemble.members, run_concurrently(members, parallel), prefill_chunk)
         self._cond = threading.Condition()
         self._waiting: collections.deque[Ticket] = collections.deque()
