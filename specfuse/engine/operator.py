@@ -66,7 +66,7 @@ class ServerSettings:
         None,
         "most tokens of newcomers' prompts each member reads between two rounds, each part sized "
         "to take part of a round (chunked prefill: docs/serve.md); 0: read whole while every stream "
-        f"waits; default: {DEFAULT_PREFILL_CHUNK} on a CPU, {GPU_PREFILL_CHUNK} where a member is on a GPU",
+        f"waits; none: {DEFAULT_PREFILL_CHUNK} on a CPU, {GPU_PREFILL_CHUNK} where a member is on a GPU",
         low=0,
     )
 
