@@ -52,6 +52,10 @@ def decode_paths(members: Sequence[Any]) -> dict[str, dict[str, Any]]:
             **store.counts,
             "capture_s": round(store.capture_seconds, 2),
             "capture_off": store.capture_off,
+            "replay_ms": [  # each step captured at start-up: one replay's GPU ms (slots.py)
+                {"kind": k, "rows": r, "tokens": q, "ms": round(ms, 3)}
+                for (k, r, q, _), ms in store.replay_ms.items()
+            ],
         }
     return out
 
@@ -102,7 +106,31 @@ def lines(report: Mapping[str, Any]) -> list[str]:
     paths = report.get("decode", {})
     if paths:
         out.append("decode: " + "; ".join(f"{name} {_path(p)}" for name, p in paths.items()))
+    out += replay_lines(report)
     return out
+
+
+def replay_lines(report: Mapping[str, Any]) -> list[str]:
+    """Each member's captured steps, one replay's GPU time alone (timed at start-up), beside its
+    weight-read floor: what the step's kernels cost without the host's work around them. Drafts
+    by rows; verification at its largest start-up bucket of nodes a row."""
+    out = []
+    for name, p in report.get("decode", {}).items():
+        replays = p.get("replay_ms") or []
+        if not replays:
+            continue
+        floor = 1e3 * report["weight_bytes"][name] / report["bandwidth_bytes_per_s"]
+        nodes = max((r["tokens"] for r in replays if r["kind"] == "verify"), default=0)
+        said = f"replay ms, {name} (floor {floor:.1f}): draft by rows " + _by_rows(replays, "draft", 1)
+        if nodes:
+            said += f"; verify ({nodes} nodes a row) " + _by_rows(replays, "verify", nodes)
+        out.append(said)
+    return out
+
+
+def _by_rows(replays: Sequence[Mapping[str, Any]], kind: str, tokens: int) -> str:
+    chosen = [r for r in replays if (r["kind"], r["tokens"]) == (kind, tokens)]
+    return ", ".join(f"{r['rows']}: {r['ms']:.1f}" for r in chosen)
 
 
 def _path(p: Mapping[str, Any]) -> str:

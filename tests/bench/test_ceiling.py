@@ -58,6 +58,27 @@ def test_each_member_says_how_it_drafted():
     warm_up(slotted)  # a draft and a verification, both on the slots
     said = ceiling._path(ceiling.decode_paths([slotted])["qwen-merges"])
     assert said == "slots (1 drafts, 3 steps, 0 replays, 1 verify passes, 0 replayed)"
+    # Nothing captured, nothing timed: no replay line (a GPU's start-up times each captured step).
+    assert ceiling.decode_paths([slotted])["qwen-merges"]["replay_ms"] == []
+    assert ceiling.replay_lines({**report(1.0, 1.0, []), "decode": ceiling.decode_paths([slotted])}) == []
+
+
+def test_each_captured_steps_replay_beside_its_floor():
+    """The replays timed at start-up, drafts by rows and verification at its largest bucket of nodes."""
+    replays = [
+        {"kind": "draft", "rows": 1, "tokens": 1, "ms": 0.9},
+        {"kind": "draft", "rows": 32, "tokens": 1, "ms": 1.25},
+        {"kind": "verify", "rows": 1, "tokens": 16, "ms": 0.8},
+        {"kind": "verify", "rows": 1, "tokens": 64, "ms": 1.0},
+        {"kind": "verify", "rows": 32, "tokens": 64, "ms": 4.0},
+    ]
+    counts = {"drafts": 1, "steps": 1, "replays": 1, "captures": 5, "capture_s": 0.5}
+    decode = {"x": {"path": "graphs", **counts, "replay_ms": replays}, "y": {"path": "eager"}}
+    (line,) = ceiling.replay_lines({**report(1.0, 1.0, []), "decode": decode})
+    # x's floor: 2 GB at 4.4 TB/s.
+    drafts, verify = "draft by rows 1: 0.9, 32: 1.2", "verify (64 nodes a row) 1: 1.0, 32: 4.0"
+    assert line == f"replay ms, x (floor 0.5): {drafts}; {verify}"
+    assert line in ceiling.lines({**report(1.0, 1.0, []), "decode": decode})
 
 
 def test_the_command_line_refuses_what_it_cannot_read(capsys):

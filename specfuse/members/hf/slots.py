@@ -187,6 +187,10 @@ class SlotStore:
         self.counts = {"drafts": 0, "steps": 0, "replays": 0, "captures": 0, "busy": 0}
         self.counts |= {"verifies": 0, "verify_replays": 0}
         self.capture_seconds = 0.0
+        # Milliseconds of GPU time one replay of each step captured at start-up took (replays alone,
+        # back to back): set beside the weight-read floor, what the step's kernels cost without the
+        # host work around them (issue 52's profile could not tell the two apart).
+        self.replay_ms: dict[Key, float] = {}
         self._lock = threading.Lock()
 
     # -- a draft's begin and end ---------------------------------------------------------------
@@ -430,10 +434,30 @@ class SlotStore:
                     said = f"{name}: capturing graphs failed: steps run uncaptured ({self.capture_off})"
                     say(k / len(keys), said)
                     break
+            self._time_replays([key for key in keys if key in self.graphs])
         captured = self.counts["captures"] - before
         seconds = self.capture_seconds
         log.info("%s: %d of %d steps captured at start-up in %.1f s", name, captured, len(keys), seconds)
         return captured
+
+    def _time_replays(self, keys: Sequence[Key], times: int = 3) -> None:
+        """replay_ms for the captured steps `keys`: one replay to warm, then `times` timed by CUDA
+        events (their inputs are the capture's placeholders: nothing anyone sees is written). A
+        failure only leaves the figures out."""
+        try:
+            for key in keys:
+                graph = self.graphs[key].graph
+                graph.replay()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(times):
+                    graph.replay()
+                end.record()
+                end.synchronize()
+                self.replay_ms[key] = start.elapsed_time(end) / times
+        except Exception as e:  # a figure for the benchmark, never a reason to fail a start-up
+            said = f"{type(e).__name__}: {e}"
+            log.warning("%s: timing the captured steps failed (%s)", self.member.name, said)
 
 
 def _plain(caches: Sequence[DynamicCache]) -> bool:
