@@ -206,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=6000, help="the long prompt (default 6000)")
     parser.add_argument("--repeats", type=int, default=1, help="turns of the settings (default 1)")
     args = parser.parse_args(argv)
-    if args.repeats < 1 or args.prompt_tokens < 1 or (args.prefill_chunk or 1) < 1:
+    chunk = args.prefill_chunk  # None: the device's cap
+    if args.repeats < 1 or args.prompt_tokens < 1 or (chunk is not None and chunk < 1):
         parser.error("--repeats, --prompt-tokens and --prefill-chunk must be ≥ 1 (0, whole, always runs)")
     kwargs = {"prompt_tokens": args.prompt_tokens, "segment_len": args.segment_len, "repeats": args.repeats}
     return bench_main(
