@@ -215,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args,
         argv,
         lambda members: run_gap(
-            members, chunks=(0, prefill_chunk_for(args.prefill_chunk, (m.device for m in members))), **kwargs
+            members, chunks=(0, prefill_chunk_for(chunk, (m.device for m in members))), **kwargs
         ),
         format_table,
     )

@@ -442,19 +442,20 @@ class SlotStore:
 
     def _time_replays(self, keys: Sequence[Key], times: int = 3) -> None:
         """replay_ms for the captured steps `keys`: one replay to warm, then `times` timed by CUDA
-        events (their inputs are the capture's placeholders: nothing anyone sees is written). A
-        failure only leaves the figures out."""
+        events on the member's device (their inputs are the capture's placeholders: nothing anyone
+        sees is written). A failure only leaves the figures out."""
         try:
-            for key in keys:
-                graph = self.graphs[key].graph
-                graph.replay()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(times):
+            with torch.cuda.device(torch.device(self.member.device)):
+                for key in keys:
+                    graph = self.graphs[key].graph
                     graph.replay()
-                end.record()
-                end.synchronize()
-                self.replay_ms[key] = start.elapsed_time(end) / times
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    for _ in range(times):
+                        graph.replay()
+                    end.record()
+                    end.synchronize()
+                    self.replay_ms[key] = start.elapsed_time(end) / times
         except Exception as e:  # a figure for the benchmark, never a reason to fail a start-up
             said = f"{type(e).__name__}: {e}"
             log.warning("%s: timing the captured steps failed (%s)", self.member.name, said)
