@@ -25,7 +25,11 @@ from .floor import bandwidths, member_floors
 
 
 def measure(members: Sequence[Any]) -> dict[str, Any]:
-    """The device's read bandwidth (measured now) and each member's weight bytes, for ceilings()."""
+    """The device's read bandwidth (measured now) and each member's weight bytes, for ceilings(); and
+    how each member decoded, with its captured steps' replays timed now (slots.SlotStore.time_replays)."""
+    for m in members:
+        if getattr(getattr(m, "slots", None), "graphs", None):  # a transformers member's captured steps
+            m.slots.time_replays()
     bandwidth = bandwidths(members)
     floors = member_floors(members, bandwidth)
     kind = "cuda" if any(str(m.device).startswith("cuda") for m in members) else "cpu"
@@ -52,7 +56,7 @@ def decode_paths(members: Sequence[Any]) -> dict[str, dict[str, Any]]:
             **store.counts,
             "capture_s": round(store.capture_seconds, 2),
             "capture_off": store.capture_off,
-            "replay_ms": [  # each step captured at start-up: one replay's GPU ms (slots.py)
+            "replay_ms": [  # each step captured at MIN_WIDTH: one replay's GPU ms (measure())
                 {"kind": k, "rows": r, "tokens": q, "ms": round(ms, 3)}
                 for (k, r, q, _), ms in store.replay_ms.items()
             ],
@@ -111,7 +115,7 @@ def lines(report: Mapping[str, Any]) -> list[str]:
 
 
 def replay_lines(report: Mapping[str, Any]) -> list[str]:
-    """Each member's captured steps, one replay's GPU time alone (timed at start-up), beside its
+    """Each member's captured steps, one replay's GPU time alone (timed by measure()), beside its
     weight-read floor: what the step's kernels cost without the host's work around them. Drafts
     by rows; verification at its largest start-up bucket of nodes a row."""
     out = []

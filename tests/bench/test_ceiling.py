@@ -58,13 +58,13 @@ def test_each_member_says_how_it_drafted():
     warm_up(slotted)  # a draft and a verification, both on the slots
     said = ceiling._path(ceiling.decode_paths([slotted])["qwen-merges"])
     assert said == "slots (1 drafts, 3 steps, 0 replays, 1 verify passes, 0 replayed)"
-    # Nothing captured, nothing timed: no replay line (a GPU's start-up times each captured step).
+    # Nothing captured, nothing timed: no replay line (on a GPU measure() times each captured step).
     assert ceiling.decode_paths([slotted])["qwen-merges"]["replay_ms"] == []
     assert ceiling.replay_lines({**report(1.0, 1.0, []), "decode": ceiling.decode_paths([slotted])}) == []
 
 
 def test_each_captured_steps_replay_beside_its_floor():
-    """The replays timed at start-up, drafts by rows and verification at its largest bucket of nodes."""
+    """The replays timed by measure(), drafts by rows and verification at its largest bucket of nodes."""
     replays = [
         {"kind": "draft", "rows": 1, "tokens": 1, "ms": 0.9},
         {"kind": "draft", "rows": 32, "tokens": 1, "ms": 1.25},

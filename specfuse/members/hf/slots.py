@@ -187,9 +187,9 @@ class SlotStore:
         self.counts = {"drafts": 0, "steps": 0, "replays": 0, "captures": 0, "busy": 0}
         self.counts |= {"verifies": 0, "verify_replays": 0}
         self.capture_seconds = 0.0
-        # Milliseconds of GPU time one replay of each step captured at start-up took (replays alone,
-        # back to back): set beside the weight-read floor, what the step's kernels cost without the
-        # host work around them (issue 52's profile could not tell the two apart).
+        # Milliseconds of GPU time one replay of each step at MIN_WIDTH took, replays alone and back
+        # to back (time_replays: bench serve's, never a start-up's): set beside the weight-read
+        # floor, what the step's kernels cost without the host's work around them.
         self.replay_ms: dict[Key, float] = {}
         self._lock = threading.Lock()
 
@@ -434,18 +434,20 @@ class SlotStore:
                     said = f"{name}: capturing graphs failed: steps run uncaptured ({self.capture_off})"
                     say(k / len(keys), said)
                     break
-            self._time_replays([key for key in keys if key in self.graphs])
         captured = self.counts["captures"] - before
         seconds = self.capture_seconds
         log.info("%s: %d of %d steps captured at start-up in %.1f s", name, captured, len(keys), seconds)
         return captured
 
-    def _time_replays(self, keys: Sequence[Key], times: int = 3) -> None:
-        """replay_ms for the captured steps `keys`: one replay to warm, then `times` timed by CUDA
-        events on the member's device (their inputs are the capture's placeholders: nothing anyone
-        sees is written). A failure only leaves the figures out."""
+    def time_replays(self, times: int = 3) -> None:
+        """replay_ms for every step captured at MIN_WIDTH (start-up's, and those of other buckets
+        met since): one replay to warm, then `times` timed by CUDA events on the member's device,
+        while no draft holds the store (issue 52's profile could not tell the kernels from the
+        host's work). What a replay writes in the slots, the next draft's load overwrites. A failure
+        only leaves the figures out."""
+        keys = [key for key in self.graphs if key[3] == MIN_WIDTH]
         try:
-            with torch.cuda.device(torch.device(self.member.device)):
+            with self._lock, torch.cuda.device(torch.device(self.member.device)):
                 for key in keys:
                     graph = self.graphs[key].graph
                     graph.replay()
@@ -456,7 +458,7 @@ class SlotStore:
                     end.record()
                     end.synchronize()
                     self.replay_ms[key] = start.elapsed_time(end) / times
-        except Exception as e:  # a figure for the benchmark, never a reason to fail a start-up
+        except Exception as e:  # a figure for the benchmark, never a reason to fail it
             said = f"{type(e).__name__}: {e}"
             log.warning("%s: timing the captured steps failed (%s)", self.member.name, said)
 
