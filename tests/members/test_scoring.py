@@ -16,6 +16,7 @@ from specfuse.members.hf.scoring import (
     chunk_mask,
     lay_out,
     pack,
+    vocab_slice,
 )
 from specfuse.records import Candidate
 
@@ -213,6 +214,34 @@ def test_log_probabilities_made_in_pieces_equal_the_models_own_softmax(monkeypat
         whole = torch.log_softmax(logits, dim=-1).gather(-1, ids[0][:, None])[:, 0]
         assert torch.allclose(member.head.token_logprobs(hidden, ids[0]), whole, atol=1e-5)
         assert member.head.token_logprobs(hidden[:0], ids[0][:0]).shape == (0,)
+
+
+def test_log_probabilities_are_made_without_reading_back_from_the_device_per_slice(monkeypatch):
+    # On a GPU each read back (an .item(), a bool() of a tensor, a nonzero()) waits for every kernel
+    # before it: the slices pick their targets' logits on the device instead.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    member = tiny_member("llama-bytes")
+    monkeypatch.setattr(scoring, "VOCAB_SLICE", 37)
+    ids = torch.tensor(member.encode(LONG))
+    hidden = torch.randn(len(ids), member.model.config.hidden_size)
+    with torch.no_grad(), Ops() as ops:
+        member.head.token_logprobs_top(hidden, ids, 3)
+    assert ops.names.count("mm.default") + ops.names.count("addmm.default") > 2  # several slices
+    assert not [n for n in ops.names if "local_scalar" in n or "nonzero" in n or "is_nonzero" in n]
+
+
+def test_a_gpu_takes_the_vocabulary_in_far_fewer_slices():
+    assert vocab_slice("cpu", 1) == vocab_slice("cpu", LOGPROB_ROWS) == VOCAB_SLICE
+    assert vocab_slice("cuda", LOGPROB_ROWS) >= 262_144  # Gemma 2's and 3's vocabularies: one slice
+    assert vocab_slice("cuda", 10**9) == VOCAB_SLICE
 
 
 def test_log_probabilities_in_slices_keep_a_heads_bias(monkeypatch):

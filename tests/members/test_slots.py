@@ -41,17 +41,17 @@ def slot_members():
 PLAN = [([0, 1, 2], 7), ([0, 3], 10), ([0, 2, 3, 4, 5, 6], 5), ([4], 9), ([3, 5, 6, 0, 4], 8)]
 
 
-def play(member: HFMember, plan=PLAN) -> list[list[tuple[str, int, bool, int]]]:
+def play(member: HFMember, plan=PLAN, settings=GREEDY) -> list[list[tuple]]:
     """Draft as `plan` says, each run accepting its own draft; every call's candidates."""
     states: dict[int, object] = {}
     out = []
     for runs, budget in plan:
         for r in runs:
             if r not in states:
-                states[r] = member.start(MORE[r], GREEDY)
+                states[r] = member.start(MORE[r], settings)
         batch = [states[r] for r in runs]
         cands = member.draft_many(batch, [budget + r % 3 for r in runs])
-        out.append([(c.text, c.num_tokens, c.final, c.reused_tokens) for c in cands])
+        out.append([(c.text, c.num_tokens, c.final, c.reused_tokens, c.confidence) for c in cands])
         for state, cand in zip(batch, cands):
             member.accept(state, cand.text)
     return out
@@ -70,6 +70,30 @@ def test_greedy_drafts_on_slots_equal_the_eager_drafts(index, eager_members, slo
     store = slotted.slots
     assert store.counts["drafts"] - drafts == len(PLAN)  # every call decoded on the slots
     assert store.rows == 8 and store.counts["replays"] == 0  # the largest bucket; nothing captured
+
+
+@pytest.mark.parametrize("index", range(len(NAMES)), ids=NAMES)
+def test_greedy_drafts_a_step_ahead_equal_the_eager_drafts_and_their_confidence(index, eager_members):
+    # A GPU's way (slots.SlotStore.ahead): each step enqueued from the last one's argmax before the
+    # host reads it, here on the CPU. The gate's values too (equal to the slots' own step by step;
+    # the eager path's attention rounds them apart in the last bits), and drafts that end at a stop
+    # string before their budget (the step run ahead of them is lost, never read).
+    drafted = play(tiny_member(NAMES[index], decode="graphs"))
+    stop = next(ch for call in drafted for c in call for ch in c[0][1:] if ch.isalnum())  # one it drafts
+    settings = MemberSettings(max_new_tokens=200, measure_confidence=True, stop_strings=(stop,))
+    slotted, plain = tiny_member(NAMES[index], decode="graphs"), tiny_member(NAMES[index], decode="graphs")
+    store = slotted.slots
+    store.ahead = True
+    got = play(slotted, settings=settings)
+    assert got == play(plain, settings=settings)
+    assert [[c[:4] for c in call] for call in got] == [
+        [c[:4] for c in call] for call in play(eager_members[index], settings=settings)
+    ]
+    assert all(c[4] is not None for call in got for c in call if c[1])  # measured where drafted
+    assert any(c[2] for call in got for c in call)  # some ended at a stop string
+    # The same drafts, each step counted; ahead of the host, at most one step more a draft.
+    extra = store.counts["steps"] - plain.slots.counts["steps"]
+    assert 0 <= extra <= store.counts["drafts"] == plain.slots.counts["drafts"] > 0
 
 
 def test_runs_join_and_leave_the_slots_without_reallocating():

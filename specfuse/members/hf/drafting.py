@@ -8,7 +8,7 @@ are its own, read apart. What they use of the member is declared below, for the 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -135,19 +135,15 @@ class Drafting:
         every cut is done. `step`: tokens already fed after the committed ones (taken over); `sure`,
         when given, gets each picked token's log-probability and its runner-up's per row."""
         rows = len(states)
+        store = self.slots if slotted else None
+        if store is not None and store.ahead and all(s.settings.temperature <= 0 for s in states):
+            self._decode_ahead(store, states, cuts, logits, step, sure)
+            return
         cache, pads = (None, [0] * rows) if slotted else self._stacked_cache(states)
         while any(c.wants_more for c in cuts):
             greedy, nan = _greedy_and_nan(logits)
             if nan:  # argmax would pick token 0 and go on, silently
-                suspect = "its weights are damaged (a model file that changed on disk?)"
-                if self.compiled is not None:  # or torch.compile's code is wrong (cpu.held_to_avx2)
-                    suspect += " or its compiled decoding is wrong (load it without compile_decode to tell)"
-                if slotted:
-                    suspect += " or its KV-slot step is wrong (load it with decode='eager' to tell)"
-                raise MemberError(
-                    f"{self.name}: its logits are not finite (nan) while drafting; {suspect}, "
-                    "so this request ends"
-                )
+                raise self._not_finite(slotted)
             feed = [self.tokenizer.pad_token_id or 0] * rows  # placeholders for finished rows
             picked: dict[int, int] = {}
             for b, (state, cut) in enumerate(zip(states, cuts)):
@@ -169,6 +165,63 @@ class Drafting:
                 assert cache is not None
                 logits = self.head.logits(self._step(feed, positions, pads, cache))
             step += 1
+
+    def _decode_ahead(
+        self,
+        store: SlotStore,
+        states: Sequence[HFState],
+        cuts: Sequence[drafting.DraftCut],
+        logits: torch.Tensor,
+        step: int,
+        sure: list[list[tuple[float, float]]] | None,
+    ) -> None:
+        """_decode's loop for greedy drafts on the slots, a step ahead of the host: each step is
+        enqueued from the last one's argmax on the device, before the host reads that argmax (and
+        the nan check, and the gate's values) and cuts the drafts; on a GPU the next step runs
+        meanwhile. Rows whose draft has ended go on feeding their own argmax, unseen, where
+        _decode feeds a placeholder: each row sees only its own columns, so the tokens are the
+        same. A step is run ahead only while some draft may want it (one that ends early at a stop
+        token or string costs a step nobody reads)."""
+        rows, n = store.shape.rows, len(states)
+        inputs = torch.zeros(2, rows, dtype=torch.long)  # padding rows: token 0 at position 0
+        inputs[1, :n] = torch.tensor([len(s.ids) + step for s in states])
+        inputs = inputs.to(logits.device)
+        advance = (torch.arange(rows, device=logits.device) < n).long()
+        ahead: torch.Tensor | None = None
+        while True:
+            picks = logits[:n].argmax(-1)
+            read = _read_later(_step_values(logits[:n], picks, sure is not None))
+            if any(c.wants_more and len(c.new) + 1 < c.limit for c in cuts):
+                inputs[0, :n] = picks
+                ahead = store.step_on(inputs)
+                inputs[1] += advance
+            values = read()
+            if any(row[1] for row, cut in zip(values, cuts) if cut.wants_more):
+                raise self._not_finite(True)
+            for b, (row, cut) in enumerate(zip(values, cuts)):
+                if cut.wants_more:
+                    cut.push(int(row[0]))
+                    if sure is not None:
+                        sure[b].append((row[2], row[3]))
+            if not any(c.wants_more for c in cuts):
+                return
+            if ahead is None:  # a grace token for a multi-byte character: one step more, now
+                inputs[0, :n] = picks
+                ahead = store.step_on(inputs)
+                inputs[1] += advance
+            workers.rebalance()
+            logits, ahead = ahead, None
+
+    def _not_finite(self, slotted: bool) -> MemberError:
+        """The error of a draft whose logits hold a nan (argmax would pick token 0 and go on)."""
+        suspect = "its weights are damaged (a model file that changed on disk?)"
+        if self.compiled is not None:  # or torch.compile's code is wrong (cpu.held_to_avx2)
+            suspect += " or its compiled decoding is wrong (load it without compile_decode to tell)"
+        if slotted:
+            suspect += " or its KV-slot step is wrong (load it with decode='eager' to tell)"
+        return MemberError(
+            f"{self.name}: its logits are not finite (nan) while drafting; {suspect}, so this request ends"
+        )
 
     def _take_over_trimmed(self, state: HFState, limit: int) -> tuple[int, ...]:
         """The tokens the last greedy draft trimmed away, when its kept text is now the answer's end:
@@ -228,6 +281,34 @@ class Drafting:
             use_cache=True,
         )
         return out.last_hidden_state[:, -1]
+
+
+def _step_values(logits: torch.Tensor, picks: torch.Tensor, measure: bool) -> torch.Tensor:
+    """A step's values for the host, on the device, [rows, 2 or 4] float64: each row's greedy
+    token, whether its logits hold a nan, and with `measure` the gate's pair (_token_values: the
+    greedy token's log-probability and the likeliest other's, the top two)."""
+    columns = [picks.double(), logits.isnan().any(-1).double()]
+    if measure:
+        top = torch.topk(torch.log_softmax(logits.float(), dim=-1), 2, dim=-1).values
+        columns += [top[:, 0].double(), top[:, 1].double()]
+    return torch.stack(columns, dim=1)
+
+
+def _read_later(values: torch.Tensor) -> Callable[[], list[list[float]]]:
+    """`values` as lists on the host, read when called: on CUDA copied now (pinned memory, behind
+    the work already enqueued, not behind what is enqueued next) and waited for then."""
+    if values.device.type != "cuda":
+        return values.tolist
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def read() -> list[list[float]]:
+        copied.synchronize()
+        return host.tolist()
+
+    return read
 
 
 def _greedy_and_nan(logits: torch.Tensor) -> tuple[list[int], bool]:

@@ -83,6 +83,7 @@ class HFMember(Drafting, Verifying, BaseMember):
         # Query tokens per forward pass in verification and prefill (scoring.CHUNK_TOKENS: memory
         # linear in a long candidate's or prompt's length); tests lower it to chunk short texts.
         self.chunk_tokens = CHUNK_TOKENS
+        self.pieces: dict[int, str] = {}  # each token's own text (Verifying._piece): at most the vocabulary
         # The say this member starts with under prior="trust" (the catalogue's or a trust file's, from
         # evidence); None: unknown, and it starts with the mean of the others' (feedback.trust_weights).
         self.trust = trust

@@ -29,6 +29,10 @@ CHUNK_TOKENS = 512
 # 459 ms made candidate by candidate over whole rows (tools/verify_logprob.py, verify-logprob.txt).
 LOGPROB_ROWS = 256
 VOCAB_SLICE = 8192
+# On a GPU the same running log-sum-exp takes slices of up to this many bytes of float32 logits
+# (LOGPROB_ROWS rows of Gemma 2's 256k tokens: 262 MB, one slice): each slice is a dozen kernel
+# launches, and small ones left a GPU launch-bound (issue 52), with no cache to stay within.
+GPU_LOGPROB_BYTES = 1 << 30
 
 # A packed block is one candidate: an *anchor* (the last prefix token it builds on, recomputed at
 # its own position so that it yields the logit of the candidate's first token) followed by the
@@ -216,6 +220,14 @@ def float_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return out[None, None] if out.dim() == 2 else out
 
 
+def vocab_slice(device_type: str, rows: int) -> int:
+    """Vocabulary tokens per slice of a log-probability pass of `rows` rows on a device of that type:
+    VOCAB_SLICE on a CPU (its cache), as many as GPU_LOGPROB_BYTES hold on a GPU."""
+    if device_type != "cuda":
+        return VOCAB_SLICE
+    return max(VOCAB_SLICE, GPU_LOGPROB_BYTES // (4 * max(1, rows)))
+
+
 def sliding_window_of(config: object) -> int | None:
     """The sliding window of a model whose layers mix full and sliding attention, else None."""
     layer_types = getattr(config, "layer_types", None) or ()
@@ -299,14 +311,15 @@ class OutputHead:
         picked = torch.zeros(rows, device=hidden.device)  # the target's logit
         best = torch.full((rows, k), -torch.inf, device=hidden.device)  # running top-k logits …
         best_ids = torch.zeros((rows, k), dtype=torch.long, device=hidden.device)  # … and their ids
-        for begin in range(0, len(self.weight), VOCAB_SLICE):
-            end = begin + VOCAB_SLICE
+        size = vocab_slice(self.weight.device.type, rows)
+        for begin in range(0, len(self.weight), size):
+            end = begin + size
             bias = self.bias[begin:end] if self.bias is not None else None
             logits = self._finish(torch.nn.functional.linear(hidden, self.weight[begin:end], bias))
+            # Each target's logit, where its slice holds it: on the device, no read back per slice.
             inside = (targets >= begin) & (targets < end)
-            if bool(inside.any()):
-                where = inside.nonzero()[:, 0]
-                picked[where] = logits[where, targets[where] - begin]
+            at = (targets - begin).clamp(0, logits.shape[-1] - 1)[:, None]
+            picked = torch.where(inside, logits.gather(1, at)[:, 0], picked)
             if k:  # before the slice is turned into exponentials in place
                 values, ids = logits.topk(min(k, logits.shape[-1]), dim=-1)
                 merged, order = torch.cat([best, values], -1).topk(k, dim=-1)

@@ -176,6 +176,11 @@ class SlotStore:
         if capture and not on_gpu:
             raise ValueError(f"{member.name}: CUDA graphs need a CUDA device, not {member.device}")
         self.capture = on_gpu if capture is None else capture
+        # Greedy drafts run a step ahead (drafting.py): each step is enqueued from the last one's
+        # argmax on the device before the host reads that argmax, so a GPU computes the next step
+        # while the host cuts the drafts. On a CPU nothing runs meanwhile, and the step run past
+        # a draft that ends early is lost work: off there (tests turn it on).
+        self.ahead = on_gpu
         self.disabled = unsupported  # why this member always drafts eagerly, if it does
         self.capture_off: str | None = None  # why its steps run uncaptured, if they do
         self.rows = self.capacity = 0
@@ -238,8 +243,14 @@ class SlotStore:
         host = torch.zeros(2, rows, dtype=torch.long)  # padding rows: token 0 at position 0
         host[0, :n] = torch.tensor(list(tokens))
         host[1, :n] = torch.tensor(list(positions))
+        return self.step_on(host)[:n]
+
+    def step_on(self, inputs: torch.Tensor) -> torch.Tensor:
+        """step() on a whole input buffer [2, rows] (tokens, positions; padding rows included),
+        on the CPU or already on the device (a draft a step ahead: drafting.py) → the logits
+        [rows, V] float32, the graph's output where it was captured."""
         self.counts["steps"] += 1
-        return self.run(("draft", rows, 1, self.shape.width), host, self._forward)[:n]
+        return self.run(("draft", self.shape.rows, 1, self.shape.width), inputs, self._forward)
 
     def run(
         self, key: Key, host: torch.Tensor, forward: Callable[[torch.Tensor], torch.Tensor]
