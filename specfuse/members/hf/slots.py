@@ -43,6 +43,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 from ...config import DECODE_MODES
 from ...errors import ConfigError
 from .. import profiling
+from . import attention
 from .scoring import float_mask
 from .state import ModelView
 
@@ -292,13 +293,14 @@ class SlotStore:
         mask: torch.Tensor | dict[str, torch.Tensor] = full
         if near is not None:
             mask = {"full_attention": full, "sliding_attention": float_mask((allowed & near)[:, None], dtype)}
-        out = self.member.base(
-            input_ids=tokens,
-            position_ids=positions,
-            attention_mask=mask,
-            past_key_values=self.cache,
-            use_cache=True,
-        )
+        with attention.folded(self.member.base):  # no key or value copied per query head
+            out = self.member.base(
+                input_ids=tokens,
+                position_ids=positions,
+                attention_mask=mask,
+                past_key_values=self.cache,
+                use_cache=True,
+            )
         return cast("torch.Tensor", out.last_hidden_state)
 
     # -- the store and its graphs --------------------------------------------------------------

@@ -1,0 +1,108 @@
+"""Attention on the KV slots without copying the keys and values once per query head (issue 52).
+
+A model with grouped-query attention (Qwen2.5-7B: 28 query heads on 4 key/value heads; Llama-3.1-8B
+32 on 8; Gemma-2-9B 16 on 8) keeps one key and value per group of query heads. transformers' eager
+attention, and its SDPA attention whenever a mask is given (as every step on the slots gives one),
+first repeat each key and value for every head of its group (repeat_kv): a step of 32 rows at 512
+columns writes and reads again some 7 GB for Qwen alone on a GPU, several times the weights
+it reads. Here the group's query heads are folded into the query length instead: queries [rows,
+kv heads, group × Q, D] against the keys and values as they are, [rows, kv heads, W, D], one
+SDPA call (or, for soft-capped scores, Gemma 2's, the same products by hand), the mask repeated
+along the folded queries (a few MB). Same products, same softmax; only their rounding may differ.
+
+SlotStore.read (slots.py) switches a member's model to this function for its own forward passes
+only (`folded`, a context manager); the masks there are always 4-D float masks.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
+NAME = "specfuse_folded"
+_SWITCHING = threading.Lock()  # guards _HELD
+# Per model config switched (by id): how many passes hold it switched, and its own attention. Two
+# members on one model's weights (HFMember.sharing) may each be inside a pass at once.
+_HELD: dict[int, tuple[int, Any]] = {}
+
+
+def folded_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """An attention function for transformers' AttentionInterface: query [B, H, Q, D], key and
+    value [B, K, W, D] (H a multiple of K), attention_mask [B, 1, Q, W] float (added to the scores)
+    → the output [B, Q, H, D], as eager_attention_forward returns it (without the weights)."""
+    if (
+        attention_mask is None
+        or attention_mask.dim() != 4
+        or attention_mask.shape[1] != 1
+        or kwargs.get("s_aux") is not None
+    ):
+        raise NotImplementedError(
+            f"{NAME}: a [B, 1, Q, W] float mask and no attention sinks, as the slots give"
+        )
+    rows, heads, count, dim = query.shape
+    kv_heads, width = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    scale = dim**-0.5 if scaling is None else scaling
+    # Head h reads key head h // group (repeat_kv's order): the group's heads, one after another.
+    queries = query.reshape(rows, kv_heads, group * count, dim)
+    mask = attention_mask[:, :, :, :width]
+    if group > 1:
+        mask = (
+            mask[:, :, None]
+            .expand(rows, mask.shape[1], group, count, width)
+            .reshape(rows, -1, group * count, width)
+        )
+    if softcap is None:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            queries, key, value, attn_mask=mask, scale=scale
+        )
+    else:
+        scores = torch.matmul(queries, key.transpose(2, 3)) * scale
+        scores = torch.tanh(scores / softcap) * softcap + mask
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        out = torch.matmul(weights, value)
+    return out.reshape(rows, heads, count, dim).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(NAME, folded_attention)
+# Masks made while a model is switched (another thread's eager pass on the same model, at that
+# moment) are eager's: 4-D float masks, which folded_attention takes.
+ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, eager_mask)
+
+
+@contextmanager
+def folded(model: Any) -> Iterator[None]:
+    """`model` (a decoder: its config names its attention) attending with folded_attention inside."""
+    config = model.config
+    with _SWITCHING:
+        count, own = _HELD.get(id(config), (0, config._attn_implementation))
+        _HELD[id(config)] = (count + 1, own)
+        config._attn_implementation = NAME
+    try:
+        yield
+    finally:
+        with _SWITCHING:
+            count, own = _HELD.pop(id(config))
+            if count > 1:
+                _HELD[id(config)] = (count - 1, own)
+            else:
+                config._attn_implementation = own
+
+
+__all__ = ["NAME", "folded", "folded_attention"]
