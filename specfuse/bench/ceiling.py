@@ -56,12 +56,25 @@ def decode_paths(members: Sequence[Any]) -> dict[str, dict[str, Any]]:
             **store.counts,
             "capture_s": round(store.capture_seconds, 2),
             "capture_off": store.capture_off,
+            "options": {option: getattr(store, option) for option in SLOT_OPTIONS},
             "replay_ms": [  # each step captured at MIN_WIDTH: one replay's GPU ms (measure())
                 {"kind": k, "rows": r, "tokens": q, "ms": round(ms, 3)}
                 for (k, r, q, _), ms in store.replay_ms.items()
             ],
         }
     return out
+
+
+SLOT_OPTIONS = ("ahead", "fold")  # a KV-slot store's switches (members/hf/slots.py), for A/B runs
+
+
+def slots_off(members: Sequence[Any], options: Sequence[str]) -> None:
+    """Turn `options` (SLOT_OPTIONS) off in every member's KV slots, to measure what each is worth
+    in one run against one with them on (bench serve --slots-off; tools/gpu_serve_check.sh)."""
+    for m in members:
+        store: Any = getattr(m, "slots", None)
+        for option in options if hasattr(store, "capture") else ():
+            setattr(store, option, False)
 
 
 def ceilings(report: Mapping[str, Any]) -> dict[str, dict[str, float]]:
@@ -147,7 +160,9 @@ def _path(p: Mapping[str, Any]) -> str:
         said += f", {p['captures']} captures in {p['capture_s']:.1f} s"
     if p.get("capture_off"):
         said += f"; capture off: {p['capture_off']}"
-    return said + ")"
+    # Where steps are captured (a GPU) every option is on unless bench serve --slots-off said otherwise.
+    off = [option for option, on in p.get("options", {}).items() if not on and p["path"] == "graphs"]
+    return said + (f"; {' and '.join(off)} off" if off else "") + ")"
 
 
 def side_by_side(reports: Mapping[str, Mapping[str, Any]]) -> str:
@@ -212,4 +227,13 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["ceilings", "decode_paths", "lines", "main", "measure", "side_by_side"]
+__all__ = [
+    "SLOT_OPTIONS",
+    "ceilings",
+    "decode_paths",
+    "lines",
+    "main",
+    "measure",
+    "side_by_side",
+    "slots_off",
+]

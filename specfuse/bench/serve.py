@@ -319,8 +319,8 @@ def _say(line: str) -> None:
 
 
 def _capture(members: Sequence[Any]) -> None:
-    """Members whose steps are captured as CUDA graphs capture them all before the first request,
-    as the server and the app do at start-up (models.preparation.warm_up), each said in one line."""
+    """Capture every step before the first request where members capture them, as the server and
+    the app do at start-up (models.preparation.warm_up), each member said in one line."""
     from ..models.preparation import warm_up
 
     for member in members:
@@ -403,6 +403,9 @@ def _parser() -> Parser:
         "levels are skipped and the report says so)",
     )
     add("--quick", action="store_true", help="levels 1,4,8, 8 requests of 32 tokens each")
+    off = ", ".join(ceiling.SLOT_OPTIONS)
+    add("--slots-off", nargs="+", default=[], choices=ceiling.SLOT_OPTIONS, metavar="OPTION",
+        help=f"turn off {off} in the KV slots (--decode graphs), to measure each (docs/gpu.md)")  # fmt: skip
     add("--out", type=Path, default=None, help="write OUT.json and OUT.txt")
     return parser
 
@@ -439,6 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         levels, requests, max_tokens = [1, 4, 8], 8, 32
     try:
         members, config = _members(args, max_tokens)
+        ceiling.slots_off(members, args.slots_off)
         _capture(members)
         _say(f"{len(members)} members ready in {time.perf_counter() - began:.1f} s")
         report = run_serve(

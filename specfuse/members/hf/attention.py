@@ -27,9 +27,9 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
 NAME = "specfuse_folded"
 _SWITCHING = threading.Lock()  # guards _HELD
-# Per model config switched (by id): how many passes hold it switched, and its own attention. Two
+# Each model config switched now: [the config, how many passes are inside, its own attention]. Two
 # members on one model's weights (HFMember.sharing) may each be inside a pass at once.
-_HELD: dict[int, tuple[int, Any]] = {}
+_HELD: list[list[Any]] = []
 
 
 def folded_attention(
@@ -91,18 +91,22 @@ def folded(model: Any) -> Iterator[None]:
     """`model` (a decoder: its config names its attention) attending with folded_attention inside."""
     config = model.config
     with _SWITCHING:
-        count, own = _HELD.get(id(config), (0, config._attn_implementation))
-        _HELD[id(config)] = (count + 1, own)
+        held = next((entry for entry in _HELD if entry[0] is config), None)
+        if held is None:
+            held = [config, 0, config._attn_implementation]
+            _HELD.append(held)
+        held[1] += 1
         config._attn_implementation = NAME
     try:
         yield
     finally:
         with _SWITCHING:
-            count, own = _HELD.pop(id(config))
-            if count > 1:
-                _HELD[id(config)] = (count - 1, own)
-            else:
-                config._attn_implementation = own
+            held[1] -= 1
+            if not held[1]:
+                _HELD[:] = [
+                    entry for entry in _HELD if entry is not held
+                ]  # by identity: configs compare equal
+                config._attn_implementation = held[2]
 
 
 __all__ = ["NAME", "folded", "folded_attention"]

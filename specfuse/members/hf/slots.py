@@ -29,6 +29,7 @@ batching: docs/gpu.md.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -177,11 +178,10 @@ class SlotStore:
         if capture and not on_gpu:
             raise ValueError(f"{member.name}: CUDA graphs need a CUDA device, not {member.device}")
         self.capture = on_gpu if capture is None else capture
-        # Greedy drafts run a step ahead (drafting.py): each step is enqueued from the last one's
-        # argmax on the device before the host reads that argmax, so a GPU computes the next step
-        # while the host cuts the drafts. On a CPU nothing runs meanwhile, and the step run past
-        # a draft that ends early is lost work: off there (tests turn it on).
-        self.ahead = on_gpu
+        # Greedy drafts a step ahead of the host (drafting.py: a GPU runs the next step while the host
+        # cuts the drafts; on a CPU nothing would, and a step past an early end is lost work), and
+        # attention folded (attention.py): switches for an A/B benchmark (bench serve --slots-off).
+        self.ahead, self.fold = on_gpu, True
         self.disabled = unsupported  # why this member always drafts eagerly, if it does
         self.capture_off: str | None = None  # why its steps run uncaptured, if they do
         self.rows = self.capacity = 0
@@ -293,7 +293,7 @@ class SlotStore:
         mask: torch.Tensor | dict[str, torch.Tensor] = full
         if near is not None:
             mask = {"full_attention": full, "sliding_attention": float_mask((allowed & near)[:, None], dtype)}
-        with attention.folded(self.member.base):  # no key or value copied per query head
+        with attention.folded(self.member.base) if self.fold else contextlib.nullcontext():
             out = self.member.base(
                 input_ids=tokens,
                 position_ids=positions,
