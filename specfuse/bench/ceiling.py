@@ -65,7 +65,7 @@ def decode_paths(members: Sequence[Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-SLOT_OPTIONS = ("ahead", "fold")  # a KV-slot store's switches (members/hf/slots.py), for A/B runs
+SLOT_OPTIONS = ("ahead", "fold", "batched")  # a KV-slot store's switches (members/hf/slots.py), for A/B runs
 
 
 def slots_off(members: Sequence[Any], options: Sequence[str]) -> None:

@@ -83,7 +83,7 @@ def test_greedy_drafts_a_step_ahead_equal_the_eager_drafts_and_their_confidence(
     settings = MemberSettings(max_new_tokens=200, measure_confidence=True, stop_strings=(stop,))
     slotted, plain = tiny_member(NAMES[index], decode="graphs"), tiny_member(NAMES[index], decode="graphs")
     store = slotted.slots
-    store.ahead = True
+    store.ahead = store.batched = True  # and the loads batched, as on a GPU
     got = play(slotted, settings=settings)
     assert got == play(plain, settings=settings)
     assert [[c[:4] for c in call] for call in got] == [

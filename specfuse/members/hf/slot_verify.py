@@ -168,21 +168,27 @@ def verify(
     if not store.hold(caches, "verify", tokens, width):
         return None
     try:
-        rows = bucket_of(len(caches))
+        rows, n = bucket_of(len(caches)), len(caches)
         host = inputs(trees, lengths, rows, tokens)
         hidden = store.run(("verify", rows, tokens, width), host, lambda x: forward(store, x))
         store.counts["verifies"] += 1
-        out = []
-        for r, (t, cache, length) in enumerate(zip(trees, caches, lengths)):
-            index = torch.tensor(t.node_of, device=hidden.device)
-            out.append(hidden[r, index])  # a copy: the next replay overwrites the graph's output
-            columns = index + length
-            for mine, theirs in zip(cast("list[DynamicLayer]", cache.layers), store.layers):
+        # Every run's nodes in the eager layout, all runs at once (a gather per layer, not one per
+        # run): [n, P] nodes, a short run's padded with its last (read again, never used).
+        sizes = [len(t.node_of) for t in trees]
+        padded = [list(t.node_of) + [t.node_of[-1]] * (max(sizes) - len(t.node_of)) for t in trees]
+        nodes = torch.tensor(padded, device=hidden.device)  # [n, P]
+        laid = torch.gather(hidden[:n], 1, nodes[:, :, None].expand(-1, -1, hidden.shape[-1]))  # a copy
+        columns = (nodes + torch.tensor(lengths, device=nodes.device)[:, None])[:, None, :, None]
+        for i, layer in enumerate(store.layers):
+            assert layer.keys is not None and layer.values is not None
+            at = columns.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])  # [n, kv heads, P, D]
+            keys, values = torch.gather(layer.keys[:n], 2, at), torch.gather(layer.values[:n], 2, at)
+            for r, (cache, size) in enumerate(zip(caches, sizes)):
+                mine = cast("DynamicLayer", cache.layers[i])
                 assert mine.keys is not None and mine.values is not None
-                assert theirs.keys is not None and theirs.values is not None
-                mine.keys = torch.cat([mine.keys, theirs.keys[r : r + 1, :, columns]], dim=-2)
-                mine.values = torch.cat([mine.values, theirs.values[r : r + 1, :, columns]], dim=-2)
-        return out
+                mine.keys = torch.cat([mine.keys, keys[r : r + 1, :, :size]], dim=-2)
+                mine.values = torch.cat([mine.values, values[r : r + 1, :, :size]], dim=-2)
+        return [laid[r, :size] for r, size in enumerate(sizes)]
     finally:
         store.end()
 

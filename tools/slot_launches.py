@@ -1,0 +1,122 @@
+"""How many torch operations one round launches outside the KV slots' steps, by runs (issue 52).
+
+On a GPU each operation outside a captured step is a kernel launch the host pays for (about 11 us
+of CPU time each: 1.9 ms an accept of about 170 operations in the H200 profile), and that profile
+found this work growing with the runs at 32 clients. The operations are the same on any device,
+only uncaptured, so they are counted here on a CPU, for members with the real layer counts of the
+GPU check's shapes (bench/shapes.py: Qwen2.5-7B 28 layers, Llama-3.1-8B 32, Gemma-2-9B 42) at tiny
+widths: per member and round, a draft of L = 10 tokens for every run, a verification of three
+candidates a run, and an accept per run, with the loads into the slots batched (a GPU's way,
+SlotStore.batched) and not. A step's own forward pass is one replay on a GPU and is not counted.
+
+    .venv/bin/python tools/slot_launches.py [--runs 1,8,32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specfuse.bench import gpu  # noqa: E402
+from specfuse.bench.shapes import SHAPES  # noqa: E402
+from specfuse.config import MemberSettings  # noqa: E402
+from specfuse.records import Candidate  # noqa: E402
+
+SEGMENT = 10
+
+
+# Operations that launch no kernel on a GPU besides views: allocations, a host tensor taken in.
+FREE = {"empty.memory_format", "empty_strided.default", "lift_fresh.default"}
+
+
+class Ops(TorchDispatchMode):
+    """Counts the torch operations that launch a kernel on a GPU (not views, not allocations), by
+    phase, except inside a step (paused). Reads back to the host (.tolist(), bool()) are not seen
+    on a CPU tensor, so they are not counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase, self.paused, self.counts = "", False, Counter[str]()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if not self.paused and not func.is_view and func.__name__ not in FREE:
+            self.counts[self.phase] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def shapes() -> dict[str, Any]:
+    """The real shapes' layer counts at the tiny shapes' widths."""
+    real = SHAPES["real"]
+    return {name: (arch, {**cfg, "num_hidden_layers": real[name][1]["num_hidden_layers"]})
+            for name, (arch, cfg) in SHAPES["tiny"].items()}  # fmt: skip
+
+
+def round_ops(member: Any, runs: int, ops: Ops) -> dict[str, int]:
+    """One round's operations for `runs` runs of `member`, by phase, and the steps it ran."""
+    states = [
+        member.start(f"Question {i}: what is {i} + {i}?", MemberSettings(max_new_tokens=200, score="logprob"))
+        for i in range(runs)
+    ]
+    store = member.slots
+    steps = store.counts["steps"] + store.counts["verifies"]
+    ops.counts.clear()
+    with ops:
+        ops.phase = "draft"
+        drafts = member.draft_many(states, [SEGMENT] * runs)
+        ops.phase = "verify"
+        texts = [[d.text, d.text[: len(d.text) // 2] + "x", "An answer"] for d in drafts]
+        member.verify_many(states, [[Candidate("m", t, 3, False, 0.0) for t in row] for row in texts])
+        ops.phase = "accept"
+        for state, row in zip(states, texts):
+            member.accept(state, row[0])
+    return {**ops.counts, "steps": store.counts["steps"] + store.counts["verifies"] - steps}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", default="1,8,32", help="run counts (default 1,8,32)")
+    args = parser.parse_args(argv)
+    SHAPES["launch-count"] = shapes()
+    members = gpu.build_members("launch-count", ["cpu"], "float32", decode="graphs")
+    ops = Ops()
+    for member in members:  # the store made at its largest once, the template's head read
+        round_ops(member, max(int(r) for r in args.runs.split(",")), ops)
+    for member in members:
+        store = member.slots
+        inner = store.run
+
+        def paused(*a: Any, _inner: Any = inner, **k: Any) -> Any:
+            ops.paused = True
+            try:
+                return _inner(*a, **k)
+            finally:
+                ops.paused = False
+
+        store.run = paused
+    print(
+        f"kernels a round launches outside the steps (torch {torch.__version__}; L = {SEGMENT}, 3 candidates)"
+    )
+    print("member          layers  runs  loads     draft  verify  accept   total  per run  steps")
+    for member in members:
+        layers = member.model.config.num_hidden_layers
+        for runs in (int(r) for r in args.runs.split(",")):
+            for batched in (False, True):
+                member.slots.batched = batched
+                c = round_ops(member, runs, ops)
+                total = c["draft"] + c["verify"] + c["accept"]
+                figures = f"{c['draft']:>6} {c['verify']:>7} {c['accept']:>7} {total:>7} {total / runs:>8.0f}"
+                how = f"{member.name:<15} {layers:>6} {runs:>5}  {'batched' if batched else 'copies':<8}"
+                print(f"{how}{figures} {c['steps']:>6}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
