@@ -346,9 +346,9 @@ class SlotStore:
             columns = torch.cat([torch.arange(n) for n in lengths])
             rows, columns = rows.to(self.member.device), columns.to(self.member.device)
             for i, mine in enumerate(self.layers):
-                theirs = [cast("DynamicLayer", cache.layers[i]) for cache in caches]
+                layers = [cast("DynamicLayer", cache.layers[i]) for cache in caches]
                 for name in ("keys", "values"):
-                    parts = [getattr(layer, name)[0] for layer in theirs]  # [kv heads, n, head dim]
+                    parts = [getattr(layer, name)[0] for layer in layers]  # [kv heads, n, head dim]
                     getattr(mine, name)[rows, :, columns] = torch.cat(parts, dim=1).transpose(0, 1)
             return
         for r, cache in enumerate(caches):
