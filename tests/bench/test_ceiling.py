@@ -60,8 +60,10 @@ def test_each_member_says_how_it_drafted():
     assert said == "slots (1 drafts, 3 steps, 0 replays, 1 verify passes, 0 replayed)"
     # Captured steps (a GPU) say which options an A/B run turned off (bench serve --slots-off).
     graphs = {**ceiling.decode_paths([slotted])["qwen-merges"], "path": "graphs"}
-    assert ceiling._path(graphs).endswith("0 captures in 0.0 s; ahead off)")  # ahead: on a GPU only
-    assert ceiling._path({**graphs, "options": {"ahead": True, "fold": True}}).endswith("0.0 s)")
+    assert ceiling._path(graphs).endswith("0 captures in 0.0 s; ahead and batched off)")  # a GPU's only
+    assert ceiling._path({**graphs, "options": {option: True for option in ceiling.SLOT_OPTIONS}}).endswith(
+        "s)"
+    )
     # Nothing captured, nothing timed: no replay line (on a GPU measure() times each captured step).
     assert ceiling.decode_paths([slotted])["qwen-merges"]["replay_ms"] == []
     assert ceiling.replay_lines({**report(1.0, 1.0, []), "decode": ceiling.decode_paths([slotted])}) == []

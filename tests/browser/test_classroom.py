@@ -267,7 +267,10 @@ def test_a_lesson_run_live_in_step_mode_steps_by_key_in_the_presenter_view(page)
     page.keyboard.press("p")
     page.wait_for_function("document.body.classList.contains('sf-presenter')")
     assert page.locator("#step-next").is_visible() and not page.locator("#models").is_visible()
-    page.keyboard.press("ArrowRight")  # the drafts of round 1
+    page.keyboard.press("ArrowRight")  # the drafts of round 1 (Reveal waits for them: wait too)
+    page.wait_for_function(
+        "(document.querySelector('#step-note')?.innerText || '').includes('drafts are in')"
+    )
     page.keyboard.press("ArrowRight")  # the verdict
     page.wait_for_function("document.querySelector('#answer').innerText.includes('good')")
     assert page.inner_text("#status").startswith("Round 1 ")

@@ -55,7 +55,7 @@ def start_stepping(page, prompt: str) -> None:
     page.locator("#step-mode input").check()
     page.fill("#prompt textarea", prompt)
     page.click("#run")
-    wait_in(page, "#step-note", "ready")
+    wait_in(page, "#step-note", "ready", timeout=3 * WAIT_MS)  # a busy machine's first run: 30 s were too few
     blur(page)
 
 

@@ -1,30 +1,24 @@
 """Batched drafting on static slots: a member's fixed KV store, one decoding step per batch-size
 bucket, captured as a CUDA graph on a GPU (issue 52).
 
-Every draft the scheduler asks of a member (HFMember.draft_many: all the runs it serves, one
-forward pass per token) decodes here when the member's decode path is "graphs". The store holds
-`rows` slots of `capacity` tokens per layer ([rows, kv heads, capacity, head dim]), allocated once
-and reused: at a draft's start the runs' committed keys and values (their own DynamicCaches, which
-prefill, packed verification and accept() keep using unchanged) are copied into slots 0..n-1, a
-device-to-device copy, so runs join and leave between rounds without any reallocation or
-recapture. Each row sits at its absolute positions (column p holds position p), a step writes each
-row's new keys at that row's own position (a scatter), and the mask shows each row its columns up
-to its position (and, for sliding-window layers, those within the window): slots past a row's
-length hold stale keys nobody sees. The draft's own keys are left behind, as the eager path crops
-them away.
+Every draft the scheduler asks of a member (HFMember.draft_many: all its runs, a forward pass per
+token) decodes here on the "graphs" decode path. The store holds `rows` slots of `capacity` tokens
+per layer ([rows, kv heads, capacity, head dim]), allocated once: at a draft's start the runs'
+committed keys and values (their own DynamicCaches, which prefill, packed verification and accept()
+keep using) are loaded into slots 0..n-1 on the device, so runs join and leave between rounds with
+no reallocation or recapture. Column p of a row holds position p; a step writes each row's new keys
+at its own position (a scatter), and the mask shows each row its columns up to its position (within
+the window for sliding-window layers). The draft's own keys are left behind, as eagerly cropped.
 
-A step runs on a bucket of rows (BUCKETS: 1, 2, 4, 8, 16, 32, then powers of two) and a width of
-columns (a power of two from MIN_WIDTH, enough for the longest row and its draft); rows past the
-draft's own are padding (a placeholder token at position 0 of a slot no run holds this draft). On
-CUDA each (bucket, width) pair is captured once as a torch.cuda.CUDAGraph around the fixed-shape
-forward pass and the output head (a few forward passes' time, not a compilation): at start-up
-(prepare, from the member's warm-up, each step said as "capturing graphs k/n") for the buckets a
-first request needs, else the first time it is needed; its replays read the step's tokens and
-positions from one small input buffer. Verification's steps (slot_verify.py) are captured the
-same way, in the same pool. A capture that fails turns capture off for the member, with a
-warning, and the same steps run uncaptured. On a CPU the same code runs uncaptured: the greedy
-answers equal the eager path's (tests/members/test_slots.py). Why not transformers' own continuous
-batching: docs/gpu.md.
+A step runs on a bucket of rows (BUCKETS, then powers of two) and a width of columns (a power of two
+from MIN_WIDTH); rows past the draft's own are padding (a placeholder at position 0 of a slot no run
+holds this draft). On CUDA each (bucket, width) step, forward pass and output head, is captured once
+as a torch.cuda.CUDAGraph (a few forward passes' time, not a compilation): at start-up (prepare, said
+as "capturing graphs k/n") for the buckets a first request needs, else at first use; a replay reads
+its tokens and positions from one small input buffer. Verification's steps (slot_verify.py) are
+captured the same way, in the same pool. A capture that fails turns capture off for the member, with
+a warning, and the same steps run uncaptured, as they do on a CPU, where the greedy answers equal the
+eager path's (tests/members/test_slots.py). Why not transformers' own continuous batching: docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -257,8 +251,8 @@ class SlotStore:
     def run(
         self, key: Key, host: torch.Tensor, forward: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:
-        """The step `key` on the inputs `host` (on the CPU): its graph's replay where it was
-        captured (its output is overwritten by the next replay), else `forward` uncaptured."""
+        """The step `key` on the inputs `host` (on the CPU or the device): its graph's replay where it
+        was captured (its output is overwritten by the next replay), else `forward` uncaptured."""
         graph = self.graphs.get(key)
         if graph is None:
             return forward(host.to(self.member.device))
@@ -336,10 +330,9 @@ class SlotStore:
         log.info("%s: KV slots for %d runs of %d tokens (%.0f MB)", self.member.name, rows, width, size / 1e6)
 
     def _load(self, caches: Sequence[DynamicCache]) -> None:
-        """Each run's committed keys and values into its slot (row r: the r-th run): with `batched`
-        (a GPU), per layer one concatenation of every run's and one indexed write, a few kernel
-        launches whatever the runs; else a copy per run and layer (on a CPU an indexed write of
-        bf16 rows measured 3.3x slower than the copies)."""
+        """Each run's committed keys and values into its slot (row r: the r-th run): `batched` (a
+        GPU), per layer one concatenation and one indexed write, whatever the runs; else a copy per
+        run and layer (a CPU: there bf16's indexed write measured 3.3x slower than the copies)."""
         if self.batched and len(caches) > 2:  # two runs' copies are as many launches
             lengths = [c.get_seq_length() for c in caches]
             rows = torch.repeat_interleave(torch.arange(len(caches)), torch.tensor(lengths))
@@ -468,11 +461,9 @@ class SlotStore:
         return captured
 
     def time_replays(self, times: int = 3) -> None:
-        """replay_ms for every step captured at MIN_WIDTH (start-up's, and those of other buckets
-        met since): one replay to warm, then `times` timed by CUDA events on the member's device,
-        while no draft holds the store (issue 52's profile could not tell the kernels from the
-        host's work). What a replay writes in the slots, the next draft's load overwrites. A failure
-        only leaves the figures out."""
+        """replay_ms for every step captured at MIN_WIDTH: one replay to warm, then `times` timed by
+        CUDA events, while no draft holds the store (the profile cannot tell the kernels from the
+        host's work). The next draft's load overwrites what they write. A failure leaves them out."""
         keys = [key for key in self.graphs if key[3] == MIN_WIDTH]
         try:
             with self._lock, torch.cuda.device(torch.device(self.member.device)):
@@ -501,11 +492,4 @@ def _plain(caches: Sequence[DynamicCache]) -> bool:
     )
 
 
-__all__ = [
-    "BUCKETS",
-    "SlotLayer",
-    "SlotStore",
-    "bucket_of",
-    "resolved",
-    "width_of",
-]
+__all__ = ["BUCKETS", "SlotLayer", "SlotStore", "bucket_of", "resolved", "width_of"]
