@@ -228,11 +228,14 @@ class Verifying:
         if list(target) != state.ids[: start + 1] + list(tokens):
             return False
         source = packed.prefix_len + packed.offsets[b] + 1  # skip the anchor
+        # Copied through a clone only where the two ranges overlap (the first block's, mostly): a
+        # kernel less a layer otherwise.
+        overlap = source < start + 1 + len(tokens)
         for layer in state.cache.layers:
             for name in ("keys", "values"):
                 kv = getattr(layer, name)
-                moved = kv[..., source : source + len(tokens), :].clone()
-                kv[..., start + 1 : start + 1 + len(tokens), :] = moved
+                moved = kv[..., source : source + len(tokens), :]
+                kv[..., start + 1 : start + 1 + len(tokens), :] = moved.clone() if overlap else moved
                 setattr(layer, name, kv[..., : start + 1 + len(tokens), :])
         state.last_hidden = packed.last_hidden[b] if tokens else state.last_hidden
         return True
