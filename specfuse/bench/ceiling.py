@@ -28,8 +28,9 @@ def measure(members: Sequence[Any]) -> dict[str, Any]:
     """The device's read bandwidth (measured now) and each member's weight bytes, for ceilings(); and
     how each member decoded, with its captured steps' replays timed now (slots.SlotStore.time_replays)."""
     for m in members:
-        if getattr(getattr(m, "slots", None), "graphs", None):  # a transformers member's captured steps
-            m.slots.time_replays()
+        store = slot_store(m)
+        if store is not None and store.graphs:  # its steps captured
+            store.time_replays()
     bandwidth = bandwidths(members)
     floors = member_floors(members, bandwidth)
     kind = "cuda" if any(str(m.device).startswith("cuda") for m in members) else "cpu"
@@ -46,9 +47,9 @@ def decode_paths(members: Sequence[Any]) -> dict[str, dict[str, Any]]:
     transformers member); with the KV slots' counts and the seconds its captures took."""
     out: dict[str, dict[str, Any]] = {}
     for m in members:
-        store: Any = getattr(m, "slots", None)  # a transformers member's SlotStore (llama.cpp's: a count)
-        if not hasattr(store, "capture"):
-            out[m.name] = {"path": "eager" if store is None and hasattr(m, "slots") else "other"}
+        store = slot_store(m)
+        if store is None:
+            out[m.name] = {"path": "eager" if hasattr(m, "slots") and m.slots is None else "other"}
             continue
         captured = store.capture and not store.capture_off
         out[m.name] = {
@@ -68,12 +69,18 @@ def decode_paths(members: Sequence[Any]) -> dict[str, dict[str, Any]]:
 SLOT_OPTIONS = ("ahead", "fold", "batched")  # a KV-slot store's switches (members/hf/slots.py), for A/B runs
 
 
+def slot_store(member: Any) -> Any:
+    """A transformers member's KV-slot store (members/hf/slots.SlotStore); None for one that drafts
+    eagerly and for other back ends (llama.cpp's `slots` is a count)."""
+    store = getattr(member, "slots", None)
+    return store if hasattr(store, "capture") else None
+
+
 def slots_off(members: Sequence[Any], options: Sequence[str]) -> None:
     """Turn `options` (SLOT_OPTIONS) off in every member's KV slots, to measure what each is worth
     in one run against one with them on (bench serve --slots-off; tools/gpu_serve_check.sh)."""
-    for m in members:
-        store: Any = getattr(m, "slots", None)
-        for option in options if hasattr(store, "capture") else ():
+    for store in filter(None, map(slot_store, members)):
+        for option in options:
             setattr(store, option, False)
 
 
@@ -235,5 +242,6 @@ __all__ = [
     "main",
     "measure",
     "side_by_side",
+    "slot_store",
     "slots_off",
 ]

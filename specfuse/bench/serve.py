@@ -324,7 +324,7 @@ def _capture(members: Sequence[Any]) -> None:
     from ..models.preparation import warm_up
 
     for member in members:
-        if getattr(getattr(member, "slots", None), "capture", False):
+        if getattr(ceiling.slot_store(member), "capture", False):
             said: list[str] = []
             began = time.perf_counter()
             warm_up(member, progress=_noting(said))

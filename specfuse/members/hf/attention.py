@@ -103,10 +103,8 @@ def folded(model: Any) -> Iterator[None]:
     finally:
         with _SWITCHING:
             held[1] -= 1
-            if not held[1]:
-                _HELD[:] = [
-                    entry for entry in _HELD if entry is not held
-                ]  # by identity: configs compare equal
+            if not held[1]:  # the last pass out puts its own attention back; by identity, as
+                _HELD[:] = [entry for entry in _HELD if entry is not held]  # configs compare equal
                 config._attn_implementation = held[2]
 
 

@@ -141,9 +141,10 @@ class Drafting:
             return
         cache, pads = (None, [0] * rows) if slotted else self._stacked_cache(states)
         while any(c.wants_more for c in cuts):
-            greedy, nan = _greedy_and_nan(logits)
-            if nan:  # argmax would pick token 0 and go on, silently
+            values = _step_values(logits, logits.argmax(-1), False).tolist()  # one read back a step
+            if any(nan for _, nan in values):  # argmax would pick token 0 and go on, silently
                 raise self._not_finite(slotted)
+            greedy = [int(token) for token, _ in values]
             feed = [self.tokenizer.pad_token_id or 0] * rows  # placeholders for finished rows
             picked: dict[int, int] = {}
             for b, (state, cut) in enumerate(zip(states, cuts)):
@@ -187,14 +188,20 @@ class Drafting:
         inputs[1, :n] = torch.tensor([len(s.ids) + step for s in states])
         inputs = inputs.to(logits.device)
         advance = (torch.arange(rows, device=logits.device) < n).long()
+
+        def enqueue(picks: torch.Tensor) -> torch.Tensor:
+            """The next step, fed each row's pick at its next position; its logits (not yet read)."""
+            inputs[0, :n] = picks
+            out = store.step_on(inputs)
+            inputs[1] += advance
+            return out
+
         ahead: torch.Tensor | None = None
         while True:
             picks = logits[:n].argmax(-1)
             read = _read_later(_step_values(logits[:n], picks, sure is not None))
             if any(c.wants_more and len(c.new) + 1 < c.limit for c in cuts):
-                inputs[0, :n] = picks
-                ahead = store.step_on(inputs)
-                inputs[1] += advance
+                ahead = enqueue(picks)
             values = read()
             if any(row[1] for row, cut in zip(values, cuts) if cut.wants_more):
                 raise self._not_finite(True)
@@ -206,9 +213,7 @@ class Drafting:
             if not any(c.wants_more for c in cuts):
                 return
             if ahead is None:  # a grace token for a multi-byte character: one step more, now
-                inputs[0, :n] = picks
-                ahead = store.step_on(inputs)
-                inputs[1] += advance
+                ahead = enqueue(picks)
             workers.rebalance()
             logits, ahead = ahead, None
 
@@ -309,12 +314,6 @@ def _read_later(values: torch.Tensor) -> Callable[[], list[list[float]]]:
         return host.tolist()
 
     return read
-
-
-def _greedy_and_nan(logits: torch.Tensor) -> tuple[list[int], bool]:
-    """Each row's greedy token and whether any logit is nan, in one read back from the device."""
-    both = torch.cat([logits.argmax(-1), logits.isnan().any().reshape(1).long()]).tolist()
-    return both[:-1], bool(both[-1])
 
 
 __all__ = ["Drafting"]
