@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specfuse.bench import gpu  # noqa: E402
 from specfuse.bench.shapes import SHAPES  # noqa: E402
 from specfuse.config import MemberSettings  # noqa: E402
+from specfuse.members.hf import norms  # noqa: E402
 from specfuse.records import Candidate  # noqa: E402
 
 SEGMENT = 10
@@ -47,9 +49,30 @@ class Ops(TorchDispatchMode):
         self.phase, self.paused, self.counts = "", False, Counter[str]()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if not self.paused and not func.is_view and func.__name__ not in FREE:
+        out = func(*args, **(kwargs or {}))
+        # `to` may return its input (then a view) or convert it (a kernel): told apart by the result.
+        copied = func.__name__.startswith("to.") and out.data_ptr() != args[0].data_ptr()
+        if not self.paused and (copied or not func.is_view) and func.__name__ not in FREE:
             self.counts[self.phase] += 1
-        return func(*args, **(kwargs or {}))
+        return out
+
+
+class FusedNorms(TorchFunctionMode):
+    """Counts a torch.rms_norm as one kernel (CUDA's fused one), its parts on a CPU not at all."""
+
+    def __init__(self, ops: Ops) -> None:
+        super().__init__()
+        self.ops = ops
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is not torch.rms_norm or self.ops.paused:
+            return func(*args, **(kwargs or {}))
+        self.ops.counts[self.ops.phase] += 1
+        self.ops.paused = True
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.ops.paused = False
 
 
 def shapes() -> dict[str, Any]:
@@ -80,11 +103,58 @@ def round_ops(member: Any, runs: int, ops: Ops) -> dict[str, int]:
     return {**ops.counts, "steps": store.counts["steps"] + store.counts["verifies"] - steps}
 
 
+def step_kernels(member: Any) -> dict[str, int]:
+    """The kernels inside one draft step and one verification step of one run, on `member`'s slots."""
+    ops = Ops()
+    store, inner = member.slots, member.slots.run
+
+    def counted(key: Any, host: Any, forward: Any) -> Any:
+        ops.phase, ops.paused = key[0], False
+        try:
+            return inner(key, host, forward)
+        finally:
+            ops.phase, ops.paused = "", True
+
+    ops.paused, store.run = True, counted
+    state = member.start("Question: what is 2 + 2?", MemberSettings(max_new_tokens=200, score="logprob"))
+    try:
+        with ops, FusedNorms(ops):
+            (draft,) = member.draft_many([state], [3])  # two steps: the first token is the prompt's
+            candidates = [Candidate("m", t, 3, False, 0.0) for t in (draft.text, "An answer")]
+            member.verify_many([state], [candidates])
+    finally:
+        store.run = inner
+    steps = store.counts["steps"]
+    return {"draft": ops.counts["draft"] // max(1, steps), "verify": ops.counts["verify"]}
+
+
+def print_steps() -> None:
+    members = gpu.build_members("launch-count", ["cpu"], "bfloat16", decode="graphs")
+    print(f"kernels inside one captured step, one run (torch {torch.__version__}; bfloat16; a rms_norm: 1)")
+    print("member          layers  norms   draft step        verification step")
+    print("                                unfused  fused    unfused  fused")
+    for member in members:
+        figures = []
+        norms.plan(member.base)  # as a GPU's store makes it, before any step
+        for fuse in (False, True):
+            member.slots.fuse = fuse
+            member.slots.counts["steps"] = 0
+            figures.append(step_kernels(member))
+        (off, on), layers = figures, member.model.config.num_hidden_layers
+        count = sum(1 for m in member.base.modules() if type(m).__name__.endswith("RMSNorm"))
+        row = f"{off['draft']:>8} {on['draft']:>6} {off['verify']:>10} {on['verify']:>6}"
+        print(f"{member.name:<15} {layers:>6} {count:>6} {row}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", default="1,8,32", help="run counts (default 1,8,32)")
+    parser.add_argument("--step", action="store_true", help="count the kernels inside one step instead")
     args = parser.parse_args(argv)
     SHAPES["launch-count"] = shapes()
+    if args.step:
+        print_steps()
+        return 0
     members = gpu.build_members("launch-count", ["cpu"], "float32", decode="graphs")
     ops = Ops()
     for member in members:  # the store made at its largest once, the template's head read

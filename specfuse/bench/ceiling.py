@@ -66,7 +66,8 @@ def decode_paths(members: Sequence[Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-SLOT_OPTIONS = ("ahead", "fold", "batched")  # a KV-slot store's switches (members/hf/slots.py), for A/B runs
+# A KV-slot store's switches (members/hf/slots.py), for A/B runs.
+SLOT_OPTIONS = ("ahead", "fold", "batched", "fuse")
 
 
 def slot_store(member: Any) -> Any:
@@ -169,7 +170,8 @@ def _path(p: Mapping[str, Any]) -> str:
         said += f"; capture off: {p['capture_off']}"
     # Where steps are captured (a GPU) every option is on unless bench serve --slots-off said otherwise.
     off = [option for option, on in p.get("options", {}).items() if not on and p["path"] == "graphs"]
-    return said + (f"; {' and '.join(off)} off" if off else "") + ")"
+    listed = ", ".join(off[:-1]) + " and " + off[-1] if len(off) > 1 else "".join(off)
+    return said + (f"; {listed} off" if off else "") + ")"
 
 
 def side_by_side(reports: Mapping[str, Mapping[str, Any]]) -> str:

@@ -60,13 +60,13 @@ def close(a, b, tol=1e-5) -> None:
             assert pa == pytest.approx(pb, abs=tol, rel=tol)
 
 
-@pytest.mark.parametrize("batched", [False, True], ids=["copies", "batched"])  # batched: a GPU's loads
+@pytest.mark.parametrize("gpu_way", [False, True], ids=["cpu", "gpu-way"])
 @pytest.mark.parametrize("name", NAMES)
-def test_scores_on_the_slots_equal_the_eager_pass(name, batched):
+def test_scores_on_the_slots_equal_the_eager_pass(name, gpu_way):
     eager, slotted = tiny_member(name, decode="eager"), tiny_member(name, decode="graphs")
-    slotted.slots.batched = (
-        batched  # the runs' keys loaded into the slots in one write a layer, or a copy a run
-    )
+    # A GPU's way: the runs' keys loaded into the slots in one write a layer (not a copy a run), and
+    # the RMSNorms fused.
+    slotted.slots.batched = slotted.slots.fuse = gpu_way
     e_states, s_states = started(eager, logprob=True), started(slotted, logprob=True)
     assert len({len(s.ids) for s in s_states}) >= 3  # runs of different lengths
     want, got = evidence(eager, e_states), evidence(slotted, s_states)

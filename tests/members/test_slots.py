@@ -83,7 +83,7 @@ def test_greedy_drafts_a_step_ahead_equal_the_eager_drafts_and_their_confidence(
     settings = MemberSettings(max_new_tokens=200, measure_confidence=True, stop_strings=(stop,))
     slotted, plain = tiny_member(NAMES[index], decode="graphs"), tiny_member(NAMES[index], decode="graphs")
     store = slotted.slots
-    store.ahead = store.batched = True  # and the loads batched, as on a GPU
+    store.ahead = store.batched = store.fuse = True  # and the loads batched, the norms fused, as on a GPU
     got = play(slotted, settings=settings)
     assert got == play(plain, settings=settings)
     assert [[c[:4] for c in call] for call in got] == [
@@ -232,14 +232,14 @@ def test_gpu_slots_captured_graphs_equal_eager_drafts(name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("option", ["ahead", "fold", "batched"])
+@pytest.mark.parametrize("option", ["ahead", "fold", "batched", "fuse"])
 def test_gpu_each_slot_option_turned_off_drafts_the_same(option):
     """On CUDA: the captured steps with one option off (bench serve --slots-off, an A/B run) give
     the drafts they give with every option on, the default there."""
     cpu = tiny_member("qwen-merges")
     model = cpu.model.to("cuda")
     on, off = (HFMember("qwen-merges", model, cpu.tokenizer, device="cuda", decode="graphs") for _ in "ab")
-    assert on.slots.ahead and on.slots.fold and on.slots.batched
+    assert on.slots.ahead and on.slots.fold and on.slots.batched and on.slots.fuse
     setattr(off.slots, option, False)
     assert play(off) == play(on)
     assert off.slots.counts["replays"] == off.slots.counts["steps"] > 0

@@ -17,20 +17,16 @@ only (`folded`, a context manager); the masks there are always 4-D float masks.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
+from .switch import Switch
+
 NAME = "specfuse_folded"
-_SWITCHING = threading.Lock()  # guards _HELD
-# Each model config switched now: [the config, how many passes are inside, its own attention]. Two
-# members on one model's weights (HFMember.sharing) may each be inside a pass at once.
-_HELD: list[list[Any]] = []
 
 
 def folded_attention(
@@ -87,25 +83,22 @@ AttentionInterface.register(NAME, folded_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, eager_mask)
 
 
-@contextmanager
-def folded(model: Any) -> Iterator[None]:
+def _switch_on(config: Any, _: None) -> Any:
+    own = config._attn_implementation
+    config._attn_implementation = NAME
+    return own
+
+
+def _switch_off(config: Any, own: Any) -> None:
+    config._attn_implementation = own
+
+
+_FOLDED = Switch(_switch_on, _switch_off)
+
+
+def folded(model: Any) -> AbstractContextManager[None]:
     """`model` (a decoder: its config names its attention) attending with folded_attention inside."""
-    config = model.config
-    with _SWITCHING:
-        held = next((entry for entry in _HELD if entry[0] is config), None)
-        if held is None:
-            held = [config, 0, config._attn_implementation]
-            _HELD.append(held)
-        held[1] += 1
-        config._attn_implementation = NAME
-    try:
-        yield
-    finally:
-        with _SWITCHING:
-            held[1] -= 1
-            if not held[1]:  # the last pass out puts its own attention back; by identity, as
-                _HELD[:] = [entry for entry in _HELD if entry is not held]  # configs compare equal
-                config._attn_implementation = held[2]
+    return _FOLDED.inside(model.config)
 
 
 __all__ = ["NAME", "folded", "folded_attention"]

@@ -38,7 +38,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 from ...config import DECODE_MODES
 from ...errors import ConfigError
 from .. import profiling
-from . import attention
+from . import attention, norms
 from .scoring import float_mask
 from .state import ModelView
 
@@ -172,11 +172,13 @@ class SlotStore:
         if capture and not on_gpu:
             raise ValueError(f"{member.name}: CUDA graphs need a CUDA device, not {member.device}")
         self.capture = on_gpu if capture is None else capture
-        # Greedy drafts a step ahead of the host (drafting.py: a GPU runs the next step while the host
-        # cuts the drafts; on a CPU nothing would, and a step past an early end is lost work),
-        # attention folded (attention.py) and loads batched across runs (_load, on a GPU): switches
-        # for an A/B benchmark (bench serve --slots-off).
-        self.ahead, self.fold, self.batched = on_gpu, True, on_gpu
+        # Switches for an A/B benchmark (bench serve --slots-off): greedy drafts a step ahead of the
+        # host (drafting.py: on a CPU nothing runs meanwhile), attention folded (attention.py), loads
+        # batched across runs (_load), RMSNorms fused (norms.py; its plan, which reads back, before
+        # any capture; on a CPU the same operations).
+        self.ahead, self.fold, self.batched, self.fuse = on_gpu, True, on_gpu, on_gpu
+        if self.fuse and unsupported is None:
+            norms.plan(member.base)
         self.disabled = unsupported  # why this member always drafts eagerly, if it does
         self.capture_off: str | None = None  # why its steps run uncaptured, if they do
         self.rows = self.capacity = 0
@@ -288,8 +290,9 @@ class SlotStore:
         mask: torch.Tensor | dict[str, torch.Tensor] = full
         if near is not None:
             mask = {"full_attention": full, "sliding_attention": float_mask((allowed & near)[:, None], dtype)}
-        with attention.folded(self.member.base) if self.fold else contextlib.nullcontext():
-            out = self.member.base(
+        base, off = self.member.base, contextlib.nullcontext()
+        with attention.folded(base) if self.fold else off, norms.fused(base) if self.fuse else off:
+            out = base(
                 input_ids=tokens,
                 position_ids=positions,
                 attention_mask=mask,
