@@ -9,7 +9,14 @@ widths: per member and round, a draft of L = 10 tokens for every run, a verifica
 candidates a run, and an accept per run, with the loads into the slots batched (a GPU's way,
 SlotStore.batched) and not. A step's own forward pass is one replay on a GPU and is not counted.
 
+With --step: the kernels inside one captured step instead (a replay runs every one of them, each a
+graph node of a few microseconds however little it does), a draft's and a verification's, one run,
+in bfloat16 as on the GPU, with the RMSNorms and the rotary embedding fused (SlotStore.fuse, a GPU's
+default; members/hf/fusion.py) and not. A fused norm (torch.rms_norm) is counted as the one kernel
+CUDA runs it as; a CPU runs its parts.
+
     .venv/bin/python tools/slot_launches.py [--runs 1,8,32]
+    .venv/bin/python tools/slot_launches.py --step
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specfuse.bench import gpu  # noqa: E402
 from specfuse.bench.shapes import SHAPES  # noqa: E402
 from specfuse.config import MemberSettings  # noqa: E402
-from specfuse.members.hf import norms  # noqa: E402
+from specfuse.members.hf import fusion  # noqa: E402
 from specfuse.records import Candidate  # noqa: E402
 
 SEGMENT = 10
@@ -135,7 +142,7 @@ def print_steps() -> None:
     print("                                unfused  fused    unfused  fused")
     for member in members:
         figures = []
-        norms.plan(member.base)  # as a GPU's store makes it, before any step
+        fusion.plan(member.base)  # as a GPU's store makes it, before any step
         for fuse in (False, True):
             member.slots.fuse = fuse
             member.slots.counts["steps"] = 0

@@ -38,7 +38,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 from ...config import DECODE_MODES
 from ...errors import ConfigError
 from .. import profiling
-from . import attention, norms
+from . import attention, fusion
 from .scoring import float_mask
 from .state import ModelView
 
@@ -174,11 +174,11 @@ class SlotStore:
         self.capture = on_gpu if capture is None else capture
         # Switches for an A/B benchmark (bench serve --slots-off): greedy drafts a step ahead of the
         # host (drafting.py: on a CPU nothing runs meanwhile), attention folded (attention.py), loads
-        # batched across runs (_load), RMSNorms fused (norms.py; its plan, which reads back, before
-        # any capture; on a CPU the same operations).
+        # batched across runs (_load), RMSNorms and rotary embedding fused (fusion.py; its plan, which
+        # reads back, before any capture; on a CPU as many operations).
         self.ahead, self.fold, self.batched, self.fuse = on_gpu, True, on_gpu, on_gpu
         if self.fuse and unsupported is None:
-            norms.plan(member.base)
+            fusion.plan(member.base)
         self.disabled = unsupported  # why this member always drafts eagerly, if it does
         self.capture_off: str | None = None  # why its steps run uncaptured, if they do
         self.rows = self.capacity = 0
@@ -291,7 +291,7 @@ class SlotStore:
         if near is not None:
             mask = {"full_attention": full, "sliding_attention": float_mask((allowed & near)[:, None], dtype)}
         base, off = self.member.base, contextlib.nullcontext()
-        with attention.folded(base) if self.fold else off, norms.fused(base) if self.fuse else off:
+        with attention.folded(base) if self.fold else off, fusion.fused(base) if self.fuse else off:
             out = base(
                 input_ids=tokens,
                 position_ids=positions,

@@ -1,8 +1,10 @@
-"""A change to a model made for the KV slots' own passes only, held while any pass is inside.
+"""A change made for the KV slots' own passes only (a model's attention in its config, its norms'
+forwards, its modelling module's rotary function), held while any pass is inside.
 
-Two members on one model's weights (HFMember.sharing) may each be inside a pass at once, in two
-threads; the change is made when the first pass enters and undone when the last one leaves, each
-model counted by identity (configs and modules may compare equal without being the same one).
+Two members on one model's weights (HFMember.sharing), or two models of one family, may each be
+inside a pass at once, in two threads; the change is made when the first pass enters and undone
+when the last one leaves, each target counted by identity (configs and modules may compare equal
+without being the same one).
 """
 
 from __future__ import annotations

@@ -1,0 +1,207 @@
+"""Fewer kernels in the KV slots' steps (issue 52): RMSNorm as one fused kernel, and the rotary
+embedding of queries and keys at once.
+
+A captured step replays every kernel of the forward pass as a graph node of its own, a few
+microseconds each however little it does; at a batch of one that, more than the weights, is the
+step (tools/slot_launches.py --step counts them). transformers writes two things out in small
+operations, and both are switched here for the slots' own passes (`fused`, SlotStore.read):
+
+- **RMSNorm**: to float32, square, mean, add epsilon, reciprocal square root, two products, back to
+  the model's dtype, per norm (Llama-3.1-8B: 65 norms a step, Gemma-2-9B: 169). `torch.rms_norm` is
+  one fused kernel on CUDA where the input and the weight share a dtype (torch 2.8 on); a CPU runs it
+  as those same operations. Two forms are in use, and which one a class computes is not guessed from
+  its name: each is checked against the module's own forward on a probe (`plan`), and a class that
+  matches neither keeps its own forward.
+  - scaled by the weight (Llama, Qwen2, Mistral …): rms_norm(x, w), in the model's dtype.
+    transformers rounds the normalised x to that dtype before the product, the fused kernel after
+    it: in bfloat16 they may differ by one unit in the last place.
+  - scaled by one plus the weight, in float32 (Gemma 2 and 3): rms_norm(x.float(), 1 + w.float()),
+    back to the model's dtype; 1 + w is made once, when the plan is made.
+- **The rotary embedding**: `apply_rotary_pos_emb` of the model's modelling module rotates the
+  queries and the keys apart, five kernels each. Here both are rotated as one tensor (their heads
+  side by side): six kernels, the same arithmetic in the same order, so the same bits. It is a
+  function of the modelling module, not a module of the model, so it is switched in the modelling
+  module while a slot pass is inside: another thread's pass on a model of that family meanwhile
+  computes the same bits too. A module whose function the probe does not reproduce bit for bit
+  (partial or interleaved rotations: Phi-3, Cohere) keeps its own.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from .switch import Switch
+
+Norms = list[tuple[torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]]
+Form = Callable[[torch.Tensor, float], Callable[[torch.Tensor], torch.Tensor]]
+Rotary = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `fused` switches for a model: each RMSNorm with its fused forward, and the modelling
+    modules whose rotary embedding is rotated for queries and keys at once."""
+
+    norms: Norms
+    rotary: tuple[ModuleType, ...]
+
+
+# Each model's plan, made once (by its weights' identity: two members sharing a model share it).
+_PLANS: weakref.WeakKeyDictionary[torch.nn.Module, Plan] = weakref.WeakKeyDictionary()
+
+
+def _scaled(weight: torch.Tensor, eps: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    shape = (weight.shape[0],)
+    return lambda x: torch.rms_norm(x, shape, weight, eps)
+
+
+def _one_plus(weight: torch.Tensor, eps: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    shape, scale = (weight.shape[0],), 1.0 + weight.detach().float()
+    return lambda x: torch.rms_norm(x.float(), shape, scale, eps).to(x.dtype)
+
+
+FORMS: dict[str, Form] = {"weight": _scaled, "one plus weight": _one_plus}
+
+
+def _eps(module: torch.nn.Module) -> float | None:
+    for name in ("variance_epsilon", "eps"):
+        value = getattr(module, name, None)
+        if isinstance(value, float):
+            return value
+    return None
+
+
+def form_of(module: torch.nn.Module) -> str | None:
+    """Which of FORMS computes what `module`'s own forward does, on a probe in its dtype and device
+    (None: none does, or it is not an RMSNorm with one weight vector and an epsilon)."""
+    weight, eps = getattr(module, "weight", None), _eps(module)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or eps is None:
+        return None
+    generator = torch.Generator().manual_seed(0)
+    probe = torch.randn(3, weight.shape[0], generator=generator).to(weight.device, weight.dtype)
+    with torch.no_grad():
+        want = module(probe).float()
+        for name, form in FORMS.items():
+            got = form(weight, eps)(probe).float()
+            tolerance = 1e-5 if weight.dtype == torch.float32 else 2e-2
+            if got.shape == want.shape and bool(((got - want).abs() <= tolerance * (1 + want.abs())).all()):
+                return name
+    return None
+
+
+def plan(model: torch.nn.Module) -> Plan:
+    """`model`'s plan, made once a model. Made by the store on a GPU before any capture: its probes
+    read back."""
+    made = _PLANS.get(model)
+    if made is None:
+        made = _PLANS[model] = Plan(_norms(model), _rotary_modules(model))
+    return made
+
+
+def _norms(model: torch.nn.Module) -> Norms:
+    """Each RMSNorm of `model` with the fused forward of its class's form (probed once a class)."""
+    forms: dict[type, str | None] = {}
+    out: Norms = []
+    for module in model.modules():
+        kind = type(module)
+        if not kind.__name__.endswith("RMSNorm"):
+            continue
+        if kind not in forms:
+            forms[kind] = form_of(module)
+        name, eps, weight = forms[kind], _eps(module), getattr(module, "weight", None)
+        if name is not None and eps is not None and isinstance(weight, torch.Tensor):
+            out.append((module, FORMS[name](weight, eps)))
+    return out
+
+
+def both_at_once(original: Rotary) -> Rotary:
+    """`original` (a modelling module's apply_rotary_pos_emb) with queries and keys rotated as one
+    tensor; what it does not cover (another unsqueeze, a partial rotation) goes to `original`."""
+
+    def rotate(
+        q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+    ) -> Any:
+        if not (
+            unsqueeze_dim == 1
+            and q.dim() == k.dim() == 4
+            and (q.shape[0], *q.shape[2:]) == (k.shape[0], *k.shape[2:])
+            and cos.shape[-1] == q.shape[-1]
+            and q.dtype == k.dtype == cos.dtype == sin.dtype
+        ):
+            return original(q, k, cos, sin, unsqueeze_dim)
+        x = torch.cat([q, k], dim=1)  # [B, query heads + key heads, Q, D]
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # rotate_half
+        out = x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+        return out[:, : q.shape[1]], out[:, q.shape[1] :]
+
+    return rotate
+
+
+def rotary_exact(original: Rotary) -> bool:
+    """Whether both_at_once(original) gives `original`'s bits, in float32 and bfloat16."""
+    generator = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k = (torch.randn(2, heads, 3, 8, generator=generator).to(dtype) for heads in (4, 2))
+        angles = torch.randn(2, 3, 8, generator=generator)
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        want, got = original(q, k, cos, sin), both_at_once(original)(q, k, cos, sin)
+        if not all(torch.equal(a, b) for a, b in zip(want, got, strict=True)):
+            return False
+    return True
+
+
+def _rotary_modules(model: torch.nn.Module) -> tuple[ModuleType, ...]:
+    """The modelling modules of `model`'s layers whose apply_rotary_pos_emb both_at_once matches."""
+    found: dict[str, ModuleType] = {}
+    for module in model.modules():
+        home = sys.modules.get(type(module).__module__)
+        if home is not None and callable(getattr(home, "apply_rotary_pos_emb", None)):
+            found.setdefault(home.__name__, home)
+    return tuple(home for home in found.values() if rotary_exact(home.apply_rotary_pos_emb))
+
+
+def _norms_on(model: torch.nn.Module, norms: Norms) -> Norms:
+    for module, forward in norms:
+        module.forward = forward  # type: ignore[method-assign]  # the instance's, over its class's
+    return norms
+
+
+def _norms_off(model: torch.nn.Module, norms: Norms) -> None:
+    for module, _ in norms:
+        del module.forward  # its class's forward again
+
+
+def _rotary_on(home: ModuleType, _: None) -> Rotary:
+    original: Rotary = home.apply_rotary_pos_emb
+    home.apply_rotary_pos_emb = both_at_once(original)  # type: ignore[attr-defined]
+    return original
+
+
+def _rotary_off(home: ModuleType, original: Rotary) -> None:
+    home.apply_rotary_pos_emb = original  # type: ignore[attr-defined]
+
+
+_NORMS, _ROTARY = Switch(_norms_on, _norms_off), Switch(_rotary_on, _rotary_off)
+
+
+@contextmanager
+def fused(model: torch.nn.Module) -> Iterator[None]:
+    """`model`'s RMSNorms and rotary embedding computed by their fused forms (plan(model)) inside."""
+    made = plan(model)
+    with ExitStack() as inside:
+        inside.enter_context(_NORMS.inside(model, made.norms))
+        for home in made.rotary:
+            inside.enter_context(_ROTARY.inside(home))
+        yield
+
+
+__all__ = ["FORMS", "Plan", "both_at_once", "form_of", "fused", "plan", "rotary_exact"]
