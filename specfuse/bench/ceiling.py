@@ -70,6 +70,12 @@ def decode_paths(members: Sequence[Any]) -> dict[str, dict[str, Any]]:
 SLOT_OPTIONS = ("ahead", "fold", "batched", "fuse")
 
 
+def captures(members: Sequence[Any]) -> tuple[int, float]:
+    """How many steps the members' KV slots have captured so far, and the seconds it took."""
+    stores = [s for s in map(slot_store, members) if s is not None]
+    return sum(s.counts["captures"] for s in stores), sum(s.capture_seconds for s in stores)
+
+
 def slot_store(member: Any) -> Any:
     """A transformers member's KV-slot store (members/hf/slots.SlotStore); None for one that drafts
     eagerly and for other back ends (llama.cpp's `slots` is a count)."""
@@ -238,6 +244,7 @@ if __name__ == "__main__":
 
 __all__ = [
     "SLOT_OPTIONS",
+    "captures",
     "ceilings",
     "decode_paths",
     "lines",

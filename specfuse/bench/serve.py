@@ -7,7 +7,7 @@ Scheduler, one rolling batch); one client is the one-at-a-time baseline. Each cl
 time: with a fixed list shorter than that, the batch drains through much of the level (answers end
 at different lengths) and the figure is no longer that of N clients at once. Per level: aggregate
 tokens/s, each request's time to first segment (its first streamed chunk with text) and total time,
-median and p95, in one run, with the load average beside them. Knows nothing about the batch's inside.
+median and p95, in one run, with the load average beside them.
 
 The server's default config is the benchmark's (--segment-len, the answer budget) with any
 `--set KEY=VALUE` on top: any EnsembleConfig field, parsed and checked as the evaluation's variants
@@ -224,8 +224,11 @@ def run_serve(
                     continue
                 reset_peak(gpus)
                 mix = [PROMPTS[i % len(PROMPTS)] for i in range(count(c))]
+                steps, seconds = ceiling.captures(members)  # steps first needed in a level: captured in it
                 with profiling.profiling() if profile else contextlib.nullcontext() as tally:
                     results[str(c)] = run_level(url, c, mix, max_tokens, stop_at)
+                taken = ceiling.captures(members)
+                results[str(c)] |= {"captures": taken[0] - steps, "capture_s": taken[1] - seconds}
                 if tally is not None:
                     results[str(c)]["profile"] = tally.snapshot()
                 results[str(c)]["peak_gpu_gb"] = peak_gb(gpus)
@@ -313,8 +316,7 @@ _BEGAN = time.perf_counter()
 
 
 def _say(line: str) -> None:
-    """A line on stderr as the benchmark goes, with the seconds since the import (a run cut short
-    still shows how far it got)."""
+    """A line on stderr as the benchmark goes, with the seconds since the import (how far it got)."""
     print(f"[{time.perf_counter() - _BEGAN:6.1f} s] {line}", file=sys.stderr, flush=True)
 
 

@@ -74,6 +74,13 @@ def parting_lines(report: dict[str, Any]) -> list[str]:
     return ["", "batched answers against the solo answer to the same prompt:", *lines] if lines else []
 
 
+def capture_lines(report: dict[str, Any]) -> list[str]:
+    """The KV slots' steps first needed inside a timed level, captured there (none: nothing said)."""
+    caught = [r for r in report["levels"].values() if r.get("captures")]
+    said = [f"{r['clients']} clients: {r['captures']} in {r['capture_s']:.1f} s" for r in caught]
+    return ["", "steps captured at first use inside a timed level: " + "; ".join(said)] if said else []
+
+
 def _row(r: dict[str, Any]) -> str:
     load = f"{r['load_before'][0]:.2f} → {r['load_after'][0]:.2f}"
     peak = r.get("peak_gpu_gb")
@@ -127,6 +134,7 @@ def format_table(report: dict[str, Any]) -> str:
     if report.get("skipped"):
         lines.append(f"skipped (the deadline had passed): {', '.join(map(str, report['skipped']))} clients")
     lines += parting_lines(report)
+    lines += capture_lines(report)
     eight = levels.get("8")
     if eight is not None:
         speedup, ratio = eight["aggregate_speedup"], eight["p95_first_segment_ratio"]

@@ -13,7 +13,7 @@ from torch import nn
 
 from specfuse.bench import serve
 from specfuse.bench.serve import PROMPTS, format_table, main, percentile, run_serve, running, warm_up
-from specfuse.bench.serve_report import parted_at, parting_lines
+from specfuse.bench.serve_report import capture_lines, parted_at, parting_lines
 from specfuse.config import VERIFY_MODES, EnsembleConfig
 from specfuse.engine import Scheduler
 from specfuse.errors import SpecfuseError
@@ -44,6 +44,17 @@ def test_the_serving_benchmark_reports_each_level_against_one_at_a_time(tiny_mem
     assert "targets (8 clients against one at a time)" in table and "load avg" in table
     assert "batched answers against the solo answer to the same prompt:" in table
     assert "    8 clients: 4 of 4 equal" in table
+
+
+def test_steps_captured_inside_a_timed_level_are_said():
+    # A step first needed in a level is captured while it is timed (a GPU's): its seconds are in the
+    # level's figures, so the table says how many and how long, level by level; none, nothing said.
+    levels = {"1": {"clients": 1, "captures": 6, "capture_s": 1.04}, "8": {"clients": 8, "captures": 0}}
+    assert capture_lines({"levels": levels}) == [
+        "",
+        "steps captured at first use inside a timed level: 1 clients: 6 in 1.0 s",
+    ]
+    assert capture_lines({"levels": {"1": {"clients": 1}}}) == []  # reports from before they were counted
 
 
 def test_where_a_batched_answer_parts_from_the_solo_one(tiny_members):
@@ -168,6 +179,7 @@ def test_random_weight_shapes_run_the_same_path_on_a_cpu_and_the_report_says_whe
         assert level["first_segment_p95_s"] >= level["first_segment_median_s"] > 0
         assert level["tokens_per_s"] > 0 and level["p95_first_segment_ratio"] > 0
         assert level["same_answers_as_one_at_a_time"] == 2  # fp32 greedy; on a GPU in bf16 only counted
+        assert (level["captures"], level["capture_s"]) == (0, 0)  # a CPU captures nothing, then or before
     assert report["levels"]["1"]["aggregate_speedup"] == 1.0
     table = out.with_suffix(".txt").read_text()
     assert "cores, float32; random weights, tiny shapes), batch size 2, 24 tokens" in table.splitlines()[0]

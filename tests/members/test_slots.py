@@ -185,7 +185,7 @@ def test_buckets_and_widths():
     assert [slots.bucket_of(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65)] == [
         1, 2, 4, 4, 8, 8, 16, 16, 32, 32, 64, 64, 128,
     ]  # fmt: skip
-    assert [slots.width_of(n) for n in (1, 256, 257, 1000, 1025)] == [256, 256, 512, 1024, 2048]
+    assert [slots.width_of(n) for n in (1, 256, 512, 513, 1000, 1025)] == [512, 512, 512, 1024, 1024, 2048]
 
 
 def test_the_decode_path_is_chosen_once_and_checked():
