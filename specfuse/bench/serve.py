@@ -9,10 +9,8 @@ at different lengths) and the figure is no longer that of N clients at once. Per
 tokens/s, each request's time to first segment (its first streamed chunk with text) and total time,
 median and p95, in one run, with the load average beside them.
 
-The server's default config is the benchmark's (--segment-len, the answer budget) with any
-`--set KEY=VALUE` on top: any EnsembleConfig field, parsed and checked as the evaluation's variants
-are (eval/variants.py). The report and its table's header say which settings differ from the
-defaults, and whether the weights were quantized (--quantize).
+The server's default config is the benchmark's (--segment-len, the answer budget) with any `--set
+KEY=VALUE` on top (eval/variants.py); the table's header says which settings differ, and --quantize.
 
 `--shapes real --device cuda` serves bench gpu's random-weight members with the real shapes of
 Qwen2.5-7B, Llama-3.1-8B and Gemma-2-9B instead (serve_shapes.py: nothing downloaded); on a GPU the
@@ -44,11 +42,10 @@ from ..errors import SpecfuseError
 from ..eval.problems import OPEN_PROMPTS
 from ..eval.variants import add_set_option
 from ..flags import Parser, add_loading_flags, add_settings, command_line
-from ..members import profiling
 from . import ceiling
 from .measure import cpu_model, load_named, write_outputs
 from .serve_report import MIN_REQUESTS, PER_CLIENT, format_table, listed, parted_at
-from .serve_shapes import load_shapes, machine, on_gpu, peak_gb, reset_peak, shapes_config
+from .serve_shapes import load_shapes, machine, measured, on_gpu, shapes_config
 from .shapes import SHAPES
 
 log = logging.getLogger(__name__)
@@ -222,16 +219,10 @@ def run_serve(
                 if stop_at is not None and time.perf_counter() >= stop_at:
                     skipped.append(c)
                     continue
-                reset_peak(gpus)
                 mix = [PROMPTS[i % len(PROMPTS)] for i in range(count(c))]
-                steps, seconds = ceiling.captures(members)  # steps first needed in a level: captured in it
-                with profiling.profiling() if profile else contextlib.nullcontext() as tally:
-                    results[str(c)] = run_level(url, c, mix, max_tokens, stop_at)
-                taken = ceiling.captures(members)
-                results[str(c)] |= {"captures": taken[0] - steps, "capture_s": taken[1] - seconds}
-                if tally is not None:
-                    results[str(c)]["profile"] = tally.snapshot()
-                results[str(c)]["peak_gpu_gb"] = peak_gb(gpus)
+                results[str(c)] = measured(
+                    members, gpus, profile, run_level, url, c, mix, max_tokens, stop_at
+                )
                 _progress(results[str(c)])
                 if against:
                     contrast[str(c)] = run_level(url, c, mix, max_tokens, stop_at, settings=against)

@@ -13,12 +13,15 @@ starting weights; `--set` changes any of it.
 
 from __future__ import annotations
 
+import contextlib
 import platform
 from collections.abc import Sequence
 from typing import Any
 
 from ..config import EnsembleConfig
 from ..errors import SpecfuseError
+from ..members import profiling
+from . import ceiling
 from .shapes import SHAPES
 
 # bench gpu's run settings (gpu.run_gpu_bench): a round's cost is that of every member drafting.
@@ -85,3 +88,17 @@ def machine(members: Sequence[Any]) -> dict[str, Any]:
             "transformers": transformers.__version__,
         },
     }
+
+
+def measured(
+    members: Sequence[Any], gpus: Sequence[Any], profile: bool, level: Any, *args: Any
+) -> dict[str, Any]:
+    """`level(*args)`'s figures (a level of bench serve), with its peak GPU memory, where its time
+    went (`profile`) and the steps first needed in it, captured while it was timed (a GPU's)."""
+    reset_peak(gpus)
+    steps, seconds = ceiling.captures(members)
+    with profiling.profiling() if profile else contextlib.nullcontext() as tally:
+        out: dict[str, Any] = level(*args)
+    taken = ceiling.captures(members)
+    out |= {"captures": taken[0] - steps, "capture_s": taken[1] - seconds, "peak_gpu_gb": peak_gb(gpus)}
+    return out | ({"profile": tally.snapshot()} if tally is not None else {})

@@ -69,9 +69,9 @@ def folded_attention(
         out = torch.nn.functional.scaled_dot_product_attention(
             queries, key, value, attn_mask=mask, scale=scale
         )
-    else:
-        scores = torch.matmul(queries, key.transpose(2, 3)) * scale
-        scores = torch.tanh(scores / softcap) * softcap + mask
+    else:  # the scale and the cap's division in one product, its product and the mask in one sum
+        scores = torch.matmul(queries, key.transpose(2, 3)).mul_(scale / softcap).tanh_()
+        scores = torch.add(mask, scores, alpha=softcap)
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         out = torch.matmul(weights, value)
     return out.reshape(rows, heads, count, dim).transpose(1, 2).contiguous(), None
