@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,36 @@ class FusedNorms(TorchFunctionMode):
             self.ops.paused = False
 
 
+# Reads back to the host: each waits for everything queued on the stream before it.
+READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.nonzero, torch.nonzero,
+         torch.Tensor.cpu, torch.Tensor.numpy}  # fmt: skip
+
+
+class Syncs(TorchFunctionMode):
+    """Counts, by phase, the calls that would make the host wait for a CUDA stream's queued work:
+    reads back (READS, and indexing by a boolean mask, whose count is read first) and
+    torch.tensor(..., device=...), a copy from pageable host memory. Copies through
+    members/hf/transfer.py (pinned, queued) are not counted, nor a host tensor's .to(device),
+    which a CPU cannot tell from a device tensor's (a no-op there)."""
+
+    def __init__(self, ops: Ops) -> None:
+        super().__init__()
+        self.ops, self.counts = ops, Counter[str]()
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        masked = func is torch.Tensor.__getitem__ and _boolean(args[1])
+        copied = func is torch.tensor and kwargs.get("device") is not None
+        if not self.ops.paused and (func in READS or masked or copied):
+            self.counts[self.ops.phase] += 1
+        return func(*args, **kwargs)
+
+
+def _boolean(index: Any) -> bool:
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+
+
 def shapes() -> dict[str, Any]:
     """The real shapes' layer counts at the tiny shapes' widths."""
     real = SHAPES["real"]
@@ -108,6 +139,25 @@ def round_ops(member: Any, runs: int, ops: Ops) -> dict[str, int]:
         for state, row in zip(states, texts):
             member.accept(state, row[0])
     return {**ops.counts, "steps": store.counts["steps"] + store.counts["verifies"] - steps}
+
+
+def print_syncs(runs: Sequence[int]) -> None:
+    members = gpu.build_members("launch-count", ["cpu"], "float32", decode="graphs")
+    print(
+        f"host waits for the GPU a round causes outside the steps (torch {torch.__version__}; L = {SEGMENT})"
+    )
+    print("member          runs   draft  verify  accept   steps")
+    for member in members:
+        store = member.slots
+        store.ahead = store.batched = store.fuse = True  # a GPU's way
+        fusion.plan(member.base)  # as a GPU's store makes it, before any step (its probes read back)
+        for n in runs:
+            ops = Ops()
+            syncs = Syncs(ops)
+            with syncs:
+                steps = round_ops(member, n, ops)["steps"]
+            c = syncs.counts
+            print(f"{member.name:<15} {n:>4} {c['draft']:>7} {c['verify']:>7} {c['accept']:>7} {steps:>7}")
 
 
 def step_kernels(member: Any) -> dict[str, int]:
@@ -157,10 +207,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", default="1,8,32", help="run counts (default 1,8,32)")
     parser.add_argument("--step", action="store_true", help="count the kernels inside one step instead")
+    parser.add_argument("--syncs", action="store_true", help="count where the host waits for the GPU instead")
     args = parser.parse_args(argv)
     SHAPES["launch-count"] = shapes()
     if args.step:
         print_steps()
+        return 0
+    if args.syncs:
+        print_syncs([int(r) for r in args.runs.split(",")])
         return 0
     members = gpu.build_members("launch-count", ["cpu"], "float32", decode="graphs")
     ops = Ops()

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from .declared import Setting, check_fields, setting, settings_of
+from .declared import Setting, check_fields, setting, settings_of, show
 from .declared import check_setting as check_setting  # one value alone: the API's and the form's checks
 
 NORMALIZATIONS = ("zsoftmax", "minmax", "sum", "none")
@@ -213,14 +213,14 @@ class EnsembleConfig:
         ):
             raise ConfigError(
                 "initial_weights must be non-negative numbers with a positive sum, "
-                f"got {self.initial_weights!r}"
+                f"got {show(self.initial_weights)}"
             )
         if 0 < self.temperature < MIN_TEMPERATURE:
             raise ConfigError(
                 f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {self.temperature:g}"
             )
         if self.seed > MAX_SEED:
-            raise ConfigError(f"seed must be at most 2**63 - 1 ({MAX_SEED}), got {self.seed}")
+            raise ConfigError(f"seed must be at most 2**63 - 1 ({MAX_SEED}), got {show(self.seed)}")
         if not all(self.stop_strings):
             raise ConfigError("stop_strings must be a tuple of non-empty strings")
         low, high = GATE_RANGES[self.gate_measure]

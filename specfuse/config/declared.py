@@ -63,7 +63,7 @@ def _finite_number(value: Any) -> bool:
         return False
 
 
-def _show(value: Any, width: int = 60) -> str:
+def show(value: Any, width: int = 60) -> str:
     """A value for an error message, cut short: a setting may come from anyone (an API body)."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
         return f"an integer of about {int(value.bit_length() * 0.30103) + 1:,} digits"
@@ -164,30 +164,30 @@ def check_setting(setting: Setting, value: Any) -> Any:
     if setting.item is not None:
         kind = setting.item
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{name} must be a tuple of {kind.__name__}, got {_show(value)}")
+            raise ConfigError(f"{name} must be a tuple of {kind.__name__}, got {show(value)}")
         if kind is float and all(_finite_number(v) for v in value):
             return tuple(float(v) for v in value)
         if not all(isinstance(v, kind) for v in value):
-            raise ConfigError(f"{name} must be a tuple of {kind.__name__}, got {_show(value)}")
+            raise ConfigError(f"{name} must be a tuple of {kind.__name__}, got {show(value)}")
         return tuple(value)
     if hint is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{name} must be true or false, got {_show(value)}")
+            raise ConfigError(f"{name} must be true or false, got {show(value)}")
     elif hint is int:
         if not isinstance(value, int) or isinstance(value, bool) or not _within(value, low, high):
-            raise ConfigError(f"{name} must be {_integer_range(low, high)}, got {_show(value)}")
+            raise ConfigError(f"{name} must be {_integer_range(low, high)}, got {show(value)}")
     elif hint is float:
         if not _finite_number(value):
-            raise ConfigError(f"{name} must be a finite number, got {_show(value)}")
+            raise ConfigError(f"{name} must be a finite number, got {show(value)}")
         if (low is not None and (value <= low if setting.low_open else value < low)) or (
             high is not None and (value >= high if setting.high_open else value > high)
         ):
             both, closed = low is not None and high is not None, not (setting.low_open or setting.high_open)
             shown = f"[{low:g}, {high:g}]" if both and closed else setting.bounds
-            raise ConfigError(f"{name} must be {'in ' if both else ''}{shown}, got {_show(value)}")
+            raise ConfigError(f"{name} must be {'in ' if both else ''}{shown}, got {show(value)}")
         value = float(value)
     elif hint is str and not isinstance(value, str):
-        raise ConfigError(f"{name} must be text, got {_show(value)}")
+        raise ConfigError(f"{name} must be text, got {show(value)}")
     if choices is not None and value not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {_show(value)}")
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {show(value)}")
     return value

@@ -194,6 +194,9 @@ def test_a_seed_past_int64_and_a_temperature_too_small_to_sample_are_refused():
     assert EnsembleConfig(seed=2**63 - 1).seed == 2**63 - 1
     with pytest.raises(ConfigError, match=r"seed must be at most 2\*\*63 - 1"):
         EnsembleConfig(seed=2**64)
+    # A seed of 401 digits (hypothesis found it, from an API body) is named, not printed whole.
+    with pytest.raises(ConfigError, match=r"got an integer of about 401 digits$"):
+        EnsembleConfig(seed=10**400)
     assert EnsembleConfig(temperature=1e-5).temperature == 1e-5
     with pytest.raises(ConfigError, match=r"temperature must be 0 \(greedy\) or at least 1e-05, got 1e-210"):
         EnsembleConfig(temperature=1e-210)

@@ -8,7 +8,7 @@ are its own, read apart. What they use of the member is declared below, for the 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,7 +18,7 @@ from ...errors import MemberError
 from ...prompts import PromptFormat
 from ...records import Candidate
 from .. import drafting, workers
-from . import compiled
+from . import compiled, transfer
 from .compiled import drafting as compiled_drafting  # `compiled` is the member's decoder here
 from .scoring import float_mask
 from .state import HFState
@@ -199,7 +199,7 @@ class Drafting:
         ahead: torch.Tensor | None = None
         while True:
             picks = logits[:n].argmax(-1)
-            read = _read_later(_step_values(logits[:n], picks, sure is not None))
+            read = transfer.read_later(_step_values(logits[:n], picks, sure is not None))
             if any(c.wants_more and len(c.new) + 1 < c.limit for c in cuts):
                 ahead = enqueue(picks)
             values = read()
@@ -297,23 +297,6 @@ def _step_values(logits: torch.Tensor, picks: torch.Tensor, measure: bool) -> to
         top = torch.topk(torch.log_softmax(logits.float(), dim=-1), 2, dim=-1).values
         columns += [top[:, 0].double(), top[:, 1].double()]
     return torch.stack(columns, dim=1)
-
-
-def _read_later(values: torch.Tensor) -> Callable[[], list[list[float]]]:
-    """`values` as lists on the host, read when called: on CUDA copied now (pinned memory, behind
-    the work already enqueued, not behind what is enqueued next) and waited for then."""
-    if values.device.type != "cuda":
-        return values.tolist
-    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-    host.copy_(values, non_blocking=True)
-    copied = torch.cuda.Event()
-    copied.record()
-
-    def read() -> list[list[float]]:
-        copied.synchronize()
-        return host.tolist()
-
-    return read
 
 
 __all__ = ["Drafting"]

@@ -33,6 +33,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from . import transfer
 from .scoring import Block
 from .slots import bucket_of, width_of
 
@@ -176,9 +177,9 @@ def verify(
         # run): [n, P] nodes, a short run's padded with its last (read again, never used).
         sizes = [len(t.node_of) for t in trees]
         padded = [list(t.node_of) + [t.node_of[-1]] * (max(sizes) - len(t.node_of)) for t in trees]
-        nodes = torch.tensor(padded, device=hidden.device)  # [n, P]
+        nodes = transfer.tensor_on(padded, hidden.device)  # [n, P]
         laid = torch.gather(hidden[:n], 1, nodes[:, :, None].expand(-1, -1, hidden.shape[-1]))  # a copy
-        columns = (nodes + torch.tensor(lengths, device=nodes.device)[:, None])[:, None, :, None]
+        columns = (nodes + transfer.tensor_on(lengths, nodes.device)[:, None])[:, None, :, None]
         for i, layer in enumerate(store.layers):
             assert layer.keys is not None and layer.values is not None
             at = columns.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])  # [n, kv heads, P, D]

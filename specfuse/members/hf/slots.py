@@ -38,7 +38,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 from ...config import DECODE_MODES
 from ...errors import ConfigError
 from .. import profiling
-from . import attention, fusion
+from . import attention, fusion, transfer
 from .scoring import float_mask
 from .state import ModelView
 
@@ -259,8 +259,8 @@ class SlotStore:
         was captured (its output is overwritten by the next replay), else `forward` uncaptured."""
         graph = self.graphs.get(key)
         if graph is None:
-            return forward(host.to(self.member.device))
-        graph.inputs.copy_(host)
+            return forward(transfer.to_device(host, self.member.device))
+        transfer.copy_into(graph.inputs, host)
         with profiling.timed("forward", self.member.name, items=key[1]):  # the hooks do not see a replay
             graph.graph.replay()
         self.counts["replays" if key[0] == "draft" else "verify_replays"] += 1
@@ -342,7 +342,7 @@ class SlotStore:
             lengths = [c.get_seq_length() for c in caches]
             rows = torch.repeat_interleave(torch.arange(len(caches)), torch.tensor(lengths))
             columns = torch.cat([torch.arange(n) for n in lengths])
-            rows, columns = rows.to(self.member.device), columns.to(self.member.device)
+            rows, columns = (transfer.to_device(t, self.member.device) for t in (rows, columns))
             for i, mine in enumerate(self.layers):
                 layers = [cast("DynamicLayer", cache.layers[i]) for cache in caches]
                 for name in ("keys", "values"):

@@ -20,7 +20,7 @@ from ...errors import PromptTooLongError
 from ...records import Candidate, TokenScores
 from .. import drafting
 from ..protocol import Verdict
-from . import slot_verify
+from . import slot_verify, transfer
 from .scoring import Block, Layout, chunk_mask, lay_out
 from .state import HFState, PackedPass
 
@@ -169,19 +169,25 @@ class Verifying:
                 if _needs_logprobs(state):
                     tops += [state.settings.top_logprobs] * len(tail)
         hidden = torch.cat(picked)
-        targets = torch.tensor(tokens, device=hidden.device)
-        logits = self.head.token_logits(hidden, targets).tolist()
+        targets = transfer.tensor_on(tokens, hidden.device)
+        logits = self.head.token_logits(hidden, targets)
         if not any(wanted):
-            return logits, [], []
-        keep = torch.tensor(wanted, device=hidden.device)
+            return logits.tolist(), [], []
+        if not all(wanted):  # the rows that need them, by index: a boolean mask reads its count back first
+            keep = transfer.tensor_on([i for i, w in enumerate(wanted) if w], hidden.device)
+            hidden, targets = hidden.index_select(0, keep), targets.index_select(0, keep)
         k = max(tops)
-        logprobs, top_lp, top_ids = self.head.token_logprobs_top(hidden[keep], targets[keep], k)
+        logprobs, top_lp, top_ids = self.head.token_logprobs_top(hidden, targets, k)
+        values = torch.cat([logits, logprobs]).tolist()  # one read back for both
+        logits_out, logprobs_out = values[: len(tokens)], values[len(tokens) :]
+        if not k:
+            return logits_out, logprobs_out, []
         alternatives = [
-            tuple((self._piece(t), v) for t, v in zip(ids[:n], values[:n]))
-            for n, ids, values in zip(tops, top_ids.tolist(), top_lp.tolist())
+            tuple((self._piece(t), v) for t, v in zip(ids[:n], lps[:n]))
+            for n, ids, lps in zip(tops, top_ids.tolist(), top_lp.tolist())
             if n
         ]
-        return logits, logprobs.tolist(), alternatives
+        return logits_out, logprobs_out, alternatives
 
     def _piece(self, token: int) -> str:
         """A token's own text, as the token evidence shows it: decoded once per member (a dozen
