@@ -81,6 +81,20 @@ class OddRMSNorm(torch.nn.Module):
         return x / (x.abs().mean(-1, keepdim=True) + self.eps) * self.weight
 
 
+class PickyRMSNorm(OddRMSNorm):
+    """Named like one, refuses the probe (it wants a 3-D input): not fused, and no error."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 3:
+            raise ValueError("three dimensions, please")
+        return super().forward(x)
+
+
+def test_a_norm_the_probe_cannot_run_keeps_its_own_forward():
+    assert fusion.form_of(PickyRMSNorm(8)) is None
+    assert not fusion.rotary_exact(lambda q, k, cos, sin: (q,))  # a rotary of another signature
+
+
 def test_a_norm_of_another_form_keeps_its_own_forward():
     model = torch.nn.Sequential(OddRMSNorm(8), torch.nn.Linear(8, 8))
     assert fusion.form_of(model[0]) is None
