@@ -8,7 +8,8 @@ so nothing is read from a hub or a disk: it runs where nothing can be downloaded
 printable text that never ends early (the end-of-sequence token is ruled out), so every answer runs
 to its budget: 64 tokens are 64 characters. The default config is bench gpu's: exit off (every
 member drafts every round, whatever random scores would make of the exits), no stop strings, uniform
-starting weights; `--set` changes any of it.
+starting weights; `--set` changes any of it. `measured` takes any level's figures with what a GPU
+adds to them: its peak memory, and the steps captured at first use inside it.
 """
 
 from __future__ import annotations

@@ -2,11 +2,9 @@
 same outputs as transformers' own eager attention (which copies each key and value once per query
 head first), soft-capped (Gemma 2) or not, for groups of 1, 2 and 7 query heads per key head, one
 query a row (a draft's step) or several (a verification's); the switch of a model's attention is
-undone after each pass, also when two passes on one model overlap, and is what a slot pass uses."""
+what a slot pass uses (undone after overlapping passes: test_slot_fusion.py)."""
 
 from __future__ import annotations
-
-import threading
 
 import pytest
 import torch
@@ -53,29 +51,6 @@ def test_folded_attention_refuses_what_the_slots_never_give():
     query, key = torch.randn(1, 4, 2, 8), torch.randn(1, 2, 3, 8)
     with pytest.raises(NotImplementedError, match="float mask"):
         attention.folded_attention(_Heads(2, 8), query, key, key, None)
-
-
-def test_the_switch_is_undone_after_each_pass_and_when_passes_overlap():
-    member = tiny_member("llama-bytes", decode="graphs")
-    config = member.base.config
-    own = config._attn_implementation
-    inside = threading.Event()
-    release = threading.Event()
-
-    def hold() -> None:
-        with attention.folded(member.base):
-            inside.set()
-            release.wait(5)
-
-    other = threading.Thread(target=hold)
-    other.start()
-    inside.wait(5)
-    with attention.folded(member.base):
-        assert config._attn_implementation == attention.NAME
-    assert config._attn_implementation == attention.NAME  # the other pass is still inside
-    release.set()
-    other.join()
-    assert config._attn_implementation == own != attention.NAME
 
 
 def test_a_draft_on_the_slots_attends_folded_and_an_eager_pass_does_not():

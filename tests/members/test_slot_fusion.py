@@ -3,8 +3,8 @@ to the form it computes by a probe (scaled by the weight, or by one plus the wei
 its rotary embedding, rotated for queries and keys at once, gives the modelling module's own bits; a
 decoder with both fused gives its own hidden states (fp32: to the last bits; bf16: the Gemma form
 exactly, the Llama form within a unit in the last place); a norm of another form and an interleaved
-rotation keep their own; the switch is undone after overlapping passes, and a slot pass uses it where
-an eager pass does not."""
+rotation keep their own; each switch (this one, and folded attention's) is undone when the last of
+two overlapping passes ends, and a slot pass uses it where an eager pass does not."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 
 from specfuse.bench.shapes import SHAPES, build_model
 from specfuse.config import MemberSettings
-from specfuse.members.hf import fusion
+from specfuse.members.hf import attention, fusion
 
 from ..conftest import tiny_member, tiny_model
 
@@ -135,27 +135,32 @@ def test_a_rotation_of_another_kind_keeps_its_own():
         assert torch.equal(want, got)
 
 
-def test_the_switch_is_undone_when_the_last_of_two_overlapping_passes_ends():
+@pytest.mark.parametrize("switch", [attention.folded, fusion.fused], ids=["folded", "fused"])
+def test_a_switch_is_undone_when_the_last_of_two_overlapping_passes_ends(switch):
     member = tiny_member("gemma-meta", decode="graphs")
-    norm = rms_norms(member.base)[0]
-    (home,) = fusion.plan(member.base).rotary
-    own = home.apply_rotary_pos_emb
+    base, norm = member.base, rms_norms(member.base)[0]
+    (home,) = fusion.plan(base).rotary
+
+    def state() -> tuple[object, ...]:  # what either switch changes
+        return base.config._attn_implementation, home.apply_rotary_pos_emb, "forward" in vars(norm)
+
+    own = state()
     inside, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with fusion.fused(member.base):
+        with switch(base):
             inside.set()
             release.wait(5)
 
     other = threading.Thread(target=hold)
     other.start()
     inside.wait(5)
-    with fusion.fused(member.base):
-        assert "forward" in vars(norm) and home.apply_rotary_pos_emb is not own
-    assert "forward" in vars(norm) and home.apply_rotary_pos_emb is not own  # the other is still inside
+    with switch(base):
+        switched = state()
+    assert switched != own and state() == switched  # the other pass is still inside
     release.set()
     other.join()
-    assert "forward" not in vars(norm) and home.apply_rotary_pos_emb is own
+    assert state() == own
 
 
 def test_a_draft_on_the_slots_fuses_and_an_eager_pass_does_not():
