@@ -2,8 +2,8 @@
 embedding of queries and keys at once.
 
 A captured step replays every kernel of the forward pass as a graph node of its own, a few
-microseconds each however little it does; at a batch of one that, more than the weights, is the
-step (tools/slot_launches.py --step counts them). transformers writes two things out in small
+microseconds each however little it does; at a batch of one that, more than the weights, may be
+most of the step (tools/slot_launches.py --step counts them). transformers writes two things out in small
 operations, and both are switched here for the slots' own passes (`fused`, SlotStore.read):
 
 - **RMSNorm**: to float32, square, mean, add epsilon, reciprocal square root, two products, back to
@@ -23,7 +23,8 @@ operations, and both are switched here for the slots' own passes (`fused`, SlotS
   function of the modelling module, not a module of the model, so it is switched in the modelling
   module while a slot pass is inside: another thread's pass on a model of that family meanwhile
   computes the same bits too. A module whose function the probe does not reproduce bit for bit
-  (partial or interleaved rotations: Phi-3, Cohere) keeps its own.
+  (Cohere's interleaved rotation) keeps its own, and a partial rotation (Phi-3's, a cos narrower
+  than the head) is handed to its own at each call.
 """
 
 from __future__ import annotations
