@@ -186,7 +186,7 @@ class Drafting:
         rows, n = store.shape.rows, len(states)
         inputs = torch.zeros(2, rows, dtype=torch.long)  # padding rows: token 0 at position 0
         inputs[1, :n] = torch.tensor([len(s.ids) + step for s in states])
-        inputs = inputs.to(logits.device)
+        inputs = transfer.to_device(inputs, logits.device)  # not waiting for the step before it
         advance = (torch.arange(rows, device=logits.device) < n).long()
 
         def enqueue(picks: torch.Tensor) -> torch.Tensor:
