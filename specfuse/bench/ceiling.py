@@ -170,6 +170,8 @@ def _path(p: Mapping[str, Any]) -> str:
     said = f"{p['path']} ({p['drafts']} drafts, {p['steps']} steps, {p['replays']} replays"
     if "verifies" in p:  # reports from before verification ran on the slots have no such count
         said += f", {p['verifies']} verify passes, {p['verify_replays']} replayed"
+    if "prefills" in p:  # nor, from before prompts were read on the slots, this one
+        said += f", {p['prefills']} prompt reads, {p['prefill_replays']} replayed"
     if p["path"] == "graphs" or p["captures"]:
         said += f", {p['captures']} captures in {p['capture_s']:.1f} s"
     if p.get("capture_off"):

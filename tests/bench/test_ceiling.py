@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specfuse.bench import ceiling
+from specfuse.config import MemberSettings
 from specfuse.models.preparation import warm_up
 
 from ..conftest import tiny_member
@@ -55,9 +56,13 @@ def test_each_member_says_how_it_drafted():
     paths = ceiling.decode_paths([eager, slotted])
     assert paths["llama-bytes"] == {"path": "eager"}
     assert paths["qwen-merges"]["path"] == "slots" and paths["qwen-merges"]["captures"] == 0
-    warm_up(slotted)  # a draft and a verification, both on the slots
+    warm_up(slotted)  # a draft and a verification, both on the slots (its prompt read before them)
+    slotted.start("Another prompt", MemberSettings())  # read on the slots, which exist now
     said = ceiling._path(ceiling.decode_paths([slotted])["qwen-merges"])
-    assert said == "slots (1 drafts, 3 steps, 0 replays, 1 verify passes, 0 replayed)"
+    assert (
+        said
+        == "slots (1 drafts, 3 steps, 0 replays, 1 verify passes, 0 replayed, 1 prompt reads, 0 replayed)"
+    )
     # Captured steps (a GPU) say which options an A/B run turned off (bench serve --slots-off).
     graphs = {**ceiling.decode_paths([slotted])["qwen-merges"], "path": "graphs"}
     assert ceiling._path(graphs).endswith("0 captures in 0.0 s; ahead, batched and fuse off)")  # a GPU's only

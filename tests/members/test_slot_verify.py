@@ -173,9 +173,12 @@ def test_warm_up_prepares_the_steps_where_they_are_captured_only():
     member = tiny_member("qwen-merges", decode="graphs")  # a CPU: uncaptured, nothing to prepare
     warm_up(member, progress=lambda f, m: said.append(m))
     assert said == [] and member.slots.counts["verifies"] == 1
+    member = tiny_member("qwen-merges", decode="graphs")
     member.slots.capture = True  # as on a GPU: prepared at warm-up, and here it fails (no CUDA)
     warm_up(member, progress=lambda f, m: said.append(m))
     assert said[0].startswith("qwen-merges: capturing graphs 1/") and "failed" in said[-1]
+    # The warm-up's own prompt was read before the slots existed: eagerly, nothing captured for it.
+    assert member.slots.counts["prefills"] == 0
 
 
 def capturing(name: str) -> HFMember:

@@ -199,12 +199,12 @@ class HFMember(Drafting, Verifying, BaseMember):
         measure = state.settings.measure_prompt
         if reading.done == 0:
             head = self._template_head([state])
-            state.cache = head.cache() if head is not None else DynamicCache()
+            state.cache = self._fresh_cache(head)
             if head is not None:
                 reading.done = len(head.ids)
                 reading.hidden += [head.hidden] if measure else []
         end = min(len(state.ids), reading.done + take)
-        hidden = self.hidden_states(state.ids[reading.done : end], state.cache)
+        (hidden,) = self._read_after([state.cache], [state.ids[reading.done : end]])
         reading.done = end
         reading.hidden += [hidden] if measure else []
         if end < len(state.ids):
@@ -272,10 +272,11 @@ class HFMember(Drafting, Verifying, BaseMember):
         or together, then each row split into its own cache."""
         head = self._template_head(states)
         skip = len(head.ids) if head is not None else 0
-        if len(states) == 1:
-            # A fresh cache, also after a failed batch.
-            states[0].cache = head.cache() if head is not None else DynamicCache()
-            hiddens = [self.hidden_states(states[0].ids[skip:], states[0].cache)]
+        if len(states) == 1 or self._reads_on_slots():
+            # Fresh caches, also after a failed batch; on the slots, read together there.
+            for state in states:
+                state.cache = self._fresh_cache(head)
+            hiddens = self._read_after([s.cache for s in states], [s.ids[skip:] for s in states])
         else:
             pad = self.tokenizer.pad_token_id or 0
             cache, batch = prefill.forward_rows(
@@ -292,6 +293,29 @@ class HFMember(Drafting, Verifying, BaseMember):
             state.last_hidden = hidden[-1].clone()  # not a view that keeps the batch's states alive
             if state.settings.measure_prompt and not state.settings.raw:
                 state.surprise = self._surprise(prompt, state.ids, hidden)
+
+    def _fresh_cache(self, head: prefill.Head | None) -> DynamicCache:
+        """A cache to read a prompt into: the template's head, or nothing (on the slots, its layers
+        shaped like theirs, so that the prompt is read there from its first token)."""
+        if head is not None:
+            return head.cache()
+        empty = prefill.empty(self.slots) if self.slots is not None and self._reads_on_slots() else None
+        return empty if empty is not None else DynamicCache()
+
+    def _reads_on_slots(self) -> bool:
+        """Whether prompts are read on the KV slots: once they exist (a GPU's are made at start-up,
+        prepare_steps, after the warm-up's own prompt is read eagerly; a CPU's at the first draft)."""
+        return self.slots is not None and bool(self.slots.layers)
+
+    def _read_after(
+        self, caches: Sequence[DynamicCache], rows: Sequence[Sequence[int]]
+    ) -> list[torch.Tensor]:
+        """Each row's tokens read after its cache: on the KV slots where this member drafts there
+        (prefill.on_slots: in verification steps, captured on a GPU), else eagerly one by one; their
+        final hidden states."""
+        if self.slots is not None and self._reads_on_slots():
+            return prefill.on_slots(self.slots, caches, rows, self.hidden_states)
+        return [self.hidden_states(row, cache) for row, cache in zip(rows, caches)]
 
     def _template_head(self, states: Sequence[HFState]) -> prefill.Head | None:
         """The template's head (read the first time it is asked for), if every context begins with it."""

@@ -13,6 +13,10 @@ longest first, so that a group's placeholders are at most half its real tokens (
 Every prompt's context begins with the same tokens (a chat template's system turn and the user
 turn's opening: 24 of the 34-94 tokens of Qwen's and SmolLM2's contexts for the app's examples).
 A member reads them once (Head) and starts each prompt's cache from a copy of their keys and values.
+On the KV slots (the "graphs" decode path: a GPU's default) prompts are read in the slots'
+verification steps instead (on_slots): up to 32 prompts' next 256 tokens a step, captured as a CUDA
+graph on a GPU, where the eager pass's thousands of small kernels make it launch-bound (the H200's
+profile: 50-75 ms a member for one prompt of at most 300 tokens, where reading its weights takes 4-5).
 Knows nothing about tokenizers or requests: member.py hands it token ids.
 """
 
@@ -24,6 +28,9 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+
+from . import slot_verify
+from .slots import BUCKETS, SlotStore
 
 # A group of rows pads each to its longest; the placeholders may add at most this share of the
 # group's real tokens (a bound on the wasted work, chosen, not measured: a 2000-token prompt is
@@ -119,4 +126,43 @@ def split(cache: DynamicCache, lengths: Sequence[int]) -> list[DynamicCache]:
     return rows
 
 
-__all__ = ["PAD_SHARE", "Head", "forward_rows", "groups", "read_head", "split"]
+def empty(store: SlotStore) -> DynamicCache | None:
+    """A cache of no tokens with the store's layers' shapes (a prompt read on the slots from its
+    first token: the slots take plain layers of keys only); None: the store has no slots yet."""
+    pairs = [(layer.keys, layer.values) for layer in store.layers]
+    if not pairs or any(k is None or v is None for k, v in pairs):
+        return None
+    return DynamicCache([(k[:1, :, :0], v[:1, :, :0]) for k, v in pairs])  # type: ignore[index]
+
+
+def on_slots(
+    store: SlotStore,
+    caches: Sequence[DynamicCache],
+    rows: Sequence[Sequence[int]],
+    eager: Callable[[Sequence[int], DynamicCache], torch.Tensor],
+) -> list[torch.Tensor]:
+    """Each row's tokens read after its cache on the store's slots, part after part (at most the
+    largest bucket of runs, each its next VERIFY_TOKENS[-1] tokens, a step); what the slots do not
+    take (a store in use by another thread, one that cannot hold these caches) read by `eager`
+    (tokens after a cache → their hidden states), row by row. The rows' final hidden states."""
+    done = [0] * len(rows)
+    parts: list[list[torch.Tensor]] = [[] for _ in rows]
+    most, longest = BUCKETS[-1], slot_verify.VERIFY_TOKENS[-1]
+    slotted = True
+    while slotted and (live := [i for i, row in enumerate(rows) if done[i] < len(row)]):
+        for batch in (live[k : k + most] for k in range(0, len(live), most)):
+            takes = [rows[i][done[i] : done[i] + longest] for i in batch]
+            hidden = slot_verify.read_after(store, [caches[i] for i in batch], takes)
+            if hidden is None:
+                slotted = False
+                break
+            for i, take, h in zip(batch, takes, hidden):
+                parts[i].append(h)
+                done[i] += len(take)
+    for i, row in enumerate(rows):
+        if done[i] < len(row):
+            parts[i].append(eager(row[done[i] :], caches[i]))
+    return [torch.cat(p) if len(p) > 1 else p[0] for p in parts]
+
+
+__all__ = ["PAD_SHARE", "Head", "empty", "forward_rows", "groups", "on_slots", "read_head", "split"]

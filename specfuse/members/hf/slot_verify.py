@@ -154,12 +154,17 @@ def forward(store: SlotStore, buffer: torch.Tensor) -> torch.Tensor:
 
 
 def verify(
-    store: SlotStore, caches: Sequence[DynamicCache], blocks: Sequence[Sequence[Block]]
+    store: SlotStore,
+    caches: Sequence[DynamicCache],
+    blocks: Sequence[Sequence[Block]],
+    *,
+    kind: str = "verify",
 ) -> list[torch.Tensor] | None:
     """Every run's blocks read in one step on the slots (`caches`: the runs' own, holding exactly
     their committed tokens). Returns each run's hidden states in the eager layout (its blocks one
     after another, [tokens, H]), the keys and values of those tokens appended to its cache in the
-    same order; None: nothing done, verify eagerly (too many nodes, a store in use or unsupported)."""
+    same order; None: nothing done, verify eagerly (too many nodes, a store in use or unsupported).
+    `kind` counts the pass in the store's counts ("verify", or "prefill": read_after's)."""
     trees = [tree(b) for b in blocks]
     tokens = tokens_of(max(len(t.tokens) for t in trees))
     if tokens is None:
@@ -171,8 +176,10 @@ def verify(
     try:
         rows, n = bucket_of(len(caches)), len(caches)
         host = inputs(trees, lengths, rows, tokens)
-        hidden = store.run(("verify", rows, tokens, width), host, lambda x: forward(store, x))
-        store.counts["verifies"] += 1
+        key = ("verify", rows, tokens, width)
+        store.counts[f"{kind}_replays"] += key in store.graphs
+        store.counts["prefills" if kind == "prefill" else "verifies"] += 1
+        hidden = store.run(key, host, lambda x: forward(store, x))
         # Every run's nodes in the eager layout, all runs at once (a gather per layer, not one per
         # run): [n, P] nodes, a short run's padded with its last (read again, never used).
         sizes = [len(t.node_of) for t in trees]
@@ -194,6 +201,17 @@ def verify(
         store.end()
 
 
+def read_after(
+    store: SlotStore, caches: Sequence[DynamicCache], rows: Sequence[Sequence[int]]
+) -> list[torch.Tensor] | None:
+    """Each row's tokens (a prompt's, at most VERIFY_TOKENS[-1]) read after its run's cache in one
+    verification step: a chain, one block anchored just past the cache (it sees every cached
+    column). A prefill on the slots, captured on a GPU where the eager pass is launch-bound. The
+    tokens' hidden states [n, H], their keys and values appended to the caches; None: read eagerly."""
+    blocks = [[Block(cache.get_seq_length(), tuple(row))] for cache, row in zip(caches, rows)]
+    return verify(store, caches, blocks, kind="prefill")
+
+
 __all__ = [
     "VERIFY_TOKENS",
     "Tree",
@@ -201,6 +219,7 @@ __all__ = [
     "forward",
     "inputs",
     "placeholder",
+    "read_after",
     "step",
     "tokens_of",
     "tree",

@@ -50,9 +50,10 @@ BUCKETS = (1, 2, 4, 8, 16, 32)  # rows per captured step; larger batches take th
 MIN_WIDTH = 512
 WARMUP_STEPS = 2  # uncaptured runs of a step before its capture (cuBLAS handles, lazy allocations)
 # Start-up (prepare): the verification buckets captured before the first request (query tokens per
-# row: N candidates of L + 1 tokens, N = 3 and L = 10 make 33), and the columns the store is made
-# with, so that runs up to that length never reallocate it (which drops every graph).
-STARTUP_VERIFY = (16, 32, 64)
+# row: N candidates of L + 1 tokens, N = 3 and L = 10 make 33; a prompt is read 256 tokens a step,
+# prefill.on_slots), and the columns the store is made with, so that runs up to that length never
+# reallocate it (which drops every graph).
+STARTUP_VERIFY = (16, 32, 64, 128, 256)
 STARTUP_CAPACITY = MIN_WIDTH
 _CAPTURING = threading.Lock()  # one CUDA graph capture at a time in the process (_capture)
 
@@ -190,7 +191,8 @@ class SlotStore:
         self.graphs: dict[Key, _Graph] = {}
         self.pool: Any = None
         self.counts = {"drafts": 0, "steps": 0, "replays": 0, "captures": 0, "busy": 0}
-        self.counts |= {"verifies": 0, "verify_replays": 0}
+        # Verification steps, by what they served: candidates, or prompts read (slot_verify.read_after).
+        self.counts |= {"verifies": 0, "verify_replays": 0, "prefills": 0, "prefill_replays": 0}
         self.capture_seconds = 0.0
         # Milliseconds of GPU time one replay of each step at MIN_WIDTH took, replays alone and back
         # to back (time_replays: bench serve's, never a start-up's): set beside the weight-read
@@ -256,14 +258,16 @@ class SlotStore:
         self, key: Key, host: torch.Tensor, forward: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:
         """The step `key` on the inputs `host` (on the CPU or the device): its graph's replay where it
-        was captured (its output is overwritten by the next replay), else `forward` uncaptured."""
+        was captured (its output is overwritten by the next replay), else `forward` uncaptured. A
+        draft's replays are counted here, a verification step's by what it served (slot_verify.py)."""
         graph = self.graphs.get(key)
         if graph is None:
             return forward(transfer.to_device(host, self.member.device))
         transfer.copy_into(graph.inputs, host)
         with profiling.timed("forward", self.member.name, items=key[1]):  # the hooks do not see a replay
             graph.graph.replay()
-        self.counts["replays" if key[0] == "draft" else "verify_replays"] += 1
+        if key[0] == "draft":
+            self.counts["replays"] += 1
         return graph.output
 
     def _forward(self, inputs: torch.Tensor) -> torch.Tensor:
@@ -330,8 +334,7 @@ class SlotStore:
             layers.append(SlotLayer(k, v, self.shape))
         self.layers, self.rows, self.capacity = layers, rows, width
         self.cache = Cache(layers=list(layers))
-        pairs = [(x.keys, x.values) for x in layers]
-        size = sum(k.nbytes + v.nbytes for k, v in pairs if k is not None and v is not None)
+        size = sum(t.nbytes for x in layers for t in (x.keys, x.values) if t is not None)
         log.info("%s: KV slots for %d runs of %d tokens (%.0f MB)", self.member.name, rows, width, size / 1e6)
 
     def _load(self, caches: Sequence[DynamicCache]) -> None:
@@ -350,13 +353,10 @@ class SlotStore:
                     getattr(mine, name)[rows, :, columns] = torch.cat(parts, dim=1).transpose(0, 1)
             return
         for r, cache in enumerate(caches):
-            for mine, theirs in zip(self.layers, cast("list[DynamicLayer]", cache.layers)):
-                keys, values = theirs.keys, theirs.values
-                assert mine.keys is not None and mine.values is not None
-                assert keys is not None and values is not None
-                n = keys.shape[2]
-                mine.keys[r, :, :n].copy_(keys[0])
-                mine.values[r, :, :n].copy_(values[0])
+            for mine, theirs in zip(self.layers, cache.layers):
+                for name in ("keys", "values"):
+                    kept = getattr(theirs, name)  # [1, kv heads, n, head dim]
+                    getattr(mine, name)[r, :, : kept.shape[2]].copy_(kept[0])
 
     def ready(self, key: Key, *, run: bool = False) -> None:
         """Make the step `key` ready for the shape now set: captured on CUDA (once), and with `run`
