@@ -9,6 +9,10 @@ widths: per member and round, a draft of L = 10 tokens for every run, a verifica
 candidates a run, and an accept per run, with the loads into the slots batched (a GPU's way,
 SlotStore.batched) and not. A step's own forward pass is one replay on a GPU and is not counted.
 
+With --prefill: the kernels a prompt's read launches (start_many, in bfloat16): eagerly, the model's
+own forward pass (the slots' prefill off), against on the slots (prefill.on_slots), where each step
+is one replay on a GPU and counted as one.
+
 With --step: the kernels inside one captured step instead (a replay runs every one of them, each a
 graph node of a few microseconds however little it does), a draft's and a verification's, one run,
 in bfloat16 as on the GPU, with the RMSNorms and the rotary embedding fused (SlotStore.fuse, a GPU's
@@ -17,6 +21,7 @@ CUDA runs it as; a CPU runs its parts.
 
     .venv/bin/python tools/slot_launches.py [--runs 1,8,32]
     .venv/bin/python tools/slot_launches.py --step
+    .venv/bin/python tools/slot_launches.py --prefill [--runs 1,8,32]
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from specfuse.members.hf import fusion  # noqa: E402
 from specfuse.records import Candidate  # noqa: E402
 
 SEGMENT = 10
+PREFILL_TOKENS = 290  # the GPU check's longest prompts, in its byte tokenizer
 
 
 # Operations that launch no kernel on a GPU besides views: allocations, a host tensor taken in.
@@ -203,15 +209,63 @@ def print_steps() -> None:
         print(f"{member.name:<15} {layers:>6} {count:>6} {row}")
 
 
+def prefill_kernels(member: Any, runs: int) -> dict[str, int]:
+    """The kernels `runs` prompts of PREFILL_TOKENS read together launch, eagerly and on the slots (a
+    step there: one replay)."""
+    ops, store = Ops(), member.slots
+    inner = store.run
+
+    def replayed(key: Any, host: Any, forward: Any) -> Any:
+        ops.counts[ops.phase] += 1  # the replay
+        ops.paused = True
+        try:
+            return inner(key, host, forward)
+        finally:
+            ops.paused = False
+
+    prompts = [f"{i:03d}" + "x" * (PREFILL_TOKENS - 3) for i in range(runs)]
+    settings = [MemberSettings(max_new_tokens=16)] * runs
+    store.run = replayed
+    try:
+        with ops:
+            for phase in ("eager", "slots"):
+                ops.phase, store.prefill = phase, phase == "slots"
+                member.start_many(prompts, settings)
+    finally:
+        store.run, store.prefill = inner, True
+    return dict(ops.counts)
+
+
+def print_prefill(runs: Sequence[int]) -> None:
+    members = gpu.build_members("launch-count", ["cpu"], "bfloat16", decode="graphs")
+    how = f"torch {torch.__version__}; bfloat16; {PREFILL_TOKENS} tokens a prompt"
+    print(f"kernels a prompt's read launches ({how})")
+    print("member          layers  prompts    eager  on the slots (a step: 1)")
+    for member in members:
+        member.slots.fuse = True  # a GPU's way
+        fusion.plan(member.base)
+        member.draft(member.start("Say hello.", MemberSettings(max_new_tokens=4)), 2)  # the slots made
+        layers = member.model.config.num_hidden_layers
+        for n in runs:
+            c = prefill_kernels(member, n)
+            print(f"{member.name:<15} {layers:>6} {n:>8} {c['eager']:>8} {c['slots']:>13}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", default="1,8,32", help="run counts (default 1,8,32)")
     parser.add_argument("--step", action="store_true", help="count the kernels inside one step instead")
     parser.add_argument("--syncs", action="store_true", help="count where the host waits for the GPU instead")
+    parser.add_argument(
+        "--prefill", action="store_true", help="count a prompt's read, eager and on the slots"
+    )
     args = parser.parse_args(argv)
     SHAPES["launch-count"] = shapes()
     if args.step:
         print_steps()
+        return 0
+    if args.prefill:
+        print_prefill([int(r) for r in args.runs.split(",")])
         return 0
     if args.syncs:
         print_syncs([int(r) for r in args.runs.split(",")])

@@ -67,7 +67,7 @@ def decode_paths(members: Sequence[Any]) -> dict[str, dict[str, Any]]:
 
 
 # A KV-slot store's switches (members/hf/slots.py), for A/B runs.
-SLOT_OPTIONS = ("ahead", "fold", "batched", "fuse")
+SLOT_OPTIONS = ("ahead", "fold", "batched", "fuse", "prefill")
 
 
 def captures(members: Sequence[Any]) -> tuple[int, float]:

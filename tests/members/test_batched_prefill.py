@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 
 import pytest
-import torch
 
 from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Ensemble, Scheduler
@@ -15,8 +14,8 @@ from specfuse.errors import MemberError, PromptTooLongError
 from specfuse.members import drafting
 from specfuse.members.hf import HFMember, prefill
 from specfuse.members.hf.state import HFState
-from specfuse.prompts import PromptFormat
 
+from ..helpers_prefill import SYSTEM, assert_same_state
 from ..runs import PROMPTS, collect, same_rounds, solo
 
 # Lengths from a few tokens to a few dozen, and two of the same prompt.
@@ -50,31 +49,6 @@ def starts_of(member, monkeypatch) -> list[int]:
     return sizes
 
 
-def assert_same_state(got: HFState, want: HFState, member) -> None:
-    assert got.ids == want.ids and got.prompt_len == want.prompt_len and got.answer == want.answer == ""
-    assert len(got.cache.layers) == len(want.cache.layers)
-    for mine, theirs in zip(got.cache.layers, want.cache.layers):
-        for name in ("keys", "values"):
-            a, b = getattr(mine, name), getattr(theirs, name)
-            assert a.shape == b.shape and a.shape[0] == 1 and a.shape[-2] == len(want.ids)
-            assert torch.allclose(a, b, atol=1e-5), float((a - b).abs().max())
-            assert a.untyped_storage().nbytes() == a.numel() * a.element_size()  # its own, not the batch's
-    assert got.cache.get_seq_length() == len(want.ids)
-    assert torch.allclose(got.last_hidden, want.last_hidden, atol=1e-5)
-    with torch.inference_mode():  # the next token each would pick
-        assert int(member.head.logits(got.last_hidden[None]).argmax()) == int(
-            member.head.logits(want.last_hidden[None]).argmax()
-        )
-    if want.surprise is None:
-        assert got.surprise is None
-    else:
-        assert got.surprise == pytest.approx(want.surprise, abs=1e-5)
-    if want.generator is None:
-        assert got.generator is None
-    else:
-        assert torch.equal(got.generator.get_state(), want.generator.get_state())
-
-
 @pytest.mark.parametrize("chunk", [None, 5])  # 5: every prompt is read over several passes
 @pytest.mark.parametrize("index", [0, 1, 2])  # llama, qwen2, gemma3 (a sliding window of 6)
 def test_start_many_gives_each_prompt_the_state_start_gives_it(tiny_members, monkeypatch, index, chunk):
@@ -106,9 +80,6 @@ def test_a_pass_never_holds_more_than_chunk_tokens_query_tokens(tiny_members, mo
     monkeypatch.setattr(member, "base", passes)
     member.start_many(MANY, [MemberSettings()] * len(MANY))
     assert passes.rows and max(r * c for r, c in zip(passes.rows, passes.columns)) <= 12
-
-
-SYSTEM = PromptFormat(kind="chat", system="You answer in one short sentence, plainly.")
 
 
 def with_system(member, reuse_template: bool) -> HFMember:

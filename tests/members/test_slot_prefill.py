@@ -17,7 +17,7 @@ from specfuse.members.hf import HFMember, slot_verify
 from specfuse.models.preparation import warm_up
 
 from ..conftest import TINY_SPECS, tiny_member
-from .test_batched_prefill import SYSTEM, assert_same_state
+from ..helpers_prefill import SYSTEM, assert_same_state
 
 NAMES = list(TINY_SPECS)  # llama-bytes, qwen-merges, gemma-meta
 _words = random.Random(0)
@@ -76,15 +76,17 @@ def test_a_prompt_read_in_parts_on_the_slots_equals_one_read_whole(name):
     assert_same_state(state, want, eager)
 
 
-def test_a_store_in_use_reads_eagerly_and_the_same():
+@pytest.mark.parametrize("how", ["in-use", "turned-off"])
+def test_a_store_in_use_or_told_not_to_reads_eagerly_and_the_same(how):
     eager, slotted = member_of("gemma-meta", "eager", False), with_slots("gemma-meta", False)
     want = eager.start_many(PROMPTS, [SETTINGS] * len(PROMPTS))
     store = slotted.slots
+    store.prefill = how != "turned-off"  # bench serve --slots-off prefill, for an A/B run
     with store._lock:  # another thread holds the slots
         got = slotted.start_many(PROMPTS, [SETTINGS] * len(PROMPTS))
     for g, w in zip(got, want, strict=True):
         assert_same_state(g, w, eager)
-    assert store.counts["prefills"] == 0 and store.counts["busy"] >= 1
+    assert store.counts["prefills"] == 0 and (store.counts["busy"] > 0) == (how == "in-use")
 
 
 # -- on a GPU ----------------------------------------------------------------------------------------

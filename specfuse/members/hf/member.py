@@ -305,7 +305,7 @@ class HFMember(Drafting, Verifying, BaseMember):
     def _reads_on_slots(self) -> bool:
         """Whether prompts are read on the KV slots: once they exist (a GPU's are made at start-up,
         prepare_steps, after the warm-up's own prompt is read eagerly; a CPU's at the first draft)."""
-        return self.slots is not None and bool(self.slots.layers)
+        return self.slots is not None and self.slots.prefill and bool(self.slots.layers)
 
     def _read_after(
         self, caches: Sequence[DynamicCache], rows: Sequence[Sequence[int]]

@@ -177,9 +177,9 @@ class SlotStore:
         self.capture = on_gpu if capture is None else capture
         # Switches for an A/B benchmark (bench serve --slots-off): greedy drafts a step ahead of the
         # host (drafting.py: on a CPU nothing runs meanwhile), attention folded (attention.py), loads
-        # batched across runs (_load), RMSNorms and rotary embedding fused (fusion.py; its plan, which
-        # reads back, before any capture; on a CPU as many operations).
-        self.ahead, self.fold, self.batched, self.fuse = on_gpu, True, on_gpu, on_gpu
+        # batched across runs (_load), RMSNorms and rotary embedding fused (fusion.py; its plan reads
+        # back, before any capture; a CPU: as many operations), prompts read here (prefill.on_slots).
+        self.ahead, self.fold, self.batched, self.fuse, self.prefill = on_gpu, True, on_gpu, on_gpu, True
         if self.fuse and unsupported is None:
             fusion.plan(member.base)
         self.disabled = unsupported  # why this member always drafts eagerly, if it does
