@@ -26,7 +26,7 @@ from ..helpers_app import (
     path_of,
     stop_after_two_rounds,
 )
-from ..scripted import ScriptedMember, prefers
+from ..scripted import ScriptedMember, looping, prefers
 
 SETTINGS = dict(segment_len=4, max_new_tokens=24, device="cpu")
 
@@ -109,7 +109,9 @@ def test_an_uploaded_conversations_trace_becomes_its_turns():
 def served(tmp_path_factory):
     members = {name: tiny_member(name) for name in TINY}
     members |= {m: ScriptedMember(m, [f"{m}{m} "] * 50, prefers("bb ")) for m in ("a", "b")}
-    members |= {m: ScriptedMember(m, ["x "] * 2000, len) for m in ("loop-a", "loop-b")}
+    # Runs that last until stopped: 10 ms a draft, so that a quiet machine cannot play all 1,024
+    # rounds of a follow-up before its Stop arrives (one did: its trace ended at the budget).
+    members |= looping(draft_delay=0.01)
     cache = tmp_path_factory.mktemp("gradio")
     with launched(cache, members, concurrency=4, default_models=TINY, schedulers=Schedulers()) as url:
         yield url, members, cache
