@@ -73,13 +73,18 @@ def test_scores_on_the_slots_equal_the_eager_pass(name, gpu_way):
     close(want, got)
     assert slotted.slots.counts["verifies"] == 1  # all four runs in one pass
     assert any(p for row in got for _, _, p in row)  # log-probabilities compared too
-    # The pass's keys sit in each run's cache as after the eager pass (accept moves them from
-    # there; the eager pass also leaves its shorter rows' placeholders, past them).
+    # The pass's keys and values sit beside each run's cache, which holds its committed tokens only,
+    # equal to those the eager pass appended to it (accept appends the winner's from there; the eager
+    # pass also leaves its shorter rows' placeholders, past them).
     for i, (e, s) in enumerate(zip(e_states, s_states)):
         packed = sum(len(b.tokens) for b, _, _ in slotted._blocks(s, cands(TEXTS[: 2 + i])))
-        assert s.cache.get_seq_length() == len(s.ids) + packed <= e.cache.get_seq_length()
-        for le, ls in zip(e.cache.layers, s.cache.layers):
-            torch.testing.assert_close(ls.keys, le.keys[..., : ls.keys.shape[2], :], atol=1e-5, rtol=1e-5)
+        assert s.cache.get_seq_length() == len(s.ids) and len(s.ids) + packed <= e.cache.get_seq_length()
+        for le, ls, side in zip(e.cache.layers, s.cache.layers, s.packed.side, strict=True):
+            for name, beside in zip(("keys", "values"), side):
+                assert beside.shape[2] == packed
+                both = torch.cat([getattr(ls, name), beside], dim=-2)
+                want = getattr(le, name)[..., : both.shape[2], :]
+                torch.testing.assert_close(both, want, atol=1e-5, rtol=1e-5)
     # accept() each run's second candidate, then draft on: the same answers as after the eager pass.
     for member, states in ((eager, e_states), (slotted, s_states)):
         for state in states:

@@ -16,10 +16,13 @@ keys (loaded into the slot as for a draft), at its own position for the rotary e
 nodes and rows see only themselves. Its input is one buffer of [rows, tokens, 4 + tokens] integers
 (token, position, column, anchor, then the node's row of the ancestor matrix), so a replay costs one
 copy in. Afterwards each run's nodes are laid out again in the eager pass's order (every block
-whole, `node_of`): its hidden states for the scores, and its keys and values appended to the run's
-own cache, where the eager pass leaves them, so that accept() moves the chosen candidate's keys into
-place exactly as after an eager pass. A run with more nodes than the largest bucket, or a store in
-use, verifies eagerly.
+whole, `node_of`), all runs at once (`Read`): its hidden states for the scores, and its keys and
+values, gathered out of the slots and kept beside the run's cache (PackedPass.side) rather than
+appended to it as the eager pass does, so that accept() appends the chosen candidate's keys only,
+one concatenation a layer, where appending every block and then moving the winner's into place took
+four or more a layer and run (a kernel launch each on a GPU: 3,584 a round per member at 32 runs of
+a 28-layer model). A prompt's read (read_after) appends its keys: they are committed. A run with
+more nodes than the largest bucket, or a store in use, verifies eagerly.
 """
 
 from __future__ import annotations
@@ -153,18 +156,42 @@ def forward(store: SlotStore, buffer: torch.Tensor) -> torch.Tensor:
     return store.read(tokens, positions, allowed, near)
 
 
+@dataclass(frozen=True)
+class Read:
+    """What a step on the slots read for each run, in the eager layout (its blocks one after
+    another): its hidden states [tokens, H], and per layer every run's keys and values
+    [n, kv heads, P, head dim] (run r's first sizes[r] tokens, then padding), gathered out of the
+    slots (the next step overwrites those)."""
+
+    hidden: list[torch.Tensor]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    sizes: list[int]
+
+    def keys_of(self, r: int) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """Run r's keys and values per layer, [1, kv heads, its tokens, head dim] (views)."""
+        n = self.sizes[r]
+        return tuple((keys[r : r + 1, :, :n], values[r : r + 1, :, :n]) for keys, values in self.kv)
+
+    def append(self, caches: Sequence[DynamicCache]) -> None:
+        """Each run's keys and values appended to its cache (a prompt's: committed from now on)."""
+        for r, cache in enumerate(caches):
+            for mine, (keys, values) in zip(cast("list[DynamicLayer]", cache.layers), self.keys_of(r)):
+                assert mine.keys is not None and mine.values is not None
+                mine.keys = torch.cat([mine.keys, keys], dim=-2)
+                mine.values = torch.cat([mine.values, values], dim=-2)
+
+
 def verify(
     store: SlotStore,
     caches: Sequence[DynamicCache],
     blocks: Sequence[Sequence[Block]],
     *,
     kind: str = "verify",
-) -> list[torch.Tensor] | None:
+) -> Read | None:
     """Every run's blocks read in one step on the slots (`caches`: the runs' own, holding exactly
-    their committed tokens). Returns each run's hidden states in the eager layout (its blocks one
-    after another, [tokens, H]), the keys and values of those tokens appended to its cache in the
-    same order; None: nothing done, verify eagerly (too many nodes, a store in use or unsupported).
-    `kind` counts the pass in the store's counts ("verify", or "prefill": read_after's)."""
+    their committed tokens, which stay as they are); None: nothing done, verify eagerly (too many
+    nodes, a store in use or unsupported). `kind` counts the pass in the store's counts ("verify",
+    or "prefill": read_after's)."""
     trees = [tree(b) for b in blocks]
     tokens = tokens_of(max(len(t.tokens) for t in trees))
     if tokens is None:
@@ -187,16 +214,12 @@ def verify(
         nodes = transfer.tensor_on(padded, hidden.device)  # [n, P]
         laid = torch.gather(hidden[:n], 1, nodes[:, :, None].expand(-1, -1, hidden.shape[-1]))  # a copy
         columns = (nodes + transfer.tensor_on(lengths, nodes.device)[:, None])[:, None, :, None]
-        for i, layer in enumerate(store.layers):
+        kv = []
+        for layer in store.layers:
             assert layer.keys is not None and layer.values is not None
             at = columns.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])  # [n, kv heads, P, D]
-            keys, values = torch.gather(layer.keys[:n], 2, at), torch.gather(layer.values[:n], 2, at)
-            for r, (cache, size) in enumerate(zip(caches, sizes)):
-                mine = cast("DynamicLayer", cache.layers[i])
-                assert mine.keys is not None and mine.values is not None
-                mine.keys = torch.cat([mine.keys, keys[r : r + 1, :, :size]], dim=-2)
-                mine.values = torch.cat([mine.values, values[r : r + 1, :, :size]], dim=-2)
-        return [laid[r, :size] for r, size in enumerate(sizes)]
+            kv.append((torch.gather(layer.keys[:n], 2, at), torch.gather(layer.values[:n], 2, at)))
+        return Read([laid[r, :size] for r, size in enumerate(sizes)], kv, sizes)
     finally:
         store.end()
 
@@ -209,11 +232,16 @@ def read_after(
     column). A prefill on the slots, captured on a GPU where the eager pass is launch-bound. The
     tokens' hidden states [n, H], their keys and values appended to the caches; None: read eagerly."""
     blocks = [[Block(cache.get_seq_length(), tuple(row))] for cache, row in zip(caches, rows)]
-    return verify(store, caches, blocks, kind="prefill")
+    read = verify(store, caches, blocks, kind="prefill")
+    if read is None:
+        return None
+    read.append(caches)
+    return read.hidden
 
 
 __all__ = [
     "VERIFY_TOKENS",
+    "Read",
     "Tree",
     "ancestors",
     "forward",

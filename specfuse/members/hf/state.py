@@ -20,7 +20,8 @@ from ..drafting import TokenState
 
 @dataclass
 class PackedPass:
-    """What the last verify pass left in the cache beyond the committed tokens, for accept()."""
+    """What the last verify pass left for accept(): its keys and values in the cache beyond the
+    committed tokens (the eager pass), or beside it (`side`: on the KV slots, slot_verify.py)."""
 
     texts: tuple[str, ...]  # candidate texts, in block order
     starts: tuple[int, ...]  # anchor position of each block
@@ -28,6 +29,9 @@ class PackedPass:
     offsets: tuple[int, ...]  # where each block begins in the packed tokens
     last_hidden: tuple[torch.Tensor, ...]  # [H] hidden state after each candidate's text
     prefix_len: int  # committed length when the pass ran
+    # The pass's keys and values per layer, [1, kv heads, its packed tokens, head dim], where they
+    # were not appended to the cache (a pass on the KV slots); None: in the cache after prefix_len.
+    side: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
 
 
 @dataclass

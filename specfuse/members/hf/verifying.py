@@ -84,7 +84,7 @@ class Verifying:
             self._check_fits([b for b, _, _ in rows[-1]])
         blocks = [[b for b, _, _ in row] for row in rows]
         # On the member's KV slots (slot_verify.py, the "graphs" path): each run's hidden states in
-        # the packed layout, its keys and values already appended to its own cache.
+        # the packed layout, its keys and values beside its own cache (PackedPass.side).
         slotted = self._verify_on_slots(states, blocks)
         if slotted is None:
             cache, pads = self._stacked_cache(states)
@@ -92,7 +92,7 @@ class Verifying:
             hidden_all: torch.Tensor | Sequence[torch.Tensor] = self._packed_pass(cache, packed)  # [B, Q, H]
             all_offsets = packed.offsets
         else:
-            hidden_all, all_offsets = slotted, tuple(_offsets(b) for b in blocks)
+            hidden_all, all_offsets = slotted.hidden, tuple(_offsets(b) for b in blocks)
         logits, logprobs, tops = self._score_rows(states, rows, all_offsets, hidden_all)
         # in the order of the loops below
         next_logits, next_logprobs, next_top = iter(logits), iter(logprobs), iter(tops)
@@ -117,13 +117,14 @@ class Verifying:
                 offsets=offsets,
                 last_hidden=tuple(last_hidden),
                 prefix_len=len(state.ids),
+                side=slotted.keys_of(r) if slotted is not None else None,
             )
             results.append(details)
         return results
 
     def _verify_on_slots(
         self, states: Sequence[HFState], blocks: Sequence[Sequence[Block]]
-    ) -> list[torch.Tensor] | None:
+    ) -> slot_verify.Read | None:
         """The pass on the KV slots, where this member has them (a lone request of a member with
         compiled decoding keeps that path); None: verify eagerly."""
         if self.slots is None or (len(states) == 1 and self.compiled is not None):
@@ -224,8 +225,9 @@ class Verifying:
     def _move_verified(self, state: HFState, text: str, target: list[int]) -> bool:
         """accept()'s shortcut: when the last verify pass scored exactly the chosen candidate's tokens
         after the same anchor (`target` is the new committed ids), its keys and values already sit in
-        the cache (same positions, the packed pass restarted them there) and are moved into place
-        instead of being computed again. False: nothing was moved, the caller feeds the tokens."""
+        the cache (same positions, the packed pass restarted them there) and are moved into place,
+        or beside it (a pass on the KV slots) and are appended, instead of being computed again.
+        False: nothing was moved, the caller feeds the tokens."""
         packed = state.packed
         if packed is None or text not in packed.texts:
             return False
@@ -233,16 +235,23 @@ class Verifying:
         start, tokens = packed.starts[b], packed.text_tokens[b]
         if list(target) != state.ids[: start + 1] + list(tokens):
             return False
-        source = packed.prefix_len + packed.offsets[b] + 1  # skip the anchor
-        # Copied through a clone only where the two ranges overlap (the first block's, mostly): a
-        # kernel less a layer otherwise.
-        overlap = source < start + 1 + len(tokens)
-        for layer in state.cache.layers:
-            for name in ("keys", "values"):
-                kv = getattr(layer, name)
-                moved = kv[..., source : source + len(tokens), :]
-                kv[..., start + 1 : start + 1 + len(tokens), :] = moved.clone() if overlap else moved
-                setattr(layer, name, kv[..., : start + 1 + len(tokens), :])
+        source, end = packed.offsets[b] + 1, start + 1 + len(tokens)  # the block's tokens after its anchor
+        if packed.side is not None:  # beside the cache: the winner's appended, a kernel a layer each
+            for layer, side in zip(state.cache.layers, packed.side):
+                for name, kv in zip(("keys", "values"), side):
+                    kept = getattr(layer, name)[..., : start + 1, :]
+                    setattr(layer, name, torch.cat([kept, kv[..., source : source + len(tokens), :]], dim=-2))
+        else:
+            source += packed.prefix_len
+            # Copied through a clone only where the two ranges overlap (the first block's, mostly): a
+            # kernel less a layer otherwise.
+            overlap = source < end
+            for layer in state.cache.layers:
+                for name in ("keys", "values"):
+                    kv = getattr(layer, name)
+                    moved = kv[..., source : source + len(tokens), :]
+                    kv[..., start + 1 : end, :] = moved.clone() if overlap else moved
+                    setattr(layer, name, kv[..., :end, :])
         state.last_hidden = packed.last_hidden[b] if tokens else state.last_hidden
         return True
 
