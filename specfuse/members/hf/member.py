@@ -272,7 +272,7 @@ class HFMember(Drafting, Verifying, BaseMember):
         or together, then each row split into its own cache."""
         head = self._template_head(states)
         skip = len(head.ids) if head is not None else 0
-        if len(states) == 1 or self._reads_on_slots():
+        if len(states) == 1 or self._prompt_slots() is not None:
             # Fresh caches, also after a failed batch; on the slots, read together there.
             for state in states:
                 state.cache = self._fresh_cache(head)
@@ -299,13 +299,16 @@ class HFMember(Drafting, Verifying, BaseMember):
         shaped like theirs, so that the prompt is read there from its first token)."""
         if head is not None:
             return head.cache()
-        empty = prefill.empty(self.slots) if self.slots is not None and self._reads_on_slots() else None
+        store = self._prompt_slots()
+        empty = prefill.empty(store) if store is not None else None
         return empty if empty is not None else DynamicCache()
 
-    def _reads_on_slots(self) -> bool:
-        """Whether prompts are read on the KV slots: once they exist (a GPU's are made at start-up,
-        prepare_steps, after the warm-up's own prompt is read eagerly; a CPU's at the first draft)."""
-        return self.slots is not None and self.slots.prefill and bool(self.slots.layers)
+    def _prompt_slots(self) -> slots.SlotStore | None:
+        """The KV slots prompts are read on, once they exist (a GPU's are made at start-up,
+        prepare_steps, after the warm-up's own prompt is read eagerly; a CPU's at the first draft);
+        None: read eagerly."""
+        store = self.slots
+        return store if store is not None and store.prefill and store.layers else None
 
     def _read_after(
         self, caches: Sequence[DynamicCache], rows: Sequence[Sequence[int]]
@@ -313,8 +316,9 @@ class HFMember(Drafting, Verifying, BaseMember):
         """Each row's tokens read after its cache: on the KV slots where this member drafts there
         (prefill.on_slots: in verification steps, captured on a GPU), else eagerly one by one; their
         final hidden states."""
-        if self.slots is not None and self._reads_on_slots():
-            return prefill.on_slots(self.slots, caches, rows, self.hidden_states)
+        store = self._prompt_slots()
+        if store is not None:
+            return prefill.on_slots(store, caches, rows, self.hidden_states)
         return [self.hidden_states(row, cache) for row, cache in zip(rows, caches)]
 
     def _template_head(self, states: Sequence[HFState]) -> prefill.Head | None:

@@ -130,9 +130,8 @@ def empty(store: SlotStore) -> DynamicCache | None:
     """A cache of no tokens with the store's layers' shapes (a prompt read on the slots from its
     first token: the slots take plain layers of keys only); None: the store has no slots yet."""
     pairs = [(layer.keys, layer.values) for layer in store.layers]
-    if not pairs or any(k is None or v is None for k, v in pairs):
-        return None
-    return DynamicCache([(k[:1, :, :0], v[:1, :, :0]) for k, v in pairs])  # type: ignore[index]
+    empty = [(k[:1, :, :0], v[:1, :, :0]) for k, v in pairs if k is not None and v is not None]
+    return DynamicCache(empty) if empty and len(empty) == len(pairs) else None
 
 
 def on_slots(
