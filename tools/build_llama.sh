@@ -8,6 +8,10 @@
 # of llama-cpp-python (its wheel would compile llama.cpp a second time), so the Python bindings are
 # installed from the sdist with LLAMA_BUILD=OFF (Python files only) and pointed at these libraries.
 # The build is specific to this machine's CPU (GGML_NATIVE) and is cached outside git, never committed.
+# Except AMX: on a CPU with it, -march=native compiles llama.cpp's AMX kernels, and with those this
+# version's llama_decode crashed (a segmentation fault at the first decode of smollm2-135m's GGUF,
+# plain llama-cpp-python too) on a 2-core Intel Xeon with AMX; there every instruction set up to
+# AVX-512's is named instead (GGML_NATIVE=OFF), leaving AMX out. LLAMA_CMAKE_ARGS, if set, decides.
 #
 #   usage: tools/build_llama.sh PYTHON [--server]      (env: LLAMA_DIR, LLAMA_CMAKE_ARGS, JOBS)
 #   LLAMA_CMAKE_ARGS: extra CMake flags, e.g. the AVX2 kernels of a CPU without AVX-512 on one with it:
@@ -20,7 +24,24 @@ SERVER=${2:-}
 # shellcheck source=tools/llama_sdist.sh
 source "$(dirname "$0")/llama_sdist.sh"  # VERSION, SHA256, ARCHIVE, fetch_sdist
 DIR=${LLAMA_DIR:-${HOME}/.cache/specfuse/llama.cpp}
-EXTRA=${LLAMA_CMAKE_ARGS:-}
+without_amx() {  # this CPU's instruction sets as CMake flags, AMX left out (see above)
+  local flags
+  flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+  local args="-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+  local feature option
+  for feature in avx_vnni:AVX_VNNI avx512f:AVX512 avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+    option=${feature#*:}
+    [[ " $flags " == *" ${feature%%:*} "* ]] && args+=" -DGGML_$option=ON"
+  done
+  echo "$args"
+}
+if [ -n "${LLAMA_CMAKE_ARGS+set}" ]; then
+  EXTRA=$LLAMA_CMAKE_ARGS
+elif grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
+  EXTRA=$(without_amx)
+else
+  EXTRA=""
+fi
 JOBS=${JOBS:-2}
 DISKCACHE="diskcache==5.6.3 --hash=sha256:5e31b2d5fbad117cc363ebaf6b689474db18a1f6438bc82358b024abd4c2ca19"
 # What the libraries in $DIR/bin were built from; a tree or an install with another identity is redone.
