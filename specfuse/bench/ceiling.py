@@ -66,6 +66,9 @@ def decode_paths(members: Sequence[Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+# A round's verification bucket in the GPU check: three members' candidates of L + 1 = 11 tokens, their
+# anchor shared (31 tree nodes a row).
+ROUND_NODES = 32
 # A KV-slot store's switches (members/hf/slots.py), for A/B runs.
 SLOT_OPTIONS = ("ahead", "fold", "batched", "fuse", "prefill")
 
@@ -144,16 +147,17 @@ def lines(report: Mapping[str, Any]) -> list[str]:
 def replay_lines(report: Mapping[str, Any]) -> list[str]:
     """Each member's captured steps, one replay's GPU time alone (timed by measure()), beside its
     weight-read floor: what the step's kernels cost without the host's work around them. Drafts
-    by rows; verification at its largest start-up bucket of nodes a row."""
+    by rows; verification at a round's bucket of nodes a row (ROUND_NODES) and at its largest (a
+    prompt's read, prefill.on_slots)."""
     out = []
     for name, p in report.get("decode", {}).items():
         replays = p.get("replay_ms") or []
         if not replays:
             continue
         floor = 1e3 * report["weight_bytes"][name] / report["bandwidth_bytes_per_s"]
-        nodes = max((r["tokens"] for r in replays if r["kind"] == "verify"), default=0)
+        buckets = sorted({r["tokens"] for r in replays if r["kind"] == "verify"})
         said = f"replay ms, {name} (floor {floor:.1f}): draft by rows " + _by_rows(replays, "draft", 1)
-        if nodes:
+        for nodes in sorted({n for n in buckets if n == ROUND_NODES} | set(buckets[-1:])):
             said += f"; verify ({nodes} nodes a row) " + _by_rows(replays, "verify", nodes)
         out.append(said)
     return out
@@ -245,6 +249,7 @@ if __name__ == "__main__":
 
 
 __all__ = [
+    "ROUND_NODES",
     "SLOT_OPTIONS",
     "captures",
     "ceilings",

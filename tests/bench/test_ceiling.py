@@ -76,7 +76,8 @@ def test_each_member_says_how_it_drafted():
 
 
 def test_each_captured_steps_replay_beside_its_floor():
-    """The replays timed by measure(), drafts by rows and verification at its largest bucket of nodes."""
+    """The replays timed by measure(), drafts by rows and verification at a round's bucket of nodes
+    and at its largest."""
     replays = [
         {"kind": "draft", "rows": 1, "tokens": 1, "ms": 0.9},
         {"kind": "draft", "rows": 32, "tokens": 1, "ms": 1.25},
@@ -91,6 +92,12 @@ def test_each_captured_steps_replay_beside_its_floor():
     drafts, verify = "draft by rows 1: 0.9, 32: 1.2", "verify (64 nodes a row) 1: 1.0, 32: 4.0"
     assert line == f"replay ms, x (floor 0.5): {drafts}; {verify}"
     assert line in ceiling.lines({**report(1.0, 1.0, []), "decode": decode})
+    # With a round's bucket (32 nodes) and a prompt's (256) captured too: both, in that order.
+    more = [*replays, *({"kind": "verify", "rows": 1, "tokens": n, "ms": n / 100} for n in (32, 256))]
+    (line,) = ceiling.replay_lines(
+        {**report(1.0, 1.0, []), "decode": {"x": {**decode["x"], "replay_ms": more}}}
+    )
+    assert line.endswith("; verify (32 nodes a row) 1: 0.3; verify (256 nodes a row) 1: 2.6")
 
 
 def test_the_command_line_refuses_what_it_cannot_read(capsys):
