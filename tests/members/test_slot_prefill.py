@@ -58,6 +58,7 @@ def test_prompts_read_on_the_slots_equal_an_eager_read(name, headed):
     assert want[0].surprise is not None  # the surprise compared too
     store = slotted.slots
     assert store.counts["prefills"] >= 2 and store.counts["busy"] == 0
+    assert (slotted._head is not None and len(slotted._head.ids) > 6) == headed  # read after the head, or not
     # The next drafts, from those states, are the eager ones.
     assert [c.text for c in slotted.draft_many(got, [6] * 4)] == [
         c.text for c in eager.draft_many(want, [6] * 4)
