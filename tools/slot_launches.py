@@ -209,23 +209,29 @@ def print_steps() -> None:
         print(f"{member.name:<15} {layers:>6} {count:>6} {row}")
 
 
+def steps_paused(run: Any, ops: Ops, *, counted: bool = False) -> Any:
+    """A store's `run` (one step) with `ops` paused inside it; `counted`: the step counted as the one
+    replay it is on a GPU."""
+
+    def paused(*args: Any, **kwargs: Any) -> Any:
+        ops.counts[ops.phase] += counted
+        ops.paused = True
+        try:
+            return run(*args, **kwargs)
+        finally:
+            ops.paused = False
+
+    return paused
+
+
 def prefill_kernels(member: Any, runs: int) -> dict[str, int]:
     """The kernels `runs` prompts of PREFILL_TOKENS read together launch, eagerly and on the slots (a
     step there: one replay)."""
     ops, store = Ops(), member.slots
     inner = store.run
-
-    def replayed(key: Any, host: Any, forward: Any) -> Any:
-        ops.counts[ops.phase] += 1  # the replay
-        ops.paused = True
-        try:
-            return inner(key, host, forward)
-        finally:
-            ops.paused = False
-
     prompts = [f"{i:03d}" + "x" * (PREFILL_TOKENS - 3) for i in range(runs)]
     settings = [MemberSettings(max_new_tokens=16)] * runs
-    store.run = replayed
+    store.run = steps_paused(inner, ops, counted=True)
     try:
         with ops:
             for phase in ("eager", "slots"):
@@ -275,17 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     for member in members:  # the store made at its largest once, the template's head read
         round_ops(member, max(int(r) for r in args.runs.split(",")), ops)
     for member in members:
-        store = member.slots
-        inner = store.run
-
-        def paused(*a: Any, _inner: Any = inner, **k: Any) -> Any:
-            ops.paused = True
-            try:
-                return _inner(*a, **k)
-            finally:
-                ops.paused = False
-
-        store.run = paused
+        member.slots.run = steps_paused(member.slots.run, ops)
     print(
         f"kernels a round launches outside the steps (torch {torch.__version__}; L = {SEGMENT}, 3 candidates)"
     )
