@@ -157,7 +157,7 @@ def replay_lines(report: Mapping[str, Any]) -> list[str]:
         floor = 1e3 * report["weight_bytes"][name] / report["bandwidth_bytes_per_s"]
         buckets = sorted({r["tokens"] for r in replays if r["kind"] == "verify"})
         said = f"replay ms, {name} (floor {floor:.1f}): draft by rows " + _by_rows(replays, "draft", 1)
-        for nodes in sorted({n for n in buckets if n == ROUND_NODES} | set(buckets[-1:])):
+        for nodes in sorted({ROUND_NODES, *buckets[-1:]} & set(buckets)):
             said += f"; verify ({nodes} nodes a row) " + _by_rows(replays, "verify", nodes)
         out.append(said)
     return out
