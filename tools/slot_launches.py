@@ -15,9 +15,9 @@ is one replay on a GPU and counted as one.
 
 With --step: the kernels inside one captured step instead (a replay runs every one of them, each a
 graph node of a few microseconds however little it does), a draft's and a verification's, one run,
-in bfloat16 as on the GPU, with the RMSNorms and the rotary embedding fused (SlotStore.fuse, a GPU's
-default; members/hf/fusion.py) and not. A fused norm (torch.rms_norm) is counted as the one kernel
-CUDA runs it as; a CPU runs its parts.
+in bfloat16 as on the GPU, with the RMSNorms, the rotary embedding and the projections fused
+(SlotStore.fuse, a GPU's default; members/hf/fusion.py, projections.py) and not. A fused norm
+(torch.rms_norm) is counted as the one kernel CUDA runs it as; a CPU runs its parts.
 
     .venv/bin/python tools/slot_launches.py [--runs 1,8,32]
     .venv/bin/python tools/slot_launches.py --step

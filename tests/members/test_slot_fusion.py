@@ -14,29 +14,16 @@ import threading
 import pytest
 import torch
 
-from specfuse.bench.shapes import SHAPES, build_model
 from specfuse.config import MemberSettings
 from specfuse.members.hf import attention, fusion
 
-from ..conftest import tiny_member, tiny_model
+from ..conftest import tiny_member
+from ..helpers_fusion import decoder
 
 # (architecture, the form its RMSNorm computes): the tests' tiny models and Gemma 2 at toy widths.
 FORMS = [
     ("llama", "weight"), ("qwen2", "weight"), ("gemma3", "one plus weight"), ("gemma2", "one plus weight")
 ]  # fmt: skip
-
-
-def decoder(arch: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """A random-weight decoder of `arch`, its norms' weights random too (not their ones or zeros)."""
-    if arch == "gemma2":
-        model = build_model(arch, SHAPES["tiny"]["gemma-2-9b"][1], "cpu", dtype, seed=4)
-    else:
-        model = tiny_model(arch, 64, seed=4).to(dtype)
-    with torch.no_grad():
-        for module in model.modules():
-            if type(module).__name__.endswith("RMSNorm"):
-                module.weight.normal_()
-    return model.base_model
 
 
 def rms_norms(model: torch.nn.Module) -> list[torch.nn.Module]:

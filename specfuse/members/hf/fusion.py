@@ -1,5 +1,6 @@
-"""Fewer kernels in the KV slots' steps (issue 52): RMSNorm as one fused kernel, and the rotary
-embedding of queries and keys at once.
+"""Fewer kernels in the KV slots' steps (issue 52): RMSNorm as one fused kernel, the rotary
+embedding of queries and keys at once, and the projections that read one input as one product
+(projections.py).
 
 A captured step replays every kernel of the forward pass as a graph node of its own, a few
 microseconds each however little it does; at a batch of one that, more than the weights, may be
@@ -19,7 +20,9 @@ operations, and both are switched here for the slots' own passes (`fused`, SlotS
     back to the model's dtype; 1 + w is made once, when the plan is made.
 - **The rotary embedding**: `apply_rotary_pos_emb` of the model's modelling module rotates the
   queries and the keys apart, five kernels each. Here both are rotated as one tensor (their heads
-  side by side): six kernels, the same arithmetic in the same order, so the same bits. It is a
+  side by side: a view where the merged projection left them so, else a concatenation) by four
+  kernels, the sine's sign taken once a pass rather than the rotated half's once a layer: the same
+  arithmetic in the same order, so the same bits. It is a
   function of the modelling module, not a module of the model, so it is switched in the modelling
   module while a slot pass is inside: another thread's pass on a model of that family meanwhile
   computes the same bits too. A module whose function the probe does not reproduce bit for bit
@@ -40,6 +43,7 @@ from typing import Any
 
 import torch
 
+from . import projections
 from .switch import Switch
 
 Norms = list[tuple[torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]]
@@ -49,11 +53,13 @@ Rotary = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 @dataclass(frozen=True)
 class Plan:
-    """What `fused` switches for a model: each RMSNorm with its fused forward, and the modelling
-    modules whose rotary embedding is rotated for queries and keys at once."""
+    """What `fused` switches for a model: each RMSNorm with its fused forward, the modelling
+    modules whose rotary embedding is rotated for queries and keys at once, and the groups of
+    projections computed as one product (projections.py)."""
 
     norms: Norms
     rotary: tuple[ModuleType, ...]
+    merged: tuple[projections.Group, ...]
 
 
 # Each model's plan, made once (by its weights' identity: two members sharing a model share it).
@@ -111,7 +117,7 @@ def plan(model: torch.nn.Module) -> Plan:
     with _PLANNING:
         made = _PLANS.get(model)
         if made is None:
-            made = _PLANS[model] = Plan(_norms(model), _rotary_modules(model))
+            made = _PLANS[model] = Plan(_norms(model), _rotary_modules(model), projections.merge(model))
     return made
 
 
@@ -146,13 +152,45 @@ def both_at_once(original: Rotary) -> Rotary:
             and q.dtype == k.dtype == cos.dtype == sin.dtype
         ):
             return original(q, k, cos, sin, unsqueeze_dim)
-        x = torch.cat([q, k], dim=1)  # [B, query heads + key heads, Q, D]
+        x = _side_by_side(q, k)  # [B, query heads + key heads, Q, D]
         half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # rotate_half
-        out = x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+        # rotate_half(x) * sin, as [x2, x1] * [-sin1, sin2]: (-a) * b and a * (-b) are the same bits
+        rotated = torch.cat([x[..., half:], x[..., :half]], dim=-1)
+        out = x * cos.unsqueeze(1) + rotated * _signed(sin, half).unsqueeze(1)
         return out[:, : q.shape[1]], out[:, q.shape[1] :]
 
     return rotate
+
+
+def _side_by_side(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """q's heads and then k's as one tensor: a view where k's heads follow q's in memory (their
+    projections merged into one product, projections.py), else a copy."""
+    strides = [*q.stride()]
+    strides[1] = width = q.shape[-1]  # head after head
+    if (
+        all(size == 1 or t.stride(d) == strides[d] for t in (q, k) for d, size in enumerate(t.shape))
+        and q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()
+        and k.storage_offset() == q.storage_offset() + q.shape[1] * width
+    ):  # (a dimension of one row may have any stride)
+        shape = (q.shape[0], q.shape[1] + k.shape[1], *q.shape[2:])
+        return q.as_strided(shape, strides, q.storage_offset())
+    return torch.cat([q, k], dim=1)
+
+
+_LOCAL = threading.local()  # .inside: fused passes this thread is in; .signed: [(sin, its signed form)]
+
+
+def _signed(sin: torch.Tensor, half: int) -> torch.Tensor:
+    """[-sin1, sin2]: made once a pass of this thread for each sin its layers get (one; Gemma 3: a
+    local and a global one), else at each call."""
+    held: list[tuple[torch.Tensor, torch.Tensor]] = getattr(_LOCAL, "signed", None) or []
+    for seen, signed in held:
+        if seen is sin:
+            return signed
+    signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+    if getattr(_LOCAL, "inside", 0):
+        _LOCAL.signed = [*held, (sin, signed)]
+    return signed
 
 
 def rotary_exact(original: Rotary) -> bool:
@@ -211,9 +249,15 @@ def fused(model: torch.nn.Module) -> Iterator[None]:
     made = plan(model)
     with ExitStack() as inside:
         inside.enter_context(_NORMS.inside(model, made.norms))
+        inside.enter_context(projections.merged(model, made.merged))
         for home in made.rotary:
             inside.enter_context(_ROTARY.inside(home))
-        yield
+        _LOCAL.inside = getattr(_LOCAL, "inside", 0) + 1
+        try:
+            yield
+        finally:
+            _LOCAL.inside -= 1
+            _LOCAL.signed = None
 
 
 __all__ = ["FORMS", "Plan", "both_at_once", "form_of", "fused", "plan", "rotary_exact"]

@@ -177,8 +177,8 @@ class SlotStore:
         self.capture = on_gpu if capture is None else capture
         # Switches for an A/B benchmark (bench serve --slots-off): greedy drafts a step ahead of the
         # host (drafting.py: on a CPU nothing runs meanwhile), attention folded (attention.py), loads
-        # batched across runs (_load), RMSNorms and rotary embedding fused (fusion.py; its plan reads
-        # back, before any capture; a CPU: as many operations), prompts read here (prefill.on_slots).
+        # batched across runs (_load), RMSNorms, rotary embedding and projections fused (fusion.py;
+        # its plan reads back and merges weights, before any capture), prompts read here (prefill.on_slots).
         self.ahead, self.fold, self.batched, self.fuse, self.prefill = on_gpu, True, on_gpu, on_gpu, True
         if self.fuse and unsupported is None:
             fusion.plan(member.base)
