@@ -65,7 +65,8 @@ def test_each_member_says_how_it_drafted():
     )
     # Captured steps (a GPU) say which options an A/B run turned off (bench serve --slots-off).
     graphs = {**ceiling.decode_paths([slotted])["qwen-merges"], "path": "graphs"}
-    assert ceiling._path(graphs).endswith("0 captures in 0.0 s; ahead, batched and fuse off)")  # a GPU's only
+    said = ceiling._path(graphs)  # ahead, batched, fuse and merge are a GPU's only
+    assert said.endswith("0 captures in 0.0 s; ahead, batched, fuse and merge off)")
     assert ceiling._path({**graphs, "options": {"ahead": False, "fold": True}}).endswith("; ahead off)")
     assert ceiling._path({**graphs, "options": {option: True for option in ceiling.SLOT_OPTIONS}}).endswith(
         "s)"

@@ -15,8 +15,10 @@ import torch
 from torch.nn import functional
 from torch.overrides import TorchFunctionMode
 
+from specfuse.config import MemberSettings
 from specfuse.members.hf import fusion, projections
 
+from ..conftest import tiny_member
 from ..helpers_fusion import decoder
 
 ARCHS = ["llama", "qwen2", "gemma2", "gemma3"]  # qwen2's q/k/v have biases
@@ -189,3 +191,21 @@ def test_queries_and_keys_side_by_side_are_rotated_without_a_copy_to_the_same_bi
     q1 = one[..., : heads * width].view(1, 1, heads, width).transpose(1, 2)
     k1 = one[..., heads * width : (heads + keys) * width].view(1, 1, keys, width).transpose(1, 2)
     assert fusion._side_by_side(q1, k1).data_ptr() == q1.data_ptr()
+
+
+def test_a_draft_on_the_slots_merges_unless_turned_off_and_drafts_the_same():
+    """SlotStore.merge (bench serve --slots-off merge, for an A/B run) on the slots' steps."""
+    drafts, products, steps = [], [], []
+    for merge in (True, False):
+        member = tiny_member("llama-bytes", decode="graphs")
+        member.slots.fuse, member.slots.merge = True, merge  # a GPU's defaults, then merge turned off
+        states = [member.start(prompt, MemberSettings(max_new_tokens=50)) for prompt in ("Hi", "Dear diary,")]
+        before = member.slots.counts["steps"]
+        with Products() as counted:
+            drafts.append([draft.text for draft in member.draft_many(states, [4, 4])])
+        products.append(counted.count)
+        steps.append(member.slots.counts["steps"] - before)
+    assert drafts[0] == drafts[1] and steps[0] == steps[1] >= 3  # the first token is the prompt's
+    assert (
+        products[1] - products[0] == steps[0] * 3 * member.model.config.num_hidden_layers
+    )  # 4 a layer, not 7

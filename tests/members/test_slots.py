@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specfuse.bench import ceiling
 from specfuse.cli import build_parser
 from specfuse.config import DECODE_MODES, EnsembleConfig, MemberSettings
 from specfuse.engine import Ensemble, Scheduler
@@ -232,14 +233,14 @@ def test_gpu_slots_captured_graphs_equal_eager_drafts(name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("option", ["ahead", "fold", "batched", "fuse", "prefill"])
+@pytest.mark.parametrize("option", ceiling.SLOT_OPTIONS)
 def test_gpu_each_slot_option_turned_off_drafts_the_same(option):
     """On CUDA: the captured steps with one option off (bench serve --slots-off, an A/B run) give
     the drafts they give with every option on, the default there."""
     cpu = tiny_member("qwen-merges")
     model = cpu.model.to("cuda")
     on, off = (HFMember("qwen-merges", model, cpu.tokenizer, device="cuda", decode="graphs") for _ in "ab")
-    assert on.slots.ahead and on.slots.fold and on.slots.batched and on.slots.fuse and on.slots.prefill
+    assert all(getattr(on.slots, name) for name in ceiling.SLOT_OPTIONS)
     setattr(off.slots, option, False)
     assert play(off) == play(on)
     assert off.slots.counts["replays"] == off.slots.counts["steps"] > 0

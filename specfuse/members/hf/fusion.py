@@ -244,12 +244,14 @@ _NORMS, _ROTARY = Switch(_norms_on, _norms_off), Switch(_rotary_on, _rotary_off)
 
 
 @contextmanager
-def fused(model: torch.nn.Module) -> Iterator[None]:
-    """`model`'s RMSNorms and rotary embedding computed by their fused forms (plan(model)) inside."""
+def fused(model: torch.nn.Module, merge: bool = True) -> Iterator[None]:
+    """`model`'s RMSNorms and rotary embedding computed by their fused forms (plan(model)) inside,
+    and, if `merge`, its groups of projections as one product each."""
     made = plan(model)
     with ExitStack() as inside:
         inside.enter_context(_NORMS.inside(model, made.norms))
-        inside.enter_context(projections.merged(model, made.merged))
+        if merge:
+            inside.enter_context(projections.merged(model, made.merged))
         for home in made.rotary:
             inside.enter_context(_ROTARY.inside(home))
         _LOCAL.inside = getattr(_LOCAL, "inside", 0) + 1

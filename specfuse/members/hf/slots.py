@@ -175,11 +175,11 @@ class SlotStore:
         if capture and not on_gpu:
             raise ValueError(f"{member.name}: CUDA graphs need a CUDA device, not {member.device}")
         self.capture = on_gpu if capture is None else capture
-        # Switches for an A/B benchmark (bench serve --slots-off): greedy drafts a step ahead of the
-        # host (drafting.py: on a CPU nothing runs meanwhile), attention folded (attention.py), loads
-        # batched across runs (_load), RMSNorms, rotary embedding and projections fused (fusion.py;
-        # its plan reads back and merges weights, before any capture), prompts read here (prefill.on_slots).
+        # Switches for an A/B run (bench serve --slots-off): drafts a step ahead (drafting.py), attention
+        # folded (attention.py), loads batched (_load), norms and rotary fused (fusion.py; planned before
+        # any capture), projections merged within (projections.py), prompts read here (prefill.on_slots).
         self.ahead, self.fold, self.batched, self.fuse, self.prefill = on_gpu, True, on_gpu, on_gpu, True
+        self.merge = on_gpu
         if self.fuse and unsupported is None:
             fusion.plan(member.base)
         self.disabled = unsupported  # why this member always drafts eagerly, if it does
@@ -296,8 +296,8 @@ class SlotStore:
         mask: torch.Tensor | dict[str, torch.Tensor] = full
         if near is not None:
             mask = {"full_attention": full, "sliding_attention": float_mask((allowed & near)[:, None], dtype)}
-        base, off = self.member.base, contextlib.nullcontext()
-        with attention.folded(base) if self.fold else off, fusion.fused(base) if self.fuse else off:
+        base, off, merge = self.member.base, contextlib.nullcontext(), self.merge
+        with attention.folded(base) if self.fold else off, fusion.fused(base, merge) if self.fuse else off:
             out = base(
                 input_ids=tokens,
                 position_ids=positions,
