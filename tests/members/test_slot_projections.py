@@ -209,3 +209,27 @@ def test_a_draft_on_the_slots_merges_unless_turned_off_and_drafts_the_same():
     assert (
         products[1] - products[0] == steps[0] * 3 * member.model.config.num_hidden_layers
     )  # 4 a layer, not 7
+
+
+@pytest.mark.gpu
+def test_gpu_a_plan_made_with_release_gives_the_old_weights_memory_back():
+    """On CUDA: merging leaves the projections' old weights in the allocator's cache, in blocks too
+    small for the merged ones (the device's reserved memory grows by the merged bytes) unless the plan
+    releases them, as a store's does (SlotStore: fusion.plan(..., release=True))."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=1024, intermediate_size=4096, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2,
+    )  # fmt: skip
+    grown = []
+    for release in (False, True):
+        model = LlamaForCausalLM(config).to("cuda").base_model
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved()
+        groups = fusion.plan(model, release=release).merged
+        merged = sum(group.weight.numel() * group.weight.element_size() for group in groups)
+        grown.append((torch.cuda.memory_reserved() - before) / merged)
+        del model, groups
+    assert grown[0] > 0.5 and grown[1] < 0.25  # (blocks under 10 MB share 20 MB segments)

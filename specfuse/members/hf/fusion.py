@@ -111,13 +111,17 @@ def form_of(module: torch.nn.Module) -> str | None:
     return None
 
 
-def plan(model: torch.nn.Module) -> Plan:
+def plan(model: torch.nn.Module, release: bool = False) -> Plan:
     """`model`'s plan, made once a model. Made by the store on a GPU before any capture: its probes
-    read back."""
+    read back. `release`: the CUDA memory cached since, the projections' weights before they were
+    merged, given back to the device (else it stays reserved, in blocks too small for the merged
+    ones: 8–9 GB a 7–9B model); only where no capture is under way in the process."""
     with _PLANNING:
         made = _PLANS.get(model)
         if made is None:
             made = _PLANS[model] = Plan(_norms(model), _rotary_modules(model), projections.merge(model))
+            if release and made.merged and torch.cuda.is_available():
+                torch.cuda.empty_cache()
     return made
 
 

@@ -167,8 +167,7 @@ class SlotStore:
         verifier: StepMaker | None = None,
     ) -> None:
         self.member = member
-        # The verification step's maker (slot_verify.step, which imports this module); None: this
-        # store drafts only, and start-up prepares no verification.
+        # The verification step's maker (slot_verify.step); None: this store drafts, and prepares, only.
         self.verifier = verifier
         on_gpu = str(member.device).startswith("cuda")
         # CUDA graphs where there is CUDA; `capture=True` on a CPU is refused, not ignored.
@@ -181,7 +180,8 @@ class SlotStore:
         self.ahead, self.fold, self.batched, self.fuse, self.prefill = on_gpu, True, on_gpu, on_gpu, True
         self.merge = on_gpu
         if self.fuse and unsupported is None:
-            fusion.plan(member.base)
+            with _CAPTURING:  # the merged projections' old weights given back: no capture under way
+                fusion.plan(member.base, release=on_gpu)
         self.disabled = unsupported  # why this member always drafts eagerly, if it does
         self.capture_off: str | None = None  # why its steps run uncaptured, if they do
         self.rows = self.capacity = 0
