@@ -24,6 +24,7 @@ from specfuse.models.preparation import step_of, warm_up
 from specfuse.records import Candidate
 
 from ..conftest import TINY_SPECS, tiny_member
+from ..helpers_prefill import assert_same_state
 from ..runs import collected_apart, same_rounds, solo
 
 NAMES = list(TINY_SPECS)  # llama-bytes, qwen-merges, gemma-meta
@@ -92,6 +93,31 @@ def test_scores_on_the_slots_equal_the_eager_pass(name, gpu_way):
     assert [s.ids for s in s_states] == [s.ids for s in e_states]
     next_e = [c.text for c in eager.draft_many(e_states, [6] * 4)]
     assert [c.text for c in slotted.draft_many(s_states, [6] * 4)] == next_e
+
+
+def test_a_lone_long_run_is_read_drafted_and_verified_wider_in_the_same_memory():
+    """A store made for four runs of 512 columns holds one run of 1,300 tokens as one row of 2,048
+    columns (members/hf/slot_layer.py): no new allocation, so on a GPU the other widths' graphs stay
+    valid; its prompt's read, its draft and its scores are the eager path's. Four runs of 600 tokens
+    need more: then the store is made again, wider."""
+    eager, slotted = tiny_member("llama-bytes", decode="eager"), tiny_member("llama-bytes", decode="graphs")
+    eager.max_positions = slotted.max_positions = 4096  # its config says 512; its rotary has no bound
+    store = slotted.slots
+    evidence(slotted, started(slotted, logprob=True))  # four runs: a store of 4 x 512
+    memory = [layer.memory[0].data_ptr() for layer in store.layers]
+    settings = MemberSettings(max_new_tokens=60, score="logprob")
+    prompt = "word " * 260  # 1,300 byte tokens
+    reads = store.counts["prefills"]
+    want, got = eager.start(prompt, settings), slotted.start(prompt, settings)
+    assert store.counts["prefills"] - reads == 6  # on the slots, 256 tokens a step, widths 512 to 2,048
+    assert_same_state(got, want, slotted)
+    assert slotted.draft_many([got], [8])[0].text == eager.draft_many([want], [8])[0].text
+    close(evidence(eager, [want]), evidence(slotted, [got]))
+    assert store.shape.width == 2048 and store.counts["verifies"] == 2
+    assert [layer.memory[0].data_ptr() for layer in store.layers] == memory
+    assert (store.rows, store.capacity) == (4, slots.MIN_WIDTH)
+    slotted.draft_many([slotted.start("word " * 120, settings) for _ in range(4)], [4] * 4)
+    assert (store.rows, store.capacity) == (4, 1024)  # 4 x 1,024 columns: made again
 
 
 def test_candidates_that_begin_alike_are_read_once():
@@ -238,3 +264,31 @@ def test_gpu_captured_verification_equals_the_eager_pass(name):
             member.accept(state, TEXTS[1])
     next_e = [c.text for c in eager.draft_many(e_states, [6] * 4)]
     assert [c.text for c in graphs.draft_many(g_states, [6] * 4)] == next_e
+
+
+@pytest.mark.gpu
+def test_gpu_a_lone_long_run_leaves_the_start_up_graphs_valid():
+    """On CUDA, fp32: a run of 1,300 tokens after start-up's captures (32 runs x 512 columns) reads,
+    drafts and verifies wider in the same memory, as the eager path does; the start-up's graphs are
+    kept (none captured again) and four short runs replay them, scoring as the eager pass."""
+    cpu = tiny_member("llama-bytes")
+    model = cpu.model.to("cuda")
+    eager = HFMember("llama-bytes", model, cpu.tokenizer, device="cuda", decode="eager")
+    graphs = HFMember("llama-bytes", model, cpu.tokenizer, device="cuda", decode="graphs")
+    eager.max_positions = graphs.max_positions = 4096  # its config says 512; its rotary has no bound
+    warm_up(graphs)
+    store = graphs.slots
+    assert store.capture_off is None, store.capture_off
+    kept = {key: graph.graph for key, graph in store.graphs.items()}
+    settings = MemberSettings(max_new_tokens=60, score="logprob")
+    want, got = (m.start("word " * 260, settings) for m in (eager, graphs))
+    assert graphs.draft_many([got], [8])[0].text == eager.draft_many([want], [8])[0].text
+    close(evidence(eager, [want]), evidence(graphs, [got]), tol=1e-4)
+    assert all(store.graphs[key].graph is graph for key, graph in kept.items())
+    replays = store.counts["verify_replays"]
+    close(
+        evidence(eager, started(eager, logprob=True)),
+        evidence(graphs, started(graphs, logprob=True)),
+        tol=1e-4,
+    )
+    assert store.counts["verify_replays"] > replays

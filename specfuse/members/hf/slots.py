@@ -6,9 +6,11 @@ token) decodes here on the "graphs" decode path. The store holds `rows` slots of
 per layer ([rows, kv heads, capacity, head dim]), allocated once: at a draft's start the runs'
 committed keys and values (their own DynamicCaches, which prefill, packed verification and accept()
 keep using) are loaded into slots 0..n-1 on the device, so runs join and leave between rounds with
-no reallocation or recapture. Column p of a row holds position p; a step writes each row's new keys
-at its own position (a scatter), and the mask shows each row its columns up to its position (within
-the window for sliding-window layers). The draft's own keys are left behind, as eagerly cropped.
+no reallocation or recapture; a step of fewer rows may be wider than `capacity` in the same memory
+(slot_layer.py), leaving the other widths' graphs valid. Column p of a row holds position p; a step
+writes each row's new keys at its own position (a scatter), and the mask shows each row its columns up
+to its position (within the window for sliding-window layers). The draft's own keys are left behind,
+as eagerly cropped.
 
 A step runs on a bucket of rows (BUCKETS, then powers of two) and a width of columns (a power of two
 from MIN_WIDTH); rows past the draft's own are padding (a placeholder at position 0 of a slot no run
@@ -33,13 +35,14 @@ from typing import Any, Protocol, cast
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer
 
 from ...config import DECODE_MODES
 from ...errors import ConfigError
 from .. import profiling
 from . import attention, fusion, transfer
 from .scoring import float_mask
+from .slot_layer import Shape, SlotLayer
 from .state import ModelView
 
 log = logging.getLogger(__name__)
@@ -51,8 +54,8 @@ MIN_WIDTH = 512
 WARMUP_STEPS = 2  # uncaptured runs of a step before its capture (cuBLAS handles, lazy allocations)
 # Start-up (prepare): the verification buckets captured before the first request (query tokens per
 # row: N candidates of L + 1 tokens, N = 3 and L = 10 make 33; a prompt is read 256 tokens a step,
-# prefill.on_slots), and the columns the store is made with, so that runs up to that length never
-# reallocate it (which drops every graph).
+# prefill.on_slots), and the columns the store is made with: rows x columns it holds without a new
+# allocation (which drops every graph), a lone run of 16,384 tokens as well as 32 runs of 512.
 STARTUP_VERIFY = (16, 32, 64, 128, 256)
 STARTUP_CAPACITY = MIN_WIDTH
 _CAPTURING = threading.Lock()  # one CUDA graph capture at a time in the process (_capture)
@@ -85,53 +88,6 @@ class _Member(ModelView, Protocol):
 
     @property
     def head(self) -> Any: ...
-
-
-@dataclass
-class _Shape:
-    """The step under way: its rows and columns, and where each row's new tokens are written
-    ([rows, tokens] tensor of columns, the step's own input, which the layers scatter at: a draft's
-    token at its position, a verification's packed tokens after the row's committed ones)."""
-
-    rows: int = 0
-    width: int = 0
-    columns: torch.Tensor | None = None
-
-
-class SlotLayer(CacheLayerMixin):
-    """One layer's slots, seen by the model as a cache of `shape.rows` rows and `shape.width`
-    columns: update() writes each row's new keys and values at that row's own position."""
-
-    is_compileable = True
-    is_sliding = False  # every layer keeps all columns; the sliding window is in the mask
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, shape: _Shape) -> None:
-        super().__init__()
-        self.keys, self.values, self.shape = keys, values, shape
-        self.is_initialized = True
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Allocated by the store, never lazily."""
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        rows, width, columns = self.shape.rows, self.shape.width, self.shape.columns
-        assert self.keys is not None and self.values is not None and columns is not None
-        keys, values = self.keys[:rows, :, :width], self.values[:rows, :, :width]
-        at = columns[:, None, :, None]  # [rows, 1, tokens, 1]: each row's tokens at its own columns
-        keys.scatter_(2, at.expand_as(key_states), key_states)
-        values.scatter_(2, at.expand_as(value_states), value_states)
-        return keys, values
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.shape.width, 0
-
-    def get_seq_length(self) -> int:
-        return self.shape.width
-
-    def get_max_length(self) -> int:
-        return int(self.keys.shape[2]) if self.keys is not None else 0
 
 
 @dataclass
@@ -187,7 +143,7 @@ class SlotStore:
         self.rows = self.capacity = 0
         self.layers: list[SlotLayer] = []
         self.cache: Cache | None = None
-        self.shape = _Shape()
+        self.shape = Shape()
         self.graphs: dict[Key, _Graph] = {}
         self.pool: Any = None
         self.counts = {"drafts": 0, "steps": 0, "replays": 0, "captures": 0, "busy": 0}
@@ -310,17 +266,16 @@ class SlotStore:
     # -- the store and its graphs --------------------------------------------------------------
 
     def _allocate(self, rows: int, width: int, like: DynamicCache) -> None:
-        """Slots for at least `rows` runs of `width` columns, shaped like `like`'s layers; a larger
-        store replaces the old one (and its graphs, which read the old one's memory)."""
+        """Slots for at least `rows` runs of `width` columns, shaped like `like`'s layers; a store
+        that holds fewer rows x columns is replaced (and its graphs, which read its memory)."""
         theirs = [cast("DynamicLayer", layer) for layer in like.layers]
         first = theirs[0].keys
         assert first is not None
         if (
-            rows <= self.rows
-            and width <= self.capacity
-            and self.layers
-            and (self.layers[0].keys is not None)
-            and (self.layers[0].keys.dtype, self.layers[0].keys.device) == (first.dtype, first.device)
+            self.layers
+            and self.layers[0].fits(rows, width)  # fewer rows may be wider in the same memory
+            and (self.layers[0].memory[0].dtype, self.layers[0].memory[0].device)
+            == (first.dtype, first.device)
         ):
             return
         rows, width = max(rows, self.rows), max(width, self.capacity)
@@ -363,6 +318,8 @@ class SlotStore:
         (start-up's warm-up) run once uncaptured where it is not captured."""
         kind, rows, _, width = key
         self.shape.rows, self.shape.width = rows, width
+        for layer in self.layers:
+            layer.at_width(width)
         if self.capture and not self.capture_off and key not in self.graphs:
             self._capture(key)
         if run and key not in self.graphs:
@@ -497,4 +454,4 @@ def _plain(caches: Sequence[DynamicCache]) -> bool:
     )
 
 
-__all__ = ["BUCKETS", "SlotLayer", "SlotStore", "bucket_of", "resolved", "width_of"]
+__all__ = ["BUCKETS", "SlotStore", "bucket_of", "resolved", "width_of"]
