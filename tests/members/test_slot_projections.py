@@ -233,3 +233,26 @@ def test_gpu_a_plan_made_with_release_gives_the_old_weights_memory_back():
         grown.append((torch.cuda.memory_reserved() - before) / merged)
         del model, groups
     assert grown[0] > 0.5 and grown[1] < 0.25  # (blocks under 10 MB share 20 MB segments)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen3", "olmo2", "starcoder2", "phi3", "cohere", "qwen2_moe"])
+def test_other_architectures_merge_what_reads_one_input_and_give_their_own_states(arch):
+    """Beyond the tests' three: q/k normed per head (qwen3) or whole (olmo2), an MLP without a gate
+    (starcoder2: q/k/v only), projections already merged upstream (phi3: nothing to merge), an
+    interleaved rotation (cohere), experts beside a shared MLP (qwen2_moe): fp32, the same states."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        arch, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=100, pad_token_id=None, bos_token_id=None,
+        eos_token_id=None,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).base_model.eval()
+    want, own = forward(model, IDS)
+    groups = fusion.plan(model).merged
+    with fusion.fused(model):
+        got, products = forward(model, IDS)
+    merged = sum(len(group.parts) - 1 for group in groups)  # the products a merge saves
+    assert (arch == "phi3") == (merged == 0) and products == own - merged
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
