@@ -3,7 +3,8 @@
 the same values (the eager pass's bits unchanged); inside a slot pass a decoder computes four products
 a layer where it computed seven and gives its own hidden states; another thread's pass meanwhile, a
 model converted since, a projection called alone or out of order, and layers that cannot share a
-matrix compute their own; queries and keys left side by side are rotated without a copy."""
+matrix compute their own; queries and keys left side by side are rotated without a copy; drafts on
+the slots are the same with the merge on and off; seven more architectures merge what they can."""
 
 from __future__ import annotations
 

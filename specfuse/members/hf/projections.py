@@ -17,7 +17,7 @@ products a layer.
   this thread; the others called on the same input tensor (the same object) take their part of it,
   a view, with no kernel. A projection called on another input, or whose weight no longer lies in
   its group's matrix (the model moved or converted since), computes its own product.
-- **Only inside a slot pass of this thread** (`merged`): the projections' forwards are switched for
+- **Only in a thread inside a slot pass** (`merged`): the projections' forwards are switched for
   every thread while a pass is inside (Switch), but another thread's eager pass meanwhile computes
   its own products, so the eager path's bits do not depend on what runs beside it. In float32 the
   merged product may round differently from three products in the last bits.
