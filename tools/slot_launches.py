@@ -22,14 +22,21 @@ in bfloat16 as on the GPU, with the RMSNorms, the rotary embedding and the proje
     .venv/bin/python tools/slot_launches.py [--runs 1,8,32]
     .venv/bin/python tools/slot_launches.py --step
     .venv/bin/python tools/slot_launches.py --prefill [--runs 1,8,32]
+    .venv/bin/python tools/slot_launches.py --host [--runs 1,8,32]
+
+With --host: milliseconds of the host's work a round outside the steps, by phase (the steps' own time
+taken out): on a GPU, Python and torch's dispatcher between replays. Timed on this CPU at tiny widths
+and a vocabulary of 512, so each operation's own arithmetic, small, is in it too (the same in two
+trees compared): an A/B of host work, and its order of magnitude, not a GPU figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -126,25 +133,88 @@ def shapes() -> dict[str, Any]:
             for name, (arch, cfg) in SHAPES["tiny"].items()}  # fmt: skip
 
 
+def started(member: Any, runs: int) -> list[Any]:
+    """`runs` requests' states on `member`, their prompts read."""
+    settings = MemberSettings(max_new_tokens=200, score="logprob")
+    return [member.start(f"Question {i}: what is {i} + {i}?", settings) for i in range(runs)]
+
+
+def one_round(member: Any, states: Sequence[Any], mark: Callable[[str], None]) -> None:
+    """One round of `member` for `states`: a draft of L tokens each, three candidates each verified,
+    the first accepted; mark(phase) as each phase begins, mark("") at the end."""
+    mark("draft")
+    drafts = member.draft_many(states, [SEGMENT] * len(states))
+    mark("verify")
+    texts = [[d.text, d.text[: len(d.text) // 2] + "x", "An answer"] for d in drafts]
+    member.verify_many(states, [[Candidate("m", t, 3, False, 0.0) for t in row] for row in texts])
+    mark("accept")
+    for state, row in zip(states, texts):
+        member.accept(state, row[0])
+    mark("")
+
+
 def round_ops(member: Any, runs: int, ops: Ops) -> dict[str, int]:
     """One round's operations for `runs` runs of `member`, by phase, and the steps it ran."""
-    states = [
-        member.start(f"Question {i}: what is {i} + {i}?", MemberSettings(max_new_tokens=200, score="logprob"))
-        for i in range(runs)
-    ]
+    states = started(member, runs)
     store = member.slots
     steps = store.counts["steps"] + store.counts["verifies"]
     ops.counts.clear()
     with ops:
-        ops.phase = "draft"
-        drafts = member.draft_many(states, [SEGMENT] * runs)
-        ops.phase = "verify"
-        texts = [[d.text, d.text[: len(d.text) // 2] + "x", "An answer"] for d in drafts]
-        member.verify_many(states, [[Candidate("m", t, 3, False, 0.0) for t in row] for row in texts])
-        ops.phase = "accept"
-        for state, row in zip(states, texts):
-            member.accept(state, row[0])
+        one_round(member, states, lambda phase: setattr(ops, "phase", phase))
     return {**ops.counts, "steps": store.counts["steps"] + store.counts["verifies"] - steps}
+
+
+class Clock:
+    """Milliseconds by phase on the host's clock, less the time inside the store's steps (`timed`
+    wraps its run)."""
+
+    def __init__(self) -> None:
+        self.ms, self.phase, self.at, self.stepping, self.stepped = Counter[str](), "", 0.0, 0.0, 0.0
+
+    def timed(self, run: Any) -> Any:
+        def step(*args: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return run(*args)
+            finally:
+                self.stepping += time.perf_counter() - began
+
+        return step
+
+    def mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        if self.phase:
+            self.ms[self.phase] += (now - self.at - (self.stepping - self.stepped)) * 1e3
+        self.phase, self.at, self.stepped = phase, now, self.stepping
+
+
+def print_host(runs: Sequence[int], rounds: int = 3) -> None:
+    """What the host spends a round outside the steps, by phase (a round's mean of `rounds` after
+    one not timed), on one thread, in bfloat16, the GPU's way (ahead, batched, fused)."""
+    # A vocabulary of 512 (the check's byte tokenizer fits): its arithmetic on this CPU (4,096 took
+    # about half of a verification's time at 32 runs) is microseconds on a GPU, the host's work is not.
+    SHAPES["host-time"] = {name: (arch, {**cfg, "vocab_size": 512}) for name, (arch, cfg) in shapes().items()}
+    members = gpu.build_members("host-time", ["cpu"], "bfloat16", decode="graphs")
+    torch.set_num_threads(1)
+    print(
+        f"host ms a round outside the steps (torch {torch.__version__}; bfloat16, one thread, a vocabulary "
+        f"of 512; L = {SEGMENT})"
+    )
+    print("member          layers  runs    draft   verify   accept    total")
+    for member in members:
+        store = member.slots
+        store.ahead = store.batched = store.fuse = True  # a GPU's way
+        clock = Clock()
+        store.run = clock.timed(store.run)
+        for n in runs:
+            states = started(member, n)
+            one_round(member, states, lambda phase: None)
+            clock.ms.clear()
+            for _ in range(rounds):
+                one_round(member, states, clock.mark)
+            draft, verify, accept = (clock.ms[p] / rounds for p in ("draft", "verify", "accept"))
+            figures = f"{draft:>8.1f} {verify:>8.1f} {accept:>8.1f} {draft + verify + accept:>8.1f}"
+            print(f"{member.name:<15} {member.model.config.num_hidden_layers:>6} {n:>5} {figures}")
 
 
 def print_syncs(runs: Sequence[int]) -> None:
@@ -265,8 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--prefill", action="store_true", help="count a prompt's read, eager and on the slots"
     )
+    parser.add_argument("--host", action="store_true", help="time the host's work outside the steps instead")
     args = parser.parse_args(argv)
     SHAPES["launch-count"] = shapes()
+    if args.host:
+        print_host([int(r) for r in args.runs.split(",")])
+        return 0
     if args.step:
         print_steps()
         return 0

@@ -1,9 +1,12 @@
 """Copies between the host and the device that do not hold up the host (members/hf/transfer.py): on
 a CPU plain copies; a verification on the KV slots reads back to the host once, and copies onto the
 device only through them (tools/slot_launches.py's count, which the GPU's stream would wait on);
-marked `gpu`: on CUDA none of them synchronises, where torch.tensor(..., device=...) does."""
+marked `gpu`: on CUDA none of them synchronises, where torch.tensor(..., device=...) does. And the
+same tool's --host clock: each phase timed without the steps."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
@@ -68,3 +71,27 @@ def test_gpu_copies_onto_the_device_and_reads_later_do_not_synchronise():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert read() == [[2.0, 3.0, 4.0], [5.0, 6.0, 7.0]]
+
+
+def test_the_host_clock_times_each_phase_without_the_steps():
+    """tools/slot_launches.py --host: a round's draft, verification and accept each timed, the
+    store's steps taken out (here each step made 20 ms slower: none of it lands in a phase)."""
+    tool = load_tool("slot_launches")
+    member = tiny_member("llama-bytes", decode="graphs")
+    states = tool.started(member, 2)
+    clock = tool.Clock()
+    run = member.slots.run
+
+    def slow(*args):
+        time.sleep(0.02)
+        return run(*args)
+
+    member.slots.run = clock.timed(slow)
+    began = time.perf_counter()
+    tool.one_round(member, states, clock.mark)
+    wall = time.perf_counter() - began
+    steps = member.slots.counts["steps"] + member.slots.counts["verifies"]
+    assert steps >= 3 and clock.stepping >= 0.02 * steps
+    assert set(clock.ms) == {"draft", "verify", "accept"} and all(ms > 0 for ms in clock.ms.values())
+    assert sum(clock.ms.values()) == pytest.approx(1e3 * (wall - clock.stepping), abs=1.0)
+    assert sum(clock.ms.values()) < 1e3 * 0.02 * steps  # none of the steps' sleeps

@@ -39,6 +39,7 @@ from transformers.cache_utils import DynamicLayer
 from . import transfer
 from .scoring import Block
 from .slots import bucket_of, width_of
+from .state import Beside
 
 if TYPE_CHECKING:
     from .slots import SlotStore
@@ -167,15 +168,15 @@ class Read:
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     sizes: list[int]
 
-    def keys_of(self, r: int) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
-        """Run r's keys and values per layer, [1, kv heads, its tokens, head dim] (views)."""
-        n = self.sizes[r]
-        return tuple((keys[r : r + 1, :, :n], values[r : r + 1, :, :n]) for keys, values in self.kv)
+    def beside(self, r: int) -> Beside:
+        """Run r's keys and values, to keep beside its cache (PackedPass.side)."""
+        return Beside(self.kv, r, self.sizes[r])
 
     def append(self, caches: Sequence[DynamicCache]) -> None:
         """Each run's keys and values appended to its cache (a prompt's: committed from now on)."""
         for r, cache in enumerate(caches):
-            for mine, (keys, values) in zip(cast("list[DynamicLayer]", cache.layers), self.keys_of(r)):
+            layers = cast("list[DynamicLayer]", cache.layers)
+            for mine, (keys, values) in zip(layers, self.beside(r).columns(0, self.sizes[r])):
                 assert mine.keys is not None and mine.values is not None
                 mine.keys = torch.cat([mine.keys, keys], dim=-2)
                 mine.values = torch.cat([mine.values, values], dim=-2)

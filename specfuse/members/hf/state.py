@@ -18,6 +18,24 @@ from ...prompts import Prompt
 from ..drafting import TokenState
 
 
+@dataclass(frozen=True)
+class Beside:
+    """A pass's keys and values kept beside a run's cache (a pass on the KV slots, slot_verify.py):
+    per layer every run's [runs, kv heads, nodes, head dim], and this run's row and token count.
+    Sliced where used (accept() takes the winner's columns), not a view a layer at every pass: at 32
+    runs of Gemma-2-9B's 42 layers those views were 2,700 tensor operations a verification."""
+
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    row: int
+    size: int
+
+    def columns(self, begin: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer the run's keys and values of its packed tokens [begin, begin + count), each
+        [1, kv heads, count, head dim] (views)."""
+        r, end = self.row, begin + count
+        return [(keys[r : r + 1, :, begin:end], values[r : r + 1, :, begin:end]) for keys, values in self.kv]
+
+
 @dataclass
 class PackedPass:
     """What the last verify pass left for accept(): its keys and values in the cache beyond the
@@ -29,9 +47,9 @@ class PackedPass:
     offsets: tuple[int, ...]  # where each block begins in the packed tokens
     last_hidden: tuple[torch.Tensor, ...]  # [H] hidden state after each candidate's text
     prefix_len: int  # committed length when the pass ran
-    # The pass's keys and values per layer, [1, kv heads, its packed tokens, head dim], where they
-    # were not appended to the cache (a pass on the KV slots); None: in the cache after prefix_len.
-    side: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
+    # The pass's keys and values where they were not appended to the cache (a pass on the KV
+    # slots); None: in the cache after prefix_len.
+    side: Beside | None = None
 
 
 @dataclass
@@ -75,4 +93,4 @@ class ModelView(Protocol):
     def base(self) -> Any: ...  # the decoder without its output head
 
 
-__all__ = ["HFState", "ModelView", "PackedPass", "Reading"]
+__all__ = ["Beside", "HFState", "ModelView", "PackedPass", "Reading"]

@@ -117,7 +117,7 @@ class Verifying:
                 offsets=offsets,
                 last_hidden=tuple(last_hidden),
                 prefix_len=len(state.ids),
-                side=slotted.keys_of(r) if slotted is not None else None,
+                side=slotted.beside(r) if slotted is not None else None,
             )
             results.append(details)
         return results
@@ -237,10 +237,11 @@ class Verifying:
             return False
         source, end = packed.offsets[b] + 1, start + 1 + len(tokens)  # the block's tokens after its anchor
         if packed.side is not None:  # beside the cache: the winner's appended, a kernel a layer each
-            for layer, side in zip(state.cache.layers, packed.side):
-                for name, kv in zip(("keys", "values"), side):
-                    kept = getattr(layer, name)[..., : start + 1, :]
-                    setattr(layer, name, torch.cat([kept, kv[..., source : source + len(tokens), :]], dim=-2))
+            for layer, winner in zip(state.cache.layers, packed.side.columns(source, len(tokens))):
+                for name, kv in zip(("keys", "values"), winner):
+                    kept = getattr(layer, name)  # the committed tokens, up to the block's anchor
+                    kept = kept if kept.shape[-2] == start + 1 else kept[..., : start + 1, :]
+                    setattr(layer, name, torch.cat([kept, kv], dim=-2))
         else:
             source += packed.prefix_len
             # Copied through a clone only where the two ranges overlap (the first block's, mostly): a
