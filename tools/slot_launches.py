@@ -337,23 +337,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--host", action="store_true", help="time the host's work outside the steps instead")
     args = parser.parse_args(argv)
+    runs = [int(r) for r in args.runs.split(",")]
     SHAPES["launch-count"] = shapes()
     if args.host:
-        print_host([int(r) for r in args.runs.split(",")])
+        print_host(runs)
         return 0
     if args.step:
         print_steps()
         return 0
     if args.prefill:
-        print_prefill([int(r) for r in args.runs.split(",")])
+        print_prefill(runs)
         return 0
     if args.syncs:
-        print_syncs([int(r) for r in args.runs.split(",")])
+        print_syncs(runs)
         return 0
     members = gpu.build_members("launch-count", ["cpu"], "float32", decode="graphs")
     ops = Ops()
     for member in members:  # the store made at its largest once, the template's head read
-        round_ops(member, max(int(r) for r in args.runs.split(",")), ops)
+        round_ops(member, max(runs), ops)
     for member in members:
         member.slots.run = steps_paused(member.slots.run, ops)
     print(
@@ -362,13 +363,13 @@ def main(argv: list[str] | None = None) -> int:
     print("member          layers  runs  loads     draft  verify  accept   total  per run  steps")
     for member in members:
         layers = member.model.config.num_hidden_layers
-        for runs in (int(r) for r in args.runs.split(",")):
+        for n in runs:
             for batched in (False, True):
                 member.slots.batched = batched
-                c = round_ops(member, runs, ops)
+                c = round_ops(member, n, ops)
                 total = c["draft"] + c["verify"] + c["accept"]
-                figures = f"{c['draft']:>6} {c['verify']:>7} {c['accept']:>7} {total:>7} {total / runs:>8.0f}"
-                how = f"{member.name:<15} {layers:>6} {runs:>5}  {'batched' if batched else 'copies':<8}"
+                figures = f"{c['draft']:>6} {c['verify']:>7} {c['accept']:>7} {total:>7} {total / n:>8.0f}"
+                how = f"{member.name:<15} {layers:>6} {n:>5}  {'batched' if batched else 'copies':<8}"
                 print(f"{how}{figures} {c['steps']:>6}")
     return 0
 

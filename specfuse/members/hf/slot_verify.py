@@ -175,8 +175,8 @@ class Read:
     def append(self, caches: Sequence[DynamicCache]) -> None:
         """Each run's keys and values appended to its cache (a prompt's: committed from now on)."""
         for r, cache in enumerate(caches):
-            layers = cast("list[DynamicLayer]", cache.layers)
-            for mine, (keys, values) in zip(layers, self.beside(r).columns(0, self.sizes[r])):
+            layers, beside = cast("list[DynamicLayer]", cache.layers), self.beside(r)
+            for mine, (keys, values) in zip(layers, beside.columns(0, beside.size)):
                 assert mine.keys is not None and mine.values is not None
                 mine.keys = torch.cat([mine.keys, keys], dim=-2)
                 mine.values = torch.cat([mine.values, values], dim=-2)
