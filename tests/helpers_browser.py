@@ -69,6 +69,19 @@ def open_page(browser, address: str, ready: str = "#prompt textarea", **options)
     return page
 
 
+def fill_kept(page, selector: str, text: str) -> None:
+    """fill() a text box and leave it (Tab: its change lands before a click reads the form), again if the
+    page dropped the text: a box in an accordion opened a moment ago may still be mounting, and Gradio's
+    mount sets its first value over what was typed (a first page, about one time in three)."""
+    for _ in range(3):
+        page.fill(selector, text)
+        page.press(selector, "Tab")
+        page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+        if page.locator(selector).input_value() == text:
+            return
+    raise AssertionError(f"{selector} kept dropping the text typed into it")
+
+
 def context_for(browser, options: dict):
     """The browser's one context for `options`, made at its first use (closed with the browser)."""
     contexts = browser.__dict__.setdefault("specfuse_contexts", {})

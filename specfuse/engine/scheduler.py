@@ -376,12 +376,14 @@ class Scheduler:
             if pausing:  # likewise: a next() sent the moment the round arrives is not lost
                 with self._cond:
                     self._pause(ticket)
+            if last:  # the last round and the end under one hold of the lock: whoever has read the
+                with self._cond:  # last round finds the run no longer counted as running
+                    ticket.put(event)
+                    self._end(ticket, "done")
+                continue
             ticket.put(event)
             if pausing:
                 ticket.put(Paused(run.k))
-            if last:
-                with self._cond:
-                    self._end(ticket, "done")
         live = {run.id for run in (*self._batch.live, *self._batch.reading)}
         with self._cond:
             for key, ticket in list(self._running.items()):

@@ -13,7 +13,7 @@ from specfuse.trace import load_trace
 from studio.serving import Schedulers
 
 from ..conftest import TINY, tiny_member
-from ..helpers_browser import launched, opened
+from ..helpers_browser import fill_kept, launched, opened
 
 pytestmark = pytest.mark.browser
 
@@ -43,8 +43,7 @@ def turns_answered(page, n: int) -> None:
 def test_ask_follow_up_with_a_system_prompt_branch_turn_2_and_start_over(browser, url):
     with opened(browser, url) as page:
         page.click("#settings")
-        page.fill("#chat-system textarea", SYSTEM)
-        page.locator("#chat-system textarea").press("Tab")  # its change lands before Run reads it
+        fill_kept(page, "#chat-system textarea", SYSTEM)
         page.fill("#prompt textarea", "Name a colour.")
         page.click("#run")
         turns_answered(page, 1)

@@ -18,7 +18,7 @@ from specfuse.serve.api import create_app
 from studio.serving import Schedulers
 
 from ..conftest import TINY, rss_bytes, tiny_member
-from ..helpers_browser import launched, open_page, use_members
+from ..helpers_browser import fill_kept, launched, open_page, use_members
 from ..helpers_clients import hang_up, openai_client, send_and_close
 from ..scripted import looping
 
@@ -204,9 +204,8 @@ def test_a_soak_of_api_clients_and_a_browser_user(browser, served, monkeypatch):
                 start(page, "   ")
                 page.wait_for_selector(".toast-body", state="attached")
         page.click("#settings")
-        number = page.locator("#setting-max_new_tokens input[type=number]")
-        number.fill("1024")  # and endless runs: only a Stop or a closed page ends them
-        number.blur()
+        # and endless runs: only a Stop or a closed page ends them
+        fill_kept(page, "#setting-max_new_tokens input[type=number]", "1024")
         use_members(page, "loop-a", "loop-b")
         start(page, "go")
         wait_round(page, 2)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ..conftest import TINY, tiny_member
-from ..helpers_browser import launched, page_on, run_and_wait, show_round, upload
+from ..helpers_browser import fill_kept, launched, page_on, run_and_wait, show_round, upload
 from ..scripted import ScriptedMember, SlowMember, scripted_trace
 
 pytestmark = pytest.mark.browser
@@ -59,9 +59,7 @@ def test_a_run_after_settings_changed_then_its_tables_and_dropdown_read_whole_at
     "eligib le", "roun d" and "qwen2.5- coder-0.5b"; a dropdown's label ran under its arrow (issue 24,
     item 10)."""
     page.click("#settings")
-    number = page.locator("#setting-max_new_tokens input[type=number]")
-    number.fill("12")
-    number.blur()
+    fill_kept(page, "#setting-max_new_tokens input[type=number]", "12")
     assert page.locator("#setting-max_rounds textarea").input_value() == ""  # still no limit
     run_and_wait(page, "Hello there")
     assert page.locator("#answer .token").count() >= 1

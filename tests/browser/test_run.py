@@ -10,6 +10,7 @@ from specfuse import load_trace
 
 from ..conftest import TINY, tiny_member
 from ..helpers_browser import (
+    fill_kept,
     launched,
     opened,
     page_on,
@@ -168,8 +169,7 @@ def test_the_first_candidate_shows_while_a_slower_member_is_still_drafting(page)
     use_members(page, "quick", "slow-draft")
     page.fill("#prompt textarea", "go")
     page.click("#settings")  # one round: round 2's arriving candidates would replace round 1's table
-    page.fill("#setting-max_rounds textarea", "1")  # optional numbers are text boxes
-    page.press("#setting-max_rounds textarea", "Tab")  # leave the box, so the value is the form's
+    fill_kept(page, "#setting-max_rounds textarea", "1")  # optional numbers are text boxes
     page.click("#run")
     page.wait_for_function("document.querySelector('#status').innerText.includes('1 of 2 candidates in')")
     status, table = status_of(page), page.inner_text("#candidates")
