@@ -154,8 +154,11 @@ def one_round(member: Any, states: Sequence[Any], mark: Callable[[str], None]) -
 
 
 def round_ops(member: Any, runs: int, ops: Ops) -> dict[str, int]:
-    """One round's operations for `runs` runs of `member`, by phase, and the steps it ran."""
+    """One round's operations for `runs` runs of `member`, by phase, and the steps it ran: the
+    second round of the runs, so that what a round leaves for the next (accept()'s tails, joined at
+    the next load: tailed.py) is counted where it is paid."""
     states = started(member, runs)
+    one_round(member, states, lambda phase: None)
     store = member.slots
     steps = store.counts["steps"] + store.counts["verifies"]
     ops.counts.clear()
@@ -366,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in runs:
             for batched in (False, True):
                 member.slots.batched = batched
-                c = round_ops(member, n, ops)
+                c = Counter(round_ops(member, n, ops))
                 total = c["draft"] + c["verify"] + c["accept"]
                 figures = f"{c['draft']:>6} {c['verify']:>7} {c['accept']:>7} {total:>7} {total / n:>8.0f}"
                 how = f"{member.name:<15} {layers:>6} {n:>5}  {'batched' if batched else 'copies':<8}"

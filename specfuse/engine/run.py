@@ -23,7 +23,7 @@ from ..records import ECHO, Candidate, ExitEvent, Gate, MemberTiming, Round, Tok
 from ..segments import agreement, echoes_prompt, ends_in_loop, repeated_fraction, stop_string_cut
 from ..trace import new_trace_id
 from . import gate
-from .calls import MemberCalls
+from .calls import MemberCalls, without_prompt
 
 TYPED = "you"  # the origin of a segment a person typed into a branch
 LOOP_GUARD_COPIES = 2  # the loop guard acts once a block repeats twice, before a loop sets in
@@ -407,6 +407,9 @@ class Run:
         for e in play.exits:
             self.active.remove(e.member)
             self.exited.append(e.member)
+            if not (self.config.exited_verify or self.config.loop_guard):  # gone for good: its caches too
+                for key in (e.member, without_prompt(e.member)):
+                    self.states.pop(key, None)
         self.done = play.stop_reason is not None
         return rnd
 

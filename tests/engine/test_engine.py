@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from dataclasses import replace
 
 import pytest
@@ -98,6 +100,31 @@ def test_exited_members_stop_verifying_when_asked():
     calls = [phase for phase, _ in members[2].calls]
     # It drafted and scored rounds 1..k, followed the answer through round k - 1, then nothing.
     assert (calls.count("draft"), calls.count("score"), calls.count("accept")) == (k, k, k - 1)
+
+
+def test_a_member_that_leaves_for_good_lets_its_state_go_at_once():
+    # Its caches (a model's KV cache, in an HF member) are freed when it leaves, not when the run ends.
+    class Held(dict):  # a state that can be watched
+        pass
+
+    class Watched(ScriptedMember):
+        def start(self, prompt, settings):
+            state = Held(super().start(prompt, settings))
+            self.held.append(weakref.ref(state))
+            return state
+
+    judge = lambda text: {"good ": 3.0, "fine ": 2.0}.get(text, 0.0)  # noqa: E731
+    members = [Watched(n, [t] * 20, judge) for n, t in zip("abc", ["fine ", "good ", "junk "])]
+    for m in members:
+        m.held = []
+    stream = Ensemble(members, EnsembleConfig(max_rounds=8, exited_verify=False)).stream("go")
+    for rnd in stream:
+        if rnd.exits:
+            break
+    gc.collect()
+    assert [e.member for e in rnd.exits] == ["c"] and members[2].held[0]() is None
+    assert members[0].held[0]() is not None and members[1].held[0]() is not None  # still playing
+    stream.close()
 
 
 def test_feedback_off_keeps_weights_and_exit_off_keeps_everyone():

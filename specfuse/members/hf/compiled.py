@@ -45,6 +45,7 @@ from ..cpu import held_to_avx2
 from ..drafting import UTF8_GRACE_TOKENS, TokenState
 from .scoring import chunk_mask, float_mask
 from .state import ModelView
+from .tailed import TailedLayer
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +231,7 @@ class CompiledDecoder:
             self.disabled
             or self._off_the_default_stream()
             or cache.get_seq_length() != length
-            or any(type(layer) is not DynamicLayer for layer in cache.layers)
+            or any(type(layer) not in (DynamicLayer, TailedLayer) for layer in cache.layers)
         ) and self._lock.acquire(blocking=False)
 
     def _off_the_default_stream(self) -> bool:

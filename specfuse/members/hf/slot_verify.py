@@ -18,11 +18,11 @@ nodes and rows see only themselves. Its input is one buffer of [rows, tokens, 4 
 copy in. Afterwards each run's nodes are laid out again in the eager pass's order (every block
 whole, `node_of`), all runs at once (`Read`): its hidden states for the scores, and its keys and
 values, gathered out of the slots and kept beside the run's cache (PackedPass.side) rather than
-appended to it as the eager pass does, so that accept() appends the chosen candidate's keys only,
-one concatenation a layer, where appending every block and then moving the winner's into place took
-four or more a layer and run (a kernel launch each on a GPU: 3,584 a round per member at 32 runs of
-a 28-layer model). A prompt's read (read_after) appends its keys: they are committed. A run with
-more nodes than the largest bucket, or a store in use, verifies eagerly.
+appended to it as the eager pass does, so that accept() notes where the chosen candidate's are
+(tailed.py) and the next load joins them, where appending every block and then moving the winner's
+into place took four or more copies a layer and run (a kernel launch each on a GPU: 3,584 a round
+per member at 32 runs of a 28-layer model). A prompt's read (read_after) appends its keys: they are
+committed. A run with more nodes than the largest bucket, or a store in use, verifies eagerly.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ eager path's (tests/members/test_slots.py). Why not transformers' own continuous
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -44,6 +45,7 @@ from . import attention, fusion, transfer
 from .scoring import float_mask
 from .slot_layer import Shape, SlotLayer
 from .state import ModelView
+from .tailed import Loads, TailedLayer
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +157,7 @@ class SlotStore:
         # floor, what the step's kernels cost without the host's work around them.
         self.replay_ms: dict[Key, float] = {}
         self._lock = threading.Lock()
+        self.loads = Loads()
 
     # -- a draft's begin and end ---------------------------------------------------------------
 
@@ -268,9 +271,7 @@ class SlotStore:
     def _allocate(self, rows: int, width: int, like: DynamicCache) -> None:
         """Slots for at least `rows` runs of `width` columns, shaped like `like`'s layers; a store
         that holds fewer rows x columns is replaced (and its graphs, which read its memory)."""
-        theirs = [cast("DynamicLayer", layer) for layer in like.layers]
-        first = theirs[0].keys
-        assert first is not None
+        first = _pieces(like.layers[0], 0)[0]  # [kv heads, n, head dim]; a tail left unjoined
         if (
             self.layers
             and self.layers[0].fits(rows, width)  # fewer rows may be wider in the same memory
@@ -281,11 +282,10 @@ class SlotStore:
         rows, width = max(rows, self.rows), max(width, self.capacity)
         self.layers, self.cache, self.graphs, self.pool = [], None, {}, None  # freed before the new one
         layers = []
-        for layer in theirs:
-            keys, values = layer.keys, layer.values
-            assert keys is not None and values is not None
-            k = keys.new_zeros(rows, keys.shape[1], width, keys.shape[3])
-            v = values.new_zeros(rows, values.shape[1], width, values.shape[3])
+        for layer in like.layers:
+            keys, values = (_pieces(layer, w)[0] for w in (0, 1))
+            k = keys.new_zeros(rows, keys.shape[0], width, keys.shape[2])
+            v = values.new_zeros(rows, values.shape[0], width, values.shape[2])
             layers.append(SlotLayer(k, v, self.shape))
         self.layers, self.rows, self.capacity = layers, rows, width
         self.cache = Cache(layers=list(layers))
@@ -296,22 +296,30 @@ class SlotStore:
         """Each run's committed keys and values into its slot (row r: the r-th run): `batched` (a
         GPU), per layer one concatenation and one indexed write, whatever the runs; else a copy per
         run and layer (a CPU: there bf16's indexed write measured 3.3x slower than the copies)."""
+        load = self.loads.begin()
         if self.batched and len(caches) > 2:  # two runs' copies are as many launches
             lengths = [c.get_seq_length() for c in caches]
+            begins = [0, *itertools.accumulate(lengths)][:-1]
             rows = torch.repeat_interleave(torch.arange(len(caches)), torch.tensor(lengths))
             columns = torch.cat([torch.arange(n) for n in lengths])
             rows, columns = (transfer.to_device(t, self.member.device) for t in (rows, columns))
             for i, mine in enumerate(self.layers):
-                layers = [cast("DynamicLayer", cache.layers[i]) for cache in caches]
-                for name in ("keys", "values"):
-                    parts = [getattr(layer, name)[0] for layer in layers]  # [kv heads, n, head dim]
-                    getattr(mine, name)[rows, :, columns] = torch.cat(parts, dim=1).transpose(0, 1)
-            return
-        for r, cache in enumerate(caches):
-            for mine, theirs in zip(self.layers, cache.layers):
-                for name in ("keys", "values"):
-                    kept = getattr(theirs, name)  # [1, kv heads, n, head dim]
-                    getattr(mine, name)[r, :, : kept.shape[2]].copy_(kept[0])
+                layers = [cache.layers[i] for cache in caches]
+                joined = []
+                for w, name in enumerate(("keys", "values")):
+                    parts = [p for layer in layers for p in _pieces(layer, w)]  # [kv heads, n, head dim]
+                    joined.append(torch.cat(parts, dim=1))
+                    getattr(mine, name)[rows, :, columns] = joined[-1].transpose(0, 1)
+                # accept()'s winners (tailed.py) joined by this copy: their layers rebased on it
+                self.loads.rebase(layers, begins, (joined[0], joined[1]), load)
+        else:
+            for r, cache in enumerate(caches):
+                for mine, theirs in zip(self.layers, cache.layers):
+                    for name in ("keys", "values"):
+                        kept = getattr(theirs, name)  # [1, kv heads, n, head dim]
+                        getattr(mine, name)[r, :, : kept.shape[2]].copy_(kept[0])
+                self.loads.seen(cache.layers, load)
+        self.loads.release(load)
 
     def ready(self, key: Key, *, run: bool = False) -> None:
         """Make the step `key` ready for the shape now set: captured on CUDA (once), and with `run`
@@ -445,13 +453,25 @@ class SlotStore:
 
 
 def _plain(caches: Sequence[DynamicCache]) -> bool:
-    """Whether every cache is a DynamicCache of full layers (what prefill and accept() make)."""
+    """Whether every cache is a DynamicCache of full layers (what prefill and accept() make; a
+    TailedLayer's own keys are read unjoined)."""
     return all(
         isinstance(cache, DynamicCache)
         and cache.layers
-        and all(type(layer) is DynamicLayer and layer.keys is not None for layer in cache.layers)
+        and all(
+            (type(layer) is TailedLayer and layer.is_initialized)
+            or (type(layer) is DynamicLayer and layer.keys is not None)
+            for layer in cache.layers
+        )
         for cache in caches
     )
+
+
+def _pieces(layer: Any, which: int) -> list[torch.Tensor]:
+    """A run's layer's keys (which=0) or values (1) as [kv heads, n, head dim] parts, unjoined."""
+    if type(layer) is TailedLayer:
+        return layer.pieces(which)
+    return [cast(torch.Tensor, layer.keys if which == 0 else layer.values)[0]]
 
 
 __all__ = ["BUCKETS", "SlotStore", "bucket_of", "resolved", "width_of"]

@@ -20,7 +20,7 @@ from ...errors import PromptTooLongError
 from ...records import Candidate, TokenScores
 from .. import drafting
 from ..protocol import Verdict
-from . import slot_verify, transfer
+from . import slot_verify, tailed, transfer
 from .scoring import Block, Layout, chunk_mask, lay_out
 from .state import HFState, PackedPass
 
@@ -236,12 +236,9 @@ class Verifying:
         if list(target) != state.ids[: start + 1] + list(tokens):
             return False
         source, end = packed.offsets[b] + 1, start + 1 + len(tokens)  # the block's tokens after its anchor
-        if packed.side is not None:  # beside the cache: the winner's appended, a kernel a layer each
-            for layer, winner in zip(state.cache.layers, packed.side.columns(source, len(tokens))):
-                for name, kv in zip(("keys", "values"), winner):
-                    kept = getattr(layer, name)  # the committed tokens, up to the block's anchor
-                    kept = kept if kept.shape[-2] == start + 1 else kept[..., : start + 1, :]
-                    setattr(layer, name, torch.cat([kept, kv], dim=-2))
+        if packed.side is not None:  # beside the cache: the winner's noted after the anchor, joined later
+            tail = tailed.Tail(packed.side.kv, packed.side.row, source, len(tokens))
+            tailed.defer(state.cache, start + 1, tail)
         else:
             source += packed.prefix_len
             # Copied through a clone only where the two ranges overlap (the first block's, mostly): a

@@ -1,0 +1,191 @@
+"""A run's cache layer whose last columns may still lie in a verification's keys (issue 52).
+
+accept() after a verification on the KV slots appended the winner's keys and values to the run's
+cache, a concatenation a layer for keys and values: a kernel launch each on a GPU, 1,792 a round a
+member at 32 runs of a 28-layer model, two thirds of the launches a round makes outside the steps
+(tools/slot_launches.py). Now accept() only notes where they are (`Tail`: the verification's keys,
+the run's row and the winner's columns), and the next load into the slots (slots.SlotStore._load),
+which concatenates every run's keys anyway to write them into the slots in one indexed write a
+layer, takes the winner's columns into that concatenation and rebases the run's layer on its part
+of it: no kernel of its own. Whatever else reads a layer's `keys` or `values` (an eager pass, a
+crop, a copy a run into the slots on a CPU) gets them joined first, so the rest of the code, and
+transformers', sees a plain DynamicLayer.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+Pair = tuple[torch.Tensor, torch.Tensor]  # keys and values
+
+
+@dataclass(frozen=True)
+class Tail:
+    """The winner's keys and values where a verification left them: per layer every run's
+    [runs, kv heads, nodes, head dim] (state.Beside.kv), this run's row, and its columns."""
+
+    kv: list[Pair]
+    row: int
+    begin: int
+    count: int
+
+    def piece(self, layer: int, which: int) -> torch.Tensor:
+        """Layer `layer`'s keys (which=0) or values (1) of the winner, [kv heads, count, head dim]."""
+        return self.kv[layer][which][self.row, :, self.begin : self.begin + self.count]
+
+
+class TailedLayer(DynamicLayer):
+    """A DynamicLayer (full attention) that holds its committed keys and values in up to two parts:
+    its own (tensors, or a span of a load's concatenation, not yet sliced: a view made at every load
+    for every run and layer is host work too), and a Tail after them, not joined to them. Reading
+    `keys` or `values` joins them (one concatenation each); `pieces` and `rebase` let a load into the
+    slots do it with no kernel of its own."""
+
+    def __init__(self, layer: DynamicLayer, index: int) -> None:
+        # Not CacheLayerMixin.__init__: it empties keys and values, which are its own parts here.
+        self.dtype, self.device, self.is_initialized = layer.dtype, layer.device, True
+        self._kv: list[torch.Tensor | None] = [layer.keys, layer.values]
+        self._span: tuple[Pair, int, int] | None = None  # (a load's concatenations, begin, end)
+        self.index = index  # its layer number: which of a Tail's layers is its own
+        self.tail: Tail | None = None
+        # The store's count of loads: at which one it was last loaded (`seen`), and the one whose
+        # concatenation its keys and values are views of (`based`; None: memory of its own).
+        self.seen: int | None = None
+        self.based: int | None = None
+
+    @property  # type: ignore[override]
+    def keys(self) -> torch.Tensor | None:
+        self.join()
+        return self._kv[0]
+
+    @keys.setter
+    def keys(self, tensor: torch.Tensor | None) -> None:
+        self.join()  # the values' tail kept
+        self._kv[0] = tensor
+
+    @property  # type: ignore[override]
+    def values(self) -> torch.Tensor | None:
+        self.join()
+        return self._kv[1]
+
+    @values.setter
+    def values(self, tensor: torch.Tensor | None) -> None:
+        self.join()
+        self._kv[1] = tensor
+
+    def get_seq_length(self) -> int:
+        """The committed tokens, the tail's among them, without joining them."""
+        if self._span is not None:
+            held = self._span[2] - self._span[1]
+        else:
+            own = self._kv[0]
+            held = 0 if own is None or own.numel() == 0 else own.shape[-2]
+        return held + (self.tail.count if self.tail is not None else 0)
+
+    def defer(self, keep: int, tail: Tail) -> None:
+        """accept()'s: the layer's first `keep` columns, then the `tail` (not joined yet)."""
+        if self.tail is not None:  # still pending (no load since the last accept): joined first
+            self.join()
+        if self._span is not None:
+            joined, begin, end = self._span
+            self._span = (joined, begin, min(end, begin + keep))
+        elif self._kv[0] is not None and self._kv[0].shape[-2] != keep:
+            self._kv = [cast(torch.Tensor, t)[..., :keep, :] for t in self._kv]
+        self.tail = tail
+
+    def join(self) -> None:
+        """Its parts as one tensor each: the span sliced, the tail concatenated."""
+        if self._span is not None:
+            (keys, values), begin, end = self._span
+            self._span, self._kv = None, [keys[None, :, begin:end], values[None, :, begin:end]]
+        tail = self.tail
+        if tail is not None:
+            self.tail, self.based = None, None
+            own = cast("list[torch.Tensor]", self._kv)
+            self._kv = [torch.cat([own[w], tail.piece(self.index, w)[None]], dim=-2) for w in (0, 1)]
+
+    def pieces(self, which: int) -> list[torch.Tensor]:
+        """Its keys (which=0) or values (1) as [kv heads, n, head dim] parts, in order, unjoined."""
+        if self._span is not None:
+            joined, begin, end = self._span
+            own = joined[which][:, begin:end]
+        else:
+            own = cast(torch.Tensor, self._kv[which])[0]
+        return [own] if self.tail is None else [own, self.tail.piece(self.index, which)]
+
+    def rebase(self, joined: Pair, begin: int, load: int) -> None:
+        """Its keys and values a span of load `load`'s concatenations of every run's ([kv heads, N,
+        head dim] each), where its own begin at column `begin`: the tail joined by that copy."""
+        end = begin + self.get_seq_length()
+        self._span, self.tail, self.based = (joined, begin, end), None, load
+        self._kv = [None, None]  # its earlier tensors not kept alive
+
+    def detach(self) -> None:
+        """Its keys and values copied out of a load's concatenation, which they no longer keep alive."""
+        self.join()
+        self._kv, self.based = [None if t is None else t.clone() for t in self._kv], None
+
+
+def defer(cache: DynamicCache, keep: int, tail: Tail) -> None:
+    """accept() on the KV slots: each layer of `cache` (full layers: what the slots take) keeps its
+    first `keep` columns, then its part of the `tail`, joined later."""
+    layers = cache.layers
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, TailedLayer):
+            layer = layers[i] = TailedLayer(cast(DynamicLayer, layer), i)
+        layer.defer(keep, tail)
+
+
+class Loads:
+    """A store's loads and the layers rebased on their concatenations. A concatenation holds every
+    run's keys of that load, and lives as long as any layer based on it: a layer that is not loaded
+    again while the others move on (its run left the store's calls: a member that left the run under
+    the loop guard, a batch of two loaded a copy a run) is copied out of it at the next load, so that
+    it keeps no other run's keys alive."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._based: list[weakref.ref[TailedLayer]] = []  # rebased at an earlier load
+        self._now: list[weakref.ref[TailedLayer]] = []  # rebased at this one
+
+    def begin(self) -> int:
+        self.count += 1
+        return self.count
+
+    def rebase(self, layers: Sequence[Any], begins: Sequence[int], joined: Pair, load: int) -> None:
+        """One layer of every run of load `load`, loaded from `joined` (the runs' parts from `begins`):
+        each seen, and those with a tail rebased on it."""
+        for layer, begin in zip(layers, begins):
+            if type(layer) is TailedLayer:
+                layer.seen = load
+                if layer.tail is not None:
+                    layer.rebase(joined, begin, load)
+                    self._now.append(weakref.ref(layer))
+
+    def seen(self, layers: Sequence[Any], load: int) -> None:
+        for layer in layers:
+            if type(layer) is TailedLayer:
+                layer.seen = load
+
+    def release(self, load: int) -> None:
+        """After load `load`: the layers based on an earlier load and not loaded now copied out."""
+        kept = []
+        for ref in self._based:
+            layer = ref()
+            if layer is None or layer.based is None or layer.based == load:
+                continue  # gone, in memory of its own, or rebased now (in _now)
+            if layer.seen == load:
+                kept.append(ref)  # loaded now from where it is
+            else:
+                layer.detach()
+        self._based, self._now = [*self._now, *kept], []
+
+
+__all__ = ["Loads", "Tail", "TailedLayer", "defer"]
