@@ -93,19 +93,20 @@ def tokens_of(nodes: int) -> int | None:
 
 def inputs(trees: Sequence[Tree], lengths: Sequence[int], rows: int, tokens: int) -> torch.Tensor:
     """The step's input buffer on the CPU, [rows, tokens, CHANNELS + tokens]: each run's nodes after
-    its `lengths` committed tokens; padding nodes and rows see only themselves."""
-    host = torch.zeros(rows, tokens, CHANNELS + tokens, dtype=torch.long)
-    host[:, :, 2] = torch.arange(tokens)  # padding rows: columns 0.., nothing committed
-    host[:, :, CHANNELS:] = torch.eye(tokens, dtype=torch.long)
+    its `lengths` committed tokens; padding nodes and rows see only themselves. Built in numpy: torch's
+    indexing of a CPU tensor row by row cost seven operations a run (about 1.5 µs each)."""
+    host = np.zeros((rows, tokens, CHANNELS + tokens), dtype=np.int64)
+    host[:, :, 2] = np.arange(tokens)  # padding rows: columns 0.., nothing committed
+    host[:, :, CHANNELS:] = np.eye(tokens, dtype=np.int64)
     for r, (t, length) in enumerate(zip(trees, lengths)):
         n = len(t.tokens)
         host[r, :, 1] = length  # padding nodes: at the first free position
         host[r, :, 2] += length
-        host[r, :n, 0] = torch.tensor(t.tokens)
-        host[r, :n, 1] = torch.tensor(t.positions)
-        host[r, :n, 3] = torch.tensor(t.anchors)
-        host[r, :n, CHANNELS : CHANNELS + n] = torch.from_numpy(ancestors(t.parents))
-    return host
+        host[r, :n, 0] = t.tokens
+        host[r, :n, 1] = t.positions
+        host[r, :n, 3] = t.anchors
+        host[r, :n, CHANNELS : CHANNELS + n] = ancestors(t.parents)
+    return torch.from_numpy(host)
 
 
 def ancestors(parents: Sequence[int]) -> np.ndarray:

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
@@ -300,9 +301,11 @@ class SlotStore:
         if self.batched and len(caches) > 2:  # two runs' copies are as many launches
             lengths = [c.get_seq_length() for c in caches]
             begins = [0, *itertools.accumulate(lengths)][:-1]
-            rows = torch.repeat_interleave(torch.arange(len(caches)), torch.tensor(lengths))
-            columns = torch.cat([torch.arange(n) for n in lengths])
-            rows, columns = (transfer.to_device(t, self.member.device) for t in (rows, columns))
+            # Each key's slot row and column, in numpy (an arange a run in torch: an operation each),
+            # copied to the device at once.
+            where = np.repeat(np.stack([np.arange(len(caches)), begins]), lengths, axis=1)
+            where[1] = np.arange(where.shape[1]) - where[1]
+            rows, columns = transfer.to_device(torch.from_numpy(where), self.member.device)
             for i, mine in enumerate(self.layers):
                 layers = [cache.layers[i] for cache in caches]
                 joined = []

@@ -14,6 +14,7 @@ transformers', sees a plain DynamicLayer.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,49 +60,58 @@ class TailedLayer(DynamicLayer):
         # concatenation its keys and values are views of (`based`; None: memory of its own).
         self.seen: int | None = None
         self.based: int | None = None
+        # Each change whole: a store's load may copy out (detach) the layer of a run that another
+        # caller of the member (another scheduler's thread) is using.
+        self._lock = threading.Lock()
 
     @property  # type: ignore[override]
     def keys(self) -> torch.Tensor | None:
-        self.join()
-        return self._kv[0]
+        with self._lock:
+            self._join()
+            return self._kv[0]
 
     @keys.setter
     def keys(self, tensor: torch.Tensor | None) -> None:
-        self.join()  # the values' tail kept
-        self._kv[0] = tensor
+        with self._lock:
+            self._join()  # the values' tail kept
+            self._kv[0] = tensor
 
     @property  # type: ignore[override]
     def values(self) -> torch.Tensor | None:
-        self.join()
-        return self._kv[1]
+        with self._lock:
+            self._join()
+            return self._kv[1]
 
     @values.setter
     def values(self, tensor: torch.Tensor | None) -> None:
-        self.join()
-        self._kv[1] = tensor
+        with self._lock:
+            self._join()
+            self._kv[1] = tensor
 
     def get_seq_length(self) -> int:
         """The committed tokens, the tail's among them, without joining them."""
-        if self._span is not None:
-            held = self._span[2] - self._span[1]
-        else:
-            own = self._kv[0]
-            held = 0 if own is None or own.numel() == 0 else own.shape[-2]
-        return held + (self.tail.count if self.tail is not None else 0)
+        with self._lock:
+            if self._span is not None:
+                held = self._span[2] - self._span[1]
+            else:
+                own = self._kv[0]
+                held = 0 if own is None or own.numel() == 0 else own.shape[-2]
+            return held + (self.tail.count if self.tail is not None else 0)
 
     def defer(self, keep: int, tail: Tail) -> None:
         """accept()'s: the layer's first `keep` columns, then the `tail` (not joined yet)."""
-        if self.tail is not None:  # still pending (no load since the last accept): joined first
-            self.join()
-        if self._span is not None:
-            joined, begin, end = self._span
-            self._span = (joined, begin, min(end, begin + keep))
-        elif self._kv[0] is not None and self._kv[0].shape[-2] != keep:
-            self._kv = [cast(torch.Tensor, t)[..., :keep, :] for t in self._kv]
-        self.tail = tail
+        with self._lock:
+            if self.tail is not None:  # still pending (no load since the last accept): joined first
+                self._join()
+            if self._span is not None:
+                joined, begin, end = self._span
+                self._span = (joined, begin, min(end, begin + keep))
+            elif self._kv[0] is not None and self._kv[0].shape[-2] != keep:
+                self._kv = [cast(torch.Tensor, t)[..., :keep, :] for t in self._kv]
+            self.tail = tail
 
-    def join(self) -> None:
-        """Its parts as one tensor each: the span sliced, the tail concatenated."""
+    def _join(self) -> None:
+        """Under the lock: its parts as one tensor each, the span sliced, the tail concatenated."""
         if self._span is not None:
             (keys, values), begin, end = self._span
             self._span, self._kv = None, [keys[None, :, begin:end], values[None, :, begin:end]]
@@ -113,24 +123,32 @@ class TailedLayer(DynamicLayer):
 
     def pieces(self, which: int) -> list[torch.Tensor]:
         """Its keys (which=0) or values (1) as [kv heads, n, head dim] parts, in order, unjoined."""
-        if self._span is not None:
-            joined, begin, end = self._span
-            own = joined[which][:, begin:end]
-        else:
-            own = cast(torch.Tensor, self._kv[which])[0]
-        return [own] if self.tail is None else [own, self.tail.piece(self.index, which)]
+        with self._lock:
+            if self._span is not None:
+                joined, begin, end = self._span
+                own = joined[which][:, begin:end]
+            else:
+                own = cast(torch.Tensor, self._kv[which])[0]
+            return [own] if self.tail is None else [own, self.tail.piece(self.index, which)]
 
     def rebase(self, joined: Pair, begin: int, load: int) -> None:
         """Its keys and values a span of load `load`'s concatenations of every run's ([kv heads, N,
         head dim] each), where its own begin at column `begin`: the tail joined by that copy."""
-        end = begin + self.get_seq_length()
-        self._span, self.tail, self.based = (joined, begin, end), None, load
-        self._kv = [None, None]  # its earlier tensors not kept alive
+        with self._lock:
+            own = (
+                self._span[2] - self._span[1]
+                if self._span is not None
+                else cast(torch.Tensor, self._kv[0]).shape[-2]
+            )
+            end = begin + own + (self.tail.count if self.tail is not None else 0)
+            self._span, self.tail, self.based = (joined, begin, end), None, load
+            self._kv = [None, None]  # its earlier tensors not kept alive
 
     def detach(self) -> None:
         """Its keys and values copied out of a load's concatenation, which they no longer keep alive."""
-        self.join()
-        self._kv, self.based = [None if t is None else t.clone() for t in self._kv], None
+        with self._lock:
+            self._join()
+            self._kv, self.based = [None if t is None else t.clone() for t in self._kv], None
 
 
 def defer(cache: DynamicCache, keep: int, tail: Tail) -> None:
@@ -146,9 +164,9 @@ def defer(cache: DynamicCache, keep: int, tail: Tail) -> None:
 class Loads:
     """A store's loads and the layers rebased on their concatenations. A concatenation holds every
     run's keys of that load, and lives as long as any layer based on it: a layer that is not loaded
-    again while the others move on (its run left the store's calls: a member that left the run under
-    the loop guard, a batch of two loaded a copy a run) is copied out of it at the next load, so that
-    it keeps no other run's keys alive."""
+    again while the others move on (its run left the store's calls for a while: a member not asked in
+    gated rounds, one that left the run under the loop guard, a batch of two loaded a copy a run) is
+    copied out of it at the next load, so that it keeps no other run's keys alive."""
 
     def __init__(self) -> None:
         self.count = 0
