@@ -13,7 +13,9 @@ from transformers.cache_utils import DynamicLayer
 
 from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Scheduler
+from specfuse.members.hf import HFMember
 from specfuse.members.hf.tailed import Tail, TailedLayer, defer
+from specfuse.models.preparation import warm_up
 from specfuse.records import Candidate
 
 from ..conftest import TINY_SPECS, tiny_member
@@ -152,3 +154,23 @@ def test_a_run_no_longer_loaded_is_copied_out_of_the_shared_concatenation():
     slotted.draft_many(three, [6] * 3)
     assert all(x.based == slotted.slots.loads.count for s in three for x in s.cache.layers)
     assert len(storages(three)) == 2
+
+
+@pytest.mark.gpu
+def test_gpu_requests_through_the_scheduler_on_captured_slots_equal_the_eager_path():
+    """On CUDA, fp32: the winners noted and joined by batched loads (a GPU's default) under replays,
+    several rounds of runs joining and leaving, the same rounds as the eager path on CUDA."""
+    cpus = [tiny_member(name) for name in NAMES]
+    models = [m.model.to("cuda") for m in cpus]
+    eager = [HFMember(m.name, x, m.tokenizer, device="cuda", decode="eager") for m, x in zip(cpus, models)]
+    graphs = [HFMember(m.name, x, m.tokenizer, device="cuda", decode="graphs") for m, x in zip(cpus, models)]
+    for m in graphs:
+        warm_up(m)
+        assert m.slots.batched and m.slots.capture_off is None
+    config = EnsembleConfig(segment_len=4, max_new_tokens=16)
+    prompts = [*PROMPTS, "Dear diary,"]
+    expected = [solo(eager, [m.name for m in eager], p, config) for p in prompts]
+    got = collected_apart(Scheduler(graphs, batch_size=3), [(p, config, None) for p in prompts], gap=0.1)
+    for want, (_, rounds) in zip(expected, got):
+        same_rounds(want, rounds)
+    assert all(m.slots.counts["verify_replays"] > 0 and m.slots.loads.count > 0 for m in graphs)
