@@ -14,7 +14,7 @@ from transformers.cache_utils import DynamicLayer
 from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Scheduler
 from specfuse.members.hf import HFMember
-from specfuse.members.hf.tailed import Tail, TailedLayer, defer
+from specfuse.members.hf.tailed import IDLE_LOADS, Tail, TailedLayer, defer
 from specfuse.models.preparation import warm_up
 from specfuse.records import Candidate
 
@@ -128,8 +128,9 @@ def test_requests_through_the_scheduler_with_batched_loads_equal_their_eager_sol
 
 def test_a_run_no_longer_loaded_is_copied_out_of_the_shared_concatenation():
     # Four runs rebased on one load's concatenation; then only three go on (the fourth's member has
-    # left it): at the next load the fourth's layers get memory of their own, and once the three move
-    # on, no layer is a view of the old concatenation (every run's keys) to keep it alive.
+    # left it, or waits under the gate): once IDLE_LOADS loads have passed without it, the fourth's
+    # layers get memory of their own, and once the three move on, no layer is a view of the old
+    # concatenation (every run's keys) to keep it alive.
     slotted = tiny_member("qwen-merges", decode="graphs")
     slotted.slots.batched = True
     states = verified_and_accepted(slotted)
@@ -143,12 +144,15 @@ def test_a_run_no_longer_loaded_is_copied_out_of_the_shared_concatenation():
     assert len(first) == 2 and all(x.based == load for s in states for x in s.cache.layers)
     before = [(x.keys.clone(), x.values.clone()) for x in states[3].cache.layers]
     three = states[:3]
+    for _ in range(IDLE_LOADS - 1):  # verified again and again without it: still a view
+        slotted.verify_many(three, [candidates() for _ in three])
+    assert all(x.based == load for x in states[3].cache.layers)
     slotted.verify_many(three, [candidates() for _ in three])
     assert all(x.based is None for x in states[3].cache.layers)  # copied out, the same numbers
     assert not storages(states[3:]) & first
     for x, (k, v) in zip(states[3].cache.layers, before):
         assert torch.equal(x.keys, k) and torch.equal(x.values, v)
-    assert storages(three) == first  # the three still read from it, until their next load
+    assert storages(three) == first  # the three still read from it, until their next load with a tail
     for state in three:
         slotted.accept(state, TEXTS[1])
     slotted.draft_many(three, [6] * 3)

@@ -25,6 +25,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 Pair = tuple[torch.Tensor, torch.Tensor]  # keys and values
+IDLE_LOADS = 8  # a store's loads a layer may go unloaded before it is copied out (Loads)
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,10 @@ class Loads:
     run's keys of that load, and lives as long as any layer based on it: a layer that is not loaded
     again while the others move on (its run left the store's calls for a while: a member not asked in
     gated rounds, one that left the run under the loop guard, a batch of two loaded a copy a run) is
-    copied out of it at the next load, so that it keeps no other run's keys alive."""
+    copied out of it once IDLE_LOADS loads have passed without it, so that it keeps no other run's
+    keys alive for long. Not at the next load: a round makes several (the draft's, a second draft's
+    under the gate, the verification's, newcomers' prompts read), each of some of the runs only, and a
+    copy is two launches a layer."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -193,17 +197,17 @@ class Loads:
                 layer.seen = load
 
     def release(self, load: int) -> None:
-        """After load `load`: the layers based on an earlier load and not loaded now copied out."""
+        """After load `load`: the layers based on an earlier load and idle for IDLE_LOADS copied out."""
         kept = []
         for ref in self._based:
             layer = ref()
             if layer is None or layer.based is None or layer.based == load:
                 continue  # gone, in memory of its own, or rebased now (in _now)
-            if layer.seen == load:
-                kept.append(ref)  # loaded now from where it is
+            if layer.seen is not None and load - layer.seen < IDLE_LOADS:
+                kept.append(ref)  # loaded lately
             else:
                 layer.detach()
         self._based, self._now = [*self._now, *kept], []
 
 
-__all__ = ["Loads", "Tail", "TailedLayer", "defer"]
+__all__ = ["IDLE_LOADS", "Loads", "Tail", "TailedLayer", "defer"]
