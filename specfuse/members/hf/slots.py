@@ -315,6 +315,7 @@ class SlotStore:
                     getattr(mine, name)[rows, :, columns] = joined[-1].transpose(0, 1)
                 # accept()'s winners (tailed.py) joined by this copy: their layers rebased on it
                 self.loads.rebase(layers, begins, (joined[0], joined[1]), load)
+            self.loads.track(caches)
         else:
             for r, cache in enumerate(caches):
                 for mine, theirs in zip(self.layers, cache.layers):

@@ -174,8 +174,8 @@ class Loads:
 
     def __init__(self) -> None:
         self.count = 0
-        self._based: list[weakref.ref[TailedLayer]] = []  # rebased at an earlier load
-        self._now: list[weakref.ref[TailedLayer]] = []  # rebased at this one
+        # The runs' caches a batched load rebased (a cache's layers are loaded and rebased together).
+        self._based: weakref.WeakSet[DynamicCache] = weakref.WeakSet()
 
     def begin(self) -> int:
         self.count += 1
@@ -189,25 +189,26 @@ class Loads:
                 layer.seen = load
                 if layer.tail is not None:
                     layer.rebase(joined, begin, load)
-                    self._now.append(weakref.ref(layer))
 
     def seen(self, layers: Sequence[Any], load: int) -> None:
         for layer in layers:
             if type(layer) is TailedLayer:
                 layer.seen = load
 
+    def track(self, caches: Sequence[DynamicCache]) -> None:
+        """The caches of a batched load: their layers may be views of its concatenations now."""
+        self._based.update(caches)
+
     def release(self, load: int) -> None:
-        """After load `load`: the layers based on an earlier load and idle for IDLE_LOADS copied out."""
-        kept = []
-        for ref in self._based:
-            layer = ref()
-            if layer is None or layer.based is None or layer.based == load:
-                continue  # gone, in memory of its own, or rebased now (in _now)
-            if layer.seen is not None and load - layer.seen < IDLE_LOADS:
-                kept.append(ref)  # loaded lately
-            else:
-                layer.detach()
-        self._based, self._now = [*self._now, *kept], []
+        """After load `load`: the caches idle for IDLE_LOADS loads copied out of what they were based on."""
+        for cache in list(self._based):
+            head = cache.layers[0]
+            if type(head) is TailedLayer and head.seen is not None and load - head.seen < IDLE_LOADS:
+                continue  # loaded lately
+            for layer in cache.layers:
+                if type(layer) is TailedLayer and layer.based is not None:
+                    layer.detach()
+            self._based.discard(cache)
 
 
 __all__ = ["IDLE_LOADS", "Loads", "Tail", "TailedLayer", "defer"]
