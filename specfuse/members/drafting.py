@@ -185,8 +185,7 @@ class DraftCut:
     ) -> None:
         self.decode, self.ids, self.stop_ids, self.stops = decode, ids, stop_ids, stops
         # The committed tokens' text that decode_after sets the draft's after: the same for every
-        # token pushed (one decode a token, not two: at 32 runs the host's decodes were a sixth of a
-        # draft's work outside the steps).
+        # token pushed, so decoded once (a decode a token, not two).
         self.before = decode(list(ids[-2:]))
         self.budget = self.limit = max(0, max_new_tokens)
         self.new: list[int] = []
