@@ -74,8 +74,18 @@ class Ops(TorchDispatchMode):
         # `to` may return its input (then a view) or convert it (a kernel): told apart by the result.
         copied = func.__name__.startswith("to.") and out.data_ptr() != args[0].data_ptr()
         if not self.paused and (copied or not func.is_view) and func.__name__ not in FREE:
-            self.counts[self.phase] += 1
+            self.counts[self.phase] += _launches(func, args)
         return out
+
+
+def _launches(func: Any, args: Any) -> int:
+    """A kernel's launches on CUDA: one, but a concatenation copies its inputs in batches, one launch
+    each (ATen's parallel_cat: 128 contiguous inputs a launch, 64 when any is strided)."""
+    if func.__name__ not in ("cat.default", "cat.out"):
+        return 1
+    inputs = args[0]
+    batch = 128 if all(t.is_contiguous() for t in inputs) else 64
+    return -(-len(inputs) // batch)
 
 
 class FusedNorms(TorchFunctionMode):

@@ -70,7 +70,7 @@ def decode_paths(members: Sequence[Any]) -> dict[str, dict[str, Any]]:
 # anchor shared (31 tree nodes a row).
 ROUND_NODES = 32
 # A KV-slot store's switches (members/hf/slots.py), for A/B runs.
-SLOT_OPTIONS = ("ahead", "fold", "batched", "fuse", "merge", "prefill")
+SLOT_OPTIONS = ("ahead", "fold", "batched", "fuse", "merge", "prefill", "stacked")
 
 
 def captures(members: Sequence[Any]) -> tuple[int, float]:

@@ -159,7 +159,7 @@ def test_random_weight_shapes_run_the_same_path_on_a_cpu_and_the_report_says_whe
     report = json.loads(out.with_suffix(".json").read_text())
     # An A/B run's switch: the model's own attention on the slots (ahead, batched, fuse, merge: a GPU's only).
     off = dict.fromkeys(("ahead", "fold", "batched", "fuse", "merge"), False)
-    assert all(p["options"] == {**off, "prefill": True} for p in report["decode"].values())
+    assert all(p["options"] == {**off, "prefill": True, "stacked": True} for p in report["decode"].values())
     assert report["members"] == ["qwen2.5-7b", "llama-3.1-8b", "gemma-2-9b"]
     where = (report["shapes"], report["device"], report["dtype"], report["gpu"])
     assert where == ("tiny", "cpu", "float32", None)

@@ -44,10 +44,14 @@ def verified_and_accepted(member) -> list:
     return states
 
 
+@pytest.mark.parametrize("stacked", [True, False], ids=["all-layers", "a-layer-at-a-time"])
 @pytest.mark.parametrize("name", NAMES)
-def test_a_verified_winner_is_joined_by_the_next_batched_load_and_drafts_go_on_the_same(name):
+def test_a_verified_winner_is_joined_by_the_next_batched_load_and_drafts_go_on_the_same(name, stacked):
     eager, slotted = tiny_member(name, decode="eager"), tiny_member(name, decode="graphs")
-    slotted.slots.batched = True  # a GPU's load: one concatenation and one indexed write a layer
+    # A GPU's load: one concatenation and one indexed write, for every layer at once (the store's
+    # layers in one allocation, slot_layer.Stack) or a layer at a time; the gathers after a
+    # verification likewise.
+    slotted.slots.batched, slotted.slots.stacked = True, stacked
     e_states, s_states = verified_and_accepted(eager), verified_and_accepted(slotted)
     assert [s.ids for s in s_states] == [s.ids for s in e_states]
     for state in s_states:  # noted, not joined: the layer's own columns end at the winner's anchor
@@ -58,11 +62,15 @@ def test_a_verified_winner_is_joined_by_the_next_batched_load_and_drafts_go_on_t
             assert layer.get_seq_length() == len(state.ids)
     want = [c.text for c in eager.draft_many(e_states, [6] * 4)]
     assert [c.text for c in slotted.draft_many(s_states, [6] * 4)] == want
-    # The load joined every tail, each run's layer now a view of that load's concatenation.
+    # The load joined every tail, each run's layer now a view of that load's concatenation (one for
+    # every layer's keys when stacked).
+    assert slotted.slots.stack is not None  # the tiny members' layers are alike
+    storages = set()
     for i in range(len(s_states[0].cache.layers)):
         layers = [s.cache.layers[i] for s in s_states]
         assert all(x.tail is None for x in layers)
-        assert len({x.keys.untyped_storage().data_ptr() for x in layers}) == 1
+        storages |= {x.keys.untyped_storage().data_ptr() for x in layers}
+    assert len(storages) == (1 if stacked else len(s_states[0].cache.layers))
     for e, s in zip(e_states, s_states):
         for le, ls in zip(e.cache.layers, s.cache.layers):
             n = len(s.ids)

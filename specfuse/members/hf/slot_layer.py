@@ -12,7 +12,7 @@ columns than the memory holds makes the store allocate again (and drop every gra
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers.cache_utils import CacheLayerMixin
@@ -82,6 +82,39 @@ class SlotLayer(CacheLayerMixin):
         return int(self.keys.shape[2]) if self.keys is not None else 0
 
 
+class Stack:
+    """Every layer's slots in one allocation for keys and one for values, [layers, rows, kv heads,
+    capacity, head dim] (where the layers' shapes agree): each SlotLayer's memory is one layer of it,
+    so that a load writes every layer's keys at once and a verification gathers every layer's at
+    once, an operation a load or a gather instead of one a layer (28 to 42 launches each on a GPU)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.memory = (keys, values)
+        self._views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def layers(self, shape: Shape) -> list[SlotLayer]:
+        keys, values = self.memory
+        return [SlotLayer(keys[i], values[i], shape) for i in range(keys.shape[0])]
+
+    def at_width(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values seen as [layers, rows that fit, kv heads, width, head dim]: each layer as
+        its SlotLayer sees it at that width (views, made once a width)."""
+        views = self._views.get(width)
+        if views is None:
+            views = self._views[width] = cast(
+                "tuple[torch.Tensor, torch.Tensor]", tuple(_stacked(t, width) for t in self.memory)
+            )
+        return views
+
+
+def _stacked(memory: torch.Tensor, width: int) -> torch.Tensor:
+    """`memory` [layers, rows, heads, capacity, dim] seen as _shaped sees each layer."""
+    layers, _, heads, _, dim = memory.shape
+    row = heads * width * dim
+    fit = memory[0].numel() // row
+    return memory.view(layers, -1)[:, : fit * row].view(layers, fit, heads, width, dim)
+
+
 def _shaped(memory: torch.Tensor, width: int) -> torch.Tensor:
     """`memory` [rows, heads, capacity, dim] seen as [its size // (heads · width · dim), heads, width,
     dim]: the rows that fit, each `width` columns, one after another."""
@@ -90,4 +123,4 @@ def _shaped(memory: torch.Tensor, width: int) -> torch.Tensor:
     return memory.view(-1)[: memory.numel() // row * row].view(-1, heads, width, dim)
 
 
-__all__ = ["Shape", "SlotLayer"]
+__all__ = ["Shape", "SlotLayer", "Stack"]

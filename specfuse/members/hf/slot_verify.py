@@ -216,11 +216,17 @@ def verify(
         nodes = transfer.tensor_on(padded, hidden.device)  # [n, P]
         laid = torch.gather(hidden[:n], 1, nodes[:, :, None].expand(-1, -1, hidden.shape[-1]))  # a copy
         columns = (nodes + transfer.tensor_on(lengths, nodes.device)[:, None])[:, None, :, None]
-        kv = []
-        for layer in store.layers:
-            assert layer.keys is not None and layer.values is not None
-            at = columns.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])  # [n, kv heads, P, D]
-            kv.append((torch.gather(layer.keys[:n], 2, at), torch.gather(layer.values[:n], 2, at)))
+        if store.stack is not None and store.stacked:  # every layer's in one gather (slot_layer.Stack)
+            keys, values = store.stack.at_width(width)  # [layers, rows, kv heads, width, head dim]
+            at = columns[None].expand(keys.shape[0], -1, keys.shape[2], -1, keys.shape[4])
+            both = torch.gather(keys[:, :n], 3, at), torch.gather(values[:, :n], 3, at)
+            kv = [(both[0][i], both[1][i]) for i in range(keys.shape[0])]
+        else:
+            kv = []
+            for layer in store.layers:
+                assert layer.keys is not None and layer.values is not None
+                at = columns.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])  # [n, kv heads, P, D]
+                kv.append((torch.gather(layer.keys[:n], 2, at), torch.gather(layer.values[:n], 2, at)))
         return Read([laid[r, :size] for r, size in enumerate(sizes)], kv, sizes)
     finally:
         store.end()

@@ -37,16 +37,16 @@ from typing import Any, Protocol, cast
 import numpy as np
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache
 
 from ...config import DECODE_MODES
 from ...errors import ConfigError
 from .. import profiling
 from . import attention, fusion, transfer
 from .scoring import float_mask
-from .slot_layer import Shape, SlotLayer
+from .slot_layer import Shape, SlotLayer, Stack
 from .state import ModelView
-from .tailed import Loads, TailedLayer
+from .tailed import Loads, pieces, plain
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +138,7 @@ class SlotStore:
         # any capture), projections merged within (projections.py), prompts read here (prefill.on_slots).
         self.ahead, self.fold, self.batched, self.fuse, self.prefill = on_gpu, True, on_gpu, on_gpu, True
         self.merge = on_gpu
+        self.stacked = True  # a load's write and a verification's gather for every layer at once (Stack)
         if self.fuse and unsupported is None:
             with _CAPTURING:  # the merged projections' old weights given back: no capture under way
                 fusion.plan(member.base, release=on_gpu)
@@ -159,6 +160,7 @@ class SlotStore:
         self.replay_ms: dict[Key, float] = {}
         self._lock = threading.Lock()
         self.loads = Loads()
+        self.stack: Stack | None = None  # the layers' slots in one allocation, where they are alike
 
     # -- a draft's begin and end ---------------------------------------------------------------
 
@@ -177,7 +179,7 @@ class SlotStore:
         """Take the store for one call of `kind` ("draft", "verify": its step's `tokens` per row,
         `width` columns): the runs' caches copied into slots 0..n-1, the step ready. False: the
         store cannot take it (unsupported, or in use by another thread); True: end() it."""
-        if self.disabled or not _plain(caches):
+        if self.disabled or not plain(caches):
             return False
         if not self._lock.acquire(blocking=False):
             self.counts["busy"] += 1
@@ -272,7 +274,7 @@ class SlotStore:
     def _allocate(self, rows: int, width: int, like: DynamicCache) -> None:
         """Slots for at least `rows` runs of `width` columns, shaped like `like`'s layers; a store
         that holds fewer rows x columns is replaced (and its graphs, which read its memory)."""
-        first = _pieces(like.layers[0], 0)[0]  # [kv heads, n, head dim]; a tail left unjoined
+        first = pieces(like.layers[0], 0)[0]  # [kv heads, n, head dim]; a tail left unjoined
         if (
             self.layers
             and self.layers[0].fits(rows, width)  # fewer rows may be wider in the same memory
@@ -282,12 +284,24 @@ class SlotStore:
             return
         rows, width = max(rows, self.rows), max(width, self.capacity)
         self.layers, self.cache, self.graphs, self.pool = [], None, {}, None  # freed before the new one
-        layers = []
-        for layer in like.layers:
-            keys, values = (_pieces(layer, w)[0] for w in (0, 1))
-            k = keys.new_zeros(rows, keys.shape[0], width, keys.shape[2])
-            v = values.new_zeros(rows, values.shape[0], width, values.shape[2])
-            layers.append(SlotLayer(k, v, self.shape))
+        self.stack = None
+        firsts = [tuple(pieces(layer, w)[0] for w in (0, 1)) for layer in like.layers]
+        shapes = {(k.shape[0], k.shape[2], v.shape[0], v.shape[2]) for k, v in firsts}
+        if len(shapes) == 1:  # every layer alike: one allocation each for keys and values
+            (keys, values), n = firsts[0], len(firsts)
+            k = keys.new_zeros(n, rows, keys.shape[0], width, keys.shape[2])
+            v = values.new_zeros(n, rows, values.shape[0], width, values.shape[2])
+            self.stack = Stack(k, v)
+            layers = self.stack.layers(self.shape)
+        else:
+            layers = [
+                SlotLayer(
+                    keys.new_zeros(rows, keys.shape[0], width, keys.shape[2]),
+                    values.new_zeros(rows, values.shape[0], width, values.shape[2]),
+                    self.shape,
+                )
+                for keys, values in firsts
+            ]
         self.layers, self.rows, self.capacity = layers, rows, width
         self.cache = Cache(layers=list(layers))
         size = sum(t.nbytes for x in layers for t in (x.keys, x.values) if t is not None)
@@ -295,27 +309,13 @@ class SlotStore:
 
     def _load(self, caches: Sequence[DynamicCache]) -> None:
         """Each run's committed keys and values into its slot (row r: the r-th run): `batched` (a
-        GPU), per layer one concatenation and one indexed write, whatever the runs; else a copy per
-        run and layer (a CPU: there bf16's indexed write measured 3.3x slower than the copies)."""
+        GPU), one concatenation and one indexed write for every layer at once (`stacked`) or a layer
+        at a time, whatever the runs (_load_batched); else a copy per run and layer (a CPU: there
+        bf16's indexed write measured 3.3x slower than the copies)."""
         load = self.loads.begin()
-        if self.batched and len(caches) > 2:  # two runs' copies are as many launches
-            lengths = [c.get_seq_length() for c in caches]
-            begins = [0, *itertools.accumulate(lengths)][:-1]
-            # Each key's slot row and column, in numpy (an arange a run in torch: an operation each),
-            # copied to the device at once.
-            where = np.repeat(np.stack([np.arange(len(caches)), begins]), lengths, axis=1)
-            where[1] = np.arange(where.shape[1]) - where[1]
-            rows, columns = transfer.to_device(torch.from_numpy(where), self.member.device)
-            for i, mine in enumerate(self.layers):
-                layers = [cache.layers[i] for cache in caches]
-                joined = []
-                for w, name in enumerate(("keys", "values")):
-                    parts = [p for layer in layers for p in _pieces(layer, w)]  # [kv heads, n, head dim]
-                    joined.append(torch.cat(parts, dim=1))
-                    getattr(mine, name)[rows, :, columns] = joined[-1].transpose(0, 1)
-                # accept()'s winners (tailed.py) joined by this copy: their layers rebased on it
-                self.loads.rebase(layers, begins, (joined[0], joined[1]), load)
-            self.loads.track(caches)
+        # A layer at a time, two runs' copies are as many launches; stacked, one run's are 56 or more.
+        if self.batched and (len(caches) > 2 or (self.stack is not None and self.stacked)):
+            self._load_batched(caches, load)
         else:
             for r, cache in enumerate(caches):
                 for mine, theirs in zip(self.layers, cache.layers):
@@ -324,6 +324,38 @@ class SlotStore:
                         getattr(mine, name)[r, :, : kept.shape[2]].copy_(kept[0])
                 self.loads.seen(cache.layers, load)
         self.loads.release(load)
+
+    def _load_batched(self, caches: Sequence[DynamicCache], load: int) -> None:
+        """_load's GPU way: every run's keys (accept()'s noted winners among them, tailed.py) in one
+        concatenation and one indexed write, for every layer at once where the store is a Stack (else
+        a layer at a time); each run's layers rebased on that concatenation."""
+        lengths = [c.get_seq_length() for c in caches]
+        begins = [0, *itertools.accumulate(lengths)][:-1]
+        total, n = sum(lengths), len(self.layers)
+        stack = self.stack if self.stacked else None
+        stacked = stack is not None
+        # Each key's layer, slot row and column, in numpy (an arange a run in torch: an operation
+        # each), copied to the device at once.
+        where = np.repeat(np.stack([np.arange(len(caches)), begins]), lengths, axis=1)
+        where[1] = np.arange(total) - where[1]
+        if stacked:
+            where = np.concatenate([np.repeat(np.arange(n), total)[None], np.tile(where, n)])
+        index = tuple(transfer.to_device(torch.from_numpy(where), self.member.device))
+        groups = [list(range(n))] if stacked else [[i] for i in range(n)]
+        for group in groups:
+            runs = [[cache.layers[i] for cache in caches] for i in group]
+            joined = []
+            for w, name in enumerate(("keys", "values")):
+                parts = [p for layers in runs for layer in layers for p in pieces(layer, w)]
+                joined.append(torch.cat(parts, dim=1))  # [kv heads, keys of the group's layers, head dim]
+                if stack is not None:
+                    whole = stack.at_width(self.shape.width)[w]
+                    whole[index[0], index[1], :, index[2]] = joined[-1].transpose(0, 1)
+                else:
+                    getattr(self.layers[group[0]], name)[index[0], :, index[1]] = joined[-1].transpose(0, 1)
+            for g, layers in enumerate(runs):  # accept()'s winners joined by this copy: rebased on it
+                self.loads.rebase(layers, [g * total + b for b in begins], (joined[0], joined[1]), load)
+        self.loads.track(caches)
 
     def ready(self, key: Key, *, run: bool = False) -> None:
         """Make the step `key` ready for the shape now set: captured on CUDA (once), and with `run`
@@ -454,28 +486,6 @@ class SlotStore:
         except Exception as e:  # a figure for the benchmark, never a reason to fail it
             said = f"{type(e).__name__}: {e}"
             log.warning("%s: timing the captured steps failed (%s)", self.member.name, said)
-
-
-def _plain(caches: Sequence[DynamicCache]) -> bool:
-    """Whether every cache is a DynamicCache of full layers (what prefill and accept() make; a
-    TailedLayer's own keys are read unjoined)."""
-    return all(
-        isinstance(cache, DynamicCache)
-        and cache.layers
-        and all(
-            (type(layer) is TailedLayer and layer.is_initialized)
-            or (type(layer) is DynamicLayer and layer.keys is not None)
-            for layer in cache.layers
-        )
-        for cache in caches
-    )
-
-
-def _pieces(layer: Any, which: int) -> list[torch.Tensor]:
-    """A run's layer's keys (which=0) or values (1) as [kv heads, n, head dim] parts, unjoined."""
-    if type(layer) is TailedLayer:
-        return layer.pieces(which)
-    return [cast(torch.Tensor, layer.keys if which == 0 else layer.values)[0]]
 
 
 __all__ = ["BUCKETS", "SlotStore", "bucket_of", "resolved", "width_of"]

@@ -211,4 +211,26 @@ class Loads:
             self._based.discard(cache)
 
 
-__all__ = ["IDLE_LOADS", "Loads", "Tail", "TailedLayer", "defer"]
+def plain(caches: Sequence[DynamicCache]) -> bool:
+    """Whether every cache is a DynamicCache of full layers (what prefill and accept() make; a
+    TailedLayer's own keys are read unjoined)."""
+    return all(
+        isinstance(cache, DynamicCache)
+        and cache.layers
+        and all(
+            (type(layer) is TailedLayer and layer.is_initialized)
+            or (type(layer) is DynamicLayer and layer.keys is not None)
+            for layer in cache.layers
+        )
+        for cache in caches
+    )
+
+
+def pieces(layer: Any, which: int) -> list[torch.Tensor]:
+    """A run's layer's keys (which=0) or values (1) as [kv heads, n, head dim] parts, unjoined."""
+    if type(layer) is TailedLayer:
+        return layer.pieces(which)
+    return [cast(torch.Tensor, layer.keys if which == 0 else layer.values)[0]]
+
+
+__all__ = ["IDLE_LOADS", "Loads", "Tail", "TailedLayer", "defer", "pieces", "plain"]
