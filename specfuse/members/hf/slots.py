@@ -333,15 +333,14 @@ class SlotStore:
         begins = [0, *itertools.accumulate(lengths)][:-1]
         total, n = sum(lengths), len(self.layers)
         stack = self.stack if self.stacked else None
-        stacked = stack is not None
         # Each key's layer, slot row and column, in numpy (an arange a run in torch: an operation
         # each), copied to the device at once.
         where = np.repeat(np.stack([np.arange(len(caches)), begins]), lengths, axis=1)
         where[1] = np.arange(total) - where[1]
-        if stacked:
+        if stack is not None:
             where = np.concatenate([np.repeat(np.arange(n), total)[None], np.tile(where, n)])
         index = tuple(transfer.to_device(torch.from_numpy(where), self.member.device))
-        groups = [list(range(n))] if stacked else [[i] for i in range(n)]
+        groups = [list(range(n))] if stack is not None else [[i] for i in range(n)]
         for group in groups:
             runs = [[cache.layers[i] for cache in caches] for i in group]
             joined = []

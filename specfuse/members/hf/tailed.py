@@ -43,6 +43,23 @@ class Tail:
         return self.kv[layer][which][self.row, :, self.begin : self.begin + self.count]
 
 
+def _joined(which: int) -> property:
+    """TailedLayer's `keys` (which=0) or `values` (1): read or written joined, under the lock (a
+    write keeps the other's tail: it is joined first)."""
+
+    def read(layer: TailedLayer) -> torch.Tensor | None:
+        with layer._lock:
+            layer._join()
+            return layer._kv[which]
+
+    def write(layer: TailedLayer, tensor: torch.Tensor | None) -> None:
+        with layer._lock:
+            layer._join()
+            layer._kv[which] = tensor
+
+    return property(read, write)
+
+
 class TailedLayer(DynamicLayer):
     """A DynamicLayer (full attention) that holds its committed keys and values in up to two parts:
     its own (tensors, or a span of a load's concatenation, not yet sliced: a view made at every load
@@ -65,39 +82,22 @@ class TailedLayer(DynamicLayer):
         # caller of the member (another scheduler's thread) is using.
         self._lock = threading.Lock()
 
-    @property  # type: ignore[override]
-    def keys(self) -> torch.Tensor | None:
-        with self._lock:
-            self._join()
-            return self._kv[0]
-
-    @keys.setter
-    def keys(self, tensor: torch.Tensor | None) -> None:
-        with self._lock:
-            self._join()  # the values' tail kept
-            self._kv[0] = tensor
-
-    @property  # type: ignore[override]
-    def values(self) -> torch.Tensor | None:
-        with self._lock:
-            self._join()
-            return self._kv[1]
-
-    @values.setter
-    def values(self, tensor: torch.Tensor | None) -> None:
-        with self._lock:
-            self._join()
-            self._kv[1] = tensor
+    keys = _joined(0)  # type: ignore[assignment]
+    values = _joined(1)  # type: ignore[assignment]
 
     def get_seq_length(self) -> int:
         """The committed tokens, the tail's among them, without joining them."""
         with self._lock:
-            if self._span is not None:
-                held = self._span[2] - self._span[1]
-            else:
-                own = self._kv[0]
-                held = 0 if own is None or own.numel() == 0 else own.shape[-2]
-            return held + (self.tail.count if self.tail is not None else 0)
+            return self._length()
+
+    def _length(self) -> int:
+        """Under the lock: get_seq_length."""
+        if self._span is not None:
+            held = self._span[2] - self._span[1]
+        else:
+            own = self._kv[0]
+            held = 0 if own is None or own.numel() == 0 else own.shape[-2]
+        return held + (self.tail.count if self.tail is not None else 0)
 
     def defer(self, keep: int, tail: Tail) -> None:
         """accept()'s: the layer's first `keep` columns, then the `tail` (not joined yet)."""
@@ -136,12 +136,7 @@ class TailedLayer(DynamicLayer):
         """Its keys and values a span of load `load`'s concatenations of every run's ([kv heads, N,
         head dim] each), where its own begin at column `begin`: the tail joined by that copy."""
         with self._lock:
-            own = (
-                self._span[2] - self._span[1]
-                if self._span is not None
-                else cast(torch.Tensor, self._kv[0]).shape[-2]
-            )
-            end = begin + own + (self.tail.count if self.tail is not None else 0)
+            end = begin + self._length()
             self._span, self.tail, self.based = (joined, begin, end), None, load
             self._kv = [None, None]  # its earlier tensors not kept alive
 
