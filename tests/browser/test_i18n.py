@@ -225,6 +225,8 @@ def test_a_phone_in_chinese_joins_votes_and_hears_the_verdict_in_chinese(browser
             other = context.new_page()  # a wrong code: refused in the phone's language
             other.goto(f"{address.rstrip('/')}/join?code=ZZZZZZ")
             wait_text(other, "#room-note", "没有使用该代码的课堂会话")
+            # The refusal (a queued event) can land before the page's texts (one update of the load)
+            wait_text(other, "#room-title", "加入课堂")
             assert not english_left(other, allowed)
         finally:
             context.close()
