@@ -23,6 +23,7 @@ import httpx  # a Gradio dependency
 from specfuse import SpecfuseError
 from specfuse.engine import ServerSettings
 from specfuse.flags import Parser, add_loading_flags, add_settings, from_args
+from specfuse.heap import freeze_survivors
 from specfuse.models.catalogue import CATALOGUE
 from specfuse.models.hardware import settle_auto
 from specfuse.models.quantize_options import check_quantize, cpu_only
@@ -49,11 +50,15 @@ def serve(
     prevent_thread_lock: bool = False,
     api: Any = None,
     then: Callable[[], None] | None = None,
+    freeze: bool = False,
 ) -> tuple[Any, str, str | None]:
     """Queue (bounded) and launch with the Gradio 6 conventions: theme and CSS in launch(), no SSR.
 
     `api`: an ASGI app (specfuse.serve.api.create_app) answering /v1/… and /health on the same port.
-    `then`: called once the page answers (app.preparation: the members load while it is read)."""
+    `then`: called once the page answers (app.preparation: the members load while it is read).
+    `freeze`: this process serves until it stops: once the page answers, what start-up made (the
+    libraries, the page, members loaded before it) is kept out of the garbage collector's full passes
+    (specfuse.heap), which would otherwise walk it in the middle of someone's round."""
     css_path = ASSETS / "app.css"
     demo.queue(max_size=max_size, default_concurrency_limit=concurrency)
     room = serve_room(demo)  # a class's phones: a slot each, and no "Queue is full" when they join
@@ -76,6 +81,8 @@ def serve(
     PageHead(STATUS_TIMER_GUARD, demo).mount(launched[0])
     if api is not None:
         ApiRoute(api).mount(launched[0])
+    if freeze:  # before `then`: nobody's run is under way yet, and no member is half loaded
+        freeze_survivors(lambda line: print(line, file=sys.stderr))
     if then is not None:  # after launch: loading (torch's import, conversions) then slows no page
         then()
     if not prevent_thread_lock:
@@ -338,6 +345,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             run_history=args.run_history,
             api=api,
             then=preparing,
+            freeze=True,
         )
     finally:
         schedulers.close()

@@ -42,6 +42,7 @@ from ..errors import SpecfuseError
 from ..eval.problems import OPEN_PROMPTS
 from ..eval.variants import add_set_option
 from ..flags import Parser, add_loading_flags, add_settings, command_line
+from ..heap import freeze_survivors
 from . import ceiling
 from .measure import cpu_model, load_named, write_outputs
 from .serve_report import MIN_REQUESTS, PER_CLIENT, format_table, listed, parted_at
@@ -399,6 +400,11 @@ def _parser() -> Parser:
     off = ", ".join(ceiling.SLOT_OPTIONS)
     add("--slots-off", nargs="+", default=[], choices=ceiling.SLOT_OPTIONS, metavar="OPTION",
         help=f"turn off {off} in the KV slots (--decode graphs), to measure each (docs/gpu.md)")  # fmt: skip
+    add(
+        "--no-freeze",
+        action="store_true",
+        help="leave what start-up made in the garbage collector's full passes (specfuse-serve freezes it)",
+    )
     add("--out", type=Path, default=None, help="write OUT.json and OUT.txt")
     return parser
 
@@ -438,6 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ceiling.slots_off(members, args.slots_off)
         _capture(members)
         _say(f"{len(members)} members ready in {time.perf_counter() - began:.1f} s")
+        frozen = 0 if args.no_freeze else freeze_survivors(_say)  # as specfuse-serve does once they are
         report = run_serve(
             members, levels=levels, per_client=args.per_client, requests=requests,
             max_tokens=max_tokens, config=config, batch_size=args.batch_size, join_wait=args.join_wait,
@@ -448,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecfuseError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    report["quantize"] = args.quantize
+    report["quantize"], report["gc_frozen"] = args.quantize, frozen
     report["environment"] = {k: os.environ[k] for k in KERNEL_SETTINGS if k in os.environ}
     report["shapes"] = args.shapes
     report.update(ceiling.measure(members))  # the bandwidth, after the levels: their figures are unaffected

@@ -81,6 +81,20 @@ def capture_lines(report: dict[str, Any]) -> list[str]:
     return ["", "steps captured at first use inside a timed level: " + "; ".join(said)] if said else []
 
 
+def gc_lines(report: dict[str, Any]) -> list[str]:
+    """The garbage collector's full passes in each level (each holds every thread, a round's too),
+    and how many objects start-up left out of them (heap.freeze_survivors)."""
+    levels = [r for r in report["levels"].values() if "gc_full_passes" in r]  # reports from before: none
+    if not levels:
+        return []
+    counts = [
+        f"{r['clients']} clients: {r['gc_full_passes']} ({r['gc_full_pass_ms']:.0f} ms)" for r in levels
+    ]
+    frozen = report.get("gc_frozen", 0)
+    kept = f"{frozen:,} objects frozen at start-up" if frozen else "nothing frozen (--no-freeze)"
+    return ["", f"full garbage collections, {kept}: {'; '.join(counts)}"]
+
+
 def _row(r: dict[str, Any]) -> str:
     load = f"{r['load_before'][0]:.2f} → {r['load_after'][0]:.2f}"
     peak = r.get("peak_gpu_gb")
@@ -135,6 +149,7 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"skipped (the deadline had passed): {', '.join(map(str, report['skipped']))} clients")
     lines += parting_lines(report)
     lines += capture_lines(report)
+    lines += gc_lines(report)
     eight = levels.get("8")
     if eight is not None:
         speedup, ratio = eight["aggregate_speedup"], eight["p95_first_segment_ratio"]

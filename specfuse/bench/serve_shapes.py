@@ -21,6 +21,7 @@ from typing import Any
 
 from ..config import EnsembleConfig
 from ..errors import SpecfuseError
+from ..heap import FullPasses
 from ..members import profiling
 from . import ceiling
 from .shapes import SHAPES
@@ -95,11 +96,13 @@ def measured(
     members: Sequence[Any], gpus: Sequence[Any], profile: bool, level: Any, *args: Any
 ) -> dict[str, Any]:
     """`level(*args)`'s figures (a level of bench serve), with its peak GPU memory, where its time
-    went (`profile`) and the steps first needed in it, captured while it was timed (a GPU's)."""
+    went (`profile`), the steps first needed in it, captured while it was timed (a GPU's), and the
+    garbage collector's full passes in it (each holds every thread of the process)."""
     reset_peak(gpus)
     steps, seconds = ceiling.captures(members)
-    with profiling.profiling() if profile else contextlib.nullcontext() as tally:
+    with FullPasses() as passes, profiling.profiling() if profile else contextlib.nullcontext() as tally:
         out: dict[str, Any] = level(*args)
     taken = ceiling.captures(members)
     out |= {"captures": taken[0] - steps, "capture_s": taken[1] - seconds, "peak_gpu_gb": peak_gb(gpus)}
+    out |= {"gc_full_passes": passes.count, "gc_full_pass_ms": passes.ms}
     return out | ({"profile": tally.snapshot()} if tally is not None else {})

@@ -28,6 +28,7 @@ from ..flags import (
     from_args,
     parse_models,
 )
+from ..heap import freeze_survivors
 from ..limits import Limits
 from ..models.catalogue import DEFAULT_MEMBERS
 from ..models.quantize_options import check_quantize, cpu_only
@@ -97,6 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
     app.state.serving.preparing = preparation.snapshot
 
     def ready(scheduler: Scheduler) -> None:
+        freeze_survivors(log.info)  # start-up is over: its objects out of the collector's full passes
         app.state.serving.attach(scheduler)
         log.info(
             "serving %s, batch size %d, queue %d", ", ".join(scheduler.names), args.batch_size, args.queue

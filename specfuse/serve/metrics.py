@@ -2,7 +2,8 @@
 registry per app so that two apps in one process (tests, a bench) never mix their counts.
 
 What it counts: requests by endpoint and HTTP status (an ASGI middleware sees every response, the
-refusals included); the scheduler's queue, running and paused runs, read at each scrape; and, as each
+refusals included); the scheduler's queue, running and paused runs, read at each scrape; the garbage
+collector's passes by generation and the objects start-up froze out of them (specfuse.heap); and, as each
 completion request ends, its prompt and completion tokens, its rounds, and each member's drafting,
 verifying and accepting seconds in those rounds (Round.timings).
 
@@ -11,10 +12,11 @@ Knows nothing about HTTP routes beyond their paths, nor about the engine beyond 
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, GCCollector, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -59,6 +61,7 @@ class Metrics:
             registry=r,
         )
         r.register(_SchedulerGauges(stats))
+        GCCollector(registry=r)  # python_gc_collections_total by generation: a full pass holds every round
 
     def request_done(self, path: str, status: int) -> None:
         self.requests.labels(_endpoint(path), str(status)).inc()
@@ -97,6 +100,11 @@ class _SchedulerGauges(Collector):
         ):
             yield GaugeMetricFamily(f"specfuse_{key}", help_text, value=stats.get(key, 0))
         yield GaugeMetricFamily("specfuse_ready", "1 once the members are loaded", value=1 if stats else 0)
+        yield GaugeMetricFamily(
+            "specfuse_gc_frozen_objects",
+            "objects kept out of the garbage collector's full passes once start-up was over (gc.freeze)",
+            value=gc.get_freeze_count(),
+        )
 
 
 def _endpoint(path: str) -> str:

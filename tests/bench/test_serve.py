@@ -3,6 +3,7 @@ report carries the figures the docs quote (a timing script, checked for shape, n
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from dataclasses import replace
@@ -107,7 +108,11 @@ def test_the_command_quantizes_sets_any_setting_and_says_so_in_its_report(
             "--set", "stop_strings=Zq|Qz", "--levels", "1,2", "--requests", "2", "--max-tokens", "4",
             "--segment-len", "4", "--join-wait", "0", "--parallel", "off", "--profile",
             "--against", "gate=true", "--out", str(out)]  # fmt: skip
-    assert main(argv) == 0
+    try:
+        assert main(argv) == 0  # which freezes what start-up left (heap.freeze_survivors)
+        assert gc.get_freeze_count() > 100_000  # torch's and transformers' objects, at least
+    finally:
+        gc.unfreeze()  # this test process goes on: its frozen objects collectable again
     for member in loaded:
         layers = [m for m in member.model.modules() if isinstance(m, nn.Linear | QuantizedLinear)]
         assert layers and all(type(m) is QuantizedLinear and m.weight.dtype == torch.int8 for m in layers)
@@ -126,6 +131,13 @@ def test_the_command_quantizes_sets_any_setting_and_says_so_in_its_report(
     assert header.endswith("; settings: segment_len=4, verify=disagree, stop_strings=Zq|Qz")
     assert report["against"]["settings"] == {"gate": True} and report["config"]["gate"] is False
     assert "tokens/s under gate=True over the default's, level by level: 1 clients ×" in text
+    # each level counts the collector's full passes in it; start-up's objects were frozen
+    assert report["gc_frozen"] > 100_000 and all(
+        level["gc_full_passes"] >= 0 for level in report["levels"].values()
+    )
+    assert (
+        f"full garbage collections, {report['gc_frozen']:,} objects frozen at start-up: 1 clients: " in text
+    )
 
 
 def test_a_bad_set_exits_2_naming_the_key_before_loading(monkeypatch, capsys):

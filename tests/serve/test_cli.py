@@ -66,11 +66,17 @@ def test_the_command_serves_the_models_with_the_clis_settings_until_interrupted(
         want = Ensemble(members).run("Hi", EnsembleConfig(segment_len=4, max_new_tokens=12))
         assert reply.choices[0].message.content == want.answer
         assert reply.usage.completion_tokens == want.tokens
+        # start-up's objects were frozen out of the collector's full passes once the members were ready
+        metrics = httpx.get(url + "/metrics", timeout=10).text
+        frozen = next(line for line in metrics.splitlines() if line.startswith("specfuse_gc_frozen_objects "))
+        assert float(frozen.split()[1]) > 100_000
+        assert 'python_gc_collections_total{generation="2"}' in metrics
     finally:
         process.send_signal(signal.SIGINT)
         output = process.communicate(timeout=60)[0]
     assert process.returncode == 0, output
     assert f"listening on http://127.0.0.1:{port}/v1" in output and "serving" in output
+    assert "long-lived objects kept out of the garbage collector's full passes" in output
 
 
 def test_bad_flags_exit_2_with_one_line_before_loading():

@@ -6,7 +6,11 @@ page (item 3), one scheduler for browser and API users."""
 from __future__ import annotations
 
 import html
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -192,6 +196,33 @@ def test_a_bad_or_off_cpu_quantize_is_refused_at_start(monkeypatch, capsys):
         with pytest.raises(SystemExit) as exit:
             app.main(args)
         assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_app_freezes_what_start_up_made_once_its_page_answers():
+    """`python app.py`: once the page answers, start-up's objects (the libraries, the page) are kept out
+    of the garbage collector's full passes, which would otherwise walk them mid-round (specfuse.heap)."""
+    root = Path(app.__file__).resolve().parent
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "app.py", "--load-on-run", "--port", str(port)],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        said = ""
+        for line in process.stderr:  # the app's own lines go to stderr
+            if "long-lived objects kept out of the garbage collector's full passes" in line:
+                said = line
+                break
+        assert said, "the app ended without freezing"
+        assert int(said.split()[0].replace(",", "")) > 300_000  # torch's, Gradio's and the app's objects
+        assert httpx.get(f"http://127.0.0.1:{port}/", timeout=30).status_code == 200  # and the page answers
+    finally:
+        process.terminate()
+        process.communicate(timeout=60)
 
 
 def _scripted_demo():
