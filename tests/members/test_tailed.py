@@ -14,7 +14,7 @@ from transformers.cache_utils import DynamicLayer
 from specfuse.config import EnsembleConfig, MemberSettings
 from specfuse.engine import Scheduler
 from specfuse.members.hf import HFMember
-from specfuse.members.hf.tailed import IDLE_LOADS, Tail, TailedLayer, defer
+from specfuse.members.hf.tailed import IDLE_LOADS, Tail, TailedLayer, defer, run_parts
 from specfuse.models.preparation import warm_up
 from specfuse.records import Candidate
 
@@ -103,19 +103,57 @@ def test_a_tailed_layer_reads_joined_and_keeps_its_tail_through_a_write():
     assert cache.get_seq_length() == 11 and torch.equal(layer.values[..., 8:9, :], side[0][1][0:1, :, 1:2])
     # rebase: the layer as a view of a load's concatenation, its tail joined by that copy.
     defer(cache, 11, Tail(side, 0, 0, 1))
-    joined = (torch.randn(2, 20, 4), torch.randn(2, 20, 4))
-    layer.rebase(joined, 4, 1)
+    joined = (torch.randn(2, 3, 20, 4), torch.randn(2, 3, 20, 4))  # three layers' [kv heads, layers, N, D]
+    layer.rebase(joined, 1, 4, 1)  # the second of them, from column 4
     assert layer.tail is None and cache.get_seq_length() == 12
     (values,) = layer.pieces(1)
-    assert torch.equal(values, joined[1][:, 4:16])
+    assert torch.equal(values, joined[1][:, 1, 4:16])
     # The next accept, anchored before the span's end: the span shortened, unsliced, then the tail.
     defer(cache, 10, Tail(side, 1, 6, 2))
     assert cache.get_seq_length() == 12 and [p.shape[1] for p in layer.pieces(0)] == [10, 2]
-    want = torch.cat([joined[0][None, :, 4:14], side[0][0][1:2, :, 6:8]], dim=-2)
+    want = torch.cat([joined[0][None, :, 1, 4:14], side[0][0][1:2, :, 6:8]], dim=-2)
     assert torch.equal(layer.keys, want) and layer.based is None  # joined: memory of its own
-    layer.rebase(joined, 4, 2)
+    layer.rebase(joined, 1, 4, 2)
     assert layer.keys.untyped_storage().data_ptr() == joined[0].untyped_storage().data_ptr()
     assert isinstance(layer, DynamicLayer) and not layer.is_sliding
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_stacked_load_takes_each_run_as_one_block_of_every_layer(name):
+    # After a stacked load every layer of a run is a span of its concatenation at the same columns:
+    # the next load takes the run in one view (and one of its tail), not two a layer; a run whose
+    # layers part (one read and written alone) is stacked layer by layer, to the same numbers.
+    slotted = tiny_member(name, decode="graphs")
+    slotted.slots.batched = slotted.slots.stacked = True
+    states = verified_and_accepted(slotted)
+
+    def stacked(state, w: int) -> torch.Tensor:  # the run's layers joined, [kv heads, layers, n, head dim]
+        return torch.stack([(x.keys if w == 0 else x.values)[0] for x in state.cache.layers], dim=1)
+
+    for state in states:  # noted winners on the prefill's own tensors: no block yet, stacked
+        assert torch.equal(torch.cat(run_parts(state.cache.layers, 0), dim=2), stacked(state, 0))
+    slotted.draft_many(states, [6] * 4)  # a load: every run's layers one block of it
+    for state in states:
+        (keys,) = run_parts(state.cache.layers, 0)
+        assert keys.untyped_storage().data_ptr() == state.cache.layers[0].keys.untyped_storage().data_ptr()
+        assert torch.equal(keys, stacked(state, 0))
+    slotted.verify_many(states, [candidates() for _ in states])
+    for state in states:
+        slotted.accept(state, TEXTS[2])
+    for state in states:  # the winner's columns a second view, of the verification's one gather
+        blocks = [run_parts(state.cache.layers, w) for w in (0, 1)]
+        assert [len(b) for b in blocks] == [2, 2]
+        assert all(torch.equal(torch.cat(blocks[w], dim=2), stacked(state, w)) for w in (0, 1))
+    layer = states[0].cache.layers[1]
+    layer.keys = layer.keys.clone()  # one layer alone: the run is no longer one block
+    assert torch.equal(torch.cat(run_parts(states[0].cache.layers, 1), dim=2), stacked(states[0], 1))
+    eager = tiny_member(name, decode="eager")
+    e_states = verified_and_accepted(eager)
+    eager.verify_many(e_states, [candidates() for _ in e_states])
+    for state in e_states:
+        eager.accept(state, TEXTS[2])
+    want = [c.text for c in eager.draft_many(e_states, [6] * 4)]
+    assert [c.text for c in slotted.draft_many(states, [6] * 4)] == want
 
 
 def test_requests_through_the_scheduler_with_batched_loads_equal_their_eager_solo_runs():
@@ -160,7 +198,9 @@ def test_a_run_no_longer_loaded_is_copied_out_of_the_shared_concatenation():
     assert not storages(states[3:]) & first
     for x, (k, v) in zip(states[3].cache.layers, before):
         assert torch.equal(x.keys, k) and torch.equal(x.values, v)
-    assert storages(three) == first  # the three still read from it, until their next load with a tail
+    # The three moved on at each of those loads (a Stack's load rebases every run it loads, one block
+    # each): once the fourth is copied out, nothing keeps the first concatenation alive.
+    assert not storages(three) & first and len(storages(three)) == 2
     for state in three:
         slotted.accept(state, TEXTS[1])
     slotted.draft_many(three, [6] * 3)

@@ -168,10 +168,11 @@ class Read:
     hidden: list[torch.Tensor]
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     sizes: list[int]
+    stacked: tuple[torch.Tensor, torch.Tensor] | None = None  # every layer's kv at once (a Stack's)
 
     def beside(self, r: int) -> Beside:
         """Run r's keys and values, to keep beside its cache (PackedPass.side)."""
-        return Beside(self.kv, r, self.sizes[r])
+        return Beside(self.kv, r, self.sizes[r], self.stacked)
 
     def append(self, caches: Sequence[DynamicCache]) -> None:
         """Each run's keys and values appended to its cache (a prompt's: committed from now on)."""
@@ -222,12 +223,12 @@ def verify(
             both = torch.gather(keys[:, :n], 3, at), torch.gather(values[:, :n], 3, at)
             kv = [(both[0][i], both[1][i]) for i in range(keys.shape[0])]
         else:
-            kv = []
+            kv, both = [], None
             for layer in store.layers:
                 assert layer.keys is not None and layer.values is not None
                 at = columns.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])  # [n, kv heads, P, D]
                 kv.append((torch.gather(layer.keys[:n], 2, at), torch.gather(layer.values[:n], 2, at)))
-        return Read([laid[r, :size] for r, size in enumerate(sizes)], kv, sizes)
+        return Read([laid[r, :size] for r, size in enumerate(sizes)], kv, sizes, both)
     finally:
         store.end()
 

@@ -46,7 +46,7 @@ from . import attention, fusion, transfer
 from .scoring import float_mask
 from .slot_layer import Shape, SlotLayer, Stack
 from .state import ModelView
-from .tailed import Loads, pieces, plain
+from .tailed import Loads, pieces, plain, run_parts
 
 log = logging.getLogger(__name__)
 
@@ -327,8 +327,9 @@ class SlotStore:
 
     def _load_batched(self, caches: Sequence[DynamicCache], load: int) -> None:
         """_load's GPU way: every run's keys (accept()'s noted winners among them, tailed.py) in one
-        concatenation and one indexed write, for every layer at once where the store is a Stack (else
-        a layer at a time); each run's layers rebased on that concatenation."""
+        concatenation and one indexed write, for every layer at once where the store is a Stack (each
+        run's layers one block there: tailed.run_parts) or a layer at a time; each run's layers rebased
+        on that concatenation."""
         lengths = [c.get_seq_length() for c in caches]
         begins = [0, *itertools.accumulate(lengths)][:-1]
         total, n = sum(lengths), len(self.layers)
@@ -340,20 +341,20 @@ class SlotStore:
         if stack is not None:
             where = np.concatenate([np.repeat(np.arange(n), total)[None], np.tile(where, n)])
         index = tuple(transfer.to_device(torch.from_numpy(where), self.member.device))
-        groups = [list(range(n))] if stack is not None else [[i] for i in range(n)]
-        for group in groups:
-            runs = [[cache.layers[i] for cache in caches] for i in group]
-            joined = []
-            for w, name in enumerate(("keys", "values")):
-                parts = [p for layers in runs for layer in layers for p in pieces(layer, w)]
-                joined.append(torch.cat(parts, dim=1))  # [kv heads, keys of the group's layers, head dim]
-                if stack is not None:
-                    whole = stack.at_width(self.shape.width)[w]
-                    whole[index[0], index[1], :, index[2]] = joined[-1].transpose(0, 1)
-                else:
-                    getattr(self.layers[group[0]], name)[index[0], :, index[1]] = joined[-1].transpose(0, 1)
-            for g, layers in enumerate(runs):  # accept()'s winners joined by this copy: rebased on it
-                self.loads.rebase(layers, [g * total + b for b in begins], (joined[0], joined[1]), load)
+        if stack is not None:  # [kv heads, layers, keys, head dim] each
+            joined = [torch.cat([p for c in caches for p in run_parts(c.layers, w)], dim=2) for w in (0, 1)]
+            for w, whole in enumerate(stack.at_width(self.shape.width)):
+                whole[index[0], index[1], :, index[2]] = joined[w].flatten(1, 2).transpose(0, 1)
+            for cache, begin in zip(caches, begins):
+                self.loads.rebase_all(cache, begin, (joined[0], joined[1]), load)
+        else:
+            for i, mine in enumerate(self.layers):
+                layers = [cache.layers[i] for cache in caches]
+                joined = [torch.cat([p for x in layers for p in pieces(x, w)], dim=1) for w in (0, 1)]
+                for w, name in enumerate(("keys", "values")):  # [kv heads, keys, head dim] each
+                    getattr(mine, name)[index[0], :, index[1]] = joined[w].transpose(0, 1)
+                as_one = (joined[0][:, None], joined[1][:, None])  # [kv heads, 1 layer, keys, head dim]
+                self.loads.rebase(layers, 0, begins, as_one, load)
         self.loads.track(caches)
 
     def ready(self, key: Key, *, run: bool = False) -> None:

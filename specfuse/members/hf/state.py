@@ -28,6 +28,7 @@ class Beside:
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     row: int
     size: int
+    stacked: tuple[torch.Tensor, torch.Tensor] | None = None  # kv's layers at once: [layers, runs, …]
 
     def columns(self, begin: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer the run's keys and values of its packed tokens [begin, begin + count), each

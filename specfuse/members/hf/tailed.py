@@ -25,22 +25,32 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 Pair = tuple[torch.Tensor, torch.Tensor]  # keys and values
+Span = tuple[Pair, int, int, int]  # (a load's concatenations, a layer's place in them, begin, end)
 IDLE_LOADS = 8  # a store's loads a layer may go unloaded before it is copied out (Loads)
 
 
 @dataclass(frozen=True)
 class Tail:
     """The winner's keys and values where a verification left them: per layer every run's
-    [runs, kv heads, nodes, head dim] (state.Beside.kv), this run's row, and its columns."""
+    [runs, kv heads, nodes, head dim] (state.Beside.kv), this run's row, and its columns; and, from
+    a stacked store's one gather, every layer's at once (`stacked`: [layers, runs, kv heads, nodes,
+    head dim]; None from a store a layer at a time)."""
 
     kv: list[Pair]
     row: int
     begin: int
     count: int
+    stacked: Pair | None = None
 
     def piece(self, layer: int, which: int) -> torch.Tensor:
         """Layer `layer`'s keys (which=0) or values (1) of the winner, [kv heads, count, head dim]."""
         return self.kv[layer][which][self.row, :, self.begin : self.begin + self.count]
+
+    def block(self, which: int) -> torch.Tensor:
+        """Every layer's keys (which=0) or values (1) of the winner, [kv heads, layers, count, head
+        dim]: two views, where `piece` is one a layer."""
+        assert self.stacked is not None, "a tail of a store a layer at a time"
+        return self.stacked[which][:, self.row, :, self.begin : self.begin + self.count].transpose(0, 1)
 
 
 def _joined(which: int) -> property:
@@ -71,7 +81,9 @@ class TailedLayer(DynamicLayer):
         # Not CacheLayerMixin.__init__: it empties keys and values, which are its own parts here.
         self.dtype, self.device, self.is_initialized = layer.dtype, layer.device, True
         self._kv: list[torch.Tensor | None] = [layer.keys, layer.values]
-        self._span: tuple[Pair, int, int] | None = None  # (a load's concatenations, begin, end)
+        # A span of a load's concatenations: (keys and values [kv heads, layers, N, head dim], this
+        # layer's place among those layers, begin, end); None: its own tensors in _kv.
+        self._span: Span | None = None
         self.index = index  # its layer number: which of a Tail's layers is its own
         self.tail: Tail | None = None
         # The store's count of loads: at which one it was last loaded (`seen`), and the one whose
@@ -93,7 +105,7 @@ class TailedLayer(DynamicLayer):
     def _length(self) -> int:
         """Under the lock: get_seq_length."""
         if self._span is not None:
-            held = self._span[2] - self._span[1]
+            held = self._span[3] - self._span[2]
         else:
             own = self._kv[0]
             held = 0 if own is None or own.numel() == 0 else own.shape[-2]
@@ -105,8 +117,8 @@ class TailedLayer(DynamicLayer):
             if self.tail is not None:  # still pending (no load since the last accept): joined first
                 self._join()
             if self._span is not None:
-                joined, begin, end = self._span
-                self._span = (joined, begin, min(end, begin + keep))
+                joined, j, begin, end = self._span
+                self._span = (joined, j, begin, min(end, begin + keep))
             elif self._kv[0] is not None and self._kv[0].shape[-2] != keep:
                 self._kv = [cast(torch.Tensor, t)[..., :keep, :] for t in self._kv]
             self.tail = tail
@@ -114,8 +126,8 @@ class TailedLayer(DynamicLayer):
     def _join(self) -> None:
         """Under the lock: its parts as one tensor each, the span sliced, the tail concatenated."""
         if self._span is not None:
-            (keys, values), begin, end = self._span
-            self._span, self._kv = None, [keys[None, :, begin:end], values[None, :, begin:end]]
+            (keys, values), j, begin, end = self._span
+            self._span, self._kv = None, [keys[None, :, j, begin:end], values[None, :, j, begin:end]]
         tail = self.tail
         if tail is not None:
             self.tail, self.based = None, None
@@ -126,18 +138,19 @@ class TailedLayer(DynamicLayer):
         """Its keys (which=0) or values (1) as [kv heads, n, head dim] parts, in order, unjoined."""
         with self._lock:
             if self._span is not None:
-                joined, begin, end = self._span
-                own = joined[which][:, begin:end]
+                joined, j, begin, end = self._span
+                own = joined[which][:, j, begin:end]
             else:
                 own = cast(torch.Tensor, self._kv[which])[0]
             return [own] if self.tail is None else [own, self.tail.piece(self.index, which)]
 
-    def rebase(self, joined: Pair, begin: int, load: int) -> None:
-        """Its keys and values a span of load `load`'s concatenations of every run's ([kv heads, N,
-        head dim] each), where its own begin at column `begin`: the tail joined by that copy."""
+    def rebase(self, joined: Pair, j: int, begin: int, load: int) -> None:
+        """Its keys and values a span of load `load`'s concatenations of every run's ([kv heads,
+        layers, N, head dim] each), where its own are layer j's from column `begin`: the tail joined by
+        that copy."""
         with self._lock:
             end = begin + self._length()
-            self._span, self.tail, self.based = (joined, begin, end), None, load
+            self._span, self.tail, self.based = (joined, j, begin, end), None, load
             self._kv = [None, None]  # its earlier tensors not kept alive
 
     def detach(self) -> None:
@@ -176,14 +189,24 @@ class Loads:
         self.count += 1
         return self.count
 
-    def rebase(self, layers: Sequence[Any], begins: Sequence[int], joined: Pair, load: int) -> None:
-        """One layer of every run of load `load`, loaded from `joined` (the runs' parts from `begins`):
-        each seen, and those with a tail rebased on it."""
+    def rebase(self, layers: Sequence[Any], j: int, begins: Sequence[int], joined: Pair, load: int) -> None:
+        """One layer of every run of load `load`, loaded from `joined` (layer j of its layers, the
+        runs' columns from `begins`): each seen, and those with a tail rebased on it."""
         for layer, begin in zip(layers, begins):
             if type(layer) is TailedLayer:
                 layer.seen = load
                 if layer.tail is not None:
-                    layer.rebase(joined, begin, load)
+                    layer.rebase(joined, j, begin, load)
+
+    def rebase_all(self, cache: DynamicCache, begin: int, joined: Pair, load: int) -> None:
+        """Every layer of a run of load `load`, loaded from `joined` (every layer's, at `begin`): all
+        rebased on it, as one block (run_parts takes it whole at the next load)."""
+        layers = cache.layers
+        for i, layer in enumerate(layers):
+            if type(layer) is not TailedLayer:
+                layer = layers[i] = TailedLayer(cast(DynamicLayer, layer), i)
+            layer.seen = load
+            layer.rebase(joined, i, begin, load)
 
     def seen(self, layers: Sequence[Any], load: int) -> None:
         for layer in layers:
@@ -221,6 +244,37 @@ def plain(caches: Sequence[DynamicCache]) -> bool:
     )
 
 
+def run_parts(layers: Sequence[Any], which: int) -> list[torch.Tensor]:
+    """A run's keys (which=0) or values (1) of every layer, as [kv heads, layers, n, head dim] parts
+    in order. Where its layers are one block (every layer a span of the same concatenation at the same
+    columns, with one tail of a stacked store or none: Loads.rebase_all made them so) they are views
+    of it, two or four for the run where `pieces` makes two or four a layer; else its layers' parts
+    stacked (a launch a part)."""
+    head = layers[0]
+    span, tail = head._span if type(head) is TailedLayer else None, getattr(head, "tail", None)
+    if (
+        span is not None
+        and span[1] == 0
+        and span[0][0].shape[1] == len(layers)
+        and (tail is None or tail.stacked is not None)
+        and all(
+            type(layer) is TailedLayer
+            and layer.tail is tail
+            and (s := layer._span) is not None
+            and s[0] is span[0]
+            and s[1:] == (i, *span[2:])
+            for i, layer in enumerate(layers)
+        )
+    ):
+        joined, _, begin, end = span
+        own = joined[which][:, :, begin:end]
+        return [own] if tail is None else [own, tail.block(which)]
+    each = [pieces(layer, which) for layer in layers]
+    if len({tuple(p.shape[1] for p in parts) for parts in each}) > 1:  # layers not alike: each joined
+        each = [[torch.cat(parts, dim=1)] if len(parts) > 1 else parts for parts in each]
+    return [torch.stack(part, dim=1) for part in zip(*each)]
+
+
 def pieces(layer: Any, which: int) -> list[torch.Tensor]:
     """A run's layer's keys (which=0) or values (1) as [kv heads, n, head dim] parts, unjoined."""
     if type(layer) is TailedLayer:
@@ -228,4 +282,4 @@ def pieces(layer: Any, which: int) -> list[torch.Tensor]:
     return [cast(torch.Tensor, layer.keys if which == 0 else layer.values)[0]]
 
 
-__all__ = ["IDLE_LOADS", "Loads", "Tail", "TailedLayer", "defer", "pieces", "plain"]
+__all__ = ["IDLE_LOADS", "Loads", "Tail", "TailedLayer", "defer", "pieces", "plain", "run_parts"]

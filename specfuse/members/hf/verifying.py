@@ -237,7 +237,8 @@ class Verifying:
             return False
         source, end = packed.offsets[b] + 1, start + 1 + len(tokens)  # the block's tokens after its anchor
         if packed.side is not None:  # beside the cache: the winner's noted after the anchor, joined later
-            tail = tailed.Tail(packed.side.kv, packed.side.row, source, len(tokens))
+            side = packed.side
+            tail = tailed.Tail(side.kv, side.row, source, len(tokens), side.stacked)
             tailed.defer(state.cache, start + 1, tail)
         else:
             source += packed.prefix_len
