@@ -27,7 +27,8 @@ in bfloat16 as on the GPU, with the RMSNorms, the rotary embedding and the proje
 With --host: milliseconds of the host's work a round outside the steps, by phase (the steps' own time
 taken out): on a GPU, Python and torch's dispatcher between replays. Timed on this CPU at tiny widths
 and a vocabulary of 512, so each operation's own arithmetic, small, is in it too (the same in two
-trees compared): an A/B of host work, and its order of magnitude, not a GPU figure.
+trees compared): an A/B of host work, and its order of magnitude, not a GPU figure. What the members
+leave alive is frozen out of the garbage collector's full passes first, as a server does.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specfuse.bench import gpu  # noqa: E402
 from specfuse.bench.shapes import SHAPES  # noqa: E402
 from specfuse.config import MemberSettings  # noqa: E402
+from specfuse.heap import freeze_survivors  # noqa: E402
 from specfuse.members.hf import fusion  # noqa: E402
 from specfuse.records import Candidate  # noqa: E402
 
@@ -208,6 +210,7 @@ def print_host(runs: Sequence[int], rounds: int = 3) -> None:
     # about half of a verification's time at 32 runs) is microseconds on a GPU, the host's work is not.
     SHAPES["host-time"] = {name: (arch, {**cfg, "vocab_size": 512}) for name, (arch, cfg) in shapes().items()}
     members = gpu.build_members("host-time", ["cpu"], "bfloat16", decode="graphs")
+    freeze_survivors(lambda line: None)  # as a server does once its members are ready (specfuse/heap.py)
     torch.set_num_threads(1)
     print(
         f"host ms a round outside the steps (torch {torch.__version__}; bfloat16, one thread, a vocabulary "
