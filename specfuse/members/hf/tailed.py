@@ -255,6 +255,8 @@ def run_parts(layers: Sequence[Any], which: int) -> list[torch.Tensor]:
     columns, with one tail of a stacked store or none: Loads.rebase_all made them so) they are views
     of it, two or four for the run where `pieces` makes two or four a layer; else its layers' parts
     stacked (a launch a part)."""
+    # Read without the layers' locks: a span or a tail is replaced whole, never changed in place, and
+    # the views taken here are of the tensors the spans name.
     head = layers[0]
     span, tail = head._span if type(head) is TailedLayer else None, getattr(head, "tail", None)
     if (
