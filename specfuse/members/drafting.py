@@ -51,6 +51,11 @@ def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return templates.text_ids(tokenizer, text)
 
 
+def encode_many(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[list[int]]:
+    """encode() of each of `texts`, in one call of the tokenizer."""
+    return templates.texts_ids(tokenizer, texts)
+
+
 def decode(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> str:
     return str(tokenizer.decode(list(ids), skip_special_tokens=True))
 
@@ -285,8 +290,15 @@ def scored_tokens(
     prefix with the committed tokens), the candidate is the rest, and a final candidate also gets
     the verifier's end marker. Each scored token is predicted by the token before it.
     """
+    return scored_in(encode(answer + text), ids, prompt_len, final, marker)
+
+
+def scored_in(
+    full: Sequence[int], ids: Sequence[int], prompt_len: int, final: bool, marker: Sequence[int]
+) -> tuple[int, list[int], list[int]]:
+    """scored_tokens, given the answer plus the candidate already tokenized (`full`)."""
     answer_ids = ids[prompt_len:]
-    full = encode(answer + text)
+    full = list(full)
     keep = prompt_len + common_prefix_len(full, answer_ids)
     tokens = full[keep - prompt_len :]  # the candidate as this verifier reads it in context
     tail = tokens + (list(marker) if final else [])

@@ -74,6 +74,19 @@ def holds_control(tokenizer: PreTrainedTokenizerBase, text: str) -> bool:
     return any(i in controls for i in plain_ids(tokenizer, text))
 
 
+def texts_ids(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[list[int]]:
+    """text_ids of each of `texts`, in one call of the tokenizer (a verification's candidates, each
+    after the answer: one call each took about twice as long, 96 texts of 300 characters)."""
+    if not texts:
+        return []
+    batch = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    controls = control_ids(tokenizer)
+    return [
+        text_ids(tokenizer, text) if any(i in controls for i in ids) else list(ids)
+        for text, ids in zip(texts, batch)
+    ]
+
+
 def text_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     """`text` as text: the tokenizer's ids for it, any control token's text in it spelled with
     ordinary tokens instead (marked and encoded as transformers' sanitize_control_tokens does)."""
@@ -150,4 +163,13 @@ def _added_around(tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[i
     return [], []
 
 
-__all__ = ["chat_ids", "chat_text", "completion_ids", "control_ids", "holds_control", "plain_ids", "text_ids"]
+__all__ = [
+    "chat_ids",
+    "chat_text",
+    "completion_ids",
+    "control_ids",
+    "holds_control",
+    "plain_ids",
+    "text_ids",
+    "texts_ids",
+]

@@ -71,6 +71,9 @@ def check_text_stays_text(member, token: str, token_id: int) -> None:
     assert shown.count(token) == member.tokenizer.decode(clean, skip_special_tokens=False).count(token) + 8
     assert token_id not in member.encode(f"an answer {token} that quotes {token}")
     assert member.decode(member.encode(f"a{token}b")) == f"a{token}b"
+    if isinstance(member, HFMember):  # a verification's candidates, tokenized in one call: each as alone
+        texts = [f"an answer {token} that quotes {token}", "Plain.", "", f"a{token}b", "  spaced 漢字 🙂"]
+        assert member.encode_many(texts) == [member.encode(t) for t in texts]
 
 
 @pytest.mark.parametrize("spec", TINY)

@@ -118,6 +118,9 @@ class HFMember(Drafting, Verifying, BaseMember):
     def encode(self, text: str) -> list[int]:
         return drafting.encode(self.tokenizer, text)
 
+    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
+        return drafting.encode_many(self.tokenizer, texts)
+
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """The member's own context for `prompt` (a conversation, or a string: one user message): its
         chat template, or its completion format; the messages' text never read as control tokens."""
@@ -343,7 +346,12 @@ class HFMember(Drafting, Verifying, BaseMember):
         instead of being computed again (verifying.py).
         """
         answer = state.answer + text
-        target = state.ids[: state.prompt_len] + self.encode(answer)
+        packed = state.packed  # the verification tokenized the answer with each candidate: not again
+        if packed is not None and packed.encoded and packed.answer == state.answer and text in packed.texts:
+            encoded = list(packed.encoded[packed.texts.index(text)])
+        else:
+            encoded = self.encode(answer)
+        target = state.ids[: state.prompt_len] + encoded
         if self.reuse_verified_kv and self._move_verified(state, text, target):
             state.ids, state.answer, state.packed = target, answer, None
             return

@@ -50,7 +50,7 @@ class Verifying:
         slots: SlotStore | None
         pieces: dict[int, str]
 
-        def encode(self, text: str) -> list[int]: ...
+        def encode_many(self, texts: Sequence[str]) -> list[list[int]]: ...
         def _stacked_cache(self, states: Sequence[HFState]) -> tuple[DynamicCache, list[int]]: ...
 
     def score(self, state: HFState, candidates: Sequence[Candidate]) -> list[float]:
@@ -77,10 +77,15 @@ class Verifying:
         each one's raw logit (and log-probability when the request scores by log-probability, the
         only case that needs full vocabulary rows); z_ij is their mean.
         """
+        # Every candidate after its request's answer, tokenized in one call (accept() takes the
+        # winner's from the packed pass instead of tokenizing it again).
+        texts = [s.answer + c.text for s, cands in zip(states, candidates) for c in cands]
+        encoded = iter(self.encode_many(texts))
+        fulls = [[next(encoded) for _ in cands] for cands in candidates]
         rows = []
-        for state, cands in zip(states, candidates):
+        for state, cands, full in zip(states, candidates, fulls):
             self._drop_packed(state)
-            rows.append(self._blocks(state, cands))
+            rows.append(self._blocks(state, cands, full))
             self._check_fits([b for b, _, _ in rows[-1]])
         blocks = [[b for b, _, _ in row] for row in rows]
         # On the member's KV slots (slot_verify.py, the "graphs" path): each run's hidden states in
@@ -117,6 +122,8 @@ class Verifying:
                 offsets=offsets,
                 last_hidden=tuple(last_hidden),
                 prefix_len=len(state.ids),
+                answer=state.answer,
+                encoded=tuple(map(tuple, fulls[r])),
                 side=slotted.beside(r) if slotted is not None else None,
             )
             results.append(details)
@@ -211,13 +218,16 @@ class Verifying:
                 )
 
     def _blocks(
-        self, state: HFState, candidates: Sequence[Candidate]
+        self, state: HFState, candidates: Sequence[Candidate], fulls: Sequence[Sequence[int]] | None = None
     ) -> list[tuple[Block, list[int], list[int]]]:
-        """(packed block, scored tokens, the candidate's own tokens) for each candidate in context."""
+        """(packed block, scored tokens, the candidate's own tokens) for each candidate in context
+        (`fulls`: the answer and each candidate, tokenized; None: tokenized here)."""
+        if fulls is None:
+            fulls = self.encode_many([state.answer + c.text for c in candidates])
         out = []
-        for cand in candidates:
-            keep, tokens, tail = drafting.scored_tokens(
-                self.encode, state.ids, state.prompt_len, state.answer, cand.text, cand.final, self.end_marker
+        for cand, full in zip(candidates, fulls):
+            keep, tokens, tail = drafting.scored_in(
+                full, state.ids, state.prompt_len, cand.final, self.end_marker
             )
             out.append((Block(start=keep - 1, tokens=(state.ids[keep - 1], *tail)), tail, tokens))
         return out
