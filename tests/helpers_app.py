@@ -86,12 +86,22 @@ def launched(cache: Path, members, loader=None, *, concurrency=None, api=None, *
             build["schedulers"].close()
 
 
+# gradio_client's own reads wait 5 s (its GET of /info, which describes the whole app): on two busy
+# cores that once ran out (CI-like load, a suite's second worker). The queue's streams send a heartbeat
+# every 15 s, so a minute of silence still means a stuck server.
+CLIENT_TIMEOUT_S = 60
+
+
+def gradio_client(address: str, downloads: Path | None = None):
+    """A gradio_client on `address` (files it fetches go to `downloads`), patient with a busy machine."""
+    from gradio_client import Client
+
+    fetched = {} if downloads is None else {"download_files": str(downloads)}
+    return Client(address, verbose=False, httpx_kwargs={"timeout": CLIENT_TIMEOUT_S}, **fetched)
+
+
 def client_on(address: str, cache: Path, monkeypatch, downloads: Path | None = None):
     """A gradio_client on an app a module launched with its Gradio cache in `cache`: the test's own
     cache (conftest's, per test) is pointed back at it; files it fetches go to `downloads`."""
-    from gradio_client import Client
-
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
-    if downloads is None:
-        return Client(address, verbose=False)
-    return Client(address, verbose=False, download_files=str(downloads))
+    return gradio_client(address, downloads)

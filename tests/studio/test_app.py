@@ -11,7 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from gradio_client import Client, handle_file
+from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 
 from specfuse import ConfigError, Ensemble, EnsembleConfig, dump_trace, load_trace
@@ -31,6 +31,7 @@ from ..helpers_app import (
     XSS_IMG,
     XSS_SCRIPT,
     figure,
+    gradio_client,
     path_of,
     round_updates,
     stop_after_two_rounds,
@@ -212,7 +213,7 @@ def test_the_loaders_auto_uses_processes_only_on_a_cpu_with_eight_cores_or_more(
 def client(served, monkeypatch):
     url, _, downloads, cache = served
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
-    return Client(url, verbose=False, download_files=str(downloads))
+    return gradio_client(url, downloads)
 
 
 def test_a_run_streams_one_update_per_round_with_that_rounds_panels(client):
@@ -252,7 +253,7 @@ def test_candidates_show_as_they_arrive_before_their_round_is_decided(client):
 def test_two_clients_at_once_each_get_their_own_answer(served, client):
     url, members, downloads, _ = served
     prompts = ["The cat sat", "Numbers: 1, 2,"]
-    clients = [Client(url, verbose=False, download_files=str(downloads)) for _ in prompts]
+    clients = [gradio_client(url, downloads) for _ in prompts]
     jobs = [submit(c, TINY, p) for c, p in zip(clients, prompts)]
     answers = ["".join(s["token"] for s in job.result(timeout=90)[ANSWER]["value"]) for job in jobs]
     config = EnsembleConfig(segment_len=4, max_new_tokens=24)
@@ -262,7 +263,7 @@ def test_two_clients_at_once_each_get_their_own_answer(served, client):
 
 def test_stop_and_replay_before_any_round_leave_a_message_not_an_error(served):
     url, _, downloads, _ = served
-    fresh = Client(url, verbose=False, download_files=str(downloads))  # a session without a trace
+    fresh = gradio_client(url, downloads)  # a session without a trace
     status, download = fresh.predict(api_name="/stop")
     assert "stopped by the user before round 1" in status and path_of(download) is None
     fresh.predict(k=1, view_name=views.RAW, api_name="/replay")  # raised "not enough output values"
@@ -356,7 +357,7 @@ def test_bad_inputs_leave_the_app_usable(client):
 
 def test_a_trace_round_trips_through_download_and_upload(client, tmp_path):
     final = submit(client, TINY, "Hello there", max_new_tokens=12).result(timeout=60)
-    fresh = Client(client.src, verbose=False, download_files=str(tmp_path))
+    fresh = gradio_client(client.src, tmp_path)
     loaded = fresh.predict(
         path=handle_file(path_of(final[DOWNLOAD])), view_name=views.NORMALIZED, api_name="/load_trace"
     )

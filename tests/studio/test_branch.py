@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gradio_client import Client, handle_file
+from gradio_client import handle_file
 
 from specfuse import EnsembleConfig, Trace, load_trace, save_trace
 from specfuse.engine import Ensemble
@@ -16,7 +16,7 @@ from specfuse.prompts import as_prompt
 from studio import views, what_if_views
 
 from ..conftest import TINY
-from ..helpers_app import DOWNLOAD, path_of
+from ..helpers_app import DOWNLOAD, gradio_client, path_of
 from ..runs import chat
 from ..scripted import scripted_rounds
 
@@ -43,7 +43,7 @@ def test_the_same_choice_with_another_answer_is_put_down_to_numerics():
 
 def test_forcing_the_runs_own_winner_through_the_app_reproduces_it(served, tmp_path):
     url, _, downloads, _ = served
-    client = Client(url, verbose=False, download_files=str(downloads))
+    client = gradio_client(url, downloads)
     final = client.predict(
         members=TINY, prompt="Hello there", segment_len=4, max_new_tokens=24, device="cpu", api_name="/run"
     )
@@ -66,7 +66,7 @@ def test_a_branch_of_an_uploaded_conversation_trace_feeds_the_members_the_messag
     config = EnsembleConfig(segment_len=4, max_new_tokens=24)
     rounds = tuple(Ensemble([members[n] for n in TINY], config).stream(messages))
     path = save_trace(Trace(messages, tuple(TINY), config, rounds), tmp_path / "conversation.json")
-    client = Client(url, verbose=False, download_files=str(downloads))
+    client = gradio_client(url, downloads)
     client.predict(path=handle_file(str(path)), view_name=views.NORMALIZED, api_name="/load_trace")
     client.predict(k=2, view_name=views.NORMALIZED, api_name="/replay")  # round 2's candidates to pick from
     view, download = client.predict(k=2, pick=rounds[1].chosen, typed="", device="cpu", api_name="/branch")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from gradio_client import Client, handle_file
+from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 
 from specfuse import ConfigError, ModelLoadError, load_trace
@@ -16,7 +16,7 @@ from studio.loading import served_members
 from studio.untrusted import Servers, md
 
 from ..conftest import TINY
-from ..helpers_app import launched
+from ..helpers_app import gradio_client, launched
 from ..scripted import scripted_rounds, scripted_trace
 
 ATTACKER = "https://attacker.example/"
@@ -117,7 +117,7 @@ def test_the_api_gets_escaped_messages_with_no_server_url(hostile_app, tmp_path,
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))
     config = httpx.get(url.rstrip("/") + "/config", timeout=10).text
     assert "served-one" in config and "10.9.8.7" not in config and "tokenizer=" not in config
-    client = Client(url, verbose=False, download_files=str(tmp_path))
+    client = gradio_client(url, tmp_path)
     with pytest.raises(AppError) as error:
         client.predict(members=[TINY[0], "served-one"], prompt="Hi", device="cpu", api_name="/run")
     message = str(error.value)
