@@ -43,15 +43,17 @@ for path in $PATHS; do
     # A path is a --decode value, or graphs-off-OPTION[-OPTION]: the KV slots with those options off
     # (bench serve --slots-off), e.g. PATHS="graphs graphs-off-ahead-fold" to measure what they are worth;
     # either may end in -parallel: the members at once, each in its thread on its own CUDA stream
-    # (--parallel on; one GPU's default is in turn), e.g. PATHS="graphs graphs-parallel".
-    base=${path%-parallel} off=() parallel=()
+    # (--parallel on; one GPU's default is in turn), e.g. PATHS="graphs graphs-parallel"; and before
+    # that in -unfrozen: start-up's objects left in the garbage collector's full passes (--no-freeze).
+    base=${path%-parallel} off=() parallel=() unfrozen=()
     [ "$base" != "$path" ] && parallel=(--parallel on)
+    [ "${base%-unfrozen}" != "$base" ] && unfrozen=(--no-freeze) && base=${base%-unfrozen}
     if [[ $base == *-off-* ]]; then
         opts=${base#*-off-}
         off=(--slots-off ${opts//-/ })
     fi
     timeout $((DEADLINE + 40)) "$PY" -m specfuse.bench serve --shapes "$SHAPES" --device "$DEVICE" \
-        --dtype "$DTYPE" --decode "${base%%-off-*}" "${off[@]}" "${parallel[@]}" --levels "$LEVELS" --per-client "$PER_CLIENT" --min-requests 4 \
+        --dtype "$DTYPE" --decode "${base%%-off-*}" "${off[@]}" "${parallel[@]}" "${unfrozen[@]}" --levels "$LEVELS" --per-client "$PER_CLIENT" --min-requests 4 \
         --max-tokens "$MAX_TOKENS" --segment-len 10 --deadline "$DEADLINE" --out "$OUT/gpu-serve-$path" $EXTRA \
         2>&1 | tee "$OUT/gpu-serve-$path.log"
     code=${PIPESTATUS[0]}
