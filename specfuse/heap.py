@@ -1,7 +1,7 @@
 """What a serving process holds for life, kept out of the garbage collector's full passes (issue 52).
 
 A full collection walks every object the collector tracks. With torch, transformers and three members
-loaded that is about 425,000 objects (Gradio adds about 90,000), 150-200 ms on a 2-core Xeon, and it
+loaded that is about 425,000 objects (Gradio adds about 90,000), 150-260 ms on a 2-core Xeon, and it
 lands wherever allocations happen to trip it: in the middle of a round, about once in 24 member-rounds
 at 32 runs (tools/gc_passes.py). The libraries are almost all of it (375,000 before any member loads).
 Once a server's start-up is over, `freeze_survivors` moves everything alive into the collector's
@@ -9,9 +9,9 @@ permanent generation (`gc.freeze`, as vLLM does after its start-up), so a full p
 came since.
 
 Where: at a process's start-up only, once nothing short-lived is alive (specfuse-serve once its members
-are warmed up, the app just after its page answers, bench serve before its levels). A frozen object is
-never collected as part of a cycle, so freezing a run in flight could keep its KV cache for good;
-`gc.collect()` first, so that only what is still reachable is frozen. Nothing frozen is unfrozen: the
+are warmed up, the app just after its page answers, bench serve once its members are built). A frozen
+object is never collected as part of a cycle, so freezing a run in flight could keep its KV cache for
+good; `gc.collect()` first, so that only what is still reachable is frozen. Nothing frozen is unfrozen: the
 app keeps every member it loads (studio.loading.SharedLoader), and members loaded after the freeze are
 walked as before (about 30,000 objects for three).
 """
