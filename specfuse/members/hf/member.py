@@ -347,7 +347,7 @@ class HFMember(Drafting, Verifying, BaseMember):
         """
         answer = state.answer + text
         packed = state.packed  # the verification tokenized the answer with each candidate: not again
-        if packed is not None and packed.encoded and packed.answer == state.answer and text in packed.texts:
+        if packed is not None and text in packed.texts:
             encoded = list(packed.encoded[packed.texts.index(text)])
         else:
             encoded = self.encode(answer)

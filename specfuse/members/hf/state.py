@@ -48,10 +48,9 @@ class PackedPass:
     offsets: tuple[int, ...]  # where each block begins in the packed tokens
     last_hidden: tuple[torch.Tensor, ...]  # [H] hidden state after each candidate's text
     prefix_len: int  # committed length when the pass ran
-    # The answer when the pass ran, and each candidate after it as the member tokenizes them (what
-    # accept() would tokenize again); empty: not kept.
-    answer: str = ""
-    encoded: tuple[tuple[int, ...], ...] = ()
+    # Each candidate after the answer, as the member tokenizes them (what accept() would tokenize
+    # again). The answer is the state's: only accept() changes it, and it drops the pass first.
+    encoded: tuple[tuple[int, ...], ...]
     # The pass's keys and values where they were not appended to the cache (a pass on the KV
     # slots); None: in the cache after prefix_len.
     side: Beside | None = None

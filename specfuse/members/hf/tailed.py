@@ -165,13 +165,19 @@ class TailedLayer(DynamicLayer):
             self._kv, self.based = [None if t is None else t.clone() for t in self._kv], None
 
 
-def defer(cache: DynamicCache, keep: int, tail: Tail) -> None:
-    """accept() on the KV slots: each layer of `cache` (full layers: what the slots take) keeps its
-    first `keep` columns, then its part of the `tail`, joined later."""
+def tailed(cache: DynamicCache) -> list[TailedLayer]:
+    """`cache`'s layers (full layers: what the slots take), each made a TailedLayer where it is not."""
     layers = cache.layers
     for i, layer in enumerate(layers):
-        if not isinstance(layer, TailedLayer):
-            layer = layers[i] = TailedLayer(cast(DynamicLayer, layer), i)
+        if type(layer) is not TailedLayer:
+            layers[i] = TailedLayer(cast(DynamicLayer, layer), i)
+    return cast("list[TailedLayer]", layers)
+
+
+def defer(cache: DynamicCache, keep: int, tail: Tail) -> None:
+    """accept() on the KV slots: each layer of `cache` keeps its first `keep` columns, then its part
+    of the `tail`, joined later."""
+    for layer in tailed(cache):
         layer.defer(keep, tail)
 
 
@@ -206,10 +212,7 @@ class Loads:
     def rebase_all(self, cache: DynamicCache, begin: int, joined: Pair, load: int) -> None:
         """Every layer of a run of load `load`, loaded from `joined` (every layer's, at `begin`): all
         rebased on it, as one block (run_parts takes it whole at the next load)."""
-        layers = cache.layers
-        for i, layer in enumerate(layers):
-            if type(layer) is not TailedLayer:
-                layer = layers[i] = TailedLayer(cast(DynamicLayer, layer), i)
+        for i, layer in enumerate(tailed(cache)):
             layer.seen = load
             layer.rebase(joined, i, begin, load)
 
@@ -289,4 +292,4 @@ def pieces(layer: Any, which: int) -> list[torch.Tensor]:
     return [cast(torch.Tensor, layer.keys if which == 0 else layer.values)[0]]
 
 
-__all__ = ["IDLE_LOADS", "Loads", "Tail", "TailedLayer", "defer", "pieces", "plain", "run_parts"]
+__all__ = ["IDLE_LOADS", "Loads", "Tail", "TailedLayer", "defer", "pieces", "plain", "run_parts", "tailed"]

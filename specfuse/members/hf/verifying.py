@@ -122,7 +122,6 @@ class Verifying:
                 offsets=offsets,
                 last_hidden=tuple(last_hidden),
                 prefix_len=len(state.ids),
-                answer=state.answer,
                 encoded=tuple(map(tuple, fulls[r])),
                 side=slotted.beside(r) if slotted is not None else None,
             )
