@@ -25,10 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slot_launches import one_round, shapes, started  # noqa: E402
+from slot_launches import host_members, one_round, started  # noqa: E402
 
-from specfuse.bench import gpu  # noqa: E402
-from specfuse.bench.shapes import SHAPES  # noqa: E402
 from specfuse.heap import FullPasses, freeze_survivors  # noqa: E402
 
 
@@ -40,13 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.app:
         import studio  # noqa: F401  (Gradio with it)
-    SHAPES["gc-passes"] = {name: (arch, {**cfg, "vocab_size": 512}) for name, (arch, cfg) in shapes().items()}
-    members = gpu.build_members("gc-passes", ["cpu"], "bfloat16", decode="graphs")
-    torch.set_num_threads(1)
+    members = host_members()
     states = []
     for member in members:
-        store = member.slots
-        store.ahead = store.batched = store.fuse = True  # a GPU's way
         states.append(started(member, args.runs))
         one_round(member, states[-1], lambda phase: None)
     print(

@@ -203,15 +203,29 @@ class Clock:
         self.phase, self.at, self.stepped = phase, now, self.stepping
 
 
+def host_members(names: Sequence[str] | None = None) -> list[Any]:
+    """The shapes' members (`names`, default all) for timing the host's work: bfloat16 on this CPU,
+    one torch thread, their KV slots the GPU's way (ahead, batched, fused)."""
+    # A vocabulary of 512 (the check's byte tokenizer fits): its arithmetic on this CPU (4,096 took
+    # about half of a verification's time at 32 runs) is microseconds on a GPU, the host's work is not.
+    SHAPES["host-time"] = {
+        name: (arch, {**cfg, "vocab_size": 512})
+        for name, (arch, cfg) in shapes().items()
+        if names is None or name in names
+    }
+    members = gpu.build_members("host-time", ["cpu"], "bfloat16", decode="graphs")
+    torch.set_num_threads(1)
+    for member in members:
+        store = member.slots
+        store.ahead = store.batched = store.fuse = True
+    return members
+
+
 def print_host(runs: Sequence[int], rounds: int = 3) -> None:
     """What the host spends a round outside the steps, by phase (a round's mean of `rounds` after
     one not timed), on one thread, in bfloat16, the GPU's way (ahead, batched, fused)."""
-    # A vocabulary of 512 (the check's byte tokenizer fits): its arithmetic on this CPU (4,096 took
-    # about half of a verification's time at 32 runs) is microseconds on a GPU, the host's work is not.
-    SHAPES["host-time"] = {name: (arch, {**cfg, "vocab_size": 512}) for name, (arch, cfg) in shapes().items()}
-    members = gpu.build_members("host-time", ["cpu"], "bfloat16", decode="graphs")
+    members = host_members()
     freeze_survivors(lambda line: None)  # as a server does once its members are ready (specfuse/heap.py)
-    torch.set_num_threads(1)
     print(
         f"host ms a round outside the steps (torch {torch.__version__}; bfloat16, one thread, a vocabulary "
         f"of 512; L = {SEGMENT})"
@@ -219,7 +233,6 @@ def print_host(runs: Sequence[int], rounds: int = 3) -> None:
     print("member          layers  runs    draft   verify   accept    total")
     for member in members:
         store = member.slots
-        store.ahead = store.batched = store.fuse = True  # a GPU's way
         clock = Clock()
         store.run = clock.timed(store.run)
         for n in runs:

@@ -26,10 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slot_launches import SEGMENT, one_round, shapes, started  # noqa: E402
+from slot_launches import SEGMENT, host_members, one_round, started  # noqa: E402
 
-from specfuse.bench import gpu  # noqa: E402
-from specfuse.bench.shapes import SHAPES  # noqa: E402
 from specfuse.members import templates  # noqa: E402
 
 
@@ -39,12 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=6, help="rounds played first: the answers' length")
     args = parser.parse_args(argv)
     name = "qwen2.5-7b"
-    arch, cfg = shapes()[name]
-    SHAPES["tokenizer-calls"] = {name: (arch, {**cfg, "vocab_size": 512})}
-    (member,) = gpu.build_members("tokenizer-calls", ["cpu"], "bfloat16", decode="graphs")
-    torch.set_num_threads(1)
-    store = member.slots
-    store.ahead = store.batched = store.fuse = True  # a GPU's way
+    (member,) = host_members([name])
     states = started(member, args.runs)
     for _ in range(args.rounds):
         one_round(member, states, lambda phase: None)
