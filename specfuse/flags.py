@@ -103,15 +103,20 @@ def add_loading_flags(
     add("--quantize", help=quantize_help(given["quantize"], users))
     add("--trust", metavar="FILE", help=TRUST_HELP)
     add("--decode", choices=DECODE_MODES, help=DECODE_HELP)
-    add("--processes", action=argparse.BooleanOptionalAction, help=PROCESSES_HELP)
+    processes_help = PROCESSES_HELP + (PROCESSES_AUTO if given["processes"] is None else PROCESSES_OFF)
+    add("--processes", action=argparse.BooleanOptionalAction, help=processes_help)
     add("--cache-dir", help="converted-model cache (default $SPECFUSE_CACHE or ~/.cache/specfuse)")
 
 
-PROCESSES_HELP = (
-    "each member in a worker process of its own, so members at once do not share one GIL. Neither flag "
-    "(auto): when several members share a GPU or a CPU with 8 or more cores, where processes measured "
-    "faster than threads (H100: 1.64x vs in turn, threads 0.91x; 16-core Xeon: 1.54x, threads 1.10x), and "
-    "never for a model listed twice"
+PROCESSES_HELP = "each member in a worker process of its own, so members at once do not share one GIL. "
+PROCESSES_AUTO = (
+    "Neither flag (auto): when several members share a GPU or a CPU with 8 or more cores, where processes "
+    "measured faster than threads (H100: 1.64x vs in turn, threads 0.91x; 16-core Xeon: 1.54x, threads "
+    "1.10x), and never for a model listed twice"
+)
+PROCESSES_OFF = (
+    "Default off: one process, as measured on a GPU for many users at once (worker processes there are "
+    "not measured yet: docs/gpu.md)"
 )
 
 

@@ -9,7 +9,8 @@ permanent generation (`gc.freeze`, as vLLM does after its start-up), so a full p
 came since.
 
 Where: at a process's start-up only, once nothing short-lived is alive (specfuse-serve once its members
-are warmed up, the app just after its page answers, bench serve once its members are built). A frozen
+are warmed up, the app just after its page answers, bench serve once its members are built, a member's
+worker process once its member is built: members/process.py). A frozen
 object is never collected as part of a cycle, so freezing a run in flight could keep its KV cache for
 good; `gc.collect()` first, so that only what is still reachable is frozen. Nothing frozen is unfrozen: the
 app keeps every member it loads (studio.loading.SharedLoader), and members loaded after the freeze are

@@ -43,10 +43,12 @@ for path in $PATHS; do
     # A path is a --decode value, or graphs-off-OPTION[-OPTION]: the KV slots with those options off
     # (bench serve --slots-off), e.g. PATHS="graphs graphs-off-ahead-fold" to measure what they are worth;
     # either may end in -parallel: the members at once, each in its thread on its own CUDA stream
-    # (--parallel on; one GPU's default is in turn), e.g. PATHS="graphs graphs-parallel"; and before
+    # (--parallel on; one GPU's default is in turn), e.g. PATHS="graphs graphs-parallel", or in
+    # -processes: the members at once, each in a worker process of its own (--processes); and before
     # that in -unfrozen: start-up's objects left in the garbage collector's full passes (--no-freeze).
-    base=${path%-parallel} off=() parallel=() unfrozen=()
-    [ "$base" != "$path" ] && parallel=(--parallel on)
+    base=$path off=() parallel=() unfrozen=()
+    [ "${base%-parallel}" != "$base" ] && parallel=(--parallel on) && base=${base%-parallel}
+    [ "${base%-processes}" != "$base" ] && parallel=(--processes) && base=${base%-processes}
     [ "${base%-unfrozen}" != "$base" ] && unfrozen=(--no-freeze) && base=${base%-unfrozen}
     if [[ $base == *-off-* ]]; then
         opts=${base#*-off-}

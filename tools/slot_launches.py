@@ -206,12 +206,10 @@ class Clock:
 def host_members(names: Sequence[str] | None = None) -> list[Any]:
     """The shapes' members (`names`, default all) for timing the host's work: bfloat16 on this CPU,
     one torch thread, their KV slots the GPU's way (ahead, batched, fused)."""
-    # A vocabulary of 512 (the check's byte tokenizer fits): its arithmetic on this CPU (4,096 took
-    # about half of a verification's time at 32 runs) is microseconds on a GPU, the host's work is not.
+    # bench/shapes.py's "layers": a vocabulary of 512, whose arithmetic on this CPU (4,096 took about half
+    # of a verification's time at 32 runs) is microseconds on a GPU; the host's work is not.
     SHAPES["host-time"] = {
-        name: (arch, {**cfg, "vocab_size": 512})
-        for name, (arch, cfg) in shapes().items()
-        if names is None or name in names
+        name: shape for name, shape in SHAPES["layers"].items() if names is None or name in names
     }
     members = gpu.build_members("host-time", ["cpu"], "bfloat16", decode="graphs")
     torch.set_num_threads(1)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..members.process import on_member
 from .floor import bandwidths, member_floors
 
 
@@ -28,9 +29,7 @@ def measure(members: Sequence[Any]) -> dict[str, Any]:
     """The device's read bandwidth (measured now) and each member's weight bytes, for ceilings(); and
     how each member decoded, with its captured steps' replays timed now (slots.SlotStore.time_replays)."""
     for m in members:
-        store = slot_store(m)
-        if store is not None and store.graphs:  # its steps captured
-            store.time_replays()
+        on_member(m, _time_replays)
     bandwidth = bandwidths(members)
     floors = member_floors(members, bandwidth)
     kind = "cuda" if any(str(m.device).startswith("cuda") for m in members) else "cpu"
@@ -44,26 +43,28 @@ def measure(members: Sequence[Any]) -> dict[str, Any]:
 def decode_paths(members: Sequence[Any]) -> dict[str, dict[str, Any]]:
     """How each member drafted (members/hf/slots.py): "graphs" (KV slots, steps captured), "slots"
     (KV slots, uncaptured: a CPU, or a capture that failed), "eager", or "other" (not a
-    transformers member); with the KV slots' counts and the seconds its captures took."""
-    out: dict[str, dict[str, Any]] = {}
-    for m in members:
-        store = slot_store(m)
-        if store is None:
-            out[m.name] = {"path": "eager" if hasattr(m, "slots") and m.slots is None else "other"}
-            continue
-        captured = store.capture and not store.capture_off
-        out[m.name] = {
-            "path": "graphs" if captured else "slots",
-            **store.counts,
-            "capture_s": round(store.capture_seconds, 2),
-            "capture_off": store.capture_off,
-            "options": {option: getattr(store, option) for option in SLOT_OPTIONS},
-            "replay_ms": [  # each step captured at MIN_WIDTH: one replay's GPU ms (measure())
-                {"kind": k, "rows": r, "tokens": q, "ms": round(ms, 3)}
-                for (k, r, q, _), ms in store.replay_ms.items()
-            ],
-        }
-    return out
+    transformers member); with the KV slots' counts and the seconds its captures took. A member in a
+    worker process (members/process.py) is read there."""
+    return {m.name: on_member(m, decode_path) for m in members}
+
+
+def decode_path(member: Any) -> dict[str, Any]:
+    """decode_paths' entry for one member, read where the member lives (plain data: it may cross a pipe)."""
+    store = slot_store(member)
+    if store is None:
+        return {"path": "eager" if hasattr(member, "slots") and member.slots is None else "other"}
+    captured = store.capture and not store.capture_off
+    return {
+        "path": "graphs" if captured else "slots",
+        **store.counts,
+        "capture_s": round(store.capture_seconds, 2),
+        "capture_off": store.capture_off,
+        "options": {option: getattr(store, option) for option in SLOT_OPTIONS},
+        "replay_ms": [  # each step captured at MIN_WIDTH: one replay's GPU ms (measure())
+            {"kind": k, "rows": r, "tokens": q, "ms": round(ms, 3)}
+            for (k, r, q, _), ms in store.replay_ms.items()
+        ],
+    }
 
 
 # A round's verification bucket in the GPU check: three members' candidates of L + 1 = 11 tokens, their
@@ -75,13 +76,19 @@ SLOT_OPTIONS = ("ahead", "fold", "batched", "fuse", "merge", "prefill", "stacked
 
 def captures(members: Sequence[Any]) -> tuple[int, float]:
     """How many steps the members' KV slots have captured so far, and the seconds it took."""
-    stores = [s for s in map(slot_store, members) if s is not None]
-    return sum(s.counts["captures"] for s in stores), sum(s.capture_seconds for s in stores)
+    taken = [on_member(m, _captured) for m in members]
+    return sum(steps for steps, _ in taken), sum(seconds for _, seconds in taken)
+
+
+def will_capture(member: Any) -> bool:
+    """Whether the member's KV slots capture their steps as CUDA graphs (a GPU's), wherever it lives."""
+    return bool(on_member(member, _will_capture))
 
 
 def slot_store(member: Any) -> Any:
     """A transformers member's KV-slot store (members/hf/slots.SlotStore); None for one that drafts
-    eagerly and for other back ends (llama.cpp's `slots` is a count)."""
+    eagerly and for other back ends (llama.cpp's `slots` is a count), and for one in a worker process
+    (read it there: on_member)."""
     store = getattr(member, "slots", None)
     return store if hasattr(store, "capture") else None
 
@@ -89,9 +96,32 @@ def slot_store(member: Any) -> Any:
 def slots_off(members: Sequence[Any], options: Sequence[str]) -> None:
     """Turn `options` (SLOT_OPTIONS) off in every member's KV slots, to measure what each is worth
     in one run against one with them on (bench serve --slots-off; tools/gpu_serve_check.sh)."""
-    for store in filter(None, map(slot_store, members)):
-        for option in options:
-            setattr(store, option, False)
+    for m in members:
+        on_member(m, _turn_off, list(options))
+
+
+# What on_member runs where a member lives (module-level: a worker process gets them by name).
+
+
+def _time_replays(member: Any) -> None:
+    store = slot_store(member)
+    if store is not None and store.graphs:  # its steps captured
+        store.time_replays()
+
+
+def _captured(member: Any) -> tuple[int, float]:
+    store = slot_store(member)
+    return (0, 0.0) if store is None else (store.counts["captures"], store.capture_seconds)
+
+
+def _will_capture(member: Any) -> bool:
+    return bool(getattr(slot_store(member), "capture", False))
+
+
+def _turn_off(member: Any, options: Sequence[str]) -> None:
+    store = slot_store(member)
+    for option in options if store is not None else ():
+        setattr(store, option, False)
 
 
 def ceilings(report: Mapping[str, Any]) -> dict[str, dict[str, float]]:

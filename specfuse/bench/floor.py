@@ -20,6 +20,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..members.process import on_member
+
 BANDWIDTH_MB = 512  # large enough to leave every cache far behind, small enough for any test box
 
 
@@ -62,15 +64,18 @@ def decoder(member: Any) -> Any:
     return getattr(member, "drafter", member)
 
 
+def bytes_per_token(member: Any) -> int:
+    """The weight bytes one decoding step of `member` reads (read where it lives: on_member)."""
+    decodes = decoder(member)
+    return decodes.bytes_per_token if hasattr(decodes, "bytes_per_token") else weight_bytes(decodes.model)
+
+
 def member_floors(members: Sequence[Any], bandwidth: Mapping[str, float]) -> dict[str, dict[str, float]]:
     """Each member's bytes per token and floor in seconds per token, on its own device's bandwidth."""
     out = {}
     for m in members:
         kind = "cuda" if str(m.device).startswith("cuda") else "cpu"
-        decodes = decoder(m)
-        nbytes = (
-            decodes.bytes_per_token if hasattr(decodes, "bytes_per_token") else weight_bytes(decodes.model)
-        )
+        nbytes = on_member(m, bytes_per_token)
         out[m.name] = {"weight_bytes": nbytes, "floor_s_per_token": nbytes / bandwidth[kind]}
     return out
 

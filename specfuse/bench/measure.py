@@ -366,13 +366,21 @@ def load_named(
     dtype: str = "auto",
     quantize: str = "none",
     decode: str = "auto",
+    processes: bool = False,
 ) -> list[Any]:
-    """The catalogue members a benchmark's --models names (None: the trio), loaded with a progress bar."""
+    """The catalogue members a benchmark's --models names (None: the trio), loaded with a progress bar
+    (`processes`: each in a worker process of its own)."""
     from ..models.placement import load_members, tqdm_progress
 
     names = parse_models(models, hub=False)
     return load_members(
-        names, device=device, dtype=dtype, progress=tqdm_progress("loading"), quantize=quantize, decode=decode
+        names,
+        device=device,
+        dtype=dtype,
+        progress=tqdm_progress("loading"),
+        quantize=quantize,
+        decode=decode,
+        processes=processes,
     )
 
 

@@ -43,10 +43,11 @@ from ..eval.problems import OPEN_PROMPTS
 from ..eval.variants import add_set_option
 from ..flags import Parser, add_loading_flags, add_settings, command_line
 from ..heap import freeze_survivors
+from ..members.process import ProcessMember
 from . import ceiling
 from .measure import cpu_model, load_named, write_outputs
 from .serve_report import MIN_REQUESTS, PER_CLIENT, format_table, listed, parted_at
-from .serve_shapes import load_shapes, machine, measured, on_gpu, shapes_config
+from .serve_shapes import capture_steps, encoder, load_shapes, machine, measured, on_gpu, shapes_config
 from .shapes import SHAPES
 
 log = logging.getLogger(__name__)
@@ -208,22 +209,19 @@ def run_serve(
     wait = DEFAULT_JOIN_WAIT if join_wait is None else join_wait
     queue = max(levels) + count(max(levels))
     scheduler = Scheduler(members, config, batch_size=size, queue=queue, join_wait=wait, parallel=parallel)
-    gpus = on_gpu(members)
     results: dict[str, dict[str, Any]] = {}
     contrast: dict[str, dict[str, Any]] = {}  # the levels again, under `against`
     skipped: list[int] = []
     try:
         with running(create_app(scheduler)) as url:
-            warm_up(url, scheduler.config, max(levels), max_tokens, full=bool(gpus))
+            warm_up(url, scheduler.config, max(levels), max_tokens, full=bool(on_gpu(members)))
             _say("warmed up")
             for c in levels:
                 if stop_at is not None and time.perf_counter() >= stop_at:
                     skipped.append(c)
                     continue
                 mix = [PROMPTS[i % len(PROMPTS)] for i in range(count(c))]
-                results[str(c)] = measured(
-                    members, gpus, profile, run_level, url, c, mix, max_tokens, stop_at
-                )
+                results[str(c)] = measured(members, profile, run_level, url, c, mix, max_tokens, stop_at)
                 _progress(results[str(c)])
                 if against:
                     contrast[str(c)] = run_level(url, c, mix, max_tokens, stop_at, settings=against)
@@ -232,7 +230,7 @@ def run_serve(
         scheduler.close()
     if not results:
         raise SpecfuseError("the deadline passed before the first level began")
-    encode = getattr(members[0], "encode", None)  # its tokens count where batched answers part from solo ones
+    encode = encoder(members[0])  # its tokens count where batched answers part from solo ones
     compare_to_solo(results, encode)
     compare_to_default(contrast, results, encode)
     return {
@@ -247,6 +245,7 @@ def run_serve(
         "min_requests": min_requests if requests is None else None,
         "join_wait": wait,
         "parallel": parallel,
+        "processes": any(isinstance(m, ProcessMember) for m in members),
         "max_tokens": max_tokens,
         "config": scheduler.config.to_dict(),
         "levels": results,
@@ -312,23 +311,6 @@ def _say(line: str) -> None:
     print(f"[{time.perf_counter() - _BEGAN:6.1f} s] {line}", file=sys.stderr, flush=True)
 
 
-def _capture(members: Sequence[Any]) -> None:
-    """Capture every step before the first request where members capture them, as the server and
-    the app do at start-up (models.preparation.warm_up), each member said in one line."""
-    from ..models.preparation import warm_up
-
-    for member in members:
-        if getattr(ceiling.slot_store(member), "capture", False):
-            said: list[str] = []
-            began = time.perf_counter()
-            warm_up(member, progress=_noting(said))
-            _say(f"{said[-1] if said else member.name} ({time.perf_counter() - began:.1f} s)")
-
-
-def _noting(said: list[str]) -> Callable[[float, str], None]:
-    return lambda fraction, message: said.append(message)
-
-
 def _progress(level: dict[str, Any], under: str = "") -> None:
     _say(
         f"{level['clients']} clients{' ' + under if under else ''}: "
@@ -344,14 +326,17 @@ def _parser() -> Parser:
         description="1, 4, 8 and 16 concurrent clients through the live API against one at a time.",
     )
     add = parser.add_argument
-    loading = {"models": None, "quantize": "none"}
-    add_loading_flags(parser, only=("models", "dtype", "quantize", "device", "decode"), defaults=loading)
+    loading = {"models": None, "quantize": "none", "processes": False}
+    add_loading_flags(
+        parser, only=("models", "dtype", "quantize", "device", "decode", "processes"), defaults=loading
+    )
     add(
         "--shapes",
         choices=sorted(SHAPES),
         default=None,
         help="instead of --models: bench gpu's random-weight members, real (Qwen2.5-7B, Llama-3.1-8B, "
-        "Gemma-2-9B shapes), trio or tiny; nothing is downloaded",
+        "Gemma-2-9B shapes), trio, tiny or layers (the real layer counts at tiny widths: the host's work "
+        "on a CPU); nothing is downloaded",
     )
     add("--levels", default=",".join(map(str, LEVELS)), help="client counts (first: baseline)")
     add(
@@ -420,9 +405,14 @@ def _members(args: Any, max_tokens: int) -> tuple[list[Any], EnsembleConfig]:
     if args.shapes is not None:
         if args.models or args.quantize != "none":
             raise SpecfuseError("--shapes builds its own members: leave out --models and --quantize")
-        return load_shapes(args.shapes, args.device, args.dtype, args.decode), config
+        return load_shapes(args.shapes, args.device, args.dtype, args.decode, args.processes), config
     named = load_named(
-        args.models, device=args.device, dtype=args.dtype, quantize=args.quantize, decode=args.decode
+        args.models,
+        device=args.device,
+        dtype=args.dtype,
+        quantize=args.quantize,
+        decode=args.decode,
+        processes=args.processes,
     )
     return named, config
 
@@ -442,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         members, config = _members(args, max_tokens)
         ceiling.slots_off(members, args.slots_off)
-        _capture(members)
+        capture_steps(members, _say)
         _say(f"{len(members)} members ready in {time.perf_counter() - began:.1f} s")
         frozen = 0 if args.no_freeze else freeze_survivors(_say)  # as specfuse-serve does once they are
         report = run_serve(

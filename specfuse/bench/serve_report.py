@@ -138,6 +138,7 @@ def format_table(report: dict[str, Any]) -> str:
         + _requests_shown(report)
         + (f", join wait {report['join_wait']} s" if "join_wait" in report else "")
         + (f", members at once: {report['parallel']}" if report.get("parallel", "auto") != "auto" else "")
+        + (", each member in a worker process of its own" if report.get("processes") else "")
         + (f"; settings: {listed(settings)}" if settings else ""),
         f"{'clients':>7} {'tok/s':>7} {'×1':>6} {'first med':>9} {'first p95':>9} {'p95/solo':>8} "
         f"{'total med':>9} {'total p95':>9} {'same':>5} {'errors':>6}  load avg before → after"

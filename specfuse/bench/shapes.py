@@ -53,6 +53,16 @@ SHAPES["tiny"] = {
                   **({"head_dim": 16, "query_pre_attn_scalar": 16} if arch == "gemma2" else {})})
     for name, (arch, cfg) in SHAPES["real"].items()
 }  # fmt: skip
+# The real shapes' layer counts at the tiny shapes' widths, a vocabulary of 512 (the byte tokenizer fits):
+# the host's work between a GPU's steps (every run's every layer), on a CPU whose arithmetic then costs
+# little. What tools/slot_launches.py counts and times, and bench serve --shapes layers A/Bs.
+SHAPES["layers"] = {
+    name: (
+        arch,
+        {**cfg, "num_hidden_layers": SHAPES["real"][name][1]["num_hidden_layers"], "vocab_size": 512},
+    )
+    for name, (arch, cfg) in SHAPES["tiny"].items()
+}
 # The default trio's own configs (random weights): the CPU path timed on a machine with more cores
 # than this project's 2, where the real checkpoints cannot travel.
 SHAPES["trio"] = {

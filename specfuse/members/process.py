@@ -37,6 +37,7 @@ from typing import Any
 
 from ..config import MemberSettings
 from ..errors import MemberError, SpecfuseError
+from ..heap import freeze_survivors
 from ..prompts import Prompt
 from ..records import Candidate
 from .protocol import BaseMember, Member, Verdict
@@ -243,6 +244,12 @@ class ProcessMember(BaseMember):
             self._process.kill()
             self._process.join(5)
 
+    def apply(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(member, *args)` in the worker process, on the member it built: for benchmarks and tools
+        that read a member's insides (its KV slots' counts, its weights' bytes; `on_member`). `fn` must
+        be a module-level function (the pipe sends it by name) and its result must pickle."""
+        return self._call("apply", fn, *args)
+
     @property
     def alive(self) -> bool:
         return self._process.is_alive()
@@ -250,6 +257,14 @@ class ProcessMember(BaseMember):
     def close(self) -> None:
         """End the worker process (also done when this object is collected or Python exits)."""
         self._closer()
+
+
+def on_member(member: Member, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(member, *args)` where the member lives: in its worker process for a ProcessMember (`fn` a
+    module-level function), here for any other."""
+    if isinstance(member, ProcessMember):
+        return member.apply(fn, *args)
+    return fn(member, *args)
 
 
 def _close(conn: Any, process: Any) -> None:
@@ -295,6 +310,9 @@ def _serve(conn: Any, build: Callable[[], Any], threads: int | None, env: dict[s
     except BaseException as e:  # reported to the parent, which raises it
         conn.send(("error", _portable(e)))
         return
+    # The worker serves until it is closed: what its start-up made (torch's and the model's objects) is
+    # kept out of the garbage collector's full passes, which would hold its every call (heap.py).
+    freeze_survivors(lambda line: None)
     states: dict[int, Any] = {}
     handlers = _handlers(member, states)
     conn.send(("ok", handlers["describe"]()))
@@ -376,6 +394,7 @@ def _handlers(member: Member, states: dict[int, Any]) -> dict[str, Callable[...,
         "prepare_steps": lambda h: _prepare_steps(member, states[h]),
         "threads": threads,
         "threads_now": _threads_now,
+        "apply": lambda fn, *args: fn(member, *args),
         "held": lambda: len(states),  # states not yet released (for tests and leak checks)
     }
     return out
@@ -400,4 +419,4 @@ def _portable(error: BaseException) -> BaseException:
         return RuntimeError(f"{type(error).__name__}: {error}")
 
 
-__all__ = ["MIN_CPU_CORES", "ProcessMember", "ProcessState", "processes_pay_off", "wanted"]
+__all__ = ["MIN_CPU_CORES", "ProcessMember", "ProcessState", "on_member", "processes_pay_off", "wanted"]

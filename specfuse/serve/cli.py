@@ -50,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     add("--port", type=int, default=8000, help="port (default 8000)")
     members = ",".join(DEFAULT_MEMBERS)
-    only = [flag for flag in LOADING if flag != "processes"]
-    add_loading_flags(parser, only=only, defaults={"models": members}, users="many users at once")
+    defaults = {"models": members, "processes": False}
+    add_loading_flags(parser, only=LOADING, defaults=defaults, users="many users at once")
     add(
         "--api-key",
         default=os.environ.get("SPECFUSE_API_KEY"),
@@ -160,6 +160,7 @@ def _loading(
             progress=preparation.progress,
             load=warmed,
             decode=args.decode,
+            processes=args.processes,
         )
         preparation.ready()
         if trust is not None:

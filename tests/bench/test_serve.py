@@ -15,6 +15,7 @@ from torch import nn
 from specfuse.bench import serve
 from specfuse.bench.serve import PROMPTS, format_table, main, percentile, run_serve, running, warm_up
 from specfuse.bench.serve_report import capture_lines, parted_at, parting_lines
+from specfuse.bench.serve_shapes import load_shapes, shapes_config
 from specfuse.config import VERIFY_MODES, EnsembleConfig
 from specfuse.engine import Scheduler
 from specfuse.errors import SpecfuseError
@@ -200,6 +201,36 @@ def test_random_weight_shapes_run_the_same_path_on_a_cpu_and_the_report_says_whe
         p["path"] == "slots" and p["verifies"] > 0 and p["drafts"] > 0 for p in report["decode"].values()
     )
     assert report["parted_in"] == "qwen2.5-7b" and "    2 clients: 2 of 2 equal" in table
+
+
+def test_members_in_worker_processes_play_the_same_answers_and_are_read_where_they_live(
+    tmp_path, monkeypatch
+):
+    """`--processes`: each member built in a worker process of its own (members at once, the app's
+    default where members share a GPU); the report's slot counts, weight bytes, dtype and token
+    partings come from the workers, and the answers are those of the same members in this process."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "gpu-serve-processes"
+    argv = ["--shapes", "tiny", "--device", "cpu", "--levels", "1,2", "--per-client", "1",
+            "--min-requests", "2", "--max-tokens", "16", "--segment-len", "6", "--decode", "graphs",
+            "--slots-off", "fold", "--processes", "--no-freeze", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["processes"] is True and report["dtype"] == "float32"
+    assert report["parted_in"] == "qwen2.5-7b" and all(b > 0 for b in report["weight_bytes"].values())
+    for p in report["decode"].values():  # counted in each worker, the switch turned off there
+        assert p["path"] == "slots" and p["drafts"] > 0 and p["verifies"] > 0 and p["prefills"] > 0
+        assert p["options"]["fold"] is False and p["options"]["prefill"] is True
+    members = load_shapes("tiny", "cpu", "float32", "graphs")
+    config = shapes_config(6, 16)  # the command's own: --segment-len 6, --max-tokens 16
+    here = run_serve(members, levels=(2,), per_client=1, min_requests=2, max_tokens=16, config=config)
+    there = report["levels"]["2"]
+    assert dict(zip(there["prompts"], there["answers"])) == dict(
+        zip(here["levels"]["2"]["prompts"], here["levels"]["2"]["answers"])
+    )
+    assert there["peak_gpu_gb"] is None and there["errors"] == []
+    assert "each member in a worker process of its own" in out.with_suffix(".txt").read_text().splitlines()[0]
+    assert here["processes"] is False
 
 
 def test_shapes_build_their_own_members(monkeypatch, capsys):

@@ -14,7 +14,7 @@ import pytest
 from specfuse import Ensemble, EnsembleConfig, MemberError
 from specfuse.errors import PromptTooLongError
 from specfuse.members.hf import HFMember
-from specfuse.members.process import ProcessMember, ProcessState, processes_pay_off, wanted
+from specfuse.members.process import ProcessMember, ProcessState, on_member, processes_pay_off, wanted
 from specfuse.members.workers import MemberWorkers, cpu_cores, run_concurrently, thread_shares
 from specfuse.models.placement import load_members
 
@@ -107,6 +107,25 @@ def test_states_are_released_in_the_worker_when_collected_here(in_processes):
         Ensemble(in_processes, EnsembleConfig(segment_len=4, max_new_tokens=8)).run("Hi")
     assert member._call("describe")["name"] == member.name  # a call carries the dropped handles
     assert member._call("held") == 0
+
+
+def where_it_runs(member, label):
+    """What on_member's function sees: the member itself (not a handle) and the process it is in."""
+    return type(member).__name__, member.name, os.getpid(), label, gc.get_freeze_count()
+
+
+def test_a_function_runs_on_the_member_where_it_lives_and_a_worker_froze_its_start_up(in_processes):
+    there = in_processes[1]
+    kind, name, pid, label, frozen = on_member(there, where_it_runs, "asked")
+    assert (kind, name, label) == ("HFMember", there.name, "asked")
+    assert pid == there._process.pid != os.getpid()
+    # The worker kept what its build made out of the collector's full passes (heap.freeze_survivors).
+    assert frozen > 10_000
+    here = tiny_member(NAMES[1])
+    assert on_member(here, where_it_runs, "asked")[:4] == ("HFMember", here.name, os.getpid(), "asked")
+    with pytest.raises(TypeError):  # the function's own error, and the worker goes on
+        on_member(there, where_it_runs)
+    assert on_member(there, getattr, "name") == there.name
 
 
 def test_an_error_in_the_worker_comes_back_with_its_type_and_the_worker_stays(in_processes):

@@ -21,6 +21,7 @@ from torch import nn
 from specfuse.config import EnsembleConfig
 from specfuse.engine import Ensemble, Scheduler
 from specfuse.errors import ConfigError
+from specfuse.members.process import ProcessMember
 from specfuse.models.placement import load_members
 from specfuse.models.quantize import QuantizedLinear
 from specfuse.serve.cli import main as serve_main
@@ -129,6 +130,33 @@ def test_quantize_reaches_the_served_members_and_a_bad_one_exits_2_before_listen
     err = io.StringIO()
     assert serve_main(["--quantize", "gguf", "--device", "cuda"], stderr=err) == 2
     assert "--quantize gguf runs on the CPU only" in err.getvalue()
+
+
+def test_members_load_in_this_process_unless_processes_is_given(tiny_checkpoints, monkeypatch):
+    """The server's members are in its own process by default (measured so on a GPU); --processes
+    puts each in a worker process of its own, and they answer through the scheduler as here."""
+    loaded = []
+
+    def loading_then_stop(names, **options):
+        loaded.append(load_members(names, **options))
+        raise Stop("stop after loading")
+
+    monkeypatch.setattr("specfuse.models.placement.load_members", loading_then_stop)
+    args = ["--models", ",".join(tiny_checkpoints), "--port", "0", "--segment-len", "4"]
+    for extra in ((), ("--processes",)):
+        assert serve_main([*args, *extra], stderr=io.StringIO()) == 2
+    here, there = loaded
+    assert not any(isinstance(m, ProcessMember) for m in here)
+    assert all(isinstance(m, ProcessMember) and m.alive for m in there)
+    config = EnsembleConfig(segment_len=4, max_new_tokens=12)
+    scheduler = Scheduler(there, config)
+    try:
+        ticket = scheduler.submit("Hi")
+        assert ticket.wait(timeout=120)
+        answer = ticket.result().answer
+    finally:
+        scheduler.close()
+    assert answer == Ensemble(here, config).run("Hi").answer
 
 
 def test_step_mode_bounds_reach_the_servers_scheduler_and_bad_ones_exit_2(tiny_checkpoints, monkeypatch):
