@@ -115,8 +115,8 @@ PROCESSES_AUTO = (
     "1.10x), and never for a model listed twice"
 )
 PROCESSES_OFF = (
-    "Default off: one process, as measured on a GPU for many users at once (worker processes there are "
-    "not measured yet: docs/gpu.md)"
+    "Default off: the members in this process, in turn on one GPU, the way measured there for many users at "
+    "once (worker processes there are not measured yet: docs/gpu.md)"
 )
 
 
