@@ -370,9 +370,15 @@ def test_the_app_runs_the_default_trio_in_llama_cpp(tmp_path, monkeypatch):
         job.result(timeout=300)
         outputs = job.outputs()
         rounds = round_updates(outputs)
-        assert rounds and figure(rounds[0][MATRIX]).layout.title.text.startswith("round 1:")
+        # Rounds quicker than a page draws are drawn together (studio.handlers' Pacing): on a busy
+        # machine the first drawn may be round 2, so the drawn rounds are checked in order, up to the last.
+        drawn = [
+            int(figure(r[MATRIX]).layout.title.text.split(":")[0].removeprefix("round ")) for r in rounds
+        ]
+        assert drawn and drawn == sorted(set(drawn))
         assert len(figure(rounds[-1][WEIGHTS]).data) == 3
         trace = load_trace(path_of(outputs[-1][DOWNLOAD]))
+        assert drawn[-1] == len(trace.rounds)
         assert "84" in trace.rounds[-1].text
         assert "".join(span["token"] for span in outputs[-1][ANSWER]["value"]) == trace.rounds[-1].text
         assert all(type(m).__name__ == "LlamaCppMember" for m in loader._members.values())
