@@ -100,8 +100,13 @@ def _serve(args: argparse.Namespace) -> int:
     def ready(scheduler: Scheduler) -> None:
         freeze_survivors(log.info)  # start-up is over: its objects out of the collector's full passes
         app.state.serving.attach(scheduler)
+        where = " (each in a worker process of its own)" if args.processes else ""
         log.info(
-            "serving %s, batch size %d, queue %d", ", ".join(scheduler.names), args.batch_size, args.queue
+            "serving %s%s, batch size %d, queue %d",
+            ", ".join(scheduler.names),
+            where,
+            args.batch_size,
+            args.queue,
         )
 
     def failed(e: BaseException) -> None:
